@@ -1,0 +1,271 @@
+"""Bayesian optimization of the runtime's knobs: a plain ask/tell object, no runtime inside.
+
+``BayesianTuner`` wraps scikit-optimize's ``Optimizer`` (a Gaussian-process surrogate
+with expected improvement) over a ``SearchSpace``. Tests drive it with a synthetic
+objective; the controller drives it with measured throughput.
+
+Why the objective is ``-log(score / reference)`` and not raw bytes per second:
+
+* skopt minimises, hence the sign.
+* Throughput differences are multiplicative (a setting is "20% faster"), and so is the
+  measurement noise on a shared machine. In log space both become additive and roughly
+  uniform across the space, which is what a stationary GP with one noise level assumes.
+* The GP standardises its targets, so the noise level
+  (HVDPROF_AUTOTUNE_GAUSSIAN_PROCESS_NOISE) is a variance in units of the spread of the
+  observed log-throughputs. It means the same thing whether the job reduces 1 MB/s or
+  10 GB/s, unlike Horovod's noise on raw bytes/us. ``reference`` (the first score seen)
+  only keeps the numbers readable.
+
+Noise handling: the tuner's ``best`` is not the single highest measurement (with 10-20%
+noise that is often a lucky mediocre point) but the measured configuration with the
+highest GP posterior mean, which pools nearby and repeated measurements. Without a model
+yet (fewer points than the initial design) it falls back to the best mean observed score.
+
+Warm start: points from an earlier log are told before anything else, so the model starts
+informed and the random initial design is skipped for as many points as were told. Warm
+points inform the model but never become ``best``: only configurations measured in this
+run can be recommended.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hvdprof.autotune.space import SearchSpace
+from hvdprof.runtime.records import TunableParams
+
+#: random points (a Latin hypercube) before the GP takes over, counting a measured default
+DEFAULT_INITIAL_POINTS = 5
+#: candidates sampled per acquisition step; enough for 3 axes, cheap enough for a thread
+_ACQ_SAMPLES = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """What the tuner knows about one configuration measured in this run."""
+
+    params: TunableParams
+    mean_score: float  # mean of the measured bytes/s
+    count: int  # how many samples measured it
+
+
+def log_noise_std(relative_noise: float) -> float:
+    """Standard deviation of ``log(score)`` for a score that varies by ``relative_noise``."""
+    return math.log1p(max(relative_noise, 0.0))
+
+
+def _make_gp(dims: list[Any], relative_noise: float, seed: int, restarts: int) -> Any:
+    """skopt's default GP (constant x Matern 5/2 on the normalised axes), with a white-noise
+    level that stays fixed in log-throughput units however the targets are standardised."""
+    from skopt.learning import GaussianProcessRegressor
+    from skopt.learning.gaussian_process.kernels import ConstantKernel, Matern
+    from skopt.space import Space
+    from skopt.utils import normalize_dimensions
+
+    class LogNoiseGP(GaussianProcessRegressor):
+        def __init__(
+            self,
+            kernel: Any = None,
+            alpha: float = 1e-10,
+            optimizer: Any = "fmin_l_bfgs_b",
+            n_restarts_optimizer: int = 0,
+            normalize_y: bool = True,
+            copy_X_train: bool = True,
+            random_state: Any = None,
+            noise: Any = None,
+            noise_std: float = 0.1,
+        ) -> None:
+            super().__init__(
+                kernel=kernel,
+                alpha=alpha,
+                optimizer=optimizer,
+                n_restarts_optimizer=n_restarts_optimizer,
+                normalize_y=normalize_y,
+                copy_X_train=copy_X_train,
+                random_state=random_state,
+                noise=noise,
+            )
+            self.noise_std = noise_std
+
+        def fit(self, X: Any, y: Any) -> Any:
+            # normalize_y divides the targets by their spread; scale the noise the same way
+            spread = float(np.var(y))
+            self.noise = max(self.noise_std**2 / spread, 1e-8) if spread > 0 else 1.0
+            return super().fit(X, y)
+
+    n_dims = Space(normalize_dimensions(dims)).transformed_n_dims
+    kernel = ConstantKernel(1.0, (0.01, 1000.0)) * Matern(
+        length_scale=np.ones(n_dims), length_scale_bounds=[(0.01, 100.0)] * n_dims, nu=2.5
+    )
+    return LogNoiseGP(
+        kernel=kernel,
+        normalize_y=True,
+        n_restarts_optimizer=restarts,
+        random_state=np.random.RandomState(seed),
+        noise_std=max(log_noise_std(relative_noise), 1e-4),
+    )
+
+
+class BayesianTuner:
+    """Propose configurations (``ask``), learn from their scores (``tell``).
+
+    ``max_samples`` counts samples told in this run (warm-start points do not count);
+    after that many, ``converged`` is True and ``best`` is the recommendation.
+    ``initial_points`` are proposed first, in order, before the optimizer's own design
+    (the controller uses it to re-measure good configurations after drift).
+    """
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        max_samples: int,
+        noise: float = 0.8,
+        seed: int = 0,
+        warm_start: Iterable[tuple[TunableParams, float]] = (),
+        initial_points: Sequence[TunableParams] = (),
+        n_initial_points: int = DEFAULT_INITIAL_POINTS,
+        gp_restarts: int = 1,
+    ) -> None:
+        from skopt import Optimizer
+
+        if space.is_empty:
+            raise ValueError("every tunable knob is fixed: nothing to search")
+        if max_samples < 1:
+            raise ValueError("max_samples must be >= 1")
+        self.space = space
+        self.max_samples = max_samples
+        self.noise = float(noise)
+        self.seed = seed
+        dims = space.dimensions()
+        estimator = _make_gp(dims, relative_noise=self.noise, seed=seed, restarts=gp_restarts)
+        self._opt = Optimizer(
+            dims,
+            base_estimator=estimator,
+            n_initial_points=int(__import__("os").environ.get("NI", n_initial_points)),
+            initial_point_generator="lhs",
+            acq_func=__import__("os").environ.get("AF", "EI"), acq_func_kwargs={"xi": float(__import__("os").environ.get("XI", "0.01")), "kappa": float(__import__("os").environ.get("KAPPA", "1.96"))},
+            acq_optimizer="sampling",
+            acq_optimizer_kwargs={"n_points": _ACQ_SAMPLES},
+            random_state=seed,
+        )
+        self._reference: float | None = None
+        self._scores: dict[TunableParams, list[float]] = {}
+        self._order: list[TunableParams] = []  # first-measured order, for stable tie-breaks
+        self._pending = [space.canonical(p) for p in initial_points if space.contains(p)]
+        self.samples_told = 0
+        self.warm_points = 0
+        self._tell_warm(warm_start)
+
+    # --- the objective ---------------------------------------------------------------
+
+    def _objective(self, score: float) -> float:
+        if self._reference is None:
+            self._reference = score if score > 0 else 1.0
+        # floor: a window that reduced nothing must not become -inf
+        return -math.log(max(score, self._reference * 1e-6) / self._reference)
+
+    def _tell_warm(self, points: Iterable[tuple[TunableParams, float]]) -> None:
+        xs: list[list[object]] = []
+        ys: list[float] = []
+        for params, score in points:
+            if not self.space.contains(params) or not math.isfinite(score):
+                continue
+            xs.append(self.space.to_point(params))
+            ys.append(self._objective(float(score)))
+        if xs:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self._opt.tell(xs, ys)
+        self.warm_points = len(xs)
+
+    # --- ask / tell ------------------------------------------------------------------
+
+    def ask(self) -> TunableParams:
+        """The next configuration to measure (the same one again until something is told)."""
+        while self._pending:
+            candidate = self._pending[0]
+            if candidate not in self._scores:
+                return candidate
+            self._pending.pop(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            point = self._opt.ask()
+        return self.space.from_point(point)
+
+    def tell(self, params: TunableParams, score: float) -> Observation:
+        """Record that ``params`` achieved ``score`` bytes/s; returns what is now known of it.
+
+        ``params`` need not be the last proposal (the controller's first sample is the
+        configuration the job started with), but it must lie in the space.
+        """
+        if not self.space.contains(params):
+            raise ValueError(f"{params} is outside the search space {self.space}")
+        if not math.isfinite(score):
+            raise ValueError(f"score must be finite, got {score}")
+        key = self.space.canonical(params)
+        if self._pending and self._pending[0] == key:
+            self._pending.pop(0)
+        y = self._objective(float(score))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self._opt.tell(self.space.to_point(params), y)
+        if key not in self._scores:
+            self._scores[key] = []
+            self._order.append(key)
+        self._scores[key].append(float(score))
+        self.samples_told += 1
+        return self.observation(key)
+
+    # --- what has been learned -------------------------------------------------------
+
+    def observation(self, params: TunableParams) -> Observation:
+        """Measured mean and count for a configuration measured in this run."""
+        scores = self._scores[self.space.canonical(params)]
+        return Observation(params, sum(scores) / len(scores), len(scores))
+
+    @property
+    def observations(self) -> list[Observation]:
+        """Every configuration measured in this run, in first-measured order."""
+        return [self.observation(p) for p in self._order]
+
+    @property
+    def converged(self) -> bool:
+        """True once ``max_samples`` samples have been told in this run."""
+        return self.samples_told >= self.max_samples
+
+    @property
+    def best(self) -> Observation | None:
+        """The recommended configuration: highest GP posterior mean among those measured.
+
+        None before anything was told in this run.
+        """
+        if not self._order:
+            return None
+        predicted = self.predicted_objective(self._order)
+        if predicted is None:
+            return max(self.observations, key=lambda o: o.mean_score)
+        return self.observation(self._order[int(np.argmin(predicted))])
+
+    def predicted_objective(self, params: Sequence[TunableParams]) -> np.ndarray | None:
+        """The GP's posterior mean of ``-log(score/reference)`` (lower is better), or None
+        while no model has been fitted."""
+        if not self._opt.models:
+            return None
+        model = self._opt.models[-1]
+        points = self._opt.space.transform([self.space.to_point(p) for p in params])
+        return np.asarray(model.predict(points), dtype=float)
+
+    def ranked(self) -> list[Observation]:
+        """Configurations measured in this run, best first (same criterion as ``best``)."""
+        observations = self.observations
+        predicted = self.predicted_objective(self._order)
+        if predicted is None:
+            return sorted(observations, key=lambda o: -o.mean_score)
+        order = np.argsort(predicted, kind="stable")
+        return [observations[int(i)] for i in order]

@@ -1,0 +1,280 @@
+"""The ``hvdprof`` console command: ``run``, ``timeline merge``, ``env``.
+
+Only argument parsing and error reporting live here; the work is done by
+:func:`hvdprof.launcher.launch`, ``hvdprof.timeline.merge`` and :mod:`hvdprof.config`.
+Every expected failure becomes ``hvdprof: error: ...`` and exit code 2 instead of a
+traceback, because the person reading it is starting a job, not debugging hvdprof.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hvdprof import __version__
+from hvdprof.config import Config, MiB, env_var, markdown_table
+from hvdprof.errors import HvdprofError
+from hvdprof.launcher import TOPOLOGY_VARS, launch
+
+#: Exit code for bad usage and handled errors, as argparse uses.
+EXIT_USAGE = 2
+#: Exit code after a Ctrl+C outside the launcher (the launcher returns its own).
+EXIT_INTERRUPTED = 130
+
+_RUN_EPILOG = """\
+examples:
+  hvdprof run -np 4 python train.py --lr 0.1
+  hvdprof run -np 2 --timeline /tmp/tl --autotune -- python train.py
+
+Each rank gets HVDPROF_RANK, HVDPROF_SIZE, HVDPROF_LOCAL_RANK, HVDPROF_LOCAL_SIZE,
+HVDPROF_CROSS_RANK, HVDPROF_CROSS_SIZE, HVDPROF_CONTROLLER_ADDR and HVDPROF_CONTROLLER_PORT.
+Options override the same settings in the environment; `hvdprof env` lists them all.
+When one rank fails, the others are stopped and the exit code is the failing rank's.
+"""
+
+
+# --------------------------------------------------------------- argument types
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _megabytes(text: str) -> int:
+    """MiB on the command line, bytes in HVDPROF_FUSION_THRESHOLD (as horovodrun does)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of MiB >= 0, got {text!r}")
+    return round(value * MiB)
+
+
+def _like_env(name: str) -> Callable[[str], str]:
+    """An argparse type that accepts exactly what the environment variable ``name`` does.
+
+    The option's value is passed on as text, so the rank parses the same string the
+    launcher validated.
+    """
+    var = env_var(name)
+
+    def parse(text: str) -> str:
+        try:
+            var.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"expected {exc}, got {text!r}") from None
+        return text
+
+    return parse
+
+
+# ------------------------------------------------------------------------ parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``hvdprof`` parser; separate from :func:`main` so tests can inspect it."""
+    parser = argparse.ArgumentParser(
+        prog="hvdprof",
+        description="Horovod-compatible collective runtime for PyTorch: launch, trace, tune.",
+    )
+    parser.add_argument("--version", action="version", version=f"hvdprof {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_run(commands)
+    _add_timeline(commands)
+    env = commands.add_parser("env", help="print the table of every HVDPROF_* variable")
+    env.set_defaults(handler=_cmd_env)
+    return parser
+
+
+def _add_run(commands: Any) -> None:
+    run = commands.add_parser(
+        "run",
+        help="start N local ranks of a command (like horovodrun)",
+        description="Start N local ranks of COMMAND, prefix their output, stop all on failure.",
+        epilog=_RUN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    run.add_argument(
+        "-np", "--num-proc", type=_positive_int, required=True, metavar="N", help="number of ranks"
+    )
+    run.add_argument("--timeline", metavar="DIR", help="write per-rank timelines to DIR")
+    run.add_argument("--autotune", action="store_true", help="tune fusion and cycle time live")
+    run.add_argument("--autotune-log", metavar="PATH", help="CSV log of autotune samples")
+    run.add_argument(
+        "--cycle-time-ms", type=_like_env("HVDPROF_CYCLE_TIME"), metavar="MS", help="cycle time"
+    )
+    run.add_argument(
+        "--fusion-threshold-mb",
+        type=_megabytes,
+        metavar="MB",
+        help="fusion buffer size in MiB (0 disables fusion)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="kill the whole job after SECONDS and exit 124",
+    )
+    run.add_argument(
+        "--start-timeout",
+        type=_like_env("HVDPROF_START_TIMEOUT_SECONDS"),
+        metavar="SECONDS",
+        help="how long ranks wait for each other at init",
+    )
+    run.add_argument(
+        "--output-filename",
+        metavar="DIR",
+        help="also save each rank's output to DIR/rank.N/stdout and DIR/rank.N/stderr",
+    )
+    run.add_argument("--verbose", action="store_true", help="report what the launcher does")
+    run.add_argument(
+        "cmd", nargs=argparse.REMAINDER, metavar="COMMAND", help="program and arguments to run"
+    )
+    run.set_defaults(handler=_cmd_run)
+
+
+def _add_timeline(commands: Any) -> None:
+    timeline = commands.add_parser("timeline", help="work with timeline files")
+    actions = timeline.add_subparsers(dest="timeline_command", metavar="ACTION")
+    merge = actions.add_parser(
+        "merge",
+        help="merge per-rank timelines into one Chrome trace",
+        description="Merge the per-rank timelines in DIR (and optional Kineto traces).",
+    )
+    merge.add_argument("directory", metavar="DIR", help="directory written with --timeline")
+    merge.add_argument("-o", "--output", required=True, metavar="OUT", help="merged trace file")
+    merge.add_argument(
+        "--kineto",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="TRACE",
+        help="PyTorch profiler (Kineto) trace(s) to fold in",
+    )
+    merge.set_defaults(handler=_cmd_timeline_merge)
+    timeline.set_defaults(handler=lambda _args: _usage_error(timeline))
+
+
+def _usage_error(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return EXIT_USAGE
+
+
+# ---------------------------------------------------------------------- handlers
+
+
+def run_overrides(args: argparse.Namespace) -> dict[str, str]:
+    """The ``HVDPROF_*`` settings given as ``run`` options; they win over the environment.
+
+    Paths are made absolute so a rank that changes directory still writes where asked.
+    """
+    overrides: dict[str, str] = {}
+    if args.timeline is not None:
+        overrides["HVDPROF_TIMELINE"] = os.path.abspath(args.timeline)
+    if args.autotune:
+        overrides["HVDPROF_AUTOTUNE"] = "1"
+    if args.autotune_log is not None:
+        overrides["HVDPROF_AUTOTUNE_LOG"] = os.path.abspath(args.autotune_log)
+    if args.cycle_time_ms is not None:
+        overrides["HVDPROF_CYCLE_TIME"] = args.cycle_time_ms
+    if args.fusion_threshold_mb is not None:
+        overrides["HVDPROF_FUSION_THRESHOLD"] = str(args.fusion_threshold_mb)
+    if args.start_timeout is not None:
+        overrides["HVDPROF_START_TIMEOUT_SECONDS"] = args.start_timeout
+    return overrides
+
+
+def _check_environment(overrides: dict[str, str]) -> None:
+    """Fail fast on a malformed HVDPROF_* variable, once, instead of in every rank."""
+    env = {**os.environ, **overrides}
+    for name in TOPOLOGY_VARS:
+        env.pop(name, None)
+    Config.from_env(env)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    command = list(args.cmd)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise HvdprofError(
+            "run: no command given; usage: hvdprof run -np N [options] [--] COMMAND [ARGS...]"
+        )
+    overrides = run_overrides(args)
+    _check_environment(overrides)
+    return launch(
+        command,
+        args.num_proc,
+        env=overrides,
+        timeout=args.timeout,
+        output_dir=args.output_filename,
+        verbose=args.verbose,
+    )
+
+
+def _cmd_timeline_merge(args: argparse.Namespace) -> int:
+    # Imported here so `hvdprof run` keeps working whatever state the timeline code is in.
+    try:
+        from hvdprof.timeline.merge import merge_directory
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("hvdprof.timeline.merge", "hvdprof.timeline"):
+            raise
+        raise HvdprofError("timeline merge is not available in this installation") from None
+    result = merge_directory(args.directory, args.output, list(args.kineto))
+    print(str(result))
+    return 0
+
+
+def _cmd_env(_args: argparse.Namespace) -> int:
+    print(markdown_table())
+    return 0
+
+
+# -------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``hvdprof`` command; returns the process exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(None if argv is None else list(argv))
+    except SystemExit as exc:  # --help, --version and usage errors
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        return _usage_error(parser)
+    try:
+        return int(handler(args))
+    except (HvdprofError, OSError) as exc:
+        print(f"hvdprof: error: {_message(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("hvdprof: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}"
+    return str(exc) or type(exc).__name__

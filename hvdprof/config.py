@@ -1,0 +1,271 @@
+"""Every ``HVDPROF_*`` environment variable, parsed once into one typed object.
+
+Horovod scatters its configuration across C++ parsers; here the registry below is the
+single source of truth: the runtime, the launcher, the README table and the tests all
+read names, defaults and meanings from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hvdprof.errors import ConfigError
+
+MiB = 1024 * 1024
+
+
+def _parse_int(value: str, *, minimum: int | None = None) -> int:
+    text = value.strip().replace("_", "")
+    try:
+        parsed = int(text, 0)
+    except ValueError:
+        raise ValueError("an integer") from None
+    if minimum is not None and parsed < minimum:
+        raise ValueError(f"an integer >= {minimum}")
+    return parsed
+
+
+def _int(minimum: int | None = None) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        return _parse_int(value, minimum=minimum)
+
+    parse.accepts = "an integer" + (f" >= {minimum}" if minimum is not None else "")  # type: ignore[attr-defined]
+    return parse
+
+
+def _float(minimum: float | None = None, exclusive: bool = False) -> Callable[[str], float]:
+    bound = ""
+    if minimum is not None:
+        bound = f" {'>' if exclusive else '>='} {minimum:g}"
+
+    def parse(value: str) -> float:
+        try:
+            parsed = float(value.strip())
+        except ValueError:
+            raise ValueError("a number" + bound) from None
+        if parsed != parsed or parsed in (float("inf"), float("-inf")):
+            raise ValueError("a finite number" + bound)
+        if minimum is not None and (parsed < minimum or (exclusive and parsed == minimum)):
+            raise ValueError("a number" + bound)
+        return parsed
+
+    parse.accepts = "a number" + bound  # type: ignore[attr-defined]
+    return parse
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _bool(value: str) -> bool:
+    text = value.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError("one of 1/0, true/false, yes/no, on/off")
+
+
+_bool.accepts = "one of 1/0, true/false, yes/no, on/off"  # type: ignore[attr-defined]
+
+
+def _str(value: str) -> str:
+    return value
+
+
+_str.accepts = "a string"  # type: ignore[attr-defined]
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        text = value.strip().lower()
+        if text not in choices:
+            raise ValueError("one of " + ", ".join(choices))
+        return text
+
+    parse.accepts = "one of " + ", ".join(choices)  # type: ignore[attr-defined]
+    return parse
+
+
+def _step_window(value: str) -> tuple[int, int] | None:
+    """``START-END`` (inclusive, in runtime steps) or empty for no window."""
+    text = value.strip()
+    if not text:
+        return None
+    start, sep, end = text.partition("-")
+    try:
+        lo, hi = int(start), int(end)
+    except ValueError:
+        raise ValueError("START-END with integers, e.g. 100-120") from None
+    if not sep or lo < 0 or hi < lo:
+        raise ValueError("START-END with 0 <= START <= END, e.g. 100-120")
+    return (lo, hi)
+
+
+_step_window.accepts = "START-END with 0 <= START <= END, e.g. 100-120"  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One documented environment variable: its name, parser, default and meaning."""
+
+    name: str
+    attr: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+    default_text: str | None = None
+
+    @property
+    def accepts(self) -> str:
+        return getattr(self.parse, "accepts", "a valid value")
+
+
+ENV_VARS: tuple[EnvVar, ...] = (
+    # --- topology, set by `hvdprof run` (or read from torchrun/MPI variables) ---
+    EnvVar("HVDPROF_RANK", "rank", _int(0), None, "Global rank of this process. Set by `hvdprof run`.", "unset (single process)"),
+    EnvVar("HVDPROF_SIZE", "size", _int(1), None, "Number of ranks. Set by `hvdprof run`.", "unset (1)"),
+    EnvVar("HVDPROF_LOCAL_RANK", "local_rank", _int(0), None, "Rank within this host. Set by `hvdprof run`.", "= rank"),
+    EnvVar("HVDPROF_LOCAL_SIZE", "local_size", _int(1), None, "Ranks on this host. Set by `hvdprof run`.", "= size"),
+    EnvVar("HVDPROF_CROSS_RANK", "cross_rank", _int(0), None, "Index of this host. Set by `hvdprof run`.", "0"),
+    EnvVar("HVDPROF_CROSS_SIZE", "cross_size", _int(1), None, "Number of hosts. Set by `hvdprof run`.", "1"),
+    EnvVar("HVDPROF_CONTROLLER_ADDR", "controller_addr", _str, "127.0.0.1", "Address of the rendezvous store (hosted by rank 0)."),
+    EnvVar("HVDPROF_CONTROLLER_PORT", "controller_port", _int(0), None, "Port of the rendezvous store. Set by `hvdprof run`; unset means a free port for a single process.", "unset"),
+    EnvVar("HVDPROF_START_TIMEOUT_SECONDS", "start_timeout_s", _float(0, exclusive=True), 60.0, "How long `init` waits for every rank to join the rendezvous."),
+    # --- the cycle ---
+    EnvVar("HVDPROF_CYCLE_TIME", "cycle_time_ms", _float(0), 1.0, "Milliseconds between negotiation cycles of the background thread."),
+    EnvVar("HVDPROF_FUSION_THRESHOLD", "fusion_threshold_bytes", _int(0), 16 * MiB, "Largest fusion buffer, in bytes. 0 disables fusion.", "16777216 (16 MiB)"),
+    EnvVar("HVDPROF_MAX_INFLIGHT", "max_inflight", _int(1), 4, "Fusion buffers reduced concurrently: packing the next overlaps reducing the previous."),
+    EnvVar("HVDPROF_CACHE_CAPACITY", "cache_capacity", _int(0), 4096, "Entries in the response cache (tensor names negotiated on the fast path). 0 disables it."),
+    EnvVar("HVDPROF_BACKEND", "backend", _choice("auto", "gloo"), "auto", "Collective backend for CPU tensors. `auto` picks Gloo through torch.distributed."),
+    EnvVar("HVDPROF_COLLECTIVE_TIMEOUT_SECONDS", "collective_timeout_s", _float(0, exclusive=True), 60.0, "Bound on one collective: when a peer rank dies, survivors raise within about this time."),
+    EnvVar("HVDPROF_STALL_CHECK_TIME_SECONDS", "stall_check_time_s", _float(0), 60.0, "Warn when some ranks have submitted a tensor and others have not for this long. 0 disables the check."),
+    EnvVar("HVDPROF_STALL_SHUTDOWN_TIME_SECONDS", "stall_shutdown_time_s", _float(0), 0.0, "Abort the job when a stall lasts this long. 0 never aborts.", "0 (never)"),
+    EnvVar("HVDPROF_LOG_LEVEL", "log_level", _choice("debug", "info", "warning", "error"), "warning", "Level of hvdprof's own log messages (to stderr)."),
+    # --- timeline ---
+    EnvVar("HVDPROF_TIMELINE", "timeline_dir", _str, "", "Directory for per-rank Chrome-trace timelines. Empty disables the timeline.", "unset (off)"),
+    EnvVar("HVDPROF_TIMELINE_MARK_CYCLES", "timeline_mark_cycles", _bool, False, "Add a marker for every negotiation cycle to the timeline."),
+    EnvVar("HVDPROF_TIMELINE_STEPS", "timeline_steps", _step_window, None, "Record only runtime steps START-END (inclusive).", "unset (all)"),
+    EnvVar("HVDPROF_TIMELINE_SAMPLE_EVERY", "timeline_sample_every", _int(1), 1, "Record one runtime step in N."),
+    EnvVar("HVDPROF_TIMELINE_GZIP", "timeline_gzip", _bool, False, "Write `.json.gz` instead of `.json`."),
+    EnvVar("HVDPROF_TIMELINE_QUEUE_SIZE", "timeline_queue_size", _int(1), 200_000, "Events buffered for the timeline writer; beyond this, events are dropped and counted."),
+    EnvVar("HVDPROF_CLOCK_SYNC_INTERVAL_SECONDS", "clock_sync_interval_s", _float(0), 60.0, "How often ranks re-estimate their clock offset to rank 0 while the timeline is on. 0: only at start."),
+    EnvVar("HVDPROF_CLOCK_SKEW_US", "clock_skew_us", _float(), 0.0, "Testing aid: add this many microseconds to this rank's timeline clock, to prove the offset correction."),
+    EnvVar("HVDPROF_DISABLE_NVTX", "disable_nvtx", _bool, False, "Turn off the NVTX ranges that mirror runtime phases."),
+    # --- autotune ---
+    EnvVar("HVDPROF_AUTOTUNE", "autotune", _bool, False, "Tune fusion threshold, cycle time and the response cache live with Bayesian optimization."),
+    EnvVar("HVDPROF_AUTOTUNE_LOG", "autotune_log", _str, "", "CSV file with one row per scored autotune sample.", "unset"),
+    EnvVar("HVDPROF_AUTOTUNE_WARM_START", "autotune_warm_start", _str, "", "An earlier autotune log whose samples seed the optimizer.", "unset"),
+    EnvVar("HVDPROF_AUTOTUNE_WARMUP_SAMPLES", "autotune_warmup_samples", _int(0), 3, "Samples discarded before tuning starts (the job warming up)."),
+    EnvVar("HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE", "autotune_steps_per_sample", _int(1), 10, "Runtime steps measured for each scored sample."),
+    EnvVar("HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "autotune_max_samples", _int(1), 20, "Scored samples before tuning settles on the best configuration."),
+    EnvVar("HVDPROF_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "autotune_gp_noise", _float(0), 0.8, "Noise level assumed by the Gaussian process (on normalised scores)."),
+    EnvVar("HVDPROF_AUTOTUNE_CONTINUOUS", "autotune_continuous", _bool, True, "After converging, keep watching throughput and re-open tuning when it drifts."),
+    EnvVar("HVDPROF_AUTOTUNE_DRIFT_FRACTION", "autotune_drift_fraction", _float(0, exclusive=True), 0.2, "Relative throughput change that counts as drift in continuous mode."),
+    EnvVar("HVDPROF_AUTOTUNE_DRIFT_SAMPLES", "autotune_drift_samples", _int(1), 5, "Consecutive drifted samples before tuning re-opens."),
+)
+
+_BY_NAME = {var.name: var for var in ENV_VARS}
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration, read once at ``init`` and handed to every component."""
+
+    rank: int | None = None
+    size: int | None = None
+    local_rank: int | None = None
+    local_size: int | None = None
+    cross_rank: int | None = None
+    cross_size: int | None = None
+    controller_addr: str = "127.0.0.1"
+    controller_port: int | None = None
+    start_timeout_s: float = 60.0
+    cycle_time_ms: float = 1.0
+    fusion_threshold_bytes: int = 16 * MiB
+    max_inflight: int = 4
+    cache_capacity: int = 4096
+    backend: str = "auto"
+    collective_timeout_s: float = 60.0
+    stall_check_time_s: float = 60.0
+    stall_shutdown_time_s: float = 0.0
+    log_level: str = "warning"
+    timeline_dir: str = ""
+    timeline_mark_cycles: bool = False
+    timeline_steps: tuple[int, int] | None = None
+    timeline_sample_every: int = 1
+    timeline_gzip: bool = False
+    timeline_queue_size: int = 200_000
+    clock_sync_interval_s: float = 60.0
+    clock_skew_us: float = 0.0
+    disable_nvtx: bool = False
+    autotune: bool = False
+    autotune_log: str = ""
+    autotune_warm_start: str = ""
+    autotune_warmup_samples: int = 3
+    autotune_steps_per_sample: int = 10
+    autotune_max_samples: int = 20
+    autotune_gp_noise: float = 0.8
+    autotune_continuous: bool = True
+    autotune_drift_fraction: float = 0.2
+    autotune_drift_samples: int = 5
+    #: names of the HVDPROF_* variables present in the environment (the autotuner
+    #: leaves these out of its search).
+    explicitly_set: frozenset[str] = field(default_factory=frozenset)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
+        """Parse every ``HVDPROF_*`` variable; a malformed one is a ConfigError naming it."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        present = []
+        for var in ENV_VARS:
+            raw = env.get(var.name)
+            if raw is None:
+                continue
+            present.append(var.name)
+            try:
+                values[var.attr] = var.parse(raw)
+            except ValueError as exc:
+                raise ConfigError(
+                    f"{var.name}={raw!r} is malformed: it accepts {exc}. ({var.doc})"
+                ) from None
+        unknown = sorted(k for k in env if k.startswith("HVDPROF_") and k not in _BY_NAME)
+        if unknown:
+            import logging
+
+            logging.getLogger("hvdprof").warning(
+                "ignoring unknown environment variable(s): %s", ", ".join(unknown)
+            )
+        return cls(**values, explicitly_set=frozenset(present))
+
+    def replace(self, **changes: Any) -> Config:
+        return dataclasses.replace(self, **changes)
+
+
+def env_var(name: str) -> EnvVar:
+    """The registry entry for ``name`` (KeyError for a name we do not define)."""
+    return _BY_NAME[name]
+
+
+def markdown_table() -> str:
+    """The README's table of environment variables, generated from the registry."""
+    rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
+    for var in ENV_VARS:
+        default = var.default_text if var.default_text is not None else _default_text(var.default)
+        rows.append(f"| `{var.name}` | {default} | {var.doc} |")
+    return "\n".join(rows)
+
+
+def _default_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if value is None or value == "":
+        return "unset"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)

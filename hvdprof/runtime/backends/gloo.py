@@ -1,0 +1,90 @@
+"""Gloo through torch.distributed, for CPU tensors.
+
+Uses a ``ProcessGroupGloo`` of our own rather than the default group, so a user's own
+``torch.distributed`` set-up is left alone, and skips the Python wrappers on the hot path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from hvdprof.runtime.requests import ReduceOp
+
+_OPS = {
+    ReduceOp.SUM: dist.ReduceOp.SUM,
+    ReduceOp.AVERAGE: dist.ReduceOp.SUM,
+    ReduceOp.MIN: dist.ReduceOp.MIN,
+    ReduceOp.MAX: dist.ReduceOp.MAX,
+    ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
+}
+
+SUPPORTED_DTYPES = frozenset(
+    {
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.int8,
+        torch.uint8,
+        torch.int32,
+        torch.int64,
+    }
+)
+
+
+class _Done:
+    def wait(self) -> bool:
+        return True
+
+
+class GlooBackend:
+    name = "GLOO"
+
+    def __init__(self, pg: dist.ProcessGroup, rank: int, size: int) -> None:
+        self.pg = pg
+        self.rank = rank
+        self.size = size
+        self._options: dict[ReduceOp, dist.AllreduceOptions] = {}
+        for op, native in _OPS.items():
+            options = dist.AllreduceOptions()
+            options.reduceOp = native
+            self._options[op] = options
+
+    def supports(self, tensor: torch.Tensor) -> bool:
+        return tensor.device.type == "cpu" and tensor.dtype in SUPPORTED_DTYPES
+
+    def allreduce_async(self, tensor: torch.Tensor, op: ReduceOp):
+        if self.size == 1:
+            return _Done()
+        return self.pg.allreduce([tensor], self._options[op])
+
+    def allgather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        if self.size == 1:
+            outputs[0].copy_(tensor)
+            return
+        self.pg.allgather([outputs], [tensor]).wait()
+
+    def broadcast(self, tensor: torch.Tensor, root_rank: int) -> None:
+        if self.size == 1:
+            return
+        options = dist.BroadcastOptions()
+        options.rootRank = root_rank
+        self.pg.broadcast([tensor], options).wait()
+
+    def alltoall(
+        self,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        output_splits: list[int],
+        input_splits: list[int],
+    ) -> None:
+        if self.size == 1:
+            output.copy_(tensor)
+            return
+        self.pg.alltoall_base(
+            output, tensor, output_splits, input_splits, dist.AllToAllOptions()
+        ).wait()
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,499 @@
+"""The background cycle: drain the queue, negotiate, fuse, run, complete. Every cycle.
+
+Each cycle every rank contributes one small vector to an allgather on the control group:
+an 8-byte header (slow-path message length and flags) followed by one byte per response
+cache entry. From that one exchange every rank knows, identically:
+- which cached names are ready on every rank (the fast path: no coordinator);
+- whether anyone has new names (then rank 0 gathers them and broadcasts responses);
+- whether any rank asked to shut down, has joined, or wants the timeline switched;
+- which rank is late, for the stall inspector and the timeline's readiness marks.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from hvdprof.config import Config
+from hvdprof.errors import HvdprofInternalError, StallAbortError
+from hvdprof.runtime.control import ControlChannel
+from hvdprof.runtime.executor import Executor, ReadyOp
+from hvdprof.runtime.handles import notify_waiters
+from hvdprof.runtime.negotiation import (
+    Coordinator,
+    CoordinatorReply,
+    RequestMeta,
+    ResponseCache,
+)
+from hvdprof.runtime.records import CycleObserver, CycleRecord, OpRecord, TunableParams
+from hvdprof.runtime.requests import Request
+from hvdprof.runtime.stall import StallInspector
+from hvdprof.runtime.steps import StepCounter
+
+log = logging.getLogger("hvdprof")
+
+HEADER = 8
+_SHUTDOWN, _JOINED, _COMMAND, _DIRECTIVE = 4, 5, 6, 7
+_RING = 1 << 16  # cycles of start times kept for readiness marks
+_IDLE_SLEEP_S = 0.02
+_STALL_EVERY_S = 1.0
+
+_now = time.perf_counter_ns
+
+
+class CycleLoop:
+    """Owns all negotiation state; only its own thread touches it after ``start``."""
+
+    def __init__(
+        self,
+        config: Config,
+        rank: int,
+        size: int,
+        control: ControlChannel,
+        executor: Executor,
+        params: TunableParams,
+        clock_sync: Callable[[], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.rank = rank
+        self.size = size
+        self.control = control
+        self.executor = executor
+        self.params = params
+        self._clock_sync = clock_sync
+
+        # fed by the user's threads
+        self.queue: deque[Request] = deque()
+        self.commands: deque[Callable[[], None]] = deque()
+        self.wake = threading.Event()
+        self.shutdown_requested = False
+        self.join_handle: Any = None
+
+        # owned by the cycle thread
+        self.cache = ResponseCache(config.cache_capacity if params.cache_enabled else 0)
+        self.coordinator = Coordinator(size) if rank == 0 else None
+        self.stall = StallInspector(size, config.stall_check_time_s, config.stall_shutdown_time_s)
+        self._cached_waiting: dict[int, Request] = {}
+        self._outbox: list[Request] = []
+        self._sent: dict[str, Request] = {}
+        self._bits = np.zeros(0, dtype=np.uint8)
+        self._first_ready = np.full((size, 0), -1, dtype=np.int64)
+        self._partial_since: dict[int, float] = {}
+        self._join_cycle: dict[int, int] = {}
+        self._prev_joined: frozenset[int] = frozenset()
+        self._cycle_start = np.zeros(_RING, dtype=np.int64)
+        self._last_stall_check = 0.0
+        self._directives: list[tuple[str, Any]] = []  # rank 0's, for the next slow path
+
+        self.observers: list[CycleObserver] = []
+        self.proposer: Any = None  # rank 0's autotuner: poll_proposal() -> TunableParams | None
+        self.cycle = 0
+        self.steps = StepCounter()
+        self.param_history: list[tuple[int, TunableParams]] = [(0, params)]
+        self.counters = {
+            "cycles": 0,
+            "slow_path_cycles": 0,
+            "cache_hits": 0,
+            "coordinator_responses": 0,
+            "bytes_reduced": 0,
+            "ops_completed": 0,
+        }
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="hvdprof-cycle", daemon=True)
+
+    # ---------------------------------------------------------------- thread control
+    def start(self) -> None:
+        self.thread.start()
+
+    def add_directive(self, kind: str, value: Any) -> None:
+        """Rank 0 only: an order every rank applies at the end of the same cycle."""
+        self._directives.append((kind, value))
+
+    def _run(self) -> None:
+        try:
+            while True:
+                t0 = time.monotonic()
+                busy = self._one_cycle()
+                if busy is None:
+                    break
+                if busy:
+                    delay = self.params.cycle_time_ms / 1000.0 - (time.monotonic() - t0)
+                    if delay > 0:
+                        time.sleep(delay)
+                else:
+                    # Globally idle: sleep until this rank gets work (or a while passes).
+                    self.wake.wait(_IDLE_SLEEP_S)
+                self.wake.clear()
+        except BaseException as exc:  # a dead peer, a timeout: fail everything, loudly
+            self._fail(self._internal_error(exc))
+        finally:
+            for observer in self.observers:
+                try:
+                    observer.close()
+                except Exception:  # a sink failing must not hide the real error
+                    log.exception("hvdprof: closing %r failed", observer)
+
+    def _internal_error(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, HvdprofInternalError):
+            return exc
+        text = str(exc).strip().splitlines()
+        detail = text[0] if text else type(exc).__name__
+        if not isinstance(exc, RuntimeError):  # our bug, not the network's: say so
+            log.error("hvdprof rank %d: internal error in the cycle thread", self.rank, exc_info=exc)
+            return HvdprofInternalError(
+                f"hvdprof rank {self.rank}: internal error in the cycle thread "
+                f"({type(exc).__name__}: {detail}); please report it"
+            )
+        return HvdprofInternalError(
+            f"hvdprof rank {self.rank}: communication with the other ranks failed "
+            f"({type(exc).__name__}: {detail}). A peer rank has probably exited or been "
+            "killed; the job cannot continue."
+        )
+
+    def _fail(self, error: BaseException) -> None:
+        if self.failure is None:
+            self.failure = error
+        for req in self._all_requests():
+            req.handle.fail(error)
+        if self.join_handle is not None:
+            self.join_handle.fail(error)
+
+    def _all_requests(self) -> list[Request]:
+        out = list(self._cached_waiting.values()) + self._outbox + list(self._sent.values())
+        while self.queue:
+            out.append(self.queue.popleft())
+        return out
+
+    # ---------------------------------------------------------------- one cycle
+    def _one_cycle(self) -> bool | None:
+        """One cycle. True: work is pending somewhere; False: idle; None: stop."""
+        cycle = self.cycle
+        t_start = _now()
+        self._cycle_start[cycle % _RING] = t_start
+        self._drain_queue()
+
+        detailed = any(o.detailed for o in self.observers)
+        payload = (
+            pickle.dumps(
+                [RequestMeta(r.name, r.signature, r.splits) for r in self._outbox],
+                protocol=pickle.HIGHEST_PROTOCOL,
+            )
+            if self._outbox
+            else b""
+        )
+        header = np.zeros(HEADER, dtype=np.uint8)
+        header[:4] = np.frombuffer(np.uint32(len(payload)).astype("<u4").tobytes(), dtype=np.uint8)
+        header[_SHUTDOWN] = self.shutdown_requested
+        header[_JOINED] = self.join_handle is not None
+        header[_COMMAND] = bool(self.commands)
+        if self.rank == 0:
+            if self.proposer is not None:
+                proposal = self.proposer.poll_proposal()
+                if proposal is not None:
+                    self._directives.append(("params", proposal))
+            header[_DIRECTIVE] = bool(self._directives)
+        matrix = self.control.allgather_vector(np.concatenate([header, self._bits]))
+
+        shutdown_ranks = np.flatnonzero(matrix[:, _SHUTDOWN])
+        if shutdown_ranks.size:
+            who = ", ".join(str(r) for r in shutdown_ranks)
+            self._fail(
+                HvdprofInternalError(
+                    f"hvdprof was shut down (by rank {who}) while this rank (rank {self.rank}) "
+                    "still had operations pending. Every rank must finish the same collectives "
+                    "before calling shutdown() or exiting."
+                )
+            )
+            return None
+
+        joined_mask = matrix[:, _JOINED].astype(bool)
+        joined = frozenset(int(r) for r in np.flatnonzero(joined_mask))
+        for r in joined:
+            self._join_cycle.setdefault(r, cycle)
+        lengths = matrix[:, :4].copy().view("<u4").reshape(-1)
+        bits = matrix[:, HEADER:]
+        if detailed and bits.shape[1]:
+            self._track_readiness(bits, cycle)
+
+        # Fast path: names whose bit is set on every rank that has not joined.
+        ready_ops: list[ReadyOp] = []
+        active = ~joined_mask
+        if bits.shape[1] and active.any():
+            ready_bits = np.flatnonzero(bits[active].min(axis=0))
+            if ready_bits.size:
+                self._bits[ready_bits] = 0
+                entries = self.cache.entries()
+                waiting = self._cached_waiting
+                for bit in ready_bits.tolist():
+                    e = entries[bit]
+                    ready_ops.append(ReadyOp(e.name, e.signature, waiting.pop(bit, None), e.key, e.nbytes))
+                self.counters["cache_hits"] += ready_bits.size
+        if self.rank == 0 and self.config.stall_check_time_s > 0:
+            self._watch_partial_bits(bits, active)
+
+        # Slow path: the coordinator, when anyone has news.
+        reply: CoordinatorReply | None = None
+        if lengths.any() or matrix[0, _DIRECTIVE] or joined != self._prev_joined:
+            reply = self._coordinate(payload, [int(n) for n in lengths], joined, cycle)
+            self.counters["slow_path_cycles"] += 1
+        self._prev_joined = joined
+        t_negotiated = _now()
+
+        if reply is not None:
+            self.cache.apply(reply, self.params.cache_enabled)
+            for name in reply.evicted:
+                self._reroute_evicted(name)
+            for response in reply.responses:
+                req = self._sent.pop(response.name, None)
+                ready_ops.append(
+                    ReadyOp(
+                        response.name,
+                        response.signature,
+                        req,
+                        error=response.error,
+                        first_dims=response.first_dims,
+                        splits=response.splits,
+                    )
+                )
+            self.counters["coordinator_responses"] += len(reply.responses)
+        self._grow_bits()
+
+        reduced, groups = 0, []
+        if ready_ops:
+            reduced, groups = self.executor.run(
+                ready_ops,
+                self.params.fusion_threshold_bytes,
+                self.config.max_inflight,
+                detailed,
+            )
+        t_end = _now()
+        op_records = self._complete(ready_ops, reply, detailed, t_negotiated, t_end)
+
+        # All ranks joined: the join returns the rank that joined last.
+        if joined and not active.any():
+            last = max(joined, key=lambda r: (self._join_cycle[r], r))
+            self._join_cycle.clear()
+            if self.join_handle is not None:
+                handle, self.join_handle = self.join_handle, None
+                handle.complete(last)
+                notify_waiters()
+
+        params_changed = False
+        if matrix[:, _COMMAND].all():
+            self.commands.popleft()()
+        if reply is not None:
+            params_changed = self._apply_directives(reply.directives)
+        self.counters["cycles"] += 1
+        self.counters["bytes_reduced"] += reduced
+        if self.observers:
+            record = CycleRecord(
+                cycle=cycle,
+                step=self.steps.step,
+                t_start=t_start,
+                t_negotiated=t_negotiated,
+                t_end=t_end,
+                params=self.params,
+                bytes_reduced=reduced,
+                ops=op_records,
+                groups=groups,
+                params_changed=params_changed,
+            )
+            for observer in self.observers:
+                observer.on_cycle(record)
+        if self.rank == 0:
+            self._inspect_stalls()
+        self.cycle += 1
+        if self.failure is not None:
+            return None
+        busy = bool(
+            self._cached_waiting
+            or self._outbox
+            or self._sent
+            or lengths.any()
+            or bits.any()
+            or joined
+            or self.commands
+            or self.queue
+        )
+        return busy
+
+    # ---------------------------------------------------------------- pieces
+    def _drain_queue(self) -> None:
+        use_cache = self.params.cache_enabled and self.cache.capacity > 0
+        while self.queue:
+            req = self.queue.popleft()
+            hit = self.cache.lookup(req.name) if use_cache else None
+            if hit is not None and hit[1] == req.signature:
+                bit = hit[0]
+                self._cached_waiting[bit] = req
+                self._bits[bit] = 1
+            else:
+                self._outbox.append(req)
+
+    def _coordinate(
+        self, payload: bytes, lengths: list[int], joined: frozenset[int], cycle: int
+    ) -> CoordinatorReply:
+        gathered = self.control.gather_bytes(payload, lengths)
+        for req in self._outbox:
+            self._sent[req.name] = req
+        self._outbox = []
+        blob = None
+        if self.rank == 0:
+            assert gathered is not None and self.coordinator is not None
+            messages = [(r, pickle.loads(b)) for r, b in enumerate(gathered) if b]
+            reply = self.coordinator.handle(
+                cycle, messages, joined, self.cache, self.params.cache_enabled, time.monotonic()
+            )
+            reply.directives, self._directives = self._directives, []
+            blob = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        data = self.control.broadcast_bytes(blob)
+        return pickle.loads(data)
+
+    def _reroute_evicted(self, name: str) -> None:
+        """A cached entry went stale: requests waiting on its bit take the slow path."""
+        for bit, req in list(self._cached_waiting.items()):
+            if req.name == name:
+                del self._cached_waiting[bit]
+                self._bits[bit] = 0
+                self._outbox.append(req)
+
+    def _grow_bits(self) -> None:
+        width = self.cache.width
+        if width > self._bits.shape[0]:
+            grown = np.zeros(width, dtype=np.uint8)
+            grown[: self._bits.shape[0]] = self._bits
+            self._bits = grown
+            first = np.full((self.size, width), -1, dtype=np.int64)
+            first[:, : self._first_ready.shape[1]] = self._first_ready
+            self._first_ready = first
+
+    def _track_readiness(self, bits: np.ndarray, cycle: int) -> None:
+        first = self._first_ready[:, : bits.shape[1]]
+        newly = (bits == 1) & (first < 0)
+        first[newly] = cycle
+
+    def _watch_partial_bits(self, bits: np.ndarray, active: np.ndarray) -> None:
+        if not bits.shape[1]:
+            self._partial_since.clear()
+            return
+        rows = bits[active] if active.any() else bits
+        partial = np.flatnonzero(rows.max(axis=0) & ~rows.min(axis=0).astype(bool))
+        now = time.monotonic()
+        current = {int(b) for b in partial}
+        for b in list(self._partial_since):
+            if b not in current:
+                del self._partial_since[b]
+        for b in current:
+            self._partial_since.setdefault(b, now)
+
+    def _inspect_stalls(self) -> None:
+        now = time.monotonic()
+        if self.config.stall_check_time_s <= 0 or now - self._last_stall_check < _STALL_EVERY_S:
+            return
+        self._last_stall_check = now
+        assert self.coordinator is not None
+        waiting = self.coordinator.pending()
+        if self._partial_since:
+            matrix_bits = self._last_bits_snapshot()
+            for bit, since in self._partial_since.items():
+                entries = self.cache.entries()
+                if bit >= len(entries) or entries[bit] is None:
+                    continue
+                name = entries[bit].name
+                ready = frozenset(int(r) for r in np.flatnonzero(matrix_bits[:, bit]))
+                waiting[name] = (ready, since)
+        abort = self.stall.inspect(now, waiting)
+        if abort is not None:
+            self._directives.append(("abort", abort))
+
+    def _last_bits_snapshot(self) -> np.ndarray:
+        recv = self.control._recv
+        assert recv is not None
+        return recv.numpy()[:, HEADER:]
+
+    def _complete(
+        self,
+        ready_ops: list[ReadyOp],
+        reply: CoordinatorReply | None,
+        detailed: bool,
+        t_negotiated: int,
+        t_end: int,
+    ) -> list[OpRecord]:
+        records: list[OpRecord] = []
+        cycles_of = {}
+        if detailed and reply is not None:
+            cycles_of = {r.name: r.ready_cycles for r in reply.responses}
+        self.counters["ops_completed"] += len(ready_ops)
+        completed = self.steps.completed
+        for op in ready_ops:
+            completed(op.name)
+            if not detailed or op.request is None:
+                continue
+            req = op.request
+            if op.name in cycles_of:
+                ready = {r: self._time_of(c) for r, c in cycles_of[op.name].items()}
+                cached = False
+            else:
+                bit = self.cache.bit(op.name)
+                ready = {}
+                if 0 <= bit < self._first_ready.shape[1]:
+                    for r in range(self.size):
+                        c = int(self._first_ready[r, bit])
+                        if c >= 0:
+                            ready[r] = self._time_of(c)
+                    self._first_ready[:, bit] = -1
+                cached = True
+            ready[self.rank] = req.t_submit
+            sig = op.signature
+            error = req.handle.error
+            records.append(
+                OpRecord(
+                    name=op.name,
+                    op=sig.op.name,
+                    dtype=sig.dtype.replace("torch.", ""),
+                    shape=tuple(req.tensor.shape) if req.tensor is not None else sig.shape,
+                    nbytes=op.nbytes,
+                    t_submit=req.t_submit,
+                    t_negotiated=t_negotiated,
+                    ready_times=ready,
+                    cached=cached,
+                    group_id=op.group_id,
+                    t_done=t_end,
+                    error=None if error is None else str(error),
+                )
+            )
+        return records
+
+    def _time_of(self, cycle: int) -> int:
+        if self.cycle - cycle >= _RING:
+            cycle = self.cycle - _RING + 1
+        return int(self._cycle_start[cycle % _RING])
+
+    def _apply_directives(self, directives: list[tuple[str, Any]]) -> bool:
+        changed = False
+        for kind, value in directives:
+            if kind == "params":
+                changed = self._apply_params(value) or changed
+            elif kind == "abort":
+                self._fail(StallAbortError(f"{value} (rank {self.rank})"))
+            elif kind == "clock_sync" and self._clock_sync is not None:
+                self._clock_sync()
+        return changed
+
+    def _apply_params(self, params: TunableParams) -> bool:
+        if params == self.params:
+            return False
+        if params.cache_enabled != self.params.cache_enabled:
+            for name in self.cache.clear():
+                self._reroute_evicted(name)
+            self.cache.capacity = self.config.cache_capacity if params.cache_enabled else 0
+        self.params = params
+        self.param_history.append((self.cycle + 1, params))
+        return True

@@ -1,0 +1,81 @@
+"""Tensor fusion planning: which ready allreduces share one fusion buffer.
+
+A pure function, so the plan is testable without processes and provably identical on
+every rank: it depends only on the ordered response list, which all ranks share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from hvdprof.runtime.requests import Signature
+
+_ITEMSIZE = {
+    "torch.float16": 2,
+    "torch.bfloat16": 2,
+    "torch.float32": 4,
+    "torch.float64": 8,
+    "torch.int8": 1,
+    "torch.uint8": 1,
+    "torch.int32": 4,
+    "torch.int64": 8,
+}
+
+
+class FusionKey(NamedTuple):
+    """Allreduces can share a buffer only when one backend call can reduce them all."""
+
+    dtype: str
+    reduce_op: int
+    prescale: float
+    postscale: float
+    device: str
+
+
+def fusion_key(sig: Signature) -> FusionKey:
+    return FusionKey(sig.dtype, sig.reduce_op, sig.prescale, sig.postscale, sig.device)
+
+
+def signature_nbytes(sig: Signature) -> int:
+    n = _ITEMSIZE.get(sig.dtype, 0)
+    for d in sig.shape:
+        n *= d
+    return n
+
+
+@dataclass(slots=True)
+class FusionGroup:
+    key: FusionKey
+    indices: list[int] = field(default_factory=list)  # positions in the response list
+    nbytes: int = 0
+
+    @property
+    def fused(self) -> bool:
+        """More than one tensor: packed into a buffer. One tensor is reduced in place."""
+        return len(self.indices) > 1
+
+
+def plan_fusion(
+    items: list[tuple[FusionKey, int]], threshold_bytes: int
+) -> list[FusionGroup]:
+    """Group ``(key, nbytes)`` items into buffers of at most ``threshold_bytes``.
+
+    Items keep their relative order inside a group, and groups are ordered by their first
+    item, so the plan is deterministic. A tensor at least as large as the threshold gets a
+    group of its own (reduced in place, no copy). ``threshold_bytes == 0`` disables fusion.
+    """
+    groups: list[FusionGroup] = []
+    open_group: dict[FusionKey, FusionGroup] = {}
+    for index, (key, nbytes) in enumerate(items):
+        if threshold_bytes <= 0 or nbytes >= threshold_bytes:
+            groups.append(FusionGroup(key, [index], nbytes))
+            continue
+        group = open_group.get(key)
+        if group is None or group.nbytes + nbytes > threshold_bytes:
+            group = FusionGroup(key)
+            groups.append(group)
+            open_group[key] = group
+        group.indices.append(index)
+        group.nbytes += nbytes
+    return groups

@@ -1,0 +1,66 @@
+"""Handles: how the user's thread waits for an op the cycle thread completes.
+
+No per-handle Event: the cycle completes thousands of small ops per step, so a handle is
+a flag plus one process-wide condition that the cycle notifies once per fusion group.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+_cond = threading.Condition(threading.Lock())
+
+
+def notify_waiters() -> None:
+    """Wake every thread blocked in ``Handle.wait``; called after a batch of completions."""
+    with _cond:
+        _cond.notify_all()
+
+
+class Handle:
+    """Completion of one op. Set once, by the cycle thread, with a result or an error."""
+
+    __slots__ = ("done_flag", "error", "name", "output", "release", "retire")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.output: Any = None
+        self.error: BaseException | None = None
+        self.done_flag = False
+        #: called by ``wait`` once, on the user's thread (frees a generated name)
+        self.release: Any = None
+        #: called on completion *before* waiters can see it (frees the name for reuse)
+        self.retire: Any = None
+
+    def done(self) -> bool:
+        return self.done_flag
+
+    def complete(self, output: Any) -> None:
+        """Mark done without waking waiters: the caller batches ``notify_waiters``."""
+        self.output = output
+        if self.retire is not None:
+            self.retire()
+        self.done_flag = True
+
+    def fail(self, error: BaseException) -> None:
+        if self.done_flag:
+            return
+        self.error = error
+        if self.retire is not None:
+            self.retire()
+        self.done_flag = True
+        notify_waiters()
+
+    def wait(self) -> Any:
+        if not self.done_flag:
+            with _cond:
+                # the timeout lets a KeyboardInterrupt reach the user promptly
+                while not self.done_flag:
+                    _cond.wait(0.5)
+        if self.release is not None:
+            release, self.release = self.release, None
+            release()
+        if self.error is not None:
+            raise self.error
+        return self.output

@@ -1,0 +1,267 @@
+"""Negotiation: deciding, identically on every rank, which ops are ready to run.
+
+Two paths, as in Horovod:
+- The response cache: names negotiated before have a bit. Each cycle every rank shares
+  its bit vector and the ops whose bit is set on every rank run, with no coordinator.
+- The coordinator (rank 0): new names are gathered to rank 0, which waits until every
+  rank has submitted a name, checks that all ranks agree on its signature, and replies
+  with the responses in a fixed order. A disagreement fails that op on every rank.
+
+Everything here is plain state and pure logic; the cycle moves the bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hvdprof.runtime.requests import NEVER_CACHED, OpType, Signature
+
+
+@dataclass(frozen=True, slots=True)
+class RequestMeta:
+    """The wire form of a request: what a rank tells the coordinator."""
+
+    name: str
+    signature: Signature
+    splits: tuple[int, ...] | None = None
+
+
+@dataclass(slots=True)
+class Response:
+    """The coordinator's verdict on one name, applied by every rank in reply order."""
+
+    name: str
+    signature: Signature
+    error: str | None = None
+    cacheable: bool = False
+    #: rank -> cycle in which the coordinator learned that rank was ready
+    ready_cycles: dict[int, int] = field(default_factory=dict)
+    #: allgather/alltoall: every rank's first dimension
+    first_dims: tuple[int, ...] | None = None
+    #: alltoall: every rank's send splits
+    splits: tuple[tuple[int, ...], ...] | None = None
+    #: ranks that had joined and contribute zeros instead of a tensor
+    joined: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class CoordinatorReply:
+    responses: list[Response] = field(default_factory=list)
+    #: names removed from the response cache, in order, before new entries are added
+    evicted: list[str] = field(default_factory=list)
+    #: cycle-level orders from rank 0: ("params", TunableParams), ("abort", message),
+    #: ("clock_sync", None), ... applied by every rank at the end of this cycle
+    directives: list[tuple[str, Any]] = field(default_factory=list)
+
+
+class CacheEntry:
+    """A cached name with what the hot path needs precomputed (fusion key, bytes)."""
+
+    __slots__ = ("key", "name", "nbytes", "signature")
+
+    def __init__(self, name: str, signature: Signature) -> None:
+        from hvdprof.runtime.fusion import fusion_key, signature_nbytes
+
+        self.name = name
+        self.signature = signature
+        self.key = fusion_key(signature)
+        self.nbytes = signature_nbytes(signature)
+
+
+class ResponseCache:
+    """Replicated on every rank: the same calls in the same order give the same bits.
+
+    Bits are allocated lowest-free-first, so no bit numbers need to travel.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._bit_of: dict[str, int] = {}
+        self._entries: list[CacheEntry | None] = []
+        self._free: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._bit_of)
+
+    @property
+    def width(self) -> int:
+        """Length of the bit vector: identical on every rank."""
+        return len(self._entries)
+
+    def bit(self, name: str) -> int:
+        return self._bit_of.get(name, -1)
+
+    def lookup(self, name: str) -> tuple[int, Signature] | None:
+        bit = self._bit_of.get(name)
+        if bit is None:
+            return None
+        entry = self._entries[bit]
+        assert entry is not None
+        return bit, entry.signature
+
+    def entry(self, bit: int) -> CacheEntry:
+        entry = self._entries[bit]
+        assert entry is not None, f"response cache bit {bit} is empty"
+        return entry
+
+    def entries(self) -> list[CacheEntry | None]:
+        """By bit; read-only view for the cycle's hot loop."""
+        return self._entries
+
+    def put(self, name: str, signature: Signature) -> int:
+        """Cache ``name``; -1 when full. Deterministic: every rank gets the same bit."""
+        if name in self._bit_of:
+            bit = self._bit_of[name]
+            self._entries[bit] = CacheEntry(name, signature)
+            return bit
+        if len(self._bit_of) >= self.capacity:
+            return -1
+        if self._free:
+            self._free.sort()
+            bit = self._free.pop(0)
+            self._entries[bit] = CacheEntry(name, signature)
+        else:
+            bit = len(self._entries)
+            self._entries.append(CacheEntry(name, signature))
+        self._bit_of[name] = bit
+        return bit
+
+    def evict(self, name: str) -> int:
+        bit = self._bit_of.pop(name, -1)
+        if bit >= 0:
+            self._entries[bit] = None
+            self._free.append(bit)
+        return bit
+
+    def clear(self) -> list[str]:
+        names = list(self._bit_of)
+        for name in names:
+            self.evict(name)
+        return names
+
+    def apply(self, reply: CoordinatorReply, enabled: bool) -> None:
+        for name in reply.evicted:
+            self.evict(name)
+        if not enabled:
+            return
+        for response in reply.responses:
+            if response.cacheable:
+                self.put(response.name, response.signature)
+
+
+@dataclass(slots=True)
+class _Pending:
+    metas: dict[int, RequestMeta] = field(default_factory=dict)
+    cycles: dict[int, int] = field(default_factory=dict)
+    first_seen: float = 0.0
+
+
+class Coordinator:
+    """Rank 0's table of names some ranks have submitted and others not yet."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._table: dict[str, _Pending] = {}
+
+    def pending(self) -> dict[str, tuple[frozenset[int], float]]:
+        """name -> (ranks that submitted it, when the first one did): for the stall inspector."""
+        return {n: (frozenset(p.metas), p.first_seen) for n, p in self._table.items()}
+
+    def handle(
+        self,
+        cycle: int,
+        messages: Iterable[tuple[int, list[RequestMeta]]],
+        joined: frozenset[int],
+        cache: ResponseCache,
+        cache_enabled: bool,
+        now: float,
+    ) -> CoordinatorReply:
+        reply = CoordinatorReply()
+        evicted: set[str] = set()
+        for rank, metas in messages:
+            for meta in metas:
+                # A rank sends a cached name here only when its signature changed:
+                # the cached entry is stale for everyone.
+                if cache.bit(meta.name) >= 0 and meta.name not in evicted:
+                    evicted.add(meta.name)
+                    reply.evicted.append(meta.name)
+                entry = self._table.get(meta.name)
+                if entry is None:
+                    entry = self._table[meta.name] = _Pending(first_seen=now)
+                entry.metas[rank] = meta
+                entry.cycles[rank] = cycle
+        for name in list(self._table):
+            entry = self._table[name]
+            submitted = set(entry.metas)
+            missing = set(range(self.size)) - submitted - joined
+            if missing:
+                continue
+            del self._table[name]
+            reply.responses.append(
+                self._verdict(name, entry, tuple(sorted(set(joined) - submitted)), cache_enabled)
+            )
+        return reply
+
+    def _verdict(
+        self, name: str, entry: _Pending, joined: tuple[int, ...], cache_enabled: bool
+    ) -> Response:
+        ranks = sorted(entry.metas)
+        first = entry.metas[ranks[0]]
+        sig = first.signature
+        response = Response(name=name, signature=sig, ready_cycles=dict(entry.cycles))
+        error = _mismatch_message(name, entry.metas)
+        if error is None and joined and sig.op != OpType.ALLREDUCE:
+            error = (
+                f"{sig.op.name.lower()} of tensor {name!r} was submitted while rank(s) "
+                f"{list(joined)} had called join(); only allreduce can run with joined ranks"
+            )
+        if error is None and sig.op in (OpType.ALLGATHER, OpType.ALLTOALL):
+            response.first_dims = tuple(
+                entry.metas[r].signature.shape[0] if entry.metas[r].signature.shape else 1
+                for r in range(self.size)
+            )
+        if error is None and sig.op == OpType.ALLTOALL:
+            response.splits = tuple(entry.metas[r].splits or () for r in range(self.size))
+        response.error = error
+        response.joined = joined
+        response.cacheable = (
+            cache_enabled and error is None and not joined and sig.op not in NEVER_CACHED
+        )
+        return response
+
+
+def _mismatch_message(name: str, metas: dict[int, RequestMeta]) -> str | None:
+    ranks = sorted(metas)
+    base = metas[ranks[0]].signature
+    by_field: dict[str, dict[int, Any]] = {}
+    for rank in ranks[1:]:
+        for field_name, _mine, theirs in base.differences(metas[rank].signature):
+            values = by_field.setdefault(field_name, {})
+            values[rank] = theirs
+    if not by_field:
+        return None
+    parts = []
+    for field_name, values in by_field.items():
+        shown = {ranks[0]: _field_value(base, field_name)}
+        shown.update(values)
+        detail = ", ".join(f"rank {r} has {_show(v)}" for r, v in sorted(shown.items()))
+        parts.append(f"{field_name}: {detail}")
+    return f"Mismatched {base.op.name.lower()} for tensor {name!r} across ranks: " + "; ".join(
+        parts
+    )
+
+
+def _field_value(sig: Signature, field_name: str) -> Any:
+    if field_name.startswith("shape"):
+        return sig.shape
+    return getattr(sig, field_name)
+
+
+def _show(value: Any) -> str:
+    if hasattr(value, "name") and not isinstance(value, str):
+        return value.name
+    if isinstance(value, tuple):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return repr(value)

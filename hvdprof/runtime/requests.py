@@ -1,0 +1,111 @@
+"""What a rank asks the runtime for, and the part of it every rank must agree on.
+
+A ``Request`` lives on one rank and holds the tensors. Its ``Signature`` is the small,
+picklable description the coordinator compares across ranks and the response cache
+remembers, so the cycle never ships tensors through negotiation.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, NamedTuple
+
+
+class OpType(enum.IntEnum):
+    ALLREDUCE = 0
+    ALLGATHER = 1
+    BROADCAST = 2
+    ALLTOALL = 3
+    REDUCESCATTER = 4
+    BARRIER = 5
+
+
+class ReduceOp(enum.IntEnum):
+    """Horovod's reduction ops (``hvd.Average`` ... ``hvd.Product``), same values."""
+
+    AVERAGE = 0
+    SUM = 1
+    ADASUM = 2
+    MIN = 3
+    MAX = 4
+    PRODUCT = 5
+
+
+#: ops whose first dimension may differ across ranks (compared without it)
+VARIABLE_FIRST_DIM = frozenset({OpType.ALLGATHER, OpType.ALLTOALL})
+#: ops that go through the coordinator every time: their outputs depend on every
+#: rank's sizes, which a one-bit cache entry cannot carry.
+NEVER_CACHED = frozenset({OpType.ALLGATHER, OpType.ALLTOALL, OpType.BARRIER})
+
+
+class Signature(NamedTuple):
+    """Everything about an op that must be identical on all ranks.
+
+    A NamedTuple: built once per op on the user's thread and compared once per op on
+    the cycle thread, so construction and equality must be C-speed.
+    """
+
+    op: OpType
+    dtype: str
+    shape: tuple[int, ...]
+    reduce_op: ReduceOp
+    root_rank: int
+    prescale: float
+    postscale: float
+    device: str
+
+    def compared_shape(self) -> tuple[int, ...]:
+        return self.shape[1:] if self.op in VARIABLE_FIRST_DIM else self.shape
+
+    def differences(self, other: Signature) -> list[tuple[str, Any, Any]]:
+        """The fields in which two ranks disagree, as (field, mine, theirs)."""
+        out = []
+        for field_name in ("op", "dtype", "reduce_op", "root_rank", "prescale", "postscale", "device"):
+            a, b = getattr(self, field_name), getattr(other, field_name)
+            if a != b:
+                out.append((field_name, a, b))
+        if self.compared_shape() != other.compared_shape():
+            label = "shape (all but the first dimension)" if self.op in VARIABLE_FIRST_DIM else "shape"
+            out.append((label, self.shape, other.shape))
+        return out
+
+
+class Request:
+    """One op submitted on this rank. ``output`` receives the result.
+
+    Plain slots class rather than a dataclass: it is created once per tensor per step on
+    the user's thread, so construction cost matters.
+    """
+
+    __slots__ = (
+        "handle",
+        "name",
+        "output",
+        "signature",
+        "splits",
+        "t_submit",
+        "tensor",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        signature: Signature,
+        tensor: Any,
+        output: Any,
+        handle: Any,
+        t_submit: int,
+        splits: tuple[int, ...] | None = None,
+    ) -> None:
+        self.name = name
+        self.signature = signature
+        self.tensor = tensor
+        self.output = output
+        self.handle = handle
+        self.t_submit = t_submit
+        self.splits = splits
+
+    @property
+    def nbytes(self) -> int:
+        t = self.tensor
+        return 0 if t is None else t.numel() * t.element_size()

@@ -1,0 +1,352 @@
+"""The process-wide runtime: rendezvous, process groups, the cycle, and the submit API.
+
+Front ends (``hvdprof.torch``) call ``submit`` with tensors and get a ``Handle``; nothing
+else crosses from the user's thread to the cycle thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch.distributed as dist
+
+from hvdprof.config import Config
+from hvdprof.errors import ConfigError, HvdprofError, NotInitializedError
+from hvdprof.runtime.backends.gloo import GlooBackend
+from hvdprof.runtime.control import ControlChannel
+from hvdprof.runtime.cycle import CycleLoop
+from hvdprof.runtime.executor import Executor
+from hvdprof.runtime.handles import Handle
+from hvdprof.runtime.records import TunableParams
+from hvdprof.runtime.requests import OpType, Request, Signature
+
+log = logging.getLogger("hvdprof")
+
+
+@dataclass(frozen=True)
+class Topology:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+
+def _first_int(environ: Any, *names: str) -> int | None:
+    for name in names:
+        value = environ.get(name)
+        if value not in (None, ""):
+            try:
+                return int(value)
+            except ValueError:
+                raise ConfigError(f"{name}={value!r} is malformed: it accepts an integer") from None
+    return None
+
+
+def resolve_topology(config: Config, environ: Any = None) -> Topology:
+    """Ranks from ``hvdprof run``, else torchrun or MPI launchers, else a single process."""
+    env = os.environ if environ is None else environ
+    rank = config.rank if config.rank is not None else _first_int(
+        env, "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"
+    )
+    size = config.size if config.size is not None else _first_int(
+        env, "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"
+    )
+    if rank is None and size is None:
+        rank, size = 0, 1
+    if rank is None or size is None:
+        raise ConfigError(
+            "HVDPROF_RANK and HVDPROF_SIZE must be set together (start the job with `hvdprof run -np N`)"
+        )
+    if not 0 <= rank < size:
+        raise ConfigError(f"HVDPROF_RANK={rank} is out of range for HVDPROF_SIZE={size}")
+    local_rank = config.local_rank if config.local_rank is not None else _first_int(
+        env, "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"
+    )
+    local_size = config.local_size if config.local_size is not None else _first_int(
+        env, "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"
+    )
+    local_rank = rank if local_rank is None else local_rank
+    local_size = size if local_size is None else local_size
+    cross_size = config.cross_size if config.cross_size is not None else max(1, size // max(local_size, 1))
+    cross_rank = config.cross_rank if config.cross_rank is not None else rank // max(local_size, 1)
+    return Topology(rank, size, local_rank, local_size, cross_rank, cross_size)
+
+
+class NameAllocator:
+    """Stable names for unnamed ops, so tracks and cache entries do not grow without bound.
+
+    A name is the lowest slot free for that op kind; a slot is freed when the user
+    synchronizes the handle. Both happen in program order on the user's thread, which is
+    the same on every rank, so every rank picks the same names.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._used: dict[str, set[int]] = {}
+
+    def allocate(self, kind: str) -> tuple[str, Any]:
+        with self._lock:
+            used = self._used.setdefault(kind, set())
+            slot = 0
+            while slot in used:
+                slot += 1
+            used.add(slot)
+
+        def release() -> None:
+            with self._lock:
+                used.discard(slot)
+
+        return f"{kind}.noname.{slot}", release
+
+
+class Runtime:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.topology = resolve_topology(config)
+        t = self.topology
+        self.rank, self.size = t.rank, t.size
+        self._names = NameAllocator()
+        self._inflight: set[str] = set()
+        self._inflight_lock = threading.Lock()
+        self._store, self._control_pg, self._data_pg = self._rendezvous()
+        self.control = ControlChannel(self._control_pg, self.rank, self.size)
+        self.backend = GlooBackend(self._data_pg, self.rank, self.size)
+        self.executor = Executor(self.backend, self.rank, self.size)
+        params = TunableParams(
+            fusion_threshold_bytes=config.fusion_threshold_bytes,
+            cycle_time_ms=config.cycle_time_ms,
+            cache_enabled=config.cache_capacity > 0,
+        )
+        self.cycle = CycleLoop(
+            config,
+            self.rank,
+            self.size,
+            self.control,
+            self.executor,
+            params,
+        )
+        self.started_at = time.time()
+        self.cycle.start()
+
+    # ---------------------------------------------------------------- set-up
+    def _rendezvous(self) -> tuple[Any, Any, Any]:
+        cfg = self.config
+        port = cfg.controller_port
+        if port is None:
+            if self.size > 1:
+                raise ConfigError(
+                    "HVDPROF_CONTROLLER_PORT is not set for a multi-rank job: start it with `hvdprof run -np N`"
+                )
+            port = _free_port()
+        timeout = datetime.timedelta(seconds=cfg.start_timeout_s)
+        try:
+            store = dist.TCPStore(
+                cfg.controller_addr,
+                port,
+                self.size,
+                self.rank == 0,
+                timeout=timeout,
+                wait_for_workers=True,
+            )
+        except Exception as exc:
+            raise HvdprofError(
+                f"hvdprof rank {self.rank}: rendezvous at {cfg.controller_addr}:{port} failed "
+                f"within HVDPROF_START_TIMEOUT_SECONDS={cfg.start_timeout_s:g}: {_first_line(exc)}"
+            ) from None
+        op_timeout = datetime.timedelta(seconds=cfg.collective_timeout_s)
+        try:
+            control = self._gloo_group(store, "hvdprof/control/", op_timeout)
+            data = self._gloo_group(store, "hvdprof/data/", op_timeout)
+        except Exception as exc:
+            raise HvdprofError(
+                f"hvdprof rank {self.rank}: connecting to the other ranks failed: {_first_line(exc)}"
+            ) from None
+        return store, control, data
+
+    def _gloo_group(self, store: Any, prefix: str, timeout: datetime.timedelta) -> Any:
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        host = "127.0.0.1" if self.topology.cross_size == 1 else socket.gethostname()
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+        options._threads = max(2, self.config.max_inflight)
+        return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), self.rank, self.size, options)
+
+    # ---------------------------------------------------------------- submit
+    def check_usable(self) -> None:
+        failure = self.cycle.failure
+        if failure is not None:
+            raise failure
+        if self.cycle.shutdown_requested:
+            raise NotInitializedError("hvdprof has been shut down; call hvdprof.torch.init() first")
+
+    def submit(
+        self,
+        name: str | None,
+        kind: str,
+        signature: Signature,
+        tensor: Any,
+        output: Any,
+        splits: tuple[int, ...] | None = None,
+    ) -> Handle:
+        """Queue one op for the cycle thread. ``kind`` prefixes a generated name."""
+        self.check_usable()
+        release = None
+        if name is None:
+            name, release = self._names.allocate(kind)
+        with self._inflight_lock:
+            if name in self._inflight:
+                if release is not None:
+                    release()
+                raise ValueError(
+                    f"hvdprof rank {self.rank}: an op named {name!r} is already in flight; "
+                    "names must be unique among ops that have not completed"
+                )
+            self._inflight.add(name)
+        handle = Handle(name)
+        handle.release = release
+        handle.retire = partial(self._completed, name)
+        req = Request(name, signature, tensor, output, handle, time.perf_counter_ns(), splits)
+        cycle = self.cycle
+        cycle.queue.append(req)
+        cycle.wake.set()
+        if cycle.failure is not None:  # lost the race with a failing cycle: fail it here
+            handle.fail(cycle.failure)
+        return handle
+
+    def _completed(self, name: str) -> None:
+        with self._inflight_lock:
+            self._inflight.discard(name)
+
+    def join(self) -> int:
+        self.check_usable()
+        handle = Handle("join")
+        self.cycle.join_handle = handle
+        self.cycle.wake.set()
+        return handle.wait()
+
+    def run_collectively(self, command: Any) -> None:
+        """Run ``command()`` on the cycle thread at the same cycle on every rank.
+
+        Every rank must call this (in the same order); the command runs once all have.
+        """
+        self.check_usable()
+        done = threading.Event()
+        error: list[BaseException] = []
+
+        def wrapped() -> None:
+            try:
+                command()
+            except BaseException as exc:
+                error.append(exc)
+            finally:
+                done.set()
+
+        self.cycle.commands.append(wrapped)
+        self.cycle.wake.set()
+        while not done.wait(0.5):
+            if self.cycle.failure is not None:
+                raise self.cycle.failure
+        if error:
+            raise error[0]
+
+    # ---------------------------------------------------------------- shutdown
+    def shutdown(self) -> None:
+        cycle = self.cycle
+        if cycle.thread.is_alive():
+            cycle.shutdown_requested = True
+            cycle.wake.set()
+            cycle.thread.join(timeout=self.config.collective_timeout_s + 5)
+        cycle.shutdown_requested = True
+        for pg in (self._data_pg, self._control_pg):
+            try:
+                pg.shutdown()
+            except Exception:  # best effort: the peers may already be gone
+                pass
+        self._store = None
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for tests, benchmarks and the dashboard."""
+        out = dict(self.cycle.counters)
+        out.update(
+            fused_groups=self.executor.fused_groups,
+            fused_tensors=self.executor.fused_tensors,
+            backend_calls=self.executor.backend_calls,
+            steps=self.cycle.steps.step,
+            cache_entries=len(self.cycle.cache),
+        )
+        return out
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+# -------------------------------------------------------------------- the singleton
+_lock = threading.Lock()
+_runtime: Runtime | None = None
+
+
+def init(config: Config | None = None) -> Runtime:
+    """Start the runtime once per process; later calls return the running one."""
+    global _runtime
+    with _lock:
+        if _runtime is not None and _runtime.cycle.thread.is_alive():
+            return _runtime
+        cfg = config or Config.from_env()
+        logging.getLogger("hvdprof").setLevel(cfg.log_level.upper())
+        if not logging.getLogger("hvdprof").handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            logging.getLogger("hvdprof").addHandler(handler)
+        _runtime = Runtime(cfg)
+        return _runtime
+
+
+def get() -> Runtime:
+    runtime = _runtime
+    if runtime is None or (runtime.cycle.shutdown_requested and runtime.cycle.failure is None):
+        raise NotInitializedError(
+            "hvdprof has not been initialized; call hvdprof.torch.init() first"
+        )
+    return runtime
+
+
+def current() -> Runtime | None:
+    return _runtime
+
+
+def shutdown() -> None:
+    global _runtime
+    with _lock:
+        runtime, _runtime = _runtime, None
+    if runtime is not None:
+        runtime.shutdown()
+
+
+def _shutdown_at_exit() -> None:
+    try:
+        shutdown()
+    except Exception:  # never turn a clean exit into a traceback
+        pass
+
+
+atexit.register(_shutdown_at_exit)
+__all__ = ["NameAllocator", "OpType", "Runtime", "Topology", "current", "get", "init", "shutdown"]

@@ -1,0 +1,23 @@
+"""The runtime's own notion of a training step, so tuning and sampling need no user hook."""
+
+from __future__ import annotations
+
+
+class StepCounter:
+    """A step ends when a tensor name completes a second time.
+
+    Training submits the same gradient names once per step, so the first repeat marks
+    the boundary. Completion order is identical on every rank, so is the count.
+    """
+
+    __slots__ = ("_seen", "step")
+
+    def __init__(self) -> None:
+        self.step = 0
+        self._seen: set[str] = set()
+
+    def completed(self, name: str) -> None:
+        if name in self._seen:
+            self.step += 1
+            self._seen.clear()
+        self._seen.add(name)

@@ -1,0 +1,72 @@
+"""The per-rank run manifest and the file names of a timeline directory.
+
+A trace file alone cannot say which run it belongs to, how its clock relates to wall time,
+or whether events were dropped. ``manifest.rank.<r>.json`` records that next to
+``rank.<r>.json``: topology, host, the start instant on both the wall clock and the rank's
+own clock (what merging a torch.profiler trace needs), the clock offset to rank 0 with its
+error bound, the configuration, and the event counts. It is replaced atomically
+(write to a temporary file, then ``os.replace``), so a reader never sees half of one, even
+after a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+#: Bumped when the manifest's meaning changes incompatibly.
+MANIFEST_VERSION = 1
+MANIFEST_FORMAT = "hvdprof-timeline-manifest"
+
+TRACE_RE = re.compile(r"^rank\.(\d+)\.json(\.gz)?$")
+MANIFEST_RE = re.compile(r"^manifest\.rank\.(\d+)\.json$")
+
+
+def trace_filename(rank: int, gzip: bool = False) -> str:
+    """``rank.<r>.json`` or ``rank.<r>.json.gz``."""
+    return f"rank.{rank}.json" + (".gz" if gzip else "")
+
+
+def manifest_filename(rank: int) -> str:
+    """``manifest.rank.<r>.json``."""
+    return f"manifest.rank.{rank}.json"
+
+
+def write_manifest(path: str, manifest: dict[str, Any]) -> None:
+    """Replace ``path`` with ``manifest`` atomically (temporary file + ``os.replace``)."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    text = json.dumps(manifest, indent=1, sort_keys=True, default=str, allow_nan=False)
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+    os.replace(tmp, path)
+
+
+def read_manifest(path: str) -> dict[str, Any]:
+    """Load a manifest; ``ValueError`` naming the file when it is not one."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f"{path}: not an hvdprof timeline manifest")
+    return data
+
+
+def timeline_shift_ns(manifest: dict[str, Any]) -> int:
+    """What to add to the rank's local clock (ns) to get timeline ns, per the manifest."""
+    clock = manifest.get("clock", {})
+    return int(clock.get("offset_ns", 0)) - int(clock.get("origin_ns", 0))
+
+
+def unix_ns_to_timeline_us(manifest: dict[str, Any], unix_ns: float) -> float:
+    """Map a wall-clock instant on this rank to timeline microseconds.
+
+    The manifest pairs ``start_unix_ns`` with ``start_local_ns`` (read back to back), so a
+    wall-clock instant is ``start_local_ns + (unix_ns - start_unix_ns)`` on the rank's own
+    clock, then shifted to rank 0's clock like every event in the trace.
+    """
+    local = int(manifest["start_local_ns"]) + (unix_ns - int(manifest["start_unix_ns"]))
+    return (local + timeline_shift_ns(manifest)) / 1000.0

@@ -1,0 +1,321 @@
+"""The timeline as a cycle observer: every rank records its own trace.
+
+Horovod wrote one timeline, on rank 0, so a straggler's own view was never seen. Here the
+runtime builds one :class:`TimelineSink` per rank; it writes ``DIR/rank.<r>.json`` (or
+``.json.gz``) and ``DIR/manifest.rank.<r>.json``. Timestamps are on rank 0's clock through
+the shared :class:`~hvdprof.timeline.clock.ClockCorrection`, so ``hvdprof timeline merge``
+only has to concatenate.
+
+:meth:`TimelineSink.on_cycle` runs on the cycle thread and only filters and enqueues a
+reference to the record; the conversion to events happens on the writer thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import os
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+from hvdprof.config import Config
+from hvdprof.errors import HvdprofError
+from hvdprof.runtime.records import CycleRecord, TunableParams
+from hvdprof.timeline import activities as act
+from hvdprof.timeline.clock import ClockCorrection, skewed_clock
+from hvdprof.timeline.manifest import (
+    MANIFEST_FORMAT,
+    MANIFEST_VERSION,
+    manifest_filename,
+    trace_filename,
+    write_manifest,
+)
+from hvdprof.timeline.render import (
+    ITEM_COUNTER,
+    ITEM_CYCLE,
+    ITEM_INSTANT,
+    ITEM_LINES,
+    CycleRenderer,
+    events_per_op,
+)
+from hvdprof.timeline.writer import TimelineWriter
+
+_OPEN_SINKS: weakref.WeakSet[TimelineSink] = weakref.WeakSet()
+
+
+def _clock_pair(clock: ClockCorrection) -> tuple[int, int]:
+    """``(time.time_ns(), clock.now_ns())`` read as close together as we can manage.
+
+    The pair anchors the rank's clock to wall time for merging torch.profiler traces; of a
+    few attempts, the one with the shortest gap between two wall readings is kept.
+    """
+    best: tuple[int, int, int] | None = None
+    for _ in range(5):
+        u0 = time.time_ns()
+        local = clock.now_ns()
+        u1 = time.time_ns()
+        if best is None or u1 - u0 < best[0]:
+            best = (u1 - u0, (u0 + u1) // 2, local)
+    assert best is not None
+    return best[1], best[2]
+
+
+def _config_dict(config: Config) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if isinstance(value, (set, frozenset)):
+            value = sorted(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
+
+
+class TimelineSink:
+    """Per-rank timeline recorder; a ``CycleObserver`` with ``detailed = True``.
+
+    Parameters: the runtime's ``config`` (``timeline_dir`` must be set unless ``directory``
+    is given), this ``rank``, the job ``size``, this ``hostname`` and the ``clock``
+    correction the runtime keeps up to date (a fresh one, skewed by
+    ``config.clock_skew_us``, when omitted). ``run_id`` (optional, identical on all ranks)
+    lets the reader detect files left over from another run.
+
+    The runtime must not mutate a ``CycleRecord`` after passing it to :meth:`on_cycle`:
+    the sink keeps a reference until the writer thread has rendered it.
+    """
+
+    detailed = True
+
+    def __init__(
+        self,
+        config: Config,
+        rank: int,
+        size: int,
+        hostname: str | None = None,
+        clock: ClockCorrection | None = None,
+        *,
+        run_id: str | None = None,
+        directory: str | None = None,
+    ) -> None:
+        directory = directory if directory is not None else config.timeline_dir
+        if not directory:
+            raise HvdprofError("the timeline sink needs a directory (HVDPROF_TIMELINE is empty)")
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise HvdprofError(
+                f"cannot create the timeline directory {directory!r}: {exc.strerror or exc}"
+            ) from exc
+        self.config = config
+        self.rank = int(rank)
+        self.size = int(size)
+        self.hostname = hostname if hostname is not None else socket.gethostname()
+        self.clock = (
+            clock
+            if clock is not None
+            else ClockCorrection(now_ns=skewed_clock(config.clock_skew_us))
+        )
+        self.run_id = run_id
+        self.directory = directory
+        self.path = os.path.join(directory, trace_filename(self.rank, config.timeline_gzip))
+        self.manifest_path = os.path.join(directory, manifest_filename(self.rank))
+
+        window = config.timeline_steps
+        self._lo, self._hi = window if window is not None else (0, 1 << 62)
+        self._every = max(1, int(config.timeline_sample_every))
+        self._mark_cycles = bool(config.timeline_mark_cycles)
+        self._per_op = events_per_op(self.size)
+        self._last_bytes: int | None = None
+        self._last_params: TunableParams | None = None
+        self._manifest_lock = threading.Lock()
+        self._manifest_state: tuple[int, int, int] | None = None
+        self._closed = False
+        self._owner_pid = os.getpid()
+        self._end_pair: tuple[int, int] | None = None
+
+        self._start_unix_ns, self._start_local_ns = _clock_pair(self.clock)
+        self._renderer = CycleRenderer(self.rank, self.hostname, mark_cycles=self._mark_cycles)
+        self._writer = TimelineWriter(
+            self.path,
+            queue_size=config.timeline_queue_size,
+            compress=config.timeline_gzip,
+            render=self._renderer.render,
+            periodic=self._refresh_manifest,
+            final_event=self._final_event,
+        )
+        header = self._renderer.header()
+        self._writer.put((ITEM_LINES, header), len(header))
+        self._refresh_manifest(force=True)
+        _OPEN_SINKS.add(self)
+
+    # --- the cycle thread ----------------------------------------------------------------
+
+    def on_cycle(self, record: CycleRecord) -> None:
+        """Enqueue ``record`` if its step is recorded; cheap, never blocks."""
+        step = record.step
+        if step < self._lo or step > self._hi or step % self._every:
+            return
+        ops = record.ops
+        if (
+            not ops
+            and not self._mark_cycles
+            and record.bytes_reduced == self._last_bytes
+            and (record.params is self._last_params or record.params == self._last_params)
+        ):
+            return  # an idle cycle adds nothing to the trace
+        self._last_bytes = record.bytes_reduced
+        self._last_params = record.params
+        self._writer.put((ITEM_CYCLE, record, self.clock.shift_ns), len(ops) * self._per_op + 6)
+
+    # --- other producers -----------------------------------------------------------------
+
+    def add_instant(
+        self,
+        name: str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        t_ns: int | None = None,
+        lane: int = act.LANE_RUNTIME,
+        scope: str = "t",
+    ) -> bool:
+        """Put an instant event on this rank's timeline (any thread).
+
+        ``t_ns`` is on the rank's clock (``clock.now_ns()``, the default: now); ``lane`` is
+        a fixed lane id from :mod:`hvdprof.timeline.activities`; ``scope`` is ``"t"``
+        (lane), ``"p"`` (whole rank) or ``"g"`` (whole trace).
+        """
+        t = self.clock.now_ns() if t_ns is None else t_ns
+        item = (
+            ITEM_INSTANT,
+            name,
+            t,
+            self.clock.shift_ns,
+            dict(args) if args else None,
+            lane,
+            scope,
+        )
+        return self._writer.put(item, 1)
+
+    def add_counter(
+        self, name: str, values: Mapping[str, float], *, t_ns: int | None = None
+    ) -> bool:
+        """Add a sample to the counter track ``name`` (one series per key of ``values``)."""
+        t = self.clock.now_ns() if t_ns is None else t_ns
+        return self._writer.put((ITEM_COUNTER, name, t, self.clock.shift_ns, dict(values)), 1)
+
+    def add_autotune_sample(
+        self,
+        params: TunableParams,
+        score: float,
+        *,
+        t_ns: int | None = None,
+        **info: Any,
+    ) -> bool:
+        """Record one scored autotune sample: an instant on the ``autotune`` lane and the score counter."""
+        t = self.clock.now_ns() if t_ns is None else t_ns
+        args = {
+            "fusion_threshold_bytes": params.fusion_threshold_bytes,
+            "cycle_time_ms": params.cycle_time_ms,
+            "cache_enabled": params.cache_enabled,
+            "score": score,
+            **info,
+        }
+        ok = self.add_instant(act.AUTOTUNE_SAMPLE, args, t_ns=t, lane=act.LANE_AUTOTUNE)
+        return self.add_counter(act.COUNTER_AUTOTUNE_SCORE, {"value": score}, t_ns=t) and ok
+
+    # --- state -----------------------------------------------------------------------------
+
+    @property
+    def events_written(self) -> int:
+        return self._writer.events_written
+
+    @property
+    def events_dropped(self) -> int:
+        return self._writer.events_dropped
+
+    @property
+    def writer(self) -> TimelineWriter:
+        return self._writer
+
+    def manifest(self) -> dict[str, Any]:
+        """The manifest as it would be written now."""
+        current = self.clock.current
+        return {
+            "format": MANIFEST_FORMAT,
+            "version": MANIFEST_VERSION,
+            "run_id": self.run_id,
+            "rank": self.rank,
+            "size": self.size,
+            "hostname": self.hostname,
+            "os_pid": os.getpid(),
+            "trace_file": os.path.basename(self.path),
+            "start_unix_ns": self._start_unix_ns,
+            "start_local_ns": self._start_local_ns,
+            "end_unix_ns": self._end_pair[0] if self._end_pair else None,
+            "end_local_ns": self._end_pair[1] if self._end_pair else None,
+            "clock": {
+                "origin_ns": self.clock.origin_ns,
+                "offset_ns": current.offset_ns,
+                "error_ns": current.error_ns,
+                "rtt_ns": current.rtt_ns,
+                "samples": current.samples,
+                "skew_us": self.config.clock_skew_us,
+                "history": [
+                    {"local_ns": t, "offset_ns": o.offset_ns, "error_ns": o.error_ns}
+                    for t, o in self.clock.history()
+                ],
+            },
+            "config": _config_dict(self.config),
+            "events_written": self._writer.events_written,
+            "events_dropped": self._writer.events_dropped,
+            "items_dropped": self._writer.items_dropped,
+            "lanes_clamped": self._renderer.lanes_clamped,
+            "closed": self._closed and self._writer.closed,
+        }
+
+    def _refresh_manifest(self, force: bool = False) -> None:
+        state = (self._writer.events_written, self._writer.events_dropped, self.clock.version)
+        with self._manifest_lock:
+            if not force and state == self._manifest_state:
+                return
+            self._manifest_state = state
+            write_manifest(self.manifest_path, self.manifest())
+
+    def _final_event(self) -> dict[str, Any]:
+        current = self.clock.current
+        return {
+            "name": act.TRACE_END,
+            "ph": "M",
+            "pid": self.rank,
+            "tid": 0,
+            "args": {
+                "events_written": self._writer.events_written,
+                "events_dropped": self._writer.events_dropped,
+                "clock_offset_ns": current.offset_ns,
+                "clock_error_ns": current.error_ns,
+            },
+        }
+
+    def close(self) -> None:
+        """Flush and terminate the trace, then write the final manifest. Idempotent."""
+        if self._closed or os.getpid() != self._owner_pid:
+            return  # a forked child must not touch the parent's files
+        self._closed = True
+        _OPEN_SINKS.discard(self)
+        self._writer.close()
+        self._end_pair = _clock_pair(self.clock)
+        self._refresh_manifest(force=True)
+
+
+@atexit.register
+def _close_open_sinks() -> None:
+    # Registered after the writer's handler, so it runs first: manifests get final counts.
+    for sink in list(_OPEN_SINKS):
+        with contextlib.suppress(Exception):
+            sink.close()

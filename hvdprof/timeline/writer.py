@@ -1,0 +1,342 @@
+"""A crash-safe, never-blocking writer of Chrome JSON-array trace files.
+
+Horovod's timeline writer could leave a file that no tool opens (sometimes only ``[``)
+after a crash or Ctrl+C, and recording slowed training. This writer:
+
+* never blocks the producer: items go into a bounded in-memory queue; when it is full they
+  are dropped and counted, and the count lands in the file and the manifest;
+* formats and writes on its own daemon thread, in batches, each batch one ``os.write`` of
+  complete lines on a raw file descriptor, so even SIGKILL leaves only whole events;
+* writes ``[`` then one JSON object per line followed by ``,`` (the form Chrome and Perfetto
+  accept without the closing bracket), and on a clean close a last metadata event without
+  the comma and ``]``, which makes the file strictly valid JSON;
+* optionally gzips, flushing the deflate stream with ``Z_SYNC_FLUSH`` after every batch so a
+  truncated ``.json.gz`` still decompresses up to its last batch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import math
+import os
+import threading
+import weakref
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from hvdprof.errors import HvdprofError
+from hvdprof.timeline.activities import TRACE_END
+
+log = logging.getLogger("hvdprof.timeline")
+
+#: Renders one queued item into JSON texts, one per event (no trailing comma or newline).
+Renderer = Callable[[Any], Iterable[str]]
+
+_HEADER = b"[\n"
+_GZIP_LEVEL = 3  # trace JSON compresses ~10x even at low levels; keep the writer cheap
+_MAX_BATCH_BYTES = 4 << 20
+
+
+def dumps_event(event: dict[str, Any]) -> str:
+    """One event as compact JSON, robust to anything a caller may put in ``args``.
+
+    ``json.dumps`` escapes quotes, backslashes, control characters and non-ASCII in names,
+    which Horovod did not. Values JSON cannot hold (NaN, infinities, tensors, dtypes) become
+    strings instead of producing an invalid file or an exception on the writer thread.
+    """
+    try:
+        return json.dumps(event, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        return json.dumps(_jsonable(event), separators=(",", ":"), allow_nan=False)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def _render_default(item: Any) -> Iterable[str]:
+    if isinstance(item, str):
+        return (item,)
+    return (dumps_event(item),)
+
+
+class TimelineWriter:
+    """Background writer of one Chrome-trace file.
+
+    ``put(item, weight)`` enqueues anything ``render`` understands (by default an event
+    dict or an already serialised event string); ``weight`` is the number of events the
+    item will become, which is what ``queue_size`` bounds. Rendering happens on the writer
+    thread, so producers pay only for an append.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        queue_size: int = 200_000,
+        compress: bool | None = None,
+        render: Renderer | None = None,
+        flush_interval_s: float = 0.2,
+        batch_events: int = 8192,
+        periodic: Callable[[], None] | None = None,
+        periodic_interval_s: float = 5.0,
+        final_event: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.compressed = self.path.endswith(".gz") if compress is None else bool(compress)
+        self._capacity = max(1, int(queue_size))
+        self._render = render or _render_default
+        self._flush_interval_s = flush_interval_s
+        self._batch_events = max(1, min(batch_events, self._capacity))
+        self._periodic = periodic
+        self._periodic_interval_s = periodic_interval_s
+        self._final_event = final_event
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError as exc:
+            raise HvdprofError(
+                f"cannot write the timeline file {self.path!r}: {exc.strerror or exc}"
+                " (check HVDPROF_TIMELINE points to a writable directory)"
+            ) from exc
+        self._owner_pid = os.getpid()
+        self._compressor = (
+            zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, 31) if self.compressed else None
+        )
+        self._items: deque[tuple[Any, int]] = deque()
+        self._lock = threading.Lock()  # guards the counters producers touch and _closed
+        self._put_weight = 0
+        self._taken_weight = 0
+        self._dropped_events = 0
+        self._dropped_items = 0
+        self._render_failures = 0
+        self._written_events = 0
+        self._written_bytes = 0
+        self._write_failed = False
+        self._closed = False
+        self._stopping = False
+        self._wake = threading.Event()
+        self._write_raw(self._encode(_HEADER))
+        self._thread = threading.Thread(
+            target=self._run,
+            name=f"hvdprof-timeline-writer({os.path.basename(self.path)})",
+            daemon=True,
+        )
+        self._thread.start()
+        _OPEN_WRITERS.add(self)
+
+    # --- producer side -------------------------------------------------------------
+
+    def put(self, item: Any, weight: int = 1) -> bool:
+        """Queue ``item`` (``weight`` events); False when it was dropped. Never blocks."""
+        with self._lock:
+            if self._closed or self._put_weight - self._taken_weight + weight > self._capacity:
+                self._dropped_events += weight
+                self._dropped_items += 1
+                return False
+            self._items.append((item, weight))
+            self._put_weight += weight
+            wake = self._put_weight - self._taken_weight >= self._batch_events
+        if wake and not self._wake.is_set():
+            self._wake.set()
+        return True
+
+    def put_event(self, event: dict[str, Any] | str) -> bool:
+        """Queue one event (a dict, or a JSON object already serialised)."""
+        return self.put(event, 1)
+
+    # --- counters --------------------------------------------------------------------
+
+    @property
+    def events_written(self) -> int:
+        """Events on disk so far (excluding the closing metadata event)."""
+        return self._written_events
+
+    @property
+    def events_dropped(self) -> int:
+        """Events dropped: queue full, written after close, or lost to a write error."""
+        return self._dropped_events
+
+    @property
+    def items_dropped(self) -> int:
+        return self._dropped_items
+
+    @property
+    def bytes_written(self) -> int:
+        """Bytes on disk so far (compressed size for ``.gz``)."""
+        return self._written_bytes
+
+    @property
+    def pending(self) -> int:
+        """Events queued and not yet written."""
+        return self._put_weight - self._taken_weight
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # --- writer thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        import time
+
+        next_periodic = time.monotonic() + self._periodic_interval_s
+        while True:
+            self._wake.wait(self._flush_interval_s)
+            self._wake.clear()
+            stopping = self._stopping
+            self._drain()
+            if self._periodic is not None and time.monotonic() >= next_periodic:
+                next_periodic = time.monotonic() + self._periodic_interval_s
+                try:
+                    self._periodic()
+                except Exception:  # a manifest refresh must never kill the writer
+                    log.exception("timeline periodic task failed")
+            if stopping:
+                return
+
+    def _drain(self) -> None:
+        parts: list[str] = []
+        size = 0
+        events = 0
+        items = self._items
+        while items:
+            item, weight = items.popleft()
+            with self._lock:
+                self._taken_weight += weight
+            try:
+                lines = list(self._render(item))
+            except Exception:
+                self._render_failures += 1
+                with self._lock:
+                    self._dropped_events += weight
+                    self._dropped_items += 1
+                if self._render_failures <= 3:
+                    log.exception("timeline: could not render an item; it is dropped")
+                continue
+            for line in lines:
+                parts.append(line)
+                parts.append(",\n")
+                size += len(line) + 2
+            events += len(lines)
+            if size >= _MAX_BATCH_BYTES:
+                self._write_batch(parts, events)
+                parts, size, events = [], 0, 0
+        if parts:
+            self._write_batch(parts, events)
+
+    def _write_batch(self, parts: list[str], events: int) -> None:
+        data = self._encode("".join(parts).encode("utf-8", "backslashreplace"))
+        if self._write_raw(data):
+            self._written_events += events
+        else:
+            with self._lock:
+                self._dropped_events += events
+
+    def _encode(self, data: bytes, final: bool = False) -> bytes:
+        """Compress ``data`` when gzipping, ending on a flush point (or the stream's end)."""
+        if self._compressor is None:
+            return data
+        mode = zlib.Z_FINISH if final else zlib.Z_SYNC_FLUSH
+        return self._compressor.compress(data) + self._compressor.flush(mode)
+
+    def _write_raw(self, data: bytes) -> bool:
+        """One ``os.write`` (looping only on a short write); False after an I/O error."""
+        if self._write_failed:
+            return False
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(self._fd, view)
+                self._written_bytes += n
+                view = view[n:]
+        except OSError as exc:
+            self._write_failed = True
+            log.error(
+                "timeline: writing %s failed (%s); further events are dropped", self.path, exc
+            )
+            return False
+        return True
+
+    # --- shutdown ----------------------------------------------------------------------
+
+    def close(self, final_event: dict[str, Any] | None = None, timeout_s: float = 30.0) -> None:
+        """Write what is queued, then a last event and ``]``: the file becomes strict JSON.
+
+        The last event is ``final_event``, else the constructor's ``final_event()``, else a
+        ``hvdprof_trace_end`` metadata event with the counts.
+
+        Idempotent and safe against concurrent ``put``: items queued before the close are
+        written, later ones are counted as dropped. In a forked child it does nothing, so
+        the child cannot corrupt the parent's file.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        _OPEN_WRITERS.discard(self)
+        if os.getpid() != self._owner_pid:
+            return
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.error(
+                    "timeline: writer of %s did not stop; the file stays unterminated", self.path
+                )
+                return
+        self._drain()
+        if final_event is None:
+            final_event = self._final_event() if self._final_event else self._default_final_event()
+        # The last element carries no comma: with it the file is strict JSON.
+        tail = dumps_event(final_event) + "\n]\n"
+        self._write_raw(self._encode(tail.encode("utf-8", "backslashreplace"), final=True))
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+    def _default_final_event(self) -> dict[str, Any]:
+        return {
+            "ph": "M",
+            "name": TRACE_END,
+            "pid": 0,
+            "tid": 0,
+            "args": {
+                "events_written": self._written_events,
+                "events_dropped": self._dropped_events,
+            },
+        }
+
+    def __enter__(self) -> TimelineWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_OPEN_WRITERS: weakref.WeakSet[TimelineWriter] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_writers() -> None:
+    """Terminate files still open at interpreter exit (e.g. after Ctrl+C in the main thread).
+
+    atexit runs before daemon threads are frozen, so the writer thread can still drain.
+    """
+    for writer in list(_OPEN_WRITERS):
+        try:
+            writer.close(timeout_s=5.0)
+        except Exception:
+            log.exception("timeline: closing %s at exit failed", writer.path)

@@ -1,0 +1,90 @@
+"""Helpers built on the ops: broadcasting model and optimizer state, and Python objects."""
+
+from __future__ import annotations
+
+import collections.abc
+import io
+import pickle
+from typing import Any
+
+import torch
+
+from hvdprof.torch.mpi_ops import (
+    allgather,
+    broadcast_,
+    broadcast_async_,
+    rank,
+    size,
+    synchronize,
+)
+
+
+def broadcast_parameters(params: Any, root_rank: int) -> None:
+    """Overwrite every rank's parameters with ``root_rank``'s, in place.
+
+    ``params`` is a ``state_dict()``, ``named_parameters()`` or a list of (name, tensor).
+    """
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, collections.abc.Iterable):
+        items = list(params)
+        for item in items:
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise ValueError("broadcast_parameters expects a dict or (name, tensor) pairs")
+    else:
+        raise ValueError(f"invalid params of type: {type(params).__name__}")
+    handles = []
+    for name, p in items:
+        if p is None:
+            continue
+        tensor = p.data if isinstance(p, torch.nn.Parameter) else p
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        handles.append(broadcast_async_(tensor, root_rank, name=f"broadcast.param.{name}"))
+    for h in handles:
+        synchronize(h)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
+    """``root_rank``'s object on every rank (pickled; the size travels first)."""
+    base = name or type(obj).__name__
+    if rank() == root_rank:
+        buf = io.BytesIO()
+        pickle.dump(obj, buf, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+        length = torch.tensor([payload.numel()], dtype=torch.int64)
+    else:
+        length = torch.zeros(1, dtype=torch.int64)
+    broadcast_(length, root_rank, name=f"{base}.sz")
+    if rank() != root_rank:
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+    broadcast_(payload, root_rank, name=f"{base}.t")
+    if rank() == root_rank:
+        return obj
+    return pickle.loads(payload.numpy().tobytes())
+
+
+def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
+    """Every rank's object, in rank order."""
+    base = name or type(obj).__name__
+    payload = torch.frombuffer(
+        bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8
+    )
+    sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name=f"{base}.sz")
+    data = allgather(payload, name=f"{base}.t")
+    out = []
+    offset = 0
+    for n in sizes.tolist():
+        out.append(pickle.loads(data[offset : offset + n].numpy().tobytes()))
+        offset += n
+    assert len(out) == size()
+    return out
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
+    """Make every rank's optimizer state (buffers and hyper-parameters) equal root's."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    state = broadcast_object(optimizer.state_dict(), root_rank, name="optimizer.state_dict")
+    if rank() != root_rank:
+        optimizer.load_state_dict(state)

@@ -1,0 +1,801 @@
+"""Unit tests of hvdprof.timeline: writer, sink, reader, merge, clock math, NVTX.
+
+No runtime and no ranks: synthetic CycleRecords go straight into sinks, and the files are
+checked for what Horovod's timeline got wrong (crash safety, escaping, nesting, readiness
+marks on the cached path, bounded size and lanes, clock alignment).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hvdprof.config import Config
+from hvdprof.errors import HvdprofError
+from hvdprof.runtime.records import CycleRecord, GroupRecord, OpRecord, TunableParams
+from hvdprof.timeline import (
+    ClockCorrection,
+    ClockOffset,
+    PhaseRanges,
+    TimelineSink,
+    TimelineWriter,
+    apply_skew,
+    estimate_offset,
+    load_run,
+    load_trace,
+    merge_directory,
+    skewed_clock,
+)
+from hvdprof.timeline import activities as act
+from hvdprof.timeline.reader import parse_trace_text
+from hvdprof.timeline.render import CycleRenderer
+
+REPO = Path(__file__).resolve().parents[1]
+SIZE = 3
+WEIRD_NAME = 'grad/"quoted"\\back\nslash \u00fcnic\u00f8de \u2713 \U0001f680'
+PARAMS = TunableParams(fusion_threshold_bytes=64 * 1024 * 1024, cycle_time_ms=1.0)
+
+# --- synthetic records -------------------------------------------------------------------
+
+
+def make_cycle(
+    cycle: int,
+    *,
+    base_ns: int = 10_000_000_000,
+    skew_ns: int = 0,
+    cached: bool = False,
+    step: int | None = None,
+    params: TunableParams = PARAMS,
+    params_changed: bool = False,
+    weird: bool = True,
+) -> CycleRecord:
+    """One cycle with a fused group of two allreduces and an unfused one, 3 ranks ready.
+
+    Times are laid out on a 10 ms grid per cycle; ``skew_ns`` shifts every local time, as
+    HVDPROF_CLOCK_SKEW_US does.
+    """
+    t0 = base_ns + cycle * 10_000_000 + skew_ns
+    fused = GroupRecord(
+        group_id=cycle * 10,
+        op="ALLREDUCE",
+        backend="GLOO",
+        num_tensors=2,
+        nbytes=4096 + 64,
+        buffer_bytes=8192,
+        dtype="float32",
+        t_pack_start=t0 + 500_000,
+        t_pack_end=t0 + 600_000,
+        t_collective_start=t0 + 650_000,
+        t_collective_end=t0 + 900_000,
+        t_unpack_start=t0 + 950_000,
+        t_unpack_end=t0 + 1_000_000,
+    )
+    single = GroupRecord(
+        group_id=cycle * 10 + 1,
+        op="ALLREDUCE",
+        backend="MPI",
+        num_tensors=1,
+        nbytes=400,
+        buffer_bytes=0,
+        dtype="float16",
+        t_collective_start=t0 + 700_000,
+        t_collective_end=t0 + 1_200_000,
+    )
+    ready = {0: t0 + 100_000, 1: t0 + 250_000, 2: t0 + 380_000}
+    names = ["grad/layer1.weight", "grad/layer1.bias", WEIRD_NAME if weird else "grad/head"]
+    ops = [
+        OpRecord(names[0], "ALLREDUCE", "float32", (32, 32), 4096, t0, t0 + 400_000,
+                 dict(ready), cached, fused.group_id, t_done=t0 + 1_050_000),
+        OpRecord(names[1], "ALLREDUCE", "float32", (16,), 64, t0 + 50_000, t0 + 400_000,
+                 dict(ready), cached, fused.group_id, t_done=t0 + 1_020_000),
+        OpRecord(names[2], "ALLREDUCE", "float16", (10, 20), 400, t0 + 20_000, t0 + 400_000,
+                 dict(ready), cached, single.group_id, t_done=t0 + 1_300_000),
+    ]  # fmt: skip
+    return CycleRecord(
+        cycle=cycle,
+        step=cycle if step is None else step,
+        t_start=t0 + 300_000,
+        t_negotiated=t0 + 400_000,
+        t_end=t0 + 1_400_000,
+        params=params,
+        bytes_reduced=4096 + 64 + 400,
+        ops=ops,
+        groups=[fused, single],
+        params_changed=params_changed,
+    )
+
+
+def config_for(tmp: Path, **changes: Any) -> Config:
+    return Config(timeline_dir=str(tmp), **changes)
+
+
+def record_run(tmp: Path, cycles: int = 6, rank: int = 0, **config: Any) -> TimelineSink:
+    sink = TimelineSink(config_for(tmp, **config), rank, SIZE, "host-a")
+    for c in range(cycles):
+        sink.on_cycle(make_cycle(c, cached=bool(c % 2)))
+    sink.close()
+    return sink
+
+
+# --- checks -------------------------------------------------------------------------------
+
+EPS = 1e-6
+
+
+def x_events(events: list[dict[str, Any]]) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    lanes: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for e in events:
+        if e["ph"] == "X":
+            lanes[(e["pid"], e["tid"])].append(e)
+    return lanes
+
+
+def assert_nested(events: list[dict[str, Any]]) -> None:
+    """Within every lane, two slices are either disjoint or one contains the other."""
+    for lane, spans in x_events(events).items():
+        spans = sorted(spans, key=lambda e: (e["ts"], -e["dur"]))
+        stack: list[dict[str, Any]] = []
+        for e in spans:
+            assert e["dur"] >= 0, e
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"] + EPS:
+                stack.pop()
+            if stack:
+                parent = stack[-1]
+                assert e["ts"] + e["dur"] <= parent["ts"] + parent["dur"] + EPS, (
+                    f"lane {lane}: {e['name']} overlaps {parent['name']} partially"
+                )
+            stack.append(e)
+
+
+def op_phases(events: list[dict[str, Any]]) -> list[dict[str, dict[str, Any]]]:
+    """For every ALLREDUCE slice, its negotiate slice and children by name."""
+    out = []
+    for spans in x_events(events).values():
+        for op in (e for e in spans if e["name"] == "ALLREDUCE"):
+            end = op["ts"] + op["dur"]
+            phases = {"op": op}
+            for e in spans:
+                if e is op:
+                    continue
+                if (
+                    e["name"].startswith(act.NEGOTIATE_PREFIX)
+                    and abs(e["ts"] + e["dur"] - op["ts"]) < EPS
+                ):
+                    phases["negotiate"] = e
+                elif op["ts"] - EPS <= e["ts"] and e["ts"] + e["dur"] <= end + EPS:
+                    phases[e["name"]] = e
+            out.append(phases)
+    return out
+
+
+# --- writer -------------------------------------------------------------------------------
+
+
+def test_writer_strict_json_after_close(tmp_path: Path) -> None:
+    path = tmp_path / "w.json"
+    with TimelineWriter(str(path)) as w:
+        for i in range(100):
+            w.put_event({"name": f"e{i}", "ph": "i", "ts": i, "pid": 0, "tid": 0})
+    text = path.read_text()
+    assert text.startswith("[\n") and text.endswith("\n]\n")
+    events = json.loads(text)
+    assert [e["name"] for e in events[:-1]] == [f"e{i}" for i in range(100)]
+    assert events[-1]["name"] == act.TRACE_END
+    assert events[-1]["args"]["events_written"] == 100
+    # one complete event per line, as the crash-safety argument needs
+    assert all(line.endswith(",") for line in text.splitlines()[1:-2])
+
+
+def test_writer_escapes_and_sanitises(tmp_path: Path) -> None:
+    path = tmp_path / "w.json"
+    with TimelineWriter(str(path)) as w:
+        w.put_event({"name": WEIRD_NAME, "ph": "i", "ts": 1, "pid": 0, "tid": 0,
+                     "args": {"nan": float("nan"), "obj": object(), "lone": "\ud800"}})  # fmt: skip
+    events = json.loads(path.read_text())
+    assert events[0]["name"] == WEIRD_NAME
+    assert events[0]["args"]["nan"] == "nan"
+    assert events[0]["args"]["lone"] == "\ud800"
+
+
+def test_queue_overflow_drops_and_counts_without_blocking(tmp_path: Path) -> None:
+    gate = threading.Event()
+
+    def slow_render(item: Any) -> list[str]:
+        gate.wait(10)
+        return [json.dumps(item)]
+
+    path = tmp_path / "w.json"
+    w = TimelineWriter(str(path), queue_size=10, render=slow_render, flush_interval_s=0.01)
+    t0 = time.perf_counter()
+    accepted = [w.put_event({"name": f"e{i}", "ph": "i", "ts": i, "pid": 0}) for i in range(1000)]
+    elapsed = time.perf_counter() - t0
+    assert elapsed < 0.5, "put must never wait for the writer"
+    n_ok = sum(accepted)
+    assert 10 <= n_ok <= 11  # the queue, plus at most the item being rendered
+    assert w.events_dropped == 1000 - n_ok
+    gate.set()
+    w.close()
+    events = json.loads(path.read_text())
+    assert len(events) == n_ok + 1
+    assert events[-1]["args"]["events_dropped"] == 1000 - n_ok
+    assert not w.put_event({"ph": "i"}), "a put after close is refused"
+    assert w.events_dropped == 1000 - n_ok + 1
+
+
+def test_concurrent_put_and_close_is_safe(tmp_path: Path) -> None:
+    path = tmp_path / "w.json"
+    w = TimelineWriter(str(path), flush_interval_s=0.001)
+    stop = threading.Event()
+    sent = [0, 0]
+
+    def producer() -> None:
+        while not stop.is_set():
+            ok = w.put_event({"name": "e", "ph": "i", "ts": 0, "pid": 0})
+            sent[0 if ok else 1] += 1
+
+    threads = [threading.Thread(target=producer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)
+    w.close()
+    w.close()  # idempotent
+    stop.set()
+    for t in threads:
+        t.join()
+    events = json.loads(path.read_text())
+    assert len(events) - 1 == w.events_written
+    assert w.events_written + w.events_dropped == sent[0] + sent[1]
+
+
+def test_unwritable_path_names_the_path(tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    bad = blocker / "rank.0.json"
+    with pytest.raises(HvdprofError, match=r"a_file/rank\.0\.json"):
+        TimelineWriter(str(bad))
+    with pytest.raises(HvdprofError, match="a_file/sub"):
+        TimelineSink(config_for(blocker / "sub"), 0, 1, "h")
+
+
+# --- sink: structure ---------------------------------------------------------------------
+
+
+def test_sink_file_parses_nests_and_orders_phases(tmp_path: Path) -> None:
+    sink = record_run(tmp_path, timeline_mark_cycles=True)
+    with open(sink.path) as f:
+        events = json.load(f)  # strict JSON after close
+    assert events[-1]["name"] == act.TRACE_END
+    assert_nested(events)
+
+    meta = {(e["name"], e["tid"]): e["args"] for e in events if e["ph"] == "M"}
+    assert meta[("process_name", 0)] == {"name": "rank 0 (host-a)"}
+    assert meta[("process_sort_index", 0)] == {"sort_index": 0}
+    lane_names = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert {"grad/layer1.weight", "grad/layer1.bias", WEIRD_NAME, "cycles"} <= lane_names
+
+    phases = op_phases(events)
+    assert len(phases) == 6 * 3
+    for p in phases:
+        neg = p["negotiate"]
+        neg_end = neg["ts"] + neg["dur"]
+        coll = p.get("GLOO_ALLREDUCE") or p["MPI_ALLREDUCE"]
+        if "MEMCPY_IN_FUSION_BUFFER" in p:
+            mem_in, mem_out = p["MEMCPY_IN_FUSION_BUFFER"], p["MEMCPY_OUT_FUSION_BUFFER"]
+            assert neg_end <= mem_in["ts"] + EPS
+            assert mem_in["ts"] + mem_in["dur"] <= coll["ts"] + EPS
+            assert coll["ts"] + coll["dur"] <= mem_out["ts"] + EPS
+        else:
+            assert coll["name"] == "MPI_ALLREDUCE"
+        assert neg_end <= coll["ts"] + EPS
+        assert "QUEUE" in p
+        args = p["op"]["args"]
+        assert args["dtype"] in ("float32", "float16")
+        assert args["group_tensors"] in (1, 2) and args["backend"] in ("GLOO", "MPI")
+        assert {"shape", "bytes", "group", "group_buffer_bytes", "cached"} <= set(args)
+
+    cycles = [e for e in events if e["name"].startswith(act.CYCLE_PREFIX)]
+    assert [e["name"] for e in cycles] == [f"CYCLE {c}" for c in range(6)]
+    assert {e["tid"] for e in cycles} == {act.LANE_CYCLES}
+    counters = {e["name"] for e in events if e["ph"] == "C"}
+    assert {
+        act.COUNTER_FUSION_THRESHOLD,
+        act.COUNTER_CYCLE_TIME,
+        act.COUNTER_BYTES_REDUCED,
+    } <= counters
+
+
+def test_readiness_marks_on_cached_and_uncached_paths(tmp_path: Path) -> None:
+    sink = record_run(tmp_path)
+    events = load_trace(sink.path).events
+    negotiates = [e for e in events if e["name"] == "NEGOTIATE_ALLREDUCE"]
+    assert {e["args"]["cached"] for e in negotiates} == {True, False}
+    by_lane = defaultdict(list)
+    for e in events:
+        if e["ph"] == "i" and e["name"].startswith(act.READY_PREFIX):
+            by_lane[e["tid"]].append(e)
+    for neg in negotiates:
+        marks = [
+            m
+            for m in by_lane[neg["tid"]]
+            if neg["ts"] - EPS <= m["ts"] <= neg["ts"] + neg["dur"] + EPS
+        ]
+        assert sorted(m["name"] for m in marks) == [act.ready_name(r) for r in range(SIZE)], neg
+        assert neg["args"]["last_ready_rank"] == 2
+        assert set(neg["args"]["ready_us"]) == {"0", "1", "2"}
+
+
+def test_escaped_tensor_names_round_trip(tmp_path: Path) -> None:
+    sink = record_run(tmp_path, cycles=2)
+    events = load_trace(sink.path).events
+    assert any(e.get("args", {}).get("tensor") == WEIRD_NAME for e in events)
+    assert any(e["name"] == "thread_name" and e["args"]["name"] == WEIRD_NAME for e in events)
+    assert Path(sink.path).read_bytes().isascii()
+
+
+def test_error_op_autotune_and_instants(tmp_path: Path) -> None:
+    sink = TimelineSink(config_for(tmp_path), 1, SIZE, "host-b")
+    sink.on_cycle(make_cycle(0))
+    failed = make_cycle(1)
+    failed.ops[0].error = 'shape mismatch: "x" [3] vs [4]'
+    failed.ops[0].group_id = -1
+    sink.on_cycle(failed)
+    new = TunableParams(
+        fusion_threshold_bytes=8 * 1024 * 1024, cycle_time_ms=2.5, cache_enabled=False
+    )
+    sink.on_cycle(make_cycle(2, params=new, params_changed=True))
+    assert sink.add_autotune_sample(new, 123.5, sample=7)
+    assert sink.add_instant("custom", {"k": [1, 2]})
+    sink.close()
+    events = json.loads(Path(sink.path).read_text())
+    assert_nested(events)
+    errs = [e for e in events if e["name"] == "ALLREDUCE" and "error" in e.get("args", {})]
+    assert errs and errs[0]["args"]["error"] == 'shape mismatch: "x" [3] vs [4]'
+    tune = [e for e in events if e["name"] == act.AUTOTUNE_PARAMS]
+    assert len(tune) == 1 and tune[0]["args"]["cycle_time_ms"] == 2.5 and tune[0]["s"] == "p"
+    sample = next(e for e in events if e["name"] == act.AUTOTUNE_SAMPLE)
+    assert sample["args"]["score"] == 123.5 and sample["tid"] == act.LANE_AUTOTUNE
+    assert any(e["name"] == act.COUNTER_AUTOTUNE_SCORE for e in events)
+    assert any(e["name"] == "custom" and e["args"] == {"k": [1, 2]} for e in events)
+    threshold = [e["args"]["value"] for e in events if e["name"] == act.COUNTER_FUSION_THRESHOLD]
+    assert threshold == [64, 8]
+
+
+def test_step_window_and_sampling(tmp_path: Path) -> None:
+    sink = TimelineSink(
+        config_for(tmp_path, timeline_steps=(2, 7), timeline_sample_every=2, timeline_mark_cycles=True),
+        0, SIZE, "h",
+    )  # fmt: skip
+    for c in range(12):
+        sink.on_cycle(make_cycle(c, step=c))
+    sink.close()
+    events = load_trace(sink.path).events
+    steps = sorted(e["args"]["step"] for e in events if e["name"].startswith(act.CYCLE_PREFIX))
+    assert steps == [2, 4, 6]
+    assert len([e for e in events if e["name"] == "ALLREDUCE"]) == 9
+
+
+def test_idle_cycles_write_nothing(tmp_path: Path) -> None:
+    sink = TimelineSink(config_for(tmp_path), 0, SIZE, "h")
+    sink.on_cycle(make_cycle(0))
+    idle = [CycleRecord(c, c, c, c, c, PARAMS, bytes_reduced=0) for c in range(1, 1000)]
+    for record in idle:
+        sink.on_cycle(record)
+    sink.close()
+    events = load_trace(sink.path).events
+    bytes_counter = [e["args"]["value"] for e in events if e["name"] == act.COUNTER_BYTES_REDUCED]
+    assert bytes_counter == [4560, 0]  # one drop to zero, not one event per idle cycle
+
+
+def test_lanes_are_bounded_and_still_nest() -> None:
+    renderer = CycleRenderer(0, "h", max_named_lanes=2, max_shared_lanes=3)
+    lines: list[str] = []
+    for c in range(50):
+        record = make_cycle(c // 5, weird=False)  # five cycles share one time slot: overlap
+        for i, op in enumerate(record.ops):
+            op.name = f"t{c}_{i}"
+        lines += renderer.render_cycle(record, 0)
+    events = [json.loads(line) for line in lines]
+    tids = {e["tid"] for e in events if e["ph"] == "X"}
+    assert len(tids) <= 2 + 3
+    assert renderer.lanes_clamped > 0
+    assert_nested(events)
+
+
+# --- manifest and run -----------------------------------------------------------------------
+
+
+def test_manifest_written_atomically_and_updated(tmp_path: Path) -> None:
+    sink = TimelineSink(config_for(tmp_path), 2, SIZE, "host-c", run_id="run-1")
+    early = json.loads(Path(sink.manifest_path).read_text())
+    assert early["closed"] is False and early["rank"] == 2 and early["size"] == SIZE
+    assert early["hostname"] == "host-c" and early["run_id"] == "run-1"
+    assert {"start_unix_ns", "start_local_ns", "clock", "config"} <= set(early)
+    sink.clock.update(ClockOffset(offset_ns=-5_000, error_ns=40, rtt_ns=80, samples=8))
+    sink.on_cycle(make_cycle(0))
+    sink.close()
+    final = json.loads(Path(sink.manifest_path).read_text())
+    assert final["closed"] is True
+    assert final["events_written"] == len(load_trace(sink.path).events) - 1
+    assert final["events_dropped"] == 0
+    assert final["clock"]["offset_ns"] == -5_000 and final["clock"]["error_ns"] == 40
+    assert final["config"]["timeline_dir"] == str(tmp_path)
+    assert not [p for p in os.listdir(tmp_path) if ".tmp." in p]
+
+
+def test_load_run_reports_problems(tmp_path: Path) -> None:
+    record_run(tmp_path, rank=0, cycles=2)
+    record_run(tmp_path, rank=1, cycles=2)
+    os.remove(tmp_path / "manifest.rank.1.json")
+    run = load_run(str(tmp_path))
+    assert sorted(run.ranks) == [0, 1]
+    assert run.manifests[0] is not None and run.manifests[1] is None
+    assert any("rank 1: no manifest" in p for p in run.problems)
+    assert any("3 ranks but 2 timelines" in p for p in run.problems)
+
+
+# --- reader: truncation and gzip --------------------------------------------------------
+
+
+def _expected_after_cut(text: str, cut: int) -> tuple[int, bool]:
+    """(events fully present, whether a partial event remains) for our one-per-line format."""
+    head = text[:cut]
+    full_lines = head.split("\n")
+    partial = full_lines.pop()
+    complete_events = sum(1 for line in full_lines if line.startswith("{"))
+    partial = partial.rstrip(",")
+    if partial.startswith("{"):
+        try:
+            json.loads(partial)
+            return complete_events + 1, False
+        except json.JSONDecodeError:
+            return complete_events, True
+    return complete_events, False
+
+
+def test_truncated_file_loads_at_every_cut_point(tmp_path: Path) -> None:
+    sink = record_run(tmp_path, cycles=3)
+    text = Path(sink.path).read_text()
+    full = load_trace(sink.path)
+    assert full.complete and not full.skipped
+    cuts = sorted(
+        {0, 1, 2, 3, len(text) - 1, len(text) - 2, len(text) - 3, *range(0, len(text), 97)}
+    )
+    cut_file = tmp_path / "cut.json"
+    for cut in cuts:
+        cut_file.write_text(text[:cut])
+        trace = load_trace(str(cut_file))
+        n_events, partial = _expected_after_cut(text, cut)
+        assert len(trace.events) == n_events, cut
+        assert trace.events == full.events[:n_events]
+        expected_skips = 1 if partial or cut == 0 else 0  # an empty file is reported too
+        assert len(trace.skipped) == expected_skips, (cut, trace.skipped)
+        if partial:
+            assert "incomplete event" in trace.skipped[0].reason and trace.skipped[0].line > 0
+        assert trace.complete is (cut >= len(text) - 1)
+    only_bracket = parse_trace_text("[")
+    assert only_bracket.events == [] and not only_bracket.complete
+    assert parse_trace_text("").skipped[0].reason.startswith("empty file")
+
+
+def test_reader_reports_corruption_in_the_middle() -> None:
+    text = '[\n{"ph":"i","name":"a"},\n{"ph":"i","na\n{"ph":"i","name":"c"},\n42,\n'
+    trace = parse_trace_text(text)
+    assert [e["name"] for e in trace.events] == ["a", "c"]
+    reasons = [s.reason for s in trace.skipped]
+    assert any("invalid JSON" in r for r in reasons) and any(
+        "not a JSON object" in r for r in reasons
+    )
+    obj = parse_trace_text(
+        '{"baseTimeNanoseconds": 5, "traceEvents": [{"ph":"X","ts":1},{"ph":"X","t'
+    )
+    assert len(obj.events) == 1 and obj.skipped and not obj.complete
+
+
+def test_gzip_round_trip_and_truncation(tmp_path: Path) -> None:
+    plain = record_run(tmp_path / "plain", cycles=4)
+    zipped = record_run(tmp_path / "gz", cycles=4, timeline_gzip=True)
+    assert zipped.path.endswith("rank.0.json.gz")
+    with gzip.open(zipped.path, "rt") as f:
+        strict = json.load(f)
+    full = load_trace(zipped.path)
+    assert full.complete and not full.skipped and full.events == strict
+
+    def strip_clock(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [e for e in events if e["name"] != act.TRACE_END]
+
+    assert strip_clock(full.events) == strip_clock(load_trace(plain.path).events)
+    raw = Path(zipped.path).read_bytes()
+    cut_file = tmp_path / "cut.json.gz"
+    for cut in [0, 5, 11, 20, *range(30, len(raw), max(1, len(raw) // 40)), len(raw) - 4]:
+        cut_file.write_bytes(raw[:cut])
+        trace = load_trace(str(cut_file))  # never raises
+        assert trace.events == full.events[: len(trace.events)]
+    assert any("truncated" in n for n in trace.notes)
+
+
+# --- clock ------------------------------------------------------------------------------------
+
+
+def test_estimate_offset_recovers_a_known_offset() -> None:
+    rng = random.Random(7)
+    true_offset = 123_456_789
+    samples = []
+    for k in range(50):
+        t_send = 1_000_000 * k
+        out_delay, back_delay = rng.randint(5_000, 500_000), rng.randint(5_000, 500_000)
+        samples.append((t_send, t_send + out_delay + true_offset, t_send + out_delay + back_delay))
+    est = estimate_offset(samples)
+    best = min(samples, key=lambda s: s[2] - s[0])
+    assert est.rtt_ns == best[2] - best[0] and est.samples == 50
+    assert est.error_ns == (est.rtt_ns + 1) // 2
+    assert abs(est.offset_ns - true_offset) <= est.error_ns
+    symmetric = estimate_offset([(0, 1_000 + 500, 1_000)])
+    assert symmetric.offset_ns == 1_000 and symmetric.error_ns == 500
+    with pytest.raises(ValueError):
+        estimate_offset([(10, 0, 5)])
+
+
+def test_skew_helpers() -> None:
+    assert skewed_clock(0.0) is time.perf_counter_ns
+    clock = skewed_clock(2500.0, base=lambda: 1_000)
+    assert clock() == 1_000 + 2_500_000 == apply_skew(1_000, 2500.0)
+    corr = ClockCorrection(origin_ns=100, now_ns=clock)
+    corr.update(ClockOffset(-2_500_000, 10))
+    assert corr.to_timeline_ns(clock()) == 1_000 - 100
+    assert corr.version == 1 and len(corr.history()) == 2
+
+
+def _ping_pong(local: Any, remote: Any, n: int = 20) -> list[tuple[int, int, int]]:
+    samples = []
+    for _ in range(n):
+        t0 = local()
+        tr = remote()
+        samples.append((t0, tr, local()))
+    return samples
+
+
+def test_skewed_rank_is_corrected_on_the_timeline(tmp_path: Path) -> None:
+    skew_us = 250_000.0  # 0.25 s: far more than any real gap between the two "ranks"
+    skew_ns = round(skew_us * 1000)
+    sinks = []
+    for rank, skew in ((0, 0.0), (1, skew_us)):
+        clock = ClockCorrection(now_ns=skewed_clock(skew))
+        if rank:
+            clock.update(estimate_offset(_ping_pong(clock.now_ns, time.perf_counter_ns)))
+        sink = TimelineSink(config_for(tmp_path, clock_skew_us=skew), rank, 2, "h", clock)
+        sink.on_cycle(make_cycle(0, skew_ns=skew_ns if rank else 0))
+        sink.close()
+        sinks.append(sink)
+    error_us = sinks[1].clock.error_ns / 1000
+    negotiate = {
+        rank: [e["ts"] for e in load_trace(s.path).events if e["name"] == "NEGOTIATE_ALLREDUCE"]
+        for rank, s in enumerate(sinks)
+    }
+    for t0, t1 in zip(negotiate[0], negotiate[1], strict=True):
+        assert abs(t0 - t1) <= error_us + 1.0, "skew must be removed to within the error bound"
+
+
+# --- crash safety -----------------------------------------------------------------------------
+
+_KILL_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    from hvdprof.timeline.writer import TimelineWriter
+    w = TimelineWriter(sys.argv[1], flush_interval_s=0.005, queue_size=100000)
+    i = 0
+    while True:
+        w.put_event({"name": "e%d" % i, "ph": "X", "ts": i, "dur": 1, "pid": 0, "tid": 0,
+                     "args": {"pad": "x" * 64}})
+        i += 1
+        if i % 50 == 0:
+            time.sleep(0.0005)
+    """
+)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".json.gz"])
+def test_sigkilled_writer_leaves_a_readable_file(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / ("killed" + suffix)
+    proc = subprocess.Popen([sys.executable, "-c", _KILL_SCRIPT, str(path)], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if path.exists() and path.stat().st_size > 20_000:
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("the writer subprocess produced no data")
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    trace = load_trace(str(path))
+    assert len(trace.events) >= 1 and not trace.complete
+    assert [e["name"] for e in trace.events] == [f"e{i}" for i in range(len(trace.events))]
+    if suffix == ".json":
+        # batches are whole lines written by one os.write: nothing was cut in half
+        assert path.read_text().endswith(",\n") and trace.skipped == []
+
+
+_CTRL_C_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from hvdprof.config import Config
+    from hvdprof.timeline import TimelineSink
+    from hvdprof.runtime.records import CycleRecord, TunableParams
+    sink = TimelineSink(Config(timeline_dir=sys.argv[1]), 0, 1, "h")
+    p = TunableParams(1 << 20, 1.0)
+    for c in range(5):
+        sink.on_cycle(CycleRecord(c, c, c * 1000, c * 1000, c * 1000 + 500, p, bytes_reduced=c))
+    raise KeyboardInterrupt  # as if the user pressed Ctrl+C; nobody calls close()
+    """
+)
+
+
+def test_ctrl_c_without_close_still_leaves_strict_json(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _CTRL_C_SCRIPT, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        timeout=60,
+    )
+    assert b"KeyboardInterrupt" in proc.stderr
+    events = json.loads((tmp_path / "rank.0.json").read_text())
+    assert events[-1]["name"] == act.TRACE_END
+    manifest = json.loads((tmp_path / "manifest.rank.0.json").read_text())
+    assert manifest["closed"] is True
+
+
+# --- merge ---------------------------------------------------------------------------------
+
+
+def _profile_to(path: Path) -> tuple[int, int]:
+    """Run a tiny model under torch.profiler on CPU; return perf_counter_ns around it."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    model = torch.nn.Linear(32, 32)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t_a = time.perf_counter_ns()
+        for _ in range(3):
+            model(torch.randn(4, 32)).sum().backward()
+        t_b = time.perf_counter_ns()
+    prof.export_chrome_trace(str(path))
+    return t_a, t_b
+
+
+def test_merge_two_ranks_and_a_real_kineto_trace(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    skew_us = 40_000.0
+    clocks = {0: ClockCorrection(), 1: ClockCorrection(now_ns=skewed_clock(skew_us))}
+    clocks[1].update(estimate_offset(_ping_pong(clocks[1].now_ns, time.perf_counter_ns)))
+    sinks = {
+        r: TimelineSink(
+            config_for(run_dir, clock_skew_us=skew_us if r else 0.0), r, 2, f"host{r}", clocks[r]
+        )
+        for r in (0, 1)
+    }
+    kineto0 = tmp_path / "trace_rank0.json"
+    t_a, t_b = _profile_to(kineto0)
+    kineto1 = tmp_path / "worker.rank1.pt.trace.json"
+    kineto1.write_bytes(kineto0.read_bytes())  # same process: rank 1's view of the same wall time
+    for r, sink in sinks.items():
+        # a cycle spanning the profiled region, stamped with each rank's own (skewed) clock
+        record = make_cycle(0, base_ns=0, weird=False)
+        skew = round(skew_us * 1000) if r else 0
+        record.t_start, record.t_end = t_a + skew, t_b + skew
+        sink.on_cycle(record)
+        sink.close()
+    raw = json.loads(kineto0.read_text())
+    assert "baseTimeNanoseconds" in raw, "torch.profiler's export format changed"
+
+    out = tmp_path / "merged.json"
+    result = merge_directory(str(run_dir), str(out), [str(kineto0), str(kineto1)])
+    with open(out) as f:
+        merged = json.load(f)
+    events = merged["traceEvents"]
+    assert result.ranks == [0, 1]
+    assert result.kineto == {str(kineto0): (0, result.kineto[str(kineto0)][1]),
+                             str(kineto1): (1, result.kineto[str(kineto1)][1])}  # fmt: skip
+    assert result.events == len(events)
+    text = str(result)
+    assert "2 rank timeline(s)" in text and "torch.profiler" in text and "skipped: 0" in text
+
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert names[0] == "rank 0 (host0)" and names[1] == "rank 1 (host1)"
+    kineto_pids = {pid for pid, name in names.items() if name.startswith("rank 0 torch.profiler")}
+    assert kineto_pids and all(pid >= 1_000_000 for pid in kineto_pids)
+
+    tol_us = 2_000.0 + result.max_clock_error_us
+    lo, hi = t_a / 1000 - tol_us, t_b / 1000 + tol_us
+    for rank in (0, 1):
+        pids = {
+            pid for pid, name in names.items() if name.startswith(f"rank {rank} torch.profiler")
+        }
+        ops = [e for e in events if e["pid"] in pids and e.get("cat") == "cpu_op"]
+        assert ops, f"no torch.profiler ops for rank {rank}"
+        # the model's forward/backward ran between t_a and t_b: mapped, they must fall there
+        inside = [e for e in ops if lo <= e["ts"] and e["ts"] + e.get("dur", 0) <= hi]
+        assert len(inside) >= 0.9 * len(ops), (rank, lo, hi, [e["ts"] for e in ops][:5])
+    cycles = [e for e in events if e["name"] == act.COUNTER_CYCLE_DURATION]
+    assert all(abs(e["ts"] - t_a / 1000) <= tol_us for e in cycles)
+
+
+def test_merge_reports_unmatched_kineto_and_truncated_rank(tmp_path: Path) -> None:
+    record_run(tmp_path / "run", rank=0, cycles=2)
+    sink1 = record_run(tmp_path / "run", rank=1, cycles=2)
+    text = Path(sink1.path).read_text()
+    Path(sink1.path).write_text(text[: len(text) // 2])
+    stray = tmp_path / "profile.json"
+    stray.write_text(
+        json.dumps(
+            {"traceEvents": [{"ph": "X", "ts": 1, "dur": 1, "pid": 9, "tid": 9, "name": "k"}]}
+        )
+    )
+    out = tmp_path / "merged.json.gz"
+    result = merge_directory(str(tmp_path / "run"), str(out), [str(stray)])
+    with gzip.open(out, "rt") as f:
+        merged = json.load(f)
+    assert result.events == len(merged["traceEvents"])
+    assert any("cannot tell its rank" in p for p in result.problems)
+    assert len(result.skipped) == 1 and "incomplete event" in result.skipped[0][2]
+    explicit = merge_directory(str(tmp_path / "run"), str(tmp_path / "m2.json"), [f"1={stray}"])
+    assert explicit.kineto[str(stray)][0] == 1
+
+
+# --- NVTX -----------------------------------------------------------------------------------
+
+
+def test_nvtx_disabled_is_a_no_op() -> None:
+    ranges = PhaseRanges(disabled=True)
+    assert not ranges.active and "off" in ranges.backend
+    ranges.push(act.NVTX_NEGOTIATE)
+    ranges.pop()
+    with ranges.range(act.NVTX_CYCLE):
+        pass
+    assert PhaseRanges.from_config(Config(disable_nvtx=True)).backend == ranges.backend
+
+
+def test_nvtx_package_push_pop_without_cuda() -> None:
+    pytest.importorskip("nvtx")
+    ranges = PhaseRanges()
+    assert "nvtx" in ranges.backend
+    for _ in range(3):
+        ranges.push(act.NVTX_COLLECTIVE)
+        ranges.pop()
+
+
+def test_nvtx_active_path_caches_attributes() -> None:
+    calls: list[Any] = []
+
+    class FakeDomain:
+        def get_event_attributes(self, message: str) -> str:
+            calls.append(("attrs", message))
+            return f"attrs:{message}"
+
+        def push_range(self, attributes: str) -> None:
+            calls.append(("push", attributes))
+
+        def pop_range(self) -> None:
+            calls.append(("pop",))
+
+    ranges = PhaseRanges(domain=FakeDomain())
+    assert ranges.active
+    for _ in range(2):
+        with ranges.range(act.NVTX_NEGOTIATE):
+            pass
+    assert calls == [("attrs", "NEGOTIATE"), ("push", "attrs:NEGOTIATE"), ("pop",),
+                     ("push", "attrs:NEGOTIATE"), ("pop",)]  # fmt: skip
