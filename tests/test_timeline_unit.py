@@ -235,6 +235,27 @@ def test_queue_overflow_drops_and_counts_without_blocking(tmp_path: Path) -> Non
     assert w.events_dropped == 1000 - n_ok + 1
 
 
+def test_oversized_item_fits_an_empty_queue_and_render_errors_are_counted(tmp_path: Path) -> None:
+    def render(item: Any) -> list[str]:
+        if item == "boom":
+            raise RuntimeError("cannot render")
+        return [json.dumps({"name": item, "ph": "i", "ts": 0, "pid": 0})]
+
+    path = tmp_path / "w.json"
+    w = TimelineWriter(str(path), queue_size=10, render=render, flush_interval_s=0.01)
+    assert w.put("big", weight=50), "a cycle larger than the queue is taken when it is empty"
+    w.close()
+    w2 = TimelineWriter(str(tmp_path / "w2.json"), render=render)
+    w2.put("boom", 3)
+    w2.put("fine")
+    w2.close()
+    assert w2.events_dropped == 3 and w2.events_written == 1
+    assert [e["name"] for e in json.loads((tmp_path / "w2.json").read_text())] == [
+        "fine",
+        act.TRACE_END,
+    ]
+
+
 def test_concurrent_put_and_close_is_safe(tmp_path: Path) -> None:
     path = tmp_path / "w.json"
     w = TimelineWriter(str(path), flush_interval_s=0.001)
@@ -719,7 +740,7 @@ def test_merge_two_ranks_and_a_real_kineto_trace(tmp_path: Path) -> None:
     kineto_pids = {pid for pid, name in names.items() if name.startswith("rank 0 torch.profiler")}
     assert kineto_pids and all(pid >= 1_000_000 for pid in kineto_pids)
 
-    tol_us = 2_000.0 + result.max_clock_error_us
+    tol_us = 1_000.0 + result.max_clock_error_us
     lo, hi = t_a / 1000 - tol_us, t_b / 1000 + tol_us
     for rank in (0, 1):
         pids = {
@@ -729,7 +750,7 @@ def test_merge_two_ranks_and_a_real_kineto_trace(tmp_path: Path) -> None:
         assert ops, f"no torch.profiler ops for rank {rank}"
         # the model's forward/backward ran between t_a and t_b: mapped, they must fall there
         inside = [e for e in ops if lo <= e["ts"] and e["ts"] + e.get("dur", 0) <= hi]
-        assert len(inside) >= 0.9 * len(ops), (rank, lo, hi, [e["ts"] for e in ops][:5])
+        assert inside == ops, (rank, lo, hi, sorted(e["ts"] for e in ops)[:3])
     cycles = [e for e in events if e["name"] == act.COUNTER_CYCLE_DURATION]
     assert all(abs(e["ts"] - t_a / 1000) <= tol_us for e in cycles)
 

@@ -130,7 +130,9 @@ class SearchSpace:
             elif getattr(params, axis) != value:
                 return False
         threshold_ok = FUSION_AXIS not in self.axes or (
-            FUSION_THRESHOLD_MIN_BYTES <= params.fusion_threshold_bytes <= FUSION_THRESHOLD_MAX_BYTES
+            FUSION_THRESHOLD_MIN_BYTES
+            <= params.fusion_threshold_bytes
+            <= FUSION_THRESHOLD_MAX_BYTES
         )
         cycle_ok = CYCLE_AXIS not in self.axes or (
             CYCLE_TIME_MIN_MS <= params.cycle_time_ms <= CYCLE_TIME_MAX_MS

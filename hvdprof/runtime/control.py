@@ -65,7 +65,9 @@ class ControlChannel:
         if self.size == 1:
             assert payload is not None
             return payload
-        length = torch.tensor([len(payload) if self.rank == 0 and payload else 0], dtype=torch.int64)
+        length = torch.tensor(
+            [len(payload) if self.rank == 0 and payload else 0], dtype=torch.int64
+        )
         options = dist.BroadcastOptions()
         options.rootRank = 0
         self.pg.broadcast([length], options).wait()

@@ -23,6 +23,7 @@ import numpy as np
 
 from hvdprof.config import Config
 from hvdprof.errors import HvdprofInternalError, StallAbortError
+from hvdprof.runtime import timebase
 from hvdprof.runtime.control import ControlChannel
 from hvdprof.runtime.executor import Executor, ReadyOp
 from hvdprof.runtime.handles import notify_waiters
@@ -36,16 +37,16 @@ from hvdprof.runtime.records import CycleObserver, CycleRecord, OpRecord, Tunabl
 from hvdprof.runtime.requests import Request
 from hvdprof.runtime.stall import StallInspector
 from hvdprof.runtime.steps import StepCounter
+from hvdprof.timeline.activities import NVTX_NEGOTIATE
 
 log = logging.getLogger("hvdprof")
 
 HEADER = 8
 _SHUTDOWN, _JOINED, _COMMAND, _DIRECTIVE = 4, 5, 6, 7
 _RING = 1 << 16  # cycles of start times kept for readiness marks
-_IDLE_SLEEP_S = 0.02
+_IDLE_SLEEP_MAX_S = 0.01  # idle back-off: a quiet job polls every 10 ms
+_IDLE_CYCLES_BEFORE_BACKOFF = 500
 _STALL_EVERY_S = 1.0
-
-_now = time.perf_counter_ns
 
 
 class CycleLoop:
@@ -59,7 +60,6 @@ class CycleLoop:
         control: ControlChannel,
         executor: Executor,
         params: TunableParams,
-        clock_sync: Callable[[], None] | None = None,
     ) -> None:
         self.config = config
         self.rank = rank
@@ -67,7 +67,10 @@ class CycleLoop:
         self.control = control
         self.executor = executor
         self.params = params
-        self._clock_sync = clock_sync
+        #: receives this rank's clock ping-pong samples (the timeline's clock correction)
+        self.on_clock_samples: Callable[[list[tuple[int, int, int]]], None] | None = None
+        self.nvtx: Any = None  # PhaseRanges: push(name)/pop(), no-ops when NVTX is off
+        self._last_clock_sync = time.monotonic()
 
         # fed by the user's threads
         self.queue: deque[Request] = deque()
@@ -117,19 +120,28 @@ class CycleLoop:
         self._directives.append((kind, value))
 
     def _run(self) -> None:
+        idle_streak = 0
         try:
             while True:
                 t0 = time.monotonic()
                 busy = self._one_cycle()
                 if busy is None:
                     break
+                cycle_s = self.params.cycle_time_ms / 1000.0
                 if busy:
-                    delay = self.params.cycle_time_ms / 1000.0 - (time.monotonic() - t0)
+                    idle_streak = 0
+                    delay = cycle_s - (time.monotonic() - t0)
                     if delay > 0:
                         time.sleep(delay)
                 else:
-                    # Globally idle: sleep until this rank gets work (or a while passes).
-                    self.wake.wait(_IDLE_SLEEP_S)
+                    # Idle: keep the cycle's pace while a training step may be under way
+                    # (a peer may already wait for us in the next allgather, and only our
+                    # own submissions can wake us early); back off once idle for long.
+                    idle_streak += 1
+                    wait = max(cycle_s, 0.0005)
+                    if idle_streak > _IDLE_CYCLES_BEFORE_BACKOFF:
+                        wait = _IDLE_SLEEP_MAX_S
+                    self.wake.wait(wait)
                 self.wake.clear()
         except BaseException as exc:  # a dead peer, a timeout: fail everything, loudly
             self._fail(self._internal_error(exc))
@@ -146,7 +158,9 @@ class CycleLoop:
         text = str(exc).strip().splitlines()
         detail = text[0] if text else type(exc).__name__
         if not isinstance(exc, RuntimeError):  # our bug, not the network's: say so
-            log.error("hvdprof rank %d: internal error in the cycle thread", self.rank, exc_info=exc)
+            log.error(
+                "hvdprof rank %d: internal error in the cycle thread", self.rank, exc_info=exc
+            )
             return HvdprofInternalError(
                 f"hvdprof rank {self.rank}: internal error in the cycle thread "
                 f"({type(exc).__name__}: {detail}); please report it"
@@ -175,7 +189,7 @@ class CycleLoop:
     def _one_cycle(self) -> bool | None:
         """One cycle. True: work is pending somewhere; False: idle; None: stop."""
         cycle = self.cycle
-        t_start = _now()
+        t_start = timebase.now_ns()
         self._cycle_start[cycle % _RING] = t_start
         self._drain_queue()
 
@@ -194,15 +208,24 @@ class CycleLoop:
         header[_JOINED] = self.join_handle is not None
         header[_COMMAND] = bool(self.commands)
         if self.rank == 0:
+            interval = self.config.clock_sync_interval_s
+            if detailed and interval > 0 and time.monotonic() - self._last_clock_sync >= interval:
+                self._last_clock_sync = time.monotonic()
+                self._directives.append(("clock_sync", None))
             if self.proposer is not None:
                 proposal = self.proposer.poll_proposal()
                 if proposal is not None:
                     self._directives.append(("params", proposal))
             header[_DIRECTIVE] = bool(self._directives)
+        nvtx = self.nvtx
+        if nvtx is not None:
+            nvtx.push(NVTX_NEGOTIATE)
         matrix = self.control.allgather_vector(np.concatenate([header, self._bits]))
 
         shutdown_ranks = np.flatnonzero(matrix[:, _SHUTDOWN])
         if shutdown_ranks.size:
+            if nvtx is not None:
+                nvtx.pop()
             who = ", ".join(str(r) for r in shutdown_ranks)
             self._fail(
                 HvdprofInternalError(
@@ -233,7 +256,9 @@ class CycleLoop:
                 waiting = self._cached_waiting
                 for bit in ready_bits.tolist():
                     e = entries[bit]
-                    ready_ops.append(ReadyOp(e.name, e.signature, waiting.pop(bit, None), e.key, e.nbytes))
+                    ready_ops.append(
+                        ReadyOp(e.name, e.signature, waiting.pop(bit, None), e.key, e.nbytes)
+                    )
                 self.counters["cache_hits"] += ready_bits.size
         if self.rank == 0 and self.config.stall_check_time_s > 0:
             self._watch_partial_bits(bits, active)
@@ -244,7 +269,9 @@ class CycleLoop:
             reply = self._coordinate(payload, [int(n) for n in lengths], joined, cycle)
             self.counters["slow_path_cycles"] += 1
         self._prev_joined = joined
-        t_negotiated = _now()
+        t_negotiated = timebase.now_ns()
+        if nvtx is not None:
+            nvtx.pop()
 
         if reply is not None:
             self.cache.apply(reply, self.params.cache_enabled)
@@ -273,7 +300,7 @@ class CycleLoop:
                 self.config.max_inflight,
                 detailed,
             )
-        t_end = _now()
+        t_end = timebase.now_ns()
         op_records = self._complete(ready_ops, reply, detailed, t_negotiated, t_end)
 
         # All ranks joined: the join returns the rank that joined last.
@@ -483,8 +510,10 @@ class CycleLoop:
                 changed = self._apply_params(value) or changed
             elif kind == "abort":
                 self._fail(StallAbortError(f"{value} (rank {self.rank})"))
-            elif kind == "clock_sync" and self._clock_sync is not None:
-                self._clock_sync()
+            elif kind == "clock_sync":
+                samples = self.control.clock_samples(timebase.now_ns)
+                if self.on_clock_samples is not None:
+                    self.on_clock_samples(samples)
         return changed
 
     def _apply_params(self, params: TunableParams) -> bool:

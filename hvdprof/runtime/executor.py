@@ -7,13 +7,13 @@ is reduced in place, with no copy at all.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from typing import Any
 
 import torch
 
 from hvdprof.errors import TensorMismatchError
+from hvdprof.runtime import timebase
 from hvdprof.runtime.backends.base import CollectiveBackend
 from hvdprof.runtime.fusion import (
     FusionGroup,
@@ -25,8 +25,7 @@ from hvdprof.runtime.fusion import (
 from hvdprof.runtime.handles import notify_waiters
 from hvdprof.runtime.records import GroupRecord
 from hvdprof.runtime.requests import OpType, ReduceOp, Request, Signature
-
-_now = time.perf_counter_ns
+from hvdprof.timeline.activities import NVTX_COLLECTIVE, NVTX_MEMCPY_IN, NVTX_MEMCPY_OUT
 
 _DTYPES = {
     str(d): d
@@ -119,6 +118,7 @@ class Executor:
         self.size = size
         self.pool = _BufferPool()
         self.next_group_id = 0
+        self.nvtx: Any = None  # PhaseRanges (no-ops when NVTX is off)
         # counters the tests and benchmarks read
         self.fused_groups = 0
         self.fused_tensors = 0
@@ -145,7 +145,9 @@ class Executor:
                 others.append(op)
         reduced = 0
         if allreduces:
-            reduced = self._run_allreduces(allreduces, threshold_bytes, max_inflight, detailed, records)
+            reduced = self._run_allreduces(
+                allreduces, threshold_bytes, max_inflight, detailed, records
+            )
         for op in others:
             self._run_other(op, detailed, records)
         return reduced, records
@@ -160,7 +162,9 @@ class Executor:
         records: list[GroupRecord],
     ) -> int:
         groups = plan_fusion([(op.key, op.nbytes) for op in ops], threshold)
-        inflight: deque[tuple[FusionGroup, list[ReadyOp], Any, torch.Tensor, GroupRecord | None]] = deque()
+        inflight: deque[
+            tuple[FusionGroup, list[ReadyOp], Any, torch.Tensor, GroupRecord | None]
+        ] = deque()
         total = 0
         for slot_counter, group in enumerate(groups):
             members = [ops[i] for i in group.indices]
@@ -181,7 +185,9 @@ class Executor:
             for m in members:
                 m.group_id = self.next_group_id
             self.next_group_id += 1
-            flat, work = self._start_allreduce(group, members, slot_counter % max_inflight, threshold, record)
+            flat, work = self._start_allreduce(
+                group, members, slot_counter % max_inflight, threshold, record
+            )
             inflight.append((group, members, work, flat, record))
             total += group.nbytes
         while inflight:
@@ -200,16 +206,21 @@ class Executor:
         dtype = torch_dtype(sig.dtype)
         if group.fused:
             if record is not None:
-                record.t_pack_start = _now()
+                record.t_pack_start = timebase.now_ns()
             numel = sum(_numel(m.signature.shape) for m in members)
             flat = self.pool.get(dtype, slot, numel, threshold)
             views = []
             for m in members:
                 m.flat = _input_flat(m, dtype)
                 views.append(m.flat)
+            nvtx = self.nvtx
+            if nvtx is not None:
+                nvtx.push(NVTX_MEMCPY_IN)
             torch.cat(views, out=flat)
+            if nvtx is not None:
+                nvtx.pop()
             if record is not None:
-                record.t_pack_end = _now()
+                record.t_pack_end = timebase.now_ns()
             self.fused_groups += 1
             self.fused_tensors += len(members)
         else:
@@ -226,7 +237,7 @@ class Executor:
         if sig.prescale != 1.0:
             _scale(flat, sig.prescale)
         if record is not None:
-            record.t_collective_start = _now()
+            record.t_collective_start = timebase.now_ns()
         self.backend_calls += 1
         work = self.backend.allreduce_async(flat, ReduceOp(sig.reduce_op))
         return flat, work
@@ -239,14 +250,19 @@ class Executor:
         flat: torch.Tensor,
         record: GroupRecord | None,
     ) -> None:
+        nvtx = self.nvtx
+        if nvtx is not None:
+            nvtx.push(NVTX_COLLECTIVE)
         work.wait()
+        if nvtx is not None:
+            nvtx.pop()
         if record is not None:
-            record.t_collective_end = _now()
+            record.t_collective_end = timebase.now_ns()
         sig = members[0].signature
         _postscale(flat, sig, self.size)
         if group.fused:
             if record is not None:
-                record.t_unpack_start = _now()
+                record.t_unpack_start = timebase.now_ns()
             outs = []
             sizes = []
             for m in members:
@@ -259,9 +275,13 @@ class Executor:
                     out = m.flat if req.output is req.tensor else req.output.view(-1)
                 sizes.append(out.numel())
                 outs.append(out)
+            if nvtx is not None:
+                nvtx.push(NVTX_MEMCPY_OUT)
             torch.split_with_sizes_copy(flat, sizes, out=outs)
+            if nvtx is not None:
+                nvtx.pop()
             if record is not None:
-                record.t_unpack_end = _now()
+                record.t_unpack_end = timebase.now_ns()
         for m in members:
             if m.request is not None:
                 m.request.handle.complete(m.request.output)
@@ -285,14 +305,14 @@ class Executor:
         op.group_id = self.next_group_id
         self.next_group_id += 1
         if record is not None:
-            record.t_collective_start = _now()
+            record.t_collective_start = timebase.now_ns()
         try:
             result = self._dispatch(op)
         except (ValueError, TypeError) as exc:  # bad input caught late: fail this op only
             _fail(op, TensorMismatchError(f"{sig.op.name.lower()} of {op.name!r} failed: {exc}"))
             return
         if record is not None:
-            record.t_collective_end = _now()
+            record.t_collective_end = timebase.now_ns()
         if op.request is not None:
             op.request.handle.complete(result)
             notify_waiters()
@@ -331,7 +351,9 @@ class Executor:
         self.backend.allgather(outs, src)
         return torch.cat([o[:d] for o, d in zip(outs, first_dims, strict=True)], dim=0)
 
-    def _alltoall(self, req: Request, splits: tuple[tuple[int, ...], ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _alltoall(
+        self, req: Request, splits: tuple[tuple[int, ...], ...]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         t = req.tensor
         send = list(splits[self.rank])
         recv = [splits[r][self.rank] for r in range(self.size)]

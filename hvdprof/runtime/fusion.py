@@ -56,9 +56,7 @@ class FusionGroup:
         return len(self.indices) > 1
 
 
-def plan_fusion(
-    items: list[tuple[FusionKey, int]], threshold_bytes: int
-) -> list[FusionGroup]:
+def plan_fusion(items: list[tuple[FusionKey, int]], threshold_bytes: int) -> list[FusionGroup]:
     """Group ``(key, nbytes)`` items into buffers of at most ``threshold_bytes``.
 
     Items keep their relative order inside a group, and groups are ordered by their first

@@ -60,12 +60,22 @@ class Signature(NamedTuple):
     def differences(self, other: Signature) -> list[tuple[str, Any, Any]]:
         """The fields in which two ranks disagree, as (field, mine, theirs)."""
         out = []
-        for field_name in ("op", "dtype", "reduce_op", "root_rank", "prescale", "postscale", "device"):
+        for field_name in (
+            "op",
+            "dtype",
+            "reduce_op",
+            "root_rank",
+            "prescale",
+            "postscale",
+            "device",
+        ):
             a, b = getattr(self, field_name), getattr(other, field_name)
             if a != b:
                 out.append((field_name, a, b))
         if self.compared_shape() != other.compared_shape():
-            label = "shape (all but the first dimension)" if self.op in VARIABLE_FIRST_DIM else "shape"
+            label = (
+                "shape (all but the first dimension)" if self.op in VARIABLE_FIRST_DIM else "shape"
+            )
             out.append((label, self.shape, other.shape))
         return out
 

@@ -7,6 +7,7 @@ else crosses from the user's thread to the cycle thread.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import logging
 import os
@@ -21,6 +22,7 @@ import torch.distributed as dist
 
 from hvdprof.config import Config
 from hvdprof.errors import ConfigError, HvdprofError, NotInitializedError
+from hvdprof.runtime import timebase
 from hvdprof.runtime.backends.gloo import GlooBackend
 from hvdprof.runtime.control import ControlChannel
 from hvdprof.runtime.cycle import CycleLoop
@@ -56,11 +58,15 @@ def _first_int(environ: Any, *names: str) -> int | None:
 def resolve_topology(config: Config, environ: Any = None) -> Topology:
     """Ranks from ``hvdprof run``, else torchrun or MPI launchers, else a single process."""
     env = os.environ if environ is None else environ
-    rank = config.rank if config.rank is not None else _first_int(
-        env, "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"
+    rank = (
+        config.rank
+        if config.rank is not None
+        else _first_int(env, "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
     )
-    size = config.size if config.size is not None else _first_int(
-        env, "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"
+    size = (
+        config.size
+        if config.size is not None
+        else _first_int(env, "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
     )
     if rank is None and size is None:
         rank, size = 0, 1
@@ -70,15 +76,21 @@ def resolve_topology(config: Config, environ: Any = None) -> Topology:
         )
     if not 0 <= rank < size:
         raise ConfigError(f"HVDPROF_RANK={rank} is out of range for HVDPROF_SIZE={size}")
-    local_rank = config.local_rank if config.local_rank is not None else _first_int(
-        env, "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"
+    local_rank = (
+        config.local_rank
+        if config.local_rank is not None
+        else _first_int(env, "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK")
     )
-    local_size = config.local_size if config.local_size is not None else _first_int(
-        env, "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"
+    local_size = (
+        config.local_size
+        if config.local_size is not None
+        else _first_int(env, "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
     )
     local_rank = rank if local_rank is None else local_rank
     local_size = size if local_size is None else local_size
-    cross_size = config.cross_size if config.cross_size is not None else max(1, size // max(local_size, 1))
+    cross_size = (
+        config.cross_size if config.cross_size is not None else max(1, size // max(local_size, 1))
+    )
     cross_rank = config.cross_rank if config.cross_rank is not None else rank // max(local_size, 1)
     return Topology(rank, size, local_rank, local_size, cross_rank, cross_size)
 
@@ -137,7 +149,25 @@ class Runtime:
             params,
         )
         self.started_at = time.time()
+        timebase.set_skew_us(config.clock_skew_us)
+        self.timeline: Any = None
+        self._setup_observers()
         self.cycle.start()
+
+    def _setup_observers(self) -> None:
+        """Timeline and autotuner hang off the cycle; neither costs anything when off."""
+        cfg = self.config
+        from hvdprof.timeline.control import TimelineSession
+        from hvdprof.timeline.nvtx_ranges import PhaseRanges
+
+        self.timeline = TimelineSession(self)
+        self.cycle.on_clock_samples = self.timeline.update_clock
+        phases = PhaseRanges.from_config(cfg)
+        self.cycle.nvtx = phases
+        self.executor.nvtx = phases
+        if cfg.timeline_dir:
+            self.sync_clock()
+            self.timeline.open(cfg.timeline_dir, cfg.timeline_mark_cycles)
 
     # ---------------------------------------------------------------- set-up
     def _rendezvous(self) -> tuple[Any, Any, Any]:
@@ -182,6 +212,12 @@ class Runtime:
         options._threads = max(2, self.config.max_inflight)
         return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), self.rank, self.size, options)
 
+    def sync_clock(self) -> None:
+        """Ping-pong with rank 0 (collective: every rank at the same point)."""
+        samples = self.control.clock_samples(timebase.now_ns)
+        if self.timeline is not None:
+            self.timeline.update_clock(samples)
+
     # ---------------------------------------------------------------- submit
     def check_usable(self) -> None:
         failure = self.cycle.failure
@@ -200,7 +236,9 @@ class Runtime:
         splits: tuple[int, ...] | None = None,
     ) -> Handle:
         """Queue one op for the cycle thread. ``kind`` prefixes a generated name."""
-        self.check_usable()
+        cycle = self.cycle
+        if cycle.failure is not None or cycle.shutdown_requested:
+            self.check_usable()
         release = None
         if name is None:
             name, release = self._names.allocate(kind)
@@ -216,10 +254,10 @@ class Runtime:
         handle = Handle(name)
         handle.release = release
         handle.retire = partial(self._completed, name)
-        req = Request(name, signature, tensor, output, handle, time.perf_counter_ns(), splits)
-        cycle = self.cycle
+        req = Request(name, signature, tensor, output, handle, timebase.now_ns(), splits)
         cycle.queue.append(req)
-        cycle.wake.set()
+        if not cycle.wake.is_set():
+            cycle.wake.set()
         if cycle.failure is not None:  # lost the race with a failing cycle: fail it here
             handle.fail(cycle.failure)
         return handle
@@ -269,10 +307,8 @@ class Runtime:
             cycle.thread.join(timeout=self.config.collective_timeout_s + 5)
         cycle.shutdown_requested = True
         for pg in (self._data_pg, self._control_pg):
-            try:
+            with contextlib.suppress(Exception):  # best effort: the peers may be gone
                 pg.shutdown()
-            except Exception:  # best effort: the peers may already be gone
-                pass
         self._store = None
 
     def stats(self) -> dict[str, Any]:
@@ -342,10 +378,8 @@ def shutdown() -> None:
 
 
 def _shutdown_at_exit() -> None:
-    try:
+    with contextlib.suppress(Exception):  # never turn a clean exit into a traceback
         shutdown()
-    except Exception:  # never turn a clean exit into a traceback
-        pass
 
 
 atexit.register(_shutdown_at_exit)

@@ -25,6 +25,7 @@ import gzip
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,7 +110,7 @@ def kineto_shift_us(trace: Trace, manifest: dict[str, Any]) -> float:
 def merge_directory(
     directory: str,
     output: str,
-    kineto_traces: list[str] | tuple[str, ...] = (),
+    kineto_traces: Sequence[str] = (),
 ) -> MergeResult:
     """Merge ``directory``'s per-rank timelines (and torch.profiler traces) into ``output``.
 
@@ -142,8 +143,14 @@ def merge_directory(
             count += 1
         merged.append(_meta("process_sort_index", rank, {"sort_index": 2 * rank}))
         result.events_per_rank[rank] = count
-        if rank_trace.manifest is not None:
-            errors.append(int(rank_trace.manifest.get("clock", {}).get("error_ns", 0)) / 1000.0)
+        clock = (rank_trace.manifest or {}).get("clock", {})
+        if rank == 0 or clock.get("samples"):
+            errors.append(int(clock.get("error_ns", 0)) / 1000.0)
+        elif rank_trace.manifest is not None:
+            result.problems.append(
+                f"rank {rank}: its clock offset to rank 0 was never estimated; assumed zero"
+                " (right when all ranks share one host's monotonic clock)"
+            )
     if errors:
         result.max_clock_error_us = max(errors)
 

@@ -286,6 +286,11 @@ def load_run(directory: str) -> Run:
                 run.problems.append(f"rank {rank}: unreadable manifest: {exc}")
         trace = load_trace(traces[rank])
         run.ranks[rank] = RankTrace(rank, trace, manifest, traces[rank], mpath)
+        if not trace.complete:
+            run.problems.append(
+                f"rank {rank}: {os.path.basename(traces[rank])} has no closing ']'"
+                " (recording interrupted or file cut); read up to its last complete event"
+            )
         if manifest is not None:
             dropped = int(manifest.get("events_dropped", 0) or 0)
             if dropped:

@@ -169,8 +169,10 @@ class CycleRenderer:
         lane: int = act.LANE_RUNTIME,
         scope: str = "t",
     ) -> str:
-        """An instant event at timeline time ``ts_ns``."""
-        text = f'{{"name":{self._esc(name)},"ph":"i","s":"{scope}","ts":{us(ts_ns)},"pid":{self._pid},"tid":{lane}'
+        """An instant event at timeline time ``ts_ns``; ``scope`` is ``t``, ``p`` or ``g``."""
+        if scope not in ("t", "p", "g"):
+            raise ValueError(f"instant scope must be 't', 'p' or 'g', not {scope!r}")
+        text = f'{{"name":{self._esc(name)},"ph":"i","s":"{scope}","ts":{us(ts_ns)},"pid":{self._pid},"tid":{int(lane)}'
         if args:
             text += ',"args":' + dumps_event(dict(args))
         return text + "}"

@@ -190,6 +190,8 @@ class TimelineSink:
         a fixed lane id from :mod:`hvdprof.timeline.activities`; ``scope`` is ``"t"``
         (lane), ``"p"`` (whole rank) or ``"g"`` (whole trace).
         """
+        if scope not in ("t", "p", "g"):
+            raise ValueError(f"instant scope must be 't', 'p' or 'g', not {scope!r}")
         t = self.clock.now_ns() if t_ns is None else t_ns
         item = (
             ITEM_INSTANT,

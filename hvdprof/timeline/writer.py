@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import threading
+import time
 import weakref
 import zlib
 from collections import deque
@@ -142,7 +143,10 @@ class TimelineWriter:
     def put(self, item: Any, weight: int = 1) -> bool:
         """Queue ``item`` (``weight`` events); False when it was dropped. Never blocks."""
         with self._lock:
-            if self._closed or self._put_weight - self._taken_weight + weight > self._capacity:
+            pending = self._put_weight - self._taken_weight
+            # An item larger than the whole queue is still taken when the queue is empty:
+            # otherwise a big enough cycle could never be recorded.
+            if self._closed or (pending and pending + weight > self._capacity):
                 self._dropped_events += weight
                 self._dropped_items += 1
                 return False
@@ -190,8 +194,6 @@ class TimelineWriter:
     # --- writer thread ---------------------------------------------------------------
 
     def _run(self) -> None:
-        import time
-
         next_periodic = time.monotonic() + self._periodic_interval_s
         while True:
             self._wake.wait(self._flush_interval_s)

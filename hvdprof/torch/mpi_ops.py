@@ -48,7 +48,9 @@ global_process_set = ProcessSet()
 def init(comm: Any = None, process_sets: Any = None) -> None:
     """Start the runtime (idempotent). Reads every HVDPROF_* variable once."""
     if comm is not None:
-        raise ValueError("hvdprof.torch.init(comm=...) is not supported: ranks come from `hvdprof run`")
+        raise ValueError(
+            "hvdprof.torch.init(comm=...) is not supported: ranks come from `hvdprof run`"
+        )
     _rt.init(Config.from_env())
 
 
@@ -193,7 +195,15 @@ def _as_list(outputs: list[Any]) -> Any:
 
 
 # ------------------------------------------------------------------ validation
+_OPS_BY_VALUE = {int(o): o for o in ReduceOp}
+_DTYPE_NAMES = {d: str(d) for d in SUPPORTED_DTYPES}
+
+
 def _resolve_op(op: int | None, average: bool | None) -> ReduceOp:
+    if average is None and op is not None:
+        resolved = _OPS_BY_VALUE.get(op)
+        if resolved is not None and resolved != ReduceOp.ADASUM:
+            return resolved
     if op is not None and average is not None:
         raise ValueError("The op parameter supersedes average. Please provide only one of them.")
     if average is not None:
@@ -208,7 +218,9 @@ def _resolve_op(op: int | None, average: bool | None) -> ReduceOp:
     try:
         resolved = ReduceOp(int(op))
     except ValueError:
-        raise ValueError(f"unknown reduction op {op!r}; use hvd.Average, Sum, Min, Max or Product") from None
+        raise ValueError(
+            f"unknown reduction op {op!r}; use hvd.Average, Sum, Min, Max or Product"
+        ) from None
     if resolved == ReduceOp.ADASUM:
         raise NotImplementedError("Adasum is not supported by hvdprof; use Average or Sum")
     return resolved
@@ -216,20 +228,24 @@ def _resolve_op(op: int | None, average: bool | None) -> ReduceOp:
 
 def _check_tensor(tensor: Any, what: str, runtime: _rt.Runtime, in_place: bool) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"hvdprof rank {runtime.rank}: {what} expects a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"hvdprof rank {runtime.rank}: {what} expects a torch.Tensor, got {type(tensor).__name__}"
+        )
+    if tensor.dtype not in _DTYPE_NAMES:
         raise ValueError(
             f"hvdprof rank {runtime.rank}: {what} does not support dtype {tensor.dtype}; supported: "
             + ", ".join(sorted(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES))
         )
-    if tensor.device.type != "cpu":
+    if not tensor.is_cpu:
         raise ValueError(
             f"hvdprof rank {runtime.rank}: {what} got a tensor on {tensor.device}; this build has "
             "the Gloo backend only (CPU tensors)"
         )
     if not tensor.is_contiguous():
         if in_place:
-            raise ValueError(f"hvdprof rank {runtime.rank}: {what} requires a contiguous tensor to work in place")
+            raise ValueError(
+                f"hvdprof rank {runtime.rank}: {what} requires a contiguous tensor to work in place"
+            )
         tensor = tensor.contiguous()
     return tensor.detach() if tensor.requires_grad else tensor
 
@@ -250,15 +266,16 @@ def _signature(
     prescale: float = 1.0,
     postscale: float = 1.0,
 ) -> Signature:
+    # CPU only (checked by _check_tensor); the device field is there for NCCL later.
     return Signature(
         op,
-        str(tensor.dtype),
+        _DTYPE_NAMES[tensor.dtype],
         tuple(tensor.shape),
         reduce_op,
         root_rank,
         float(prescale),
         float(postscale),
-        tensor.device.type,
+        "cpu",
     )
 
 
@@ -290,7 +307,9 @@ def allreduce_async(
 ) -> int:
     """Start an allreduce; the input is not modified. Returns a handle."""
     reduce_op = _resolve_op(op, average)
-    h = _allreduce_async(tensor, False, name, reduce_op, prescale_factor, postscale_factor, "allreduce")
+    h = _allreduce_async(
+        tensor, False, name, reduce_op, prescale_factor, postscale_factor, "allreduce"
+    )
     return _handles.add([h], _single, False)
 
 
@@ -305,7 +324,9 @@ def allreduce_async_(
 ) -> int:
     """Start an in-place allreduce. Returns a handle."""
     reduce_op = _resolve_op(op, average)
-    h = _allreduce_async(tensor, True, name, reduce_op, prescale_factor, postscale_factor, "allreduce_")
+    h = _allreduce_async(
+        tensor, True, name, reduce_op, prescale_factor, postscale_factor, "allreduce_"
+    )
     return _handles.add([h], _single, False)
 
 
@@ -317,7 +338,9 @@ class _AllreduceFunction(torch.autograd.Function):
         ctx.scales = (prescale_factor, postscale_factor)
         ctx.process_set = process_set
         return synchronize(
-            allreduce_async(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+            allreduce_async(
+                tensor, average, name, op, prescale_factor, postscale_factor, process_set
+            )
         )
 
     @staticmethod
@@ -401,7 +424,9 @@ def grouped_allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """One handle for a list of tensors reduced together (fused when they fit)."""
-    return _grouped_async(tensors, False, name, _resolve_op(op, average), prescale_factor, postscale_factor)
+    return _grouped_async(
+        tensors, False, name, _resolve_op(op, average), prescale_factor, postscale_factor
+    )
 
 
 def grouped_allreduce_async_(
@@ -413,7 +438,9 @@ def grouped_allreduce_async_(
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
 ) -> int:
-    return _grouped_async(tensors, True, name, _resolve_op(op, average), prescale_factor, postscale_factor)
+    return _grouped_async(
+        tensors, True, name, _resolve_op(op, average), prescale_factor, postscale_factor
+    )
 
 
 def grouped_allreduce(
@@ -498,13 +525,19 @@ def _broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None, in_
 
 
 def broadcast_async(
-    tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
 ) -> int:
     return _broadcast_async(tensor, root_rank, name, False)
 
 
 def broadcast_async_(
-    tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
 ) -> int:
     return _broadcast_async(tensor, root_rank, name, True)
 
@@ -524,13 +557,19 @@ class _BroadcastFunction(torch.autograd.Function):
 
 
 def broadcast(
-    tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     return _BroadcastFunction.apply(tensor, root_rank, name, process_set)
 
 
 def broadcast_(
-    tensor: torch.Tensor, root_rank: int, name: str | None = None, process_set: ProcessSet = global_process_set
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     return synchronize(broadcast_async_(tensor, root_rank, name))
 
@@ -556,7 +595,11 @@ def alltoall_async(
     else:
         values = splits.tolist() if isinstance(splits, torch.Tensor) else list(splits)
         split_list = tuple(int(v) for v in values)
-        if len(split_list) != runtime.size or any(v < 0 for v in split_list) or sum(split_list) != rows:
+        if (
+            len(split_list) != runtime.size
+            or any(v < 0 for v in split_list)
+            or sum(split_list) != rows
+        ):
             raise ValueError(
                 f"hvdprof rank {runtime.rank}: alltoall splits {list(split_list)} must have one "
                 f"non-negative entry per rank ({runtime.size}) summing to the first dimension ({rows})"
@@ -591,7 +634,9 @@ def reducescatter_async(
     reduce_op = _resolve_op(op, None)
     tensor = _check_tensor(tensor, "reducescatter", runtime, False)
     if tensor.dim() == 0:
-        raise ValueError(f"hvdprof rank {runtime.rank}: reducescatter needs a tensor with at least one dimension")
+        raise ValueError(
+            f"hvdprof rank {runtime.rank}: reducescatter needs a tensor with at least one dimension"
+        )
     sig = _signature(OpType.REDUCESCATTER, tensor, reduce_op, -1, prescale_factor, postscale_factor)
     h = runtime.submit(_check_name(name), "reducescatter", sig, tensor, None)
     return _handles.add([h], _single, False)

@@ -74,7 +74,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("backward_passes_per_step must be >= 1")
         self._parameter_names = {v: k for k, v in named_parameters}
         self.backward_passes_per_step = backward_passes_per_step
-        self._allreduce_delay = {v: backward_passes_per_step for _, v in sorted(named_parameters, key=lambda x: x[0])}
+        self._allreduce_delay = {
+            v: backward_passes_per_step for _, v in sorted(named_parameters, key=lambda x: x[0])
+        }
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self._handles: dict[torch.Tensor, tuple[int | None, Any]] = {}

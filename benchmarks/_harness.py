@@ -1,0 +1,383 @@
+"""Shared plumbing for the benchmarks: spawn ranks, interleave variants, summarise, save.
+
+Every benchmark script is both the launcher and the worker. Run plainly, it parses its
+options, starts ``--np`` ranks of itself through :func:`hvdprof.launcher.launch` (with a
+hidden ``--worker`` flag), reads the raw per-step timings that rank 0 leaves in a temporary
+file, prints a short table of medians and ratios, and writes
+``benchmarks/results/<name>.json``.
+
+Measurement rules, the same for every script:
+
+* all variants live in the same processes and run **interleaved**: round ``r`` runs every
+  variant once, in an order rotated by ``r`` so that no variant always follows the same
+  one; an expensive variant may run in fewer rounds, spread evenly over the run;
+* every timed step starts after a barrier on the baseline ``torch.distributed`` group,
+  so all ranks start together, and a step's time is the slowest rank's time;
+* we report medians, the ratio of medians, and the median of the per-round ratios
+  (each round's pair ran back to back, so that one is robust to slow drift of the
+  machine's load). Trust ratios, not milliseconds: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+#: Port of the baseline torch.distributed group; the launching process picks a free one.
+BASELINE_PORT_VAR = "BENCH_BASELINE_PORT"
+#: Where rank 0 leaves its raw results for the launching process.
+RAW_VAR = "BENCH_RAW_PATH"
+
+Samples = dict[str, list[tuple[int, float]]]  # variant -> [(round, seconds), ...]
+
+
+# ----------------------------------------------------------------------- options
+
+
+def parser(description: str, *, steps: int, warmup: int) -> argparse.ArgumentParser:
+    """The options every benchmark shares; scripts add their own."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--np", type=int, default=2, help="number of ranks (default 2)")
+    p.add_argument("--steps", type=int, default=steps, help=f"timed rounds (default {steps})")
+    p.add_argument("--warmup", type=int, default=warmup, help=f"untimed rounds (default {warmup})")
+    p.add_argument("--quick", action="store_true", help="a short smoke run (< 60 s)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads per rank (default 1: the ranks share 2 cores)",
+    )
+    p.add_argument("--timeout", type=float, default=None, help="kill the job after S seconds")
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="results JSON (default benchmarks/results/NAME.json)",
+    )
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+# ------------------------------------------------------------------ launcher side
+
+
+def free_port() -> int:
+    from hvdprof.launcher import find_free_port
+
+    return find_free_port()
+
+
+def run_job(
+    script: str,
+    argv: Sequence[str],
+    num_proc: int,
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float | None = None,
+) -> dict[str, Any]:
+    """Run ``script argv --worker`` as ``num_proc`` ranks; return what rank 0 saved."""
+    from hvdprof.launcher import launch
+
+    with tempfile.TemporaryDirectory(prefix="hvdprof-bench-") as tmp:
+        raw = Path(tmp) / "raw.json"
+        job_env = {BASELINE_PORT_VAR: str(free_port()), RAW_VAR: str(raw)}
+        job_env.update(env or {})
+        command = [sys.executable, script, *argv, "--worker"]
+        started = time.monotonic()
+        code = launch(command, num_proc, env=job_env, timeout=timeout)
+        if code != 0:
+            raise SystemExit(f"benchmark job failed with exit code {code}: {' '.join(command)}")
+        if not raw.exists():
+            raise SystemExit("benchmark job exited 0 but rank 0 left no results")
+        data = json.loads(raw.read_text())
+        data["wall_s"] = round(time.monotonic() - started, 1)
+        return data
+
+
+# -------------------------------------------------------------------- worker side
+
+
+def rank_and_size() -> tuple[int, int]:
+    return int(os.environ.get("HVDPROF_RANK", "0")), int(os.environ.get("HVDPROF_SIZE", "1"))
+
+
+def init_baseline_group() -> None:
+    """The default torch.distributed group (Gloo), for the baselines and for barriers.
+
+    It has its own store on its own port; hvdprof's process groups are separate.
+    """
+    import datetime as _dt
+
+    import torch.distributed as dist
+
+    rank, size = rank_and_size()
+    port = os.environ.get(BASELINE_PORT_VAR)
+    if port is None:  # started by hand with `hvdprof run`: next to the controller's port
+        port = str(int(os.environ["HVDPROF_CONTROLLER_PORT"]) + 1)
+    addr = os.environ.get("HVDPROF_CONTROLLER_ADDR", "127.0.0.1")
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{addr}:{port}",
+        rank=rank,
+        world_size=size,
+        timeout=_dt.timedelta(seconds=120),
+    )
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+def runs_in_round(rnd: int, count: int, rounds: int) -> bool:
+    """Whether a variant with ``count`` steps over ``rounds`` rounds runs in round ``rnd``.
+
+    The ``count`` runs are spread evenly; ``count >= rounds`` runs every round.
+    """
+    if count >= rounds:
+        return True
+    return (rnd + 1) * count // rounds > rnd * count // rounds
+
+
+def interleave(
+    variants: Mapping[str, Callable[[], Any]],
+    rounds: int,
+    warmup: int,
+    *,
+    counts: Mapping[str, int] | None = None,
+    warmup_counts: Mapping[str, int] | None = None,
+    sync: Callable[[], None] = barrier,
+    progress: Callable[[str], None] | None = None,
+    after_warmup: Callable[[], None] | None = None,
+) -> Samples:
+    """Round-robin the variants; returns this rank's timed samples.
+
+    ``counts[name]`` (default ``rounds``) and ``warmup_counts[name]`` (default ``warmup``)
+    thin out expensive variants. Every rank must call this with the same arguments.
+    """
+    names = list(variants)
+    counts = counts or {}
+    warmup_counts = warmup_counts or {}
+    samples: Samples = {n: [] for n in names}
+    for phase, total in (("warmup", warmup), ("timed", rounds)):
+        if phase == "timed" and after_warmup is not None:
+            after_warmup()
+        for rnd in range(total):
+            shift = rnd % len(names)
+            for name in names[shift:] + names[:shift]:
+                if phase == "warmup":
+                    if not runs_in_round(rnd, warmup_counts.get(name, warmup), total):
+                        continue
+                elif not runs_in_round(rnd, counts.get(name, rounds), total):
+                    continue
+                sync()
+                t0 = time.perf_counter()
+                variants[name]()
+                dt = time.perf_counter() - t0
+                if phase == "timed":
+                    samples[name].append((rnd, dt))
+            if progress is not None and (rnd + 1) % max(1, total // 4) == 0:
+                progress(f"{phase} round {rnd + 1}/{total}")
+    return samples
+
+
+class StatsMeter:
+    """hvdprof's counters summed over the calls of one variant only (not idle cycles).
+
+    Pass ``after_warmup=meter.reset`` to :func:`interleave` to count timed steps only.
+    """
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}
+        self.calls = 0
+
+    def reset(self) -> None:
+        self.totals.clear()
+        self.calls = 0
+
+    def wrap(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        import hvdprof.torch as hvd
+
+        def measured() -> Any:
+            before = hvd.runtime_stats()
+            out = fn()
+            after = hvd.runtime_stats()
+            for k, v in after.items():
+                if isinstance(v, int | float) and not isinstance(v, bool):
+                    self.totals[k] = self.totals.get(k, 0) + v - before.get(k, 0)
+            self.calls += 1
+            return out
+
+        return measured
+
+    def per_call(self, keys: Sequence[str] = ()) -> dict[str, float]:
+        keys = keys or (
+            "cycles",
+            "fused_groups",
+            "fused_tensors",
+            "backend_calls",
+            "cache_hits",
+            "slow_path_cycles",
+        )
+        if not self.calls:
+            return {}
+        return {k: round(self.totals[k] / self.calls, 2) for k in keys if k in self.totals}
+
+
+def gather_slowest(samples: Samples) -> Samples:
+    """Every rank's samples combined: per (variant, round), the slowest rank's time."""
+    import torch.distributed as dist
+
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, samples)
+    out: Samples = {}
+    for name in samples:
+        by_round: dict[int, float] = {}
+        for per_rank in everyone:
+            for rnd, dt in per_rank[name]:
+                by_round[rnd] = max(by_round.get(rnd, 0.0), dt)
+        out[name] = sorted(by_round.items())
+    return out
+
+
+def save_raw(payload: Mapping[str, Any]) -> None:
+    """Rank 0: hand ``payload`` to the launching process."""
+    path = os.environ.get(RAW_VAR)
+    if path:
+        Path(path).write_text(json.dumps(payload))
+    else:  # started by hand: just show it
+        print(json.dumps(payload, indent=1))
+
+
+def log(message: str) -> None:
+    rank, _ = rank_and_size()
+    if rank == 0:
+        print(message, flush=True)
+
+
+# --------------------------------------------------------------------- summaries
+
+
+def _ms(values: Iterable[float]) -> list[float]:
+    return [v * 1e3 for v in values]
+
+
+def summarise(samples: Mapping[str, Sequence[Sequence[float]]]) -> dict[str, dict[str, float]]:
+    """Per variant: median, quartiles, min and count, in milliseconds."""
+    out = {}
+    for name, pairs in samples.items():
+        ms = sorted(_ms(dt for _, dt in pairs))
+        if not ms:
+            continue
+        q = statistics.quantiles(ms, n=4) if len(ms) >= 2 else [ms[0], ms[0], ms[0]]
+        out[name] = {
+            "median_ms": round(statistics.median(ms), 3),
+            "p25_ms": round(q[0], 3),
+            "p75_ms": round(q[2], 3),
+            "min_ms": round(ms[0], 3),
+            "n": len(ms),
+        }
+    return out
+
+
+def ratio(
+    samples: Mapping[str, Sequence[Sequence[float]]], num: str, den: str
+) -> dict[str, float | int | None]:
+    """``num ÷ den``: ratio of medians, and median of per-round ratios (same round only)."""
+    a = [dt for _, dt in samples[num]]
+    b = [dt for _, dt in samples[den]]
+    den_by_round = {int(r): dt for r, dt in samples[den]}
+    paired = [dt / den_by_round[int(r)] for r, dt in samples[num] if int(r) in den_by_round]
+    return {
+        "of_medians": round(statistics.median(a) / statistics.median(b), 4),
+        "paired_median": round(statistics.median(paired), 4) if paired else None,
+        "pairs": len(paired),
+    }
+
+
+def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = []
+    for i, r in enumerate(cells):
+        lines.append(
+            "  ".join(
+                c.ljust(w) if j == 0 else c.rjust(w)
+                for j, (c, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def variant_table(summary: Mapping[str, Mapping[str, float]]) -> str:
+    rows = [
+        (name, f"{s['median_ms']:.2f}", f"{s['p25_ms']:.2f}", f"{s['p75_ms']:.2f}", s["n"])
+        for name, s in summary.items()
+    ]
+    return table(rows, ("variant", "median ms", "p25 ms", "p75 ms", "steps"))
+
+
+def ratio_table(ratios: Mapping[str, Mapping[str, Any]]) -> str:
+    rows = []
+    for label, r in ratios.items():
+        paired = r.get("paired_median")
+        rows.append(
+            (
+                label,
+                f"{r['of_medians']:.3f}",
+                "-" if paired is None else f"{paired:.3f}",
+                r.get("goal", ""),
+                {True: "yes", False: "NO", None: ""}[r.get("met")],
+            )
+        )
+    return table(rows, ("ratio", "of medians", "per-round median", "goal", "met"))
+
+
+def environment_info() -> dict[str, Any]:
+    import torch
+
+    try:
+        from importlib.metadata import version
+
+        hv = version("hvdprof")
+    except Exception:
+        hv = "unknown"
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch_version": torch.__version__,
+        "hvdprof_version": hv,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "load_average_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def write_results(
+    name: str, payload: Mapping[str, Any], output: Path | None = None, quick: bool = False
+) -> Path:
+    """``benchmarks/results/NAME.json`` (``NAME.quick.json`` for ``--quick``) or ``output``."""
+    path = output or RESULTS_DIR / (f"{name}.quick.json" if quick else f"{name}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": name, **environment_info(), **payload}
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
+
+
+def knob_env(prefix: str = "HVDPROF_") -> dict[str, str]:
+    """The runtime knobs set in this environment, for the record."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefix)}

@@ -1,0 +1,374 @@
+"""Allreduce of ResNet-50's gradient list: hvdprof against torch.distributed (Gloo).
+
+161 tensors, 25,557,032 float32 (102 MB), summed over the ranks, one "step" per variant:
+
+* ``flat``: one ``dist.all_reduce`` of a preallocated flat tensor of the same bytes;
+* ``per_tensor_async``: ``dist.all_reduce(t, async_op=True)`` for every tensor, then wait;
+* ``ddp_buckets``: what DDP does: 25 MB buckets in reverse (backward) order, each packed
+  with ``torch.cat`` into its bucket buffer, reduced asynchronously as soon as it is
+  packed, then, once all are done, copied back into the gradients;
+* ``hvdprof``: ``hvd.allreduce_async_(t, name=..., op=hvd.Sum)`` for every tensor, then
+  ``hvd.synchronize`` on every handle.
+
+The baselines use the default torch.distributed group; hvdprof uses its own. All four run
+interleaved in the same processes. Then, unless ``--no-sweep``, a few separate launches
+vary HVDPROF_FUSION_THRESHOLD and HVDPROF_MAX_INFLIGHT, timing ``flat`` and ``hvdprof``
+interleaved within each launch (comparisons between launches are not interleaved).
+
+    python benchmarks/allreduce_resnet50.py [--np 2] [--steps 40] [--quick] [--no-sweep]
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import _harness as h
+
+NAME = "allreduce_resnet50"
+EXPECTED_NUMEL = 25_557_032
+EXPECTED_TENSORS = 161
+BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
+FIRST_BUCKET_BYTES = 1024 * 1024  # DDP's first bucket is small, so the first reduce starts early
+VARIANTS = ("flat", "per_tensor_async", "ddp_buckets", "hvdprof")
+MiB = 1024 * 1024
+
+#: (HVDPROF_FUSION_THRESHOLD, HVDPROF_MAX_INFLIGHT) for the sweep; the default is 16 MiB, 4.
+SWEEP = [
+    (4 * MiB, 4),
+    (16 * MiB, 4),
+    (64 * MiB, 4),
+    (128 * MiB, 4),
+    (16 * MiB, 1),
+    (16 * MiB, 2),
+    (16 * MiB, 8),
+]
+QUICK_SWEEP = [(64 * MiB, 4)]
+
+
+def resnet50_param_shapes() -> list[tuple[str, tuple[int, ...]]]:
+    """Weights and biases of torchvision's ResNet-50 (v1.5), in ``named_parameters`` order.
+
+    BatchNorm running statistics are buffers, not gradients, so they are not listed.
+    """
+    shapes: list[tuple[str, tuple[int, ...]]] = []
+
+    def bn(name: str, c: int) -> None:
+        shapes.append((f"{name}.weight", (c,)))
+        shapes.append((f"{name}.bias", (c,)))
+
+    shapes.append(("conv1.weight", (64, 3, 7, 7)))
+    bn("bn1", 64)
+    inplanes = 64
+    for layer, (planes, blocks) in enumerate(
+        zip((64, 128, 256, 512), (3, 4, 6, 3), strict=True), 1
+    ):
+        for b in range(blocks):
+            p = f"layer{layer}.{b}"
+            width, out = planes, planes * 4
+            shapes.append((f"{p}.conv1.weight", (width, inplanes, 1, 1)))
+            bn(f"{p}.bn1", width)
+            shapes.append((f"{p}.conv2.weight", (width, width, 3, 3)))
+            bn(f"{p}.bn2", width)
+            shapes.append((f"{p}.conv3.weight", (out, width, 1, 1)))
+            bn(f"{p}.bn3", out)
+            if b == 0:
+                shapes.append((f"{p}.downsample.0.weight", (out, inplanes, 1, 1)))
+                bn(f"{p}.downsample.1", out)
+            inplanes = out
+    shapes.append(("fc.weight", (1000, 2048)))
+    shapes.append(("fc.bias", (1000,)))
+    return shapes
+
+
+def check_shapes(shapes: list[tuple[str, tuple[int, ...]]]) -> int:
+    numel = 0
+    for _, shape in shapes:
+        n = 1
+        for d in shape:
+            n *= d
+        numel += n
+    if len(shapes) != EXPECTED_TENSORS or numel != EXPECTED_NUMEL:
+        raise AssertionError(
+            f"ResNet-50 shapes are wrong: {len(shapes)} tensors, {numel} elements "
+            f"(expected {EXPECTED_TENSORS}, {EXPECTED_NUMEL})"
+        )
+    return numel
+
+
+# --------------------------------------------------------------------------- worker
+
+
+class DDPBuckets:
+    """DDP's reducer, minus autograd: pack buckets, reduce each async, wait, unpack."""
+
+    def __init__(self, grads: list[Any], cap_bytes: int, first_cap_bytes: int) -> None:
+        import torch
+
+        groups: list[list[Any]] = []
+        current: list[Any] = []
+        size = 0
+        for g in reversed(grads):  # gradients become ready in reverse order
+            current.append(g)
+            size += g.numel() * g.element_size()
+            if size >= (first_cap_bytes if not groups else cap_bytes):
+                groups.append(current)
+                current, size = [], 0
+        if current:
+            groups.append(current)
+        self.buckets = [
+            (members, torch.empty(sum(g.numel() for g in members), dtype=members[0].dtype))
+            for members in groups
+        ]
+
+    def step(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        works = []
+        for members, buf in self.buckets:
+            torch.cat([g.view(-1) for g in members], out=buf)
+            works.append(dist.all_reduce(buf, async_op=True))
+        for (members, buf), work in zip(self.buckets, works, strict=True):
+            work.wait()
+            for g, chunk in zip(members, buf.split([g.numel() for g in members]), strict=True):
+                g.view(-1).copy_(chunk)
+
+
+def worker(args: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import hvdprof.torch as hvd
+
+    torch.set_num_threads(args.threads)
+    hvd.init()
+    h.init_baseline_group()
+    rank, size = hvd.rank(), hvd.size()
+    variants = [v for v in args.variants.split(",") if v]
+
+    shapes = resnet50_param_shapes()
+    numel = check_shapes(shapes)
+    grads = [torch.zeros(shape) for _, shape in shapes]
+    names = [f"grad.{name}" for name, _ in shapes]
+    flat = torch.zeros(numel)
+    ddp = DDPBuckets(grads, BUCKET_BYTES, FIRST_BUCKET_BYTES)
+    order = list(range(len(grads)))[::-1]  # the order backward produces gradients
+
+    def run_flat() -> None:
+        dist.all_reduce(flat)
+
+    def run_per_tensor() -> None:
+        works = [dist.all_reduce(grads[i], async_op=True) for i in order]
+        for w in works:
+            w.wait()
+
+    def run_hvdprof() -> None:
+        handles = [hvd.allreduce_async_(grads[i], name=names[i], op=hvd.Sum) for i in order]
+        for handle in handles:
+            hvd.synchronize(handle)
+
+    fns = {
+        "flat": run_flat,
+        "per_tensor_async": run_per_tensor,
+        "ddp_buckets": ddp.step,
+        "hvdprof": run_hvdprof,
+    }
+
+    # Correctness first: every variant must produce the sum over ranks.
+    expected_scale = size * (size + 1) / 2
+    for name in variants:
+        for i, g in enumerate(grads):
+            g.fill_((rank + 1) * (i % 7 + 1))
+        flat.fill_(rank + 1)
+        fns[name]()
+        if name == "flat":
+            ok = bool(torch.all(flat == expected_scale))
+        else:
+            ok = all(
+                bool(torch.all(g == expected_scale * (i % 7 + 1))) for i, g in enumerate(grads)
+            )
+        if not ok:
+            raise SystemExit(f"rank {rank}: variant {name} produced a wrong sum")
+    for g in grads:
+        g.zero_()
+    flat.zero_()
+    h.log(
+        f"{NAME}: {len(grads)} tensors, {numel:,} float32, {numel * 4 / 1e6:.1f} MB; "
+        f"{len(ddp.buckets)} DDP buckets; sums verified for {', '.join(variants)}"
+    )
+
+    meter = h.StatsMeter()
+    fns["hvdprof"] = meter.wrap(run_hvdprof)
+    samples = h.interleave(
+        {v: fns[v] for v in variants},
+        args.steps,
+        args.warmup,
+        progress=h.log,
+        after_warmup=meter.reset,
+    )
+    samples = h.gather_slowest(samples)
+    if rank == 0:
+        h.save_raw(
+            {
+                "samples": samples,
+                "hvdprof_per_step": meter.per_call(),
+                "ddp_buckets": [len(m) for m, _ in ddp.buckets],
+            }
+        )
+    dist.destroy_process_group()
+    hvd.shutdown()
+
+
+# -------------------------------------------------------------------------- launcher
+
+
+def main() -> None:
+    p = h.parser(__doc__.splitlines()[0], steps=40, warmup=5)
+    p.add_argument("--variants", default=",".join(VARIANTS), help=argparse_help())
+    p.add_argument("--no-sweep", action="store_true", help="skip the threshold/in-flight sweep")
+    p.add_argument("--sweep-steps", type=int, default=12, help="timed rounds per sweep launch")
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if args.quick:
+        args.steps, args.warmup, args.sweep_steps = 6, 2, 4
+    check_shapes(resnet50_param_shapes())
+    timeout = args.timeout or (120 if args.quick else 900)
+    argv = [
+        "--np", str(args.np), "--steps", str(args.steps), "--warmup", str(args.warmup),
+        "--threads", str(args.threads), "--variants", args.variants,
+    ]  # fmt: skip
+    data = h.run_job(__file__, argv, args.np, timeout=timeout)
+    samples = data["samples"]
+    summary = h.summarise(samples)
+    ratios: dict[str, Any] = {}
+    if "hvdprof" in samples:
+        goals = {
+            "flat": ("<= 1.05", 1.05),
+            "per_tensor_async": ("", None),
+            "ddp_buckets": ("", None),
+        }
+        for base, (goal, bound) in goals.items():
+            if base in samples:
+                r = h.ratio(samples, "hvdprof", base)
+                r["goal"] = goal
+                r["met"] = None if bound is None else r["of_medians"] <= bound
+                ratios[f"hvdprof / {base}"] = r
+    for base in ("per_tensor_async", "ddp_buckets"):
+        if base in samples and "flat" in samples:
+            ratios[f"{base} / flat"] = h.ratio(samples, base, "flat")
+    hv_stats = data["hvdprof_per_step"]
+
+    print()
+    print(
+        f"{NAME}: 161 tensors, 102.2 MB float32, sum, {args.np} ranks, Gloo; "
+        f"{args.steps} interleaved rounds after {args.warmup} warmup (median of the slowest rank)"
+    )
+    print(h.variant_table(summary))
+    print()
+    print(h.ratio_table(ratios))
+    if hv_stats:
+        print(f"hvdprof per step: {hv_stats}")
+    print(f"DDP buckets (tensors per bucket): {data['ddp_buckets']}")
+
+    sweep_rows = []
+    if not args.no_sweep:
+        configs = QUICK_SWEEP if args.quick else SWEEP
+        print()
+        print(
+            f"sweep: {len(configs)} separate launches, each timing flat and hvdprof interleaved "
+            f"({args.sweep_steps} rounds); hvdprof ms across launches is NOT interleaved"
+        )
+        for threshold, inflight in configs:
+            env = {
+                "HVDPROF_FUSION_THRESHOLD": str(threshold),
+                "HVDPROF_MAX_INFLIGHT": str(inflight),
+            }
+            sargv = [
+                "--np", str(args.np), "--steps", str(args.sweep_steps), "--warmup", "2",
+                "--threads", str(args.threads), "--variants", "flat,hvdprof",
+            ]  # fmt: skip
+            sdata = h.run_job(__file__, sargv, args.np, env=env, timeout=timeout)
+            ssum = h.summarise(sdata["samples"])
+            r = h.ratio(sdata["samples"], "hvdprof", "flat")
+            sweep_rows.append(
+                {
+                    "fusion_threshold_bytes": threshold,
+                    "max_inflight": inflight,
+                    "flat_median_ms": ssum["flat"]["median_ms"],
+                    "hvdprof_median_ms": ssum["hvdprof"]["median_ms"],
+                    "hvdprof_over_flat": r,
+                    "hvdprof_per_step": sdata["hvdprof_per_step"],
+                }
+            )
+        rows = [
+            (
+                f"{s['fusion_threshold_bytes'] // MiB} MiB",
+                s["max_inflight"],
+                f"{s['flat_median_ms']:.1f}",
+                f"{s['hvdprof_median_ms']:.1f}",
+                f"{s['hvdprof_over_flat']['of_medians']:.3f}",
+                f"{s['hvdprof_over_flat']['paired_median']:.3f}",
+                s["hvdprof_per_step"].get("fused_groups", "-"),
+            )
+            for s in sweep_rows
+        ]
+        print(
+            h.table(
+                rows,
+                (
+                    "threshold",
+                    "inflight",
+                    "flat ms",
+                    "hvdprof ms",
+                    "hv/flat",
+                    "per-round",
+                    "groups/step",
+                ),
+            )
+        )
+
+    path = h.write_results(
+        NAME,
+        {
+            "settings": {
+                "np": args.np,
+                "steps": args.steps,
+                "warmup": args.warmup,
+                "quick": args.quick,
+                "torch_threads_per_rank": args.threads,
+                "tensors": EXPECTED_TENSORS,
+                "numel": EXPECTED_NUMEL,
+                "dtype": "float32",
+                "reduce_op": "sum (hvd.Sum for hvdprof, ReduceOp.SUM for the baselines)",
+                "submission_order": "reverse of named_parameters (backward order)",
+                "ddp_bucket_bytes": BUCKET_BYTES,
+                "ddp_first_bucket_bytes": FIRST_BUCKET_BYTES,
+                "ddp_bucket_sizes": data["ddp_buckets"],
+                "baseline_group": "torch.distributed default group, gloo, default options",
+                "hvdprof_env": h.knob_env(),
+                "timing": "per step: barrier, then wall time; slowest rank per round; medians",
+            },
+            "variants": summary,
+            "ratios": ratios,
+            "hvdprof_per_step": hv_stats,
+            "sweep": {
+                "interleaved": "within each launch only (flat vs hvdprof); not across launches",
+                "rows": sweep_rows,
+            },
+            "job_wall_s": data["wall_s"],
+        },
+        args.output,
+        args.quick,
+    )
+    print(f"\nwrote {path}")
+
+
+def argparse_help() -> str:
+    return "comma-separated variants to run (default: all): " + ", ".join(VARIANTS)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,406 @@
+"""Rank 0's autotuner as the runtime sees it: a cycle observer that proposes parameters.
+
+Data flow (one way, as for every observer)::
+
+    cycle thread --on_cycle(record)--> SampleWindow --queue--> worker thread
+                                                                 score, log, tell, ask
+    cycle thread <--poll_proposal()-- proposal slot <-----------------'
+
+* ``on_cycle`` is O(1) and never blocks: it folds the record into per-step totals and,
+  when a sample's steps are complete, hands them to the worker through a queue. Records
+  whose ``params`` differ from the configuration being measured are ignored (the runtime
+  has not applied the proposal yet, or is still running the previous one).
+* The worker thread (a daemon) does everything slow: scoring, the CSV row and its fsync,
+  the GP fit and the acquisition (tens to hundreds of ms), then posts the next proposal.
+  That work happens while no sample is being measured, so it cannot bias one.
+* ``poll_proposal`` (called by the cycle thread once per cycle) takes the posted
+  proposal, if any; the runtime broadcasts it and every rank applies it at the same cycle
+  boundary. Measuring restarts from there: the partial step in which it landed and
+  ``settle_steps`` more are discarded, then ``HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE`` steps are
+  scored (see ``scoring``).
+
+Lifecycle:
+
+1. Warmup: the first ``HVDPROF_AUTOTUNE_WARMUP_SAMPLES`` samples' worth of steps run with
+   the starting configuration and are discarded (the job is still warming up).
+2. Tuning: the starting configuration is the first scored sample, then the optimizer's
+   proposals, until ``HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES`` samples are scored. The
+   best configuration is then proposed and printed as the ``HVDPROF_*`` variables to set.
+3. Watching (``HVDPROF_AUTOTUNE_CONTINUOUS``, the default): the best configuration keeps
+   being scored and logged (``phase=watch``). When its throughput leaves the band
+   ``baseline * (1 +- HVDPROF_AUTOTUNE_DRIFT_FRACTION)`` for
+   ``HVDPROF_AUTOTUNE_DRIFT_SAMPLES`` consecutive samples (see ``drift``), tuning re-opens.
+
+How tuning re-opens: old scores describe a workload that no longer exists, and a GP
+cannot down-weight individual points, so they are *re-measured* rather than reused. The
+new optimizer starts from the drifted measurements of the incumbent (told once, as their
+median) and first re-measures the runner-ups of the previous round
+(``REOPEN_REMEASURE`` of them), then continues with its own design. Its seed differs per
+round so it does not replay the same initial design.
+
+Without continuous mode the controller goes quiet after proposing the best.
+Only rank 0 constructs a controller; the other ranks just apply what rank 0 broadcasts.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import statistics
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+from hvdprof.autotune.drift import DriftDetector
+from hvdprof.autotune.log import (
+    PHASE_TUNE,
+    PHASE_WATCH,
+    AutotuneTrialLog,
+    make_row,
+    read_autotune_log,
+)
+from hvdprof.autotune.scoring import (
+    DEFAULT_SUBWINDOWS,
+    SampleScore,
+    SampleWindow,
+    StepTotals,
+    score_steps,
+)
+from hvdprof.autotune.space import SearchSpace, env_assignments, space_from_config
+from hvdprof.autotune.tuner import BayesianTuner, Observation
+from hvdprof.config import Config
+from hvdprof.runtime.records import CycleRecord, TunableParams
+
+_log = logging.getLogger("hvdprof.autotune")
+
+#: the optimizer's seed: the same job tunes the same way twice
+AUTOTUNE_SEED = 0
+#: full steps discarded after the partial step in which new parameters landed
+DEFAULT_SETTLE_STEPS = 1
+#: runner-up configurations re-measured first when tuning re-opens after drift
+REOPEN_REMEASURE = 2
+#: how long ``close`` waits for the worker to finish the sample in hand
+_CLOSE_TIMEOUT_S = 30.0
+
+#: controller phases
+PHASE_DONE = "done"
+PHASE_IDLE = "idle"  # nothing to tune: every knob was set explicitly
+
+
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    params: TunableParams
+    phase: str
+    steps: list[StepTotals]
+
+
+_STOP = object()
+
+
+def format_best(params: TunableParams, score_bytes_per_s: float, cache_capacity: int) -> str:
+    """The line printed at the end of tuning and at exit: what to set next time."""
+    assignments = " ".join(f"{k}={v}" for k, v in env_assignments(params, cache_capacity).items())
+    return f"hvdprof autotune: best {assignments} (score {score_bytes_per_s / 1e6:.1f} MB/s)"
+
+
+class AutotuneController:
+    """Implements ``CycleObserver`` plus ``poll_proposal``; see the module docstring.
+
+    ``out`` receives the "best configuration" lines (stderr by default); ``settle_steps``
+    and ``subwindows`` are exposed for tests and experiments.
+    """
+
+    detailed = False
+
+    def __init__(
+        self,
+        config: Config,
+        initial: TunableParams,
+        rank: int = 0,
+        *,
+        out: TextIO | None = None,
+        settle_steps: int = DEFAULT_SETTLE_STEPS,
+        subwindows: int = DEFAULT_SUBWINDOWS,
+        seed: int = AUTOTUNE_SEED,
+    ) -> None:
+        if rank != 0:
+            raise ValueError("only rank 0 runs the autotuner; other ranks apply its broadcasts")
+        self.config = config
+        self.initial = initial
+        self.space: SearchSpace = space_from_config(config, initial)
+        self.steps_per_sample = config.autotune_steps_per_sample
+        self.settle_steps = max(0, settle_steps)
+        self.subwindows = subwindows
+        self.seed = seed
+        self._out = out
+        self.reopened = 0
+        self.samples_scored = 0
+        self.ignored_cycles = 0
+
+        # --- cycle-thread state (touched only by on_cycle / poll_proposal) ---
+        self._target: TunableParams = initial
+        self._phase = PHASE_TUNE
+        self._window: SampleWindow | None = None
+        self._closed = False
+
+        # --- shared: the proposal slot and the work queue ---
+        self._lock = threading.Lock()
+        self._proposal: tuple[TunableParams, str] | None = None
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._idle = threading.Condition(self._lock)
+        self._submitted = 0
+        self._processed = 0
+
+        # --- worker-thread state ---
+        self._tuner: BayesianTuner | None = None
+        self._best: Observation | None = None
+        self._drift = DriftDetector(config.autotune_drift_fraction, config.autotune_drift_samples)
+        self._trial_log: AutotuneTrialLog | None = None
+
+        if self.space.is_empty:
+            _log.warning(
+                "HVDPROF_AUTOTUNE is on but fusion threshold, cycle time and cache capacity "
+                "were all set explicitly: nothing to tune"
+            )
+            self._phase = PHASE_IDLE
+            self._thread: threading.Thread | None = None
+            return
+
+        # read the warm start before opening the log: they may name the same file
+        warm = self._read_warm_start(config.autotune_warm_start)
+        if config.autotune_log:
+            try:
+                self._trial_log = AutotuneTrialLog(config.autotune_log)
+            except OSError as exc:
+                _log.warning("cannot open HVDPROF_AUTOTUNE_LOG=%s: %s", config.autotune_log, exc)
+
+        self._window = SampleWindow(
+            discard_steps=1
+            + self.settle_steps
+            + config.autotune_warmup_samples * self.steps_per_sample,
+            measure_steps=self.steps_per_sample,
+        )
+        self._thread = threading.Thread(
+            target=self._run, args=(warm,), name="hvdprof-autotune", daemon=True
+        )
+        self._thread.start()
+
+    # --- the cycle thread's side ------------------------------------------------------
+
+    def on_cycle(self, record: CycleRecord) -> None:
+        """Fold one cycle into the current sample. O(1); never blocks."""
+        window = self._window
+        if window is None or record.params != self._target:
+            self.ignored_cycles += 1
+            return
+        if record.params_changed and window.started:
+            # the runtime (re-)applied the parameters mid-window: settle from here
+            window = self._new_window(self.settle_steps + 1)
+        if not window.add(record.step, record.t_start, record.t_end, record.bytes_reduced):
+            return
+        with self._lock:
+            self._submitted += 1
+        self._queue.put(_Sample(self._target, self._phase, window.steps))
+        if self._phase == PHASE_WATCH:
+            # nothing changes between watch samples: this record opens the next one
+            window = self._new_window(0)
+            window.add(record.step, record.t_start, record.t_end, record.bytes_reduced)
+        else:
+            self._window = None  # wait for the worker's next proposal
+
+    def poll_proposal(self) -> TunableParams | None:
+        """The parameters every rank should switch to, once; None when nothing is new."""
+        if self._proposal is None:  # fast path, no lock
+            return None
+        with self._lock:
+            proposal, self._proposal = self._proposal, None
+        if proposal is None or self._closed:
+            return None
+        params, phase = proposal
+        self._target = params
+        self._phase = phase
+        if phase == PHASE_DONE:
+            self._window = None
+        else:
+            self._new_window(self.settle_steps + 1)
+        return params
+
+    def _new_window(self, discard_steps: int) -> SampleWindow:
+        self._window = SampleWindow(discard_steps, self.steps_per_sample)
+        return self._window
+
+    # --- status -----------------------------------------------------------------------
+
+    @property
+    def phase(self) -> str:
+        """``tune``, ``watch``, ``done`` (converged, not continuous) or ``idle``."""
+        return self._phase
+
+    @property
+    def best(self) -> Observation | None:
+        """The current recommendation (None before the first scored sample)."""
+        return self._best
+
+    @property
+    def converged(self) -> bool:
+        """True once the current tuning round has scored its maximum samples."""
+        tuner = self._tuner
+        return tuner is not None and tuner.converged
+
+    def best_line(self) -> str | None:
+        """The ``hvdprof autotune: best HVDPROF_...`` line for the current best, if any."""
+        best = self._best
+        if best is None:
+            return None
+        return format_best(best.params, best.mean_score, self.config.cache_capacity)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until the worker has handled every sample handed to it (tests, shutdown)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._processed >= self._submitted, timeout)
+
+    def close(self) -> None:
+        """Stop measuring, let the worker finish, print the best, close the log."""
+        if self._closed:
+            return
+        self._closed = True
+        self._window = None
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            self._thread.join(_CLOSE_TIMEOUT_S)
+            if self._thread.is_alive():
+                _log.warning("autotune worker did not stop within %.0f s", _CLOSE_TIMEOUT_S)
+        line = self.best_line()
+        if line is not None:
+            self._emit(line)
+        if self._trial_log is not None:
+            self._trial_log.close()
+
+    # --- the worker thread ------------------------------------------------------------
+
+    def _read_warm_start(self, path: str) -> list[tuple[TunableParams, float]]:
+        if not path:
+            return []
+        try:
+            rows = read_autotune_log(path)
+        except (OSError, ValueError) as exc:
+            _log.warning("HVDPROF_AUTOTUNE_WARM_START=%s ignored: %s", path, exc)
+            return []
+        points = [(r.params, r.score_bytes_per_s) for r in rows if self.space.contains(r.params)]
+        if len(points) < len(rows):
+            _log.info(
+                "warm start: %d of %d rows used (the others contradict explicitly set "
+                "variables or lie outside the search range)",
+                len(points),
+                len(rows),
+            )
+        return points
+
+    def _new_tuner(
+        self,
+        warm: Sequence[tuple[TunableParams, float]] = (),
+        initial_points: Sequence[TunableParams] = (),
+    ) -> BayesianTuner:
+        return BayesianTuner(
+            self.space,
+            max_samples=self.config.autotune_max_samples,
+            noise=self.config.autotune_gp_noise,
+            seed=self.seed + self.reopened,
+            warm_start=warm,
+            initial_points=initial_points,
+        )
+
+    def _run(self, warm: list[tuple[TunableParams, float]]) -> None:
+        try:
+            self._tuner = self._new_tuner(warm=warm)
+        except Exception:
+            _log.exception("autotune disabled: the optimizer could not start")
+            self._tuner = None
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            try:
+                if self._tuner is not None and isinstance(item, _Sample):
+                    self._handle(item)
+            except Exception:
+                _log.exception("autotune: failed to process a sample; keeping current parameters")
+            finally:
+                with self._idle:
+                    self._processed += 1
+                    self._idle.notify_all()
+
+    def _handle(self, sample: _Sample) -> None:
+        tuner = self._tuner
+        assert tuner is not None
+        score = score_steps(sample.steps, self.subwindows)
+        self.samples_scored += 1
+        if sample.phase == PHASE_WATCH:
+            self._write_row(sample.params, score, PHASE_WATCH)
+            if self._drift.update(score.bytes_per_s):
+                self._reopen(tuner)
+            return
+        if self.space.contains(sample.params):
+            tuner.tell(sample.params, score.bytes_per_s)
+        else:  # e.g. a starting threshold of 0 (fusion off): scored and logged, not modelled
+            _log.info("autotune: %s is outside the search space; not told", sample.params)
+        self._best = tuner.best
+        self._write_row(sample.params, score, PHASE_TUNE)
+        if tuner.converged:
+            self._finish_round(tuner)
+        else:
+            self._post(tuner.ask(), PHASE_TUNE)
+
+    def _finish_round(self, tuner: BayesianTuner) -> None:
+        best = tuner.best
+        if best is None:  # nothing could be told (every sample outside the space)
+            self._post(self.initial, PHASE_DONE)
+            return
+        self._best = best
+        self._emit(format_best(best.params, best.mean_score, self.config.cache_capacity))
+        self._drift.reset()
+        self._post(best.params, PHASE_WATCH if self.config.autotune_continuous else PHASE_DONE)
+
+    def _reopen(self, old: BayesianTuner) -> None:
+        incumbent = self._best
+        drifted = list(self._drift.drifted)
+        ranked = [o.params for o in old.ranked()]
+        runner_ups = [p for p in ranked if incumbent is None or p != incumbent.params]
+        self.reopened += 1
+        _log.warning(
+            "autotune: throughput drifted by more than %.0f%% for %d samples; re-opening tuning",
+            100 * self._drift.fraction,
+            len(drifted),
+        )
+        tuner = self._new_tuner(initial_points=runner_ups[:REOPEN_REMEASURE])
+        if incumbent is not None and drifted:
+            tuner.tell(incumbent.params, float(statistics.median(drifted)))
+            self._best = tuner.best
+        self._drift.reset()
+        self._tuner = tuner
+        if tuner.converged:
+            self._finish_round(tuner)
+        else:
+            self._post(tuner.ask(), PHASE_TUNE)
+
+    def _post(self, params: TunableParams, phase: str) -> None:
+        with self._lock:
+            self._proposal = (params, phase)
+
+    def _write_row(self, params: TunableParams, score: SampleScore, phase: str) -> None:
+        if self._trial_log is None:
+            return
+        best = self._best
+        is_best = best is not None and best.params == self.space.canonical(params)
+        row = make_row(params, score.bytes_per_s, score.first_step, score.last_step, is_best, phase)
+        try:
+            self._trial_log.write(row)
+        except (OSError, ValueError) as exc:
+            _log.warning("autotune log disabled after a write failed: %s", exc)
+            self._trial_log = None
+
+    def _emit(self, line: str) -> None:
+        out = self._out if self._out is not None else sys.stderr
+        print(line, file=out, flush=True)

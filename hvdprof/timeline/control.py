@@ -1,0 +1,102 @@
+"""Switching the timeline on and off inside a running job, on every rank at once.
+
+The runtime owns one ``TimelineSession``. The sink is attached and detached only on the
+cycle thread, at a cycle every rank agreed on, so a switch can never tear a negotiation
+(the start/stop race that corrupts Horovod's negotiation cannot happen here).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from hvdprof.errors import HvdprofError
+from hvdprof.runtime import timebase
+from hvdprof.timeline.clock import ClockCorrection, estimate_offset
+from hvdprof.timeline.sink import TimelineSink
+
+
+class TimelineSession:
+    def __init__(self, runtime: Any) -> None:
+        self.runtime = runtime
+        self.clock = ClockCorrection(now_ns=lambda: timebase.now_ns())
+        self.sink: TimelineSink | None = None
+
+    def update_clock(self, samples: list[tuple[int, int, int]]) -> None:
+        """Called with this rank's ping-pong samples (none on rank 0, the reference)."""
+        if samples:
+            self.clock.update(estimate_offset(samples))
+
+    def open(self, directory: str, mark_cycles: bool, gzip: bool | None = None) -> TimelineSink:
+        """Create this rank's sink; runs on the cycle thread (or in init, before it starts)."""
+        runtime = self.runtime
+        config = runtime.config.replace(timeline_dir=directory, timeline_mark_cycles=mark_cycles)
+        if gzip is not None:
+            config = config.replace(timeline_gzip=gzip)
+        _check_writable(directory, runtime.rank)
+        self.sink = TimelineSink(
+            config,
+            runtime.rank,
+            runtime.size,
+            socket.gethostname(),
+            self.clock,
+            run_id=f"{config.controller_addr}:{config.controller_port}:{runtime.size}",
+        )
+        runtime.cycle.observers.append(self.sink)
+        return self.sink
+
+    def close(self) -> None:
+        sink, self.sink = self.sink, None
+        if sink is None:
+            return
+        observers = self.runtime.cycle.observers
+        if sink in observers:
+            observers.remove(sink)
+        sink.close()
+
+
+def _check_writable(directory: str, rank: int) -> None:
+    try:
+        os.makedirs(directory, exist_ok=True)
+        probe = os.path.join(directory, f".write-test.rank.{rank}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as exc:
+        raise HvdprofError(
+            f"hvdprof rank {rank}: the timeline path {directory!r} cannot be written "
+            f"({exc.strerror or exc}); set HVDPROF_TIMELINE to a writable directory"
+        ) from None
+
+
+def _directory_of(file_path: str) -> tuple[str, bool | None]:
+    """Horovod takes a file name; we write one file per rank into a directory."""
+    path = os.fspath(file_path)
+    for suffix, gz in ((".json.gz", True), (".json", False)):
+        if path.endswith(suffix):
+            return path[: -len(suffix)] or ".", gz
+    return path, None
+
+
+def start_timeline(runtime: Any, file_path: str, mark_cycles: bool = False) -> None:
+    """Every rank calls this; recording starts at the same cycle on all ranks.
+
+    ``file_path`` names a directory for the per-rank files (``x.json`` means directory
+    ``x``, ``x.json.gz`` the same, gzipped).
+    """
+    directory, gz = _directory_of(file_path)
+    _check_writable(directory, runtime.rank)
+    session: TimelineSession = runtime.timeline
+
+    def command() -> None:
+        session.close()
+        runtime.sync_clock()
+        session.open(directory, mark_cycles, gz)
+
+    runtime.run_collectively(command)
+
+
+def stop_timeline(runtime: Any) -> None:
+    """Every rank calls this; recording stops at the same cycle, and files are closed."""
+    runtime.run_collectively(runtime.timeline.close)
