@@ -168,6 +168,13 @@ class Runtime:
         if cfg.timeline_dir:
             self.sync_clock()
             self.timeline.open(cfg.timeline_dir, cfg.timeline_mark_cycles)
+        self.autotuner: Any = None
+        if cfg.autotune and self.rank == 0:
+            from hvdprof.autotune.controller import AutotuneController
+
+            self.autotuner = AutotuneController(cfg, self.cycle.params, self.rank)
+            self.cycle.observers.append(self.autotuner)
+            self.cycle.proposer = self.autotuner
 
     # ---------------------------------------------------------------- set-up
     def _rendezvous(self) -> tuple[Any, Any, Any]:
