@@ -290,7 +290,7 @@ def main() -> None:
         configs = QUICK_SWEEP if args.quick else SWEEP
         print()
         print(
-            f"sweep: {len(configs)} separate launches, each timing flat and hvdprof interleaved "
+            f"sweep: {len(configs)} separate launch(es), each timing flat and hvdprof interleaved "
             f"({args.sweep_steps} rounds); hvdprof ms across launches is NOT interleaved"
         )
         for threshold, inflight in configs:

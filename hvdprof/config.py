@@ -438,8 +438,8 @@ class Config:
     autotune_warm_start: str = ""
     autotune_warmup_samples: int = 3
     autotune_steps_per_sample: int = 10
-    autotune_max_samples: int = 20
-    autotune_gp_noise: float = 0.8
+    autotune_max_samples: int = 30
+    autotune_gp_noise: float = 0.3
     autotune_continuous: bool = True
     autotune_drift_fraction: float = 0.2
     autotune_drift_samples: int = 5

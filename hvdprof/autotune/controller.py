@@ -49,7 +49,7 @@ import queue
 import statistics
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -137,6 +137,10 @@ class AutotuneController:
         self._out = out
         self.reopened = 0
         self.samples_scored = 0
+        #: called on the worker thread for every scored sample:
+        #: (params, bytes_per_s, first_step, last_step, is_best, phase). The runtime points
+        #: it at the timeline so samples appear next to the phases they tuned.
+        self.on_sample: Callable[..., None] | None = None
         self.ignored_cycles = 0
 
         # --- cycle-thread state (touched only by on_cycle / poll_proposal) ---
@@ -390,10 +394,13 @@ class AutotuneController:
             self._proposal = (params, phase)
 
     def _write_row(self, params: TunableParams, score: SampleScore, phase: str) -> None:
-        if self._trial_log is None:
-            return
         best = self._best
         is_best = best is not None and best.params == self.space.canonical(params)
+        listener = self.on_sample
+        if listener is not None:
+            listener(params, score.bytes_per_s, score.first_step, score.last_step, is_best, phase)
+        if self._trial_log is None:
+            return
         row = make_row(params, score.bytes_per_s, score.first_step, score.last_step, is_best, phase)
         try:
             self._trial_log.write(row)

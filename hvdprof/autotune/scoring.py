@@ -2,9 +2,12 @@
 
 A sample is a window of training steps run with one configuration. Its score is the
 allreduce throughput the job achieved, in bytes per second: bytes reduced divided by the
-wall time from the start of the window's first cycle to the end of its last cycle. Wall
-time, not time inside collectives, because what we want to maximise is training speed: a
-cycle time that adds latency between the backward pass and the reduction shows up here.
+wall time from the start of the window's first step to the start of the step after its
+last. A step's time runs from its first cycle to the next step's first cycle, so the pause
+after a step's last cycle counts: ending at the last cycle's end instead would drop one
+cycle-time sleep per sub-window and favour long cycle times. Wall time, not time inside
+collectives, because what we want to maximise is training speed: a cycle time that adds
+latency between the backward pass and the reduction shows up here.
 
 On a shared machine a single window's throughput can vary by 2x for one configuration
 (see ANCHORS.md), and a stray slow step (a GC pause, a neighbour's burst) would otherwise
@@ -33,7 +36,7 @@ class StepTotals:
 
     step: int
     t_start_ns: int  # start of the step's first cycle
-    t_end_ns: int  # end of the step's last cycle
+    t_end_ns: int  # start of the next step's first cycle
     bytes_reduced: int
 
 
@@ -98,7 +101,6 @@ class SampleWindow:
 
     __slots__ = (
         "_cur_bytes",
-        "_cur_end",
         "_cur_start",
         "_cur_step",
         "_discard_left",
@@ -114,7 +116,6 @@ class SampleWindow:
         self._measure_steps = measure_steps
         self._cur_step: int | None = None
         self._cur_start = 0
-        self._cur_end = 0
         self._cur_bytes = 0
         self.steps: list[StepTotals] = []
         self.complete = False
@@ -125,30 +126,33 @@ class SampleWindow:
         return self._cur_step is not None
 
     def add(self, step: int, t_start_ns: int, t_end_ns: int, bytes_reduced: int) -> bool:
-        """Add one cycle; True once the window is complete (later cycles are ignored)."""
+        """Add one cycle; True once the window is complete (later cycles are ignored).
+
+        ``t_end_ns`` is accepted for symmetry with the record but not needed: a step ends
+        where the next one starts.
+        """
         if self.complete:
             return True
         if step != self._cur_step:
             if self._cur_step is not None and step < self._cur_step:
                 return False  # out of order: steps only grow; drop rather than corrupt
-            self._close_step()
+            self._close_step(t_start_ns)
             if self.complete:
                 return True
             self._cur_step = step
             self._cur_start = t_start_ns
             self._cur_bytes = 0
-        self._cur_end = t_end_ns
         self._cur_bytes += bytes_reduced
         return False
 
-    def _close_step(self) -> None:
+    def _close_step(self, next_start_ns: int) -> None:
         if self._cur_step is None:
             return
         if self._discard_left > 0:
             self._discard_left -= 1
             return
         self.steps.append(
-            StepTotals(self._cur_step, self._cur_start, self._cur_end, self._cur_bytes)
+            StepTotals(self._cur_step, self._cur_start, next_start_ns, self._cur_bytes)
         )
         if len(self.steps) >= self._measure_steps:
             self.complete = True

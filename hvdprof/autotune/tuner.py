@@ -24,13 +24,18 @@ highest GP posterior mean, which pools nearby and repeated measurements. Without
 yet (fewer points than the initial design) it falls back to the best mean observed score.
 
 Warm start: points from an earlier log are told before anything else, so the model starts
-informed and the random initial design is skipped for as many points as were told. Warm
-points inform the model but never become ``best``: only configurations measured in this
-run can be recommended.
+informed and the random initial design is skipped for as many points as were told. The
+earlier run's recommendation (the warm point with the best posterior mean) is proposed
+first. Warm points inform the model but never become ``best``: only configurations
+measured in this run can be recommended, since the machine or the job may have changed.
+On the synthetic benchmark in the unit tests this cuts the samples needed to reach 95% of
+the optimum from 12-16+ to 2 (the default, then the previous recommendation).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import warnings
 from collections.abc import Iterable, Sequence
@@ -41,6 +46,11 @@ import numpy as np
 
 from hvdprof.autotune.space import SearchSpace
 from hvdprof.runtime.records import TunableParams
+
+# skopt notes when it re-proposes a measured point (expected with noisy scores) and when
+# rounding makes a predicted variance negative; neither is the user's concern.
+warnings.filterwarnings("ignore", message="The objective has been evaluated", module="skopt")
+warnings.filterwarnings("ignore", message="Predicted variances smaller than 0", module="skopt")
 
 #: random points (a Latin hypercube) before the GP takes over, counting a measured default
 DEFAULT_INITIAL_POINTS = 5
@@ -55,6 +65,26 @@ class Observation:
     params: TunableParams
     mean_score: float  # mean of the measured bytes/s
     count: int  # how many samples measured it
+
+
+@functools.cache
+def _threadpools() -> Any:
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
+def _blas_single_thread() -> contextlib.AbstractContextManager[Any]:
+    """Run GP linear algebra on one BLAS thread.
+
+    The matrices are tens of rows, so BLAS threads cost more than they save (3x the CPU
+    time in the unit tests), and the training job on the same cores needs them. Scoped
+    per call because OpenBLAS's thread count is process-wide.
+    """
+    try:
+        return _threadpools().limit(limits=1, user_api="blas")
+    except Exception:  # no threadpoolctl, or a BLAS it cannot drive: run as is
+        return contextlib.nullcontext()
 
 
 def log_noise_std(relative_noise: float) -> float:
@@ -186,8 +216,7 @@ class BayesianTuner:
         self.warm_points = len(kept)
         if not kept:
             return
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with _blas_single_thread():
             self._opt.tell(
                 [self.space.to_point(p) for p, _ in kept],
                 [self._objective(s) for _, s in kept],
@@ -210,8 +239,7 @@ class BayesianTuner:
             if candidate not in self._scores:
                 return candidate
             self._pending.pop(0)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with _blas_single_thread():
             point = self._opt.ask()
         return self.space.from_point(point)
 
@@ -229,8 +257,7 @@ class BayesianTuner:
         if self._pending and self._pending[0] == key:
             self._pending.pop(0)
         y = self._objective(float(score))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with _blas_single_thread():
             self._opt.tell(self.space.to_point(params), y)
         if key not in self._scores:
             self._scores[key] = []
@@ -276,7 +303,8 @@ class BayesianTuner:
             return None
         model = self._opt.models[-1]
         points = self._opt.space.transform([self.space.to_point(p) for p in params])
-        return np.asarray(model.predict(points), dtype=float)
+        with _blas_single_thread():
+            return np.asarray(model.predict(points), dtype=float)
 
     def ranked(self) -> list[Observation]:
         """Configurations measured in this run, best first (same criterion as ``best``)."""

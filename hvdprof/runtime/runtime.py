@@ -173,6 +173,7 @@ class Runtime:
             from hvdprof.autotune.controller import AutotuneController
 
             self.autotuner = AutotuneController(cfg, self.cycle.params, self.rank)
+            self.autotuner.on_sample = self.timeline.add_autotune_sample
             self.cycle.observers.append(self.autotuner)
             self.cycle.proposer = self.autotuner
 

@@ -46,6 +46,21 @@ class TimelineSession:
         runtime.cycle.observers.append(self.sink)
         return self.sink
 
+    def add_autotune_sample(
+        self, params: Any, score: float, first_step: int, last_step: int, is_best: bool, phase: str
+    ) -> None:
+        """Put a scored autotune sample on rank 0's timeline, when one is recording."""
+        sink = self.sink
+        if sink is not None:
+            sink.add_autotune_sample(
+                params,
+                score,
+                first_step=first_step,
+                last_step=last_step,
+                is_best=is_best,
+                phase=phase,
+            )
+
     def close(self) -> None:
         sink, self.sink = self.sink, None
         if sink is None:
