@@ -58,11 +58,16 @@ def us(ns: int) -> str:
 
 
 class _Lane:
-    __slots__ = ("last_end", "tid")
+    """One track. Caches the text that repeats for every op drawn on it."""
 
-    def __init__(self, tid: int) -> None:
+    __slots__ = ("args_key", "args_text", "last_end", "tail", "tid")
+
+    def __init__(self, tid: int, pid: int = 0) -> None:
         self.tid = tid
         self.last_end = -(1 << 62)
+        self.tail = f'"pid":{pid},"tid":{tid}}}'
+        self.args_key: Any = None
+        self.args_text = ""
 
 
 class CycleRenderer:
@@ -89,7 +94,7 @@ class CycleRenderer:
         self._named: dict[str, _Lane] = {}
         self._shared: list[_Lane] = []
         self._escaped: dict[str, str] = {}
-        self._cycle_lane = _Lane(act.LANE_CYCLES)
+        self._cycle_lane = _Lane(act.LANE_CYCLES, rank)
         self._params: Any = None
         self._bytes_reduced: int | None = None
         self.lanes_clamped = 0  # ops whose start had to be delayed to fit a busy lane
@@ -124,8 +129,10 @@ class CycleRenderer:
 
     def _lane_for(self, name: str, start: int, out: list[str]) -> _Lane:
         lane = self._named.get(name)
+        if lane is not None and lane.last_end <= start:
+            return lane  # the common case: this tensor's own lane, free
         if lane is None and len(self._named) < self._max_named:
-            lane = _Lane(act.FIRST_TENSOR_LANE + len(self._named))
+            lane = _Lane(act.FIRST_TENSOR_LANE + len(self._named), self._pid)
             self._named[name] = lane
             out += self._thread_meta(lane.tid, name)
         if lane is not None and lane.last_end <= start:
@@ -134,7 +141,7 @@ class CycleRenderer:
             if shared.last_end <= start:
                 return shared
         if len(self._shared) < self._max_shared:
-            shared = _Lane(act.FIRST_TENSOR_LANE + self._max_named + len(self._shared))
+            shared = _Lane(act.FIRST_TENSOR_LANE + self._max_named + len(self._shared), self._pid)
             self._shared.append(shared)
             out += self._thread_meta(shared.tid, f"shared lane {len(self._shared) - 1}")
             return shared
@@ -266,7 +273,9 @@ class CycleRenderer:
         out: list[str],
         cache: dict[Any, Any],
     ) -> None:
-        p = self._pid
+        # Hot path (thousands of ops per step, under the GIL next to training): everything
+        # that repeats across ops -- lane tails, per-tensor args, group children, the
+        # cycle-granular timestamps -- is formatted once and reused.
         esc = self._esc
         start = op.t_submit
         neg_end = op.t_negotiated if op.t_negotiated else start
@@ -278,40 +287,63 @@ class CycleRenderer:
         lane = self._lane_for(op.name, start, out)
         if start < lane.last_end:  # only when the shared pool is exhausted
             start = lane.last_end
-        neg_end = max(neg_end, start)
-        end = max(end, neg_end)
+        if neg_end < start:
+            neg_end = start
+        if end < neg_end:
+            end = neg_end
         lane.last_end = end
-        tail = f'"pid":{p},"tid":{lane.tid}}}'
+        tail = lane.tail
+        fmt = cache.get("fmt")
+        if fmt is None:
+            fmt = cache["fmt"] = {}
+
+        def ts(ns: int) -> str:
+            text = fmt.get(ns)
+            if text is None:
+                text = fmt[ns] = us(ns + shift)
+            return text
+
+        # per-tensor args: recomputed only when dtype/shape/bytes/cached change
+        key = (op.op, op.dtype, op.shape, op.nbytes, op.cached)
+        if lane.args_key != key or lane.args_text == "":
+            lane.args_key = key
+            name = esc(op.name)
+            cached_text = "true" if op.cached else "false"
+            lane.args_text = (
+                f'"tensor":{name},"dtype":{esc(str(op.dtype))},'
+                f'"shape":[{",".join(str(int(d)) for d in op.shape)}],'
+                f'"bytes":{int(op.nbytes)},"cached":{cached_text}'
+            )
+        const = lane.args_text
         cached = "true" if op.cached else "false"
         name = esc(op.name)
 
         # NEGOTIATE_<OP>: submission until every rank is ready, with readiness marks.
         ready = op.ready_times
         ready_args = ""
-        marks: list[str] = []
         if ready:
             stamps = []
             last_rank, last_t = -1, None
-            for r, t in sorted(ready.items()):
-                stamps.append(f'"{int(r)}":{us(t + shift)}')
+            for r in sorted(ready):
+                t = ready[r]
+                stamps.append(f'"{r}":{ts(t)}')
                 if last_t is None or t >= last_t:
                     last_rank, last_t = r, t
                 clamped = start if t < start else (neg_end if t > neg_end else t)
-                marks.append(
-                    f'{{"name":"{act.READY_PREFIX}{int(r)}","ph":"i","s":"t","ts":{us(clamped + shift)},{tail}'
+                out.append(
+                    f'{{"name":"{act.READY_PREFIX}{r}","ph":"i","s":"t","ts":{ts(clamped)},{tail}'
                 )
-            ready_args = f',"ready_us":{{{",".join(stamps)}}},"last_ready_rank":{int(last_rank)}'
+            ready_args = f',"ready_us":{{{",".join(stamps)}}},"last_ready_rank":{last_rank}'
+        neg_name = cache.get(op.op)
+        if neg_name is None:
+            neg_name = cache[op.op] = (esc(act.negotiate_name(op.op)), esc(op.op))
         out.append(
-            f'{{"name":{esc(act.negotiate_name(op.op))},"ph":"X","ts":{us(start + shift)},"dur":{us(neg_end - start)},'
+            f'{{"name":{neg_name[0]},"ph":"X","ts":{ts(start)},"dur":{us(neg_end - start)},'
             f'"args":{{"tensor":{name},"cached":{cached}{ready_args}}},{tail}'
         )
-        out += marks
 
         # <OP>: negotiated until done, with the phases as children.
-        args = (
-            f'"tensor":{name},"dtype":{esc(str(op.dtype))},"shape":[{",".join(str(int(d)) for d in op.shape)}],'
-            f'"bytes":{int(op.nbytes)},"cached":{cached}'
-        )
+        args = const
         if group is not None:
             group_args = cache.get(group.group_id)
             if group_args is None:
@@ -324,18 +356,18 @@ class CycleRenderer:
         if op.error is not None:
             args += f',"error":{json.dumps(str(op.error))}'
         out.append(
-            f'{{"name":{esc(op.op)},"ph":"X","ts":{us(neg_end + shift)},"dur":{us(end - neg_end)},'
+            f'{{"name":{neg_name[1]},"ph":"X","ts":{ts(neg_end)},"dur":{us(end - neg_end)},'
             f'"args":{{{args}}},{tail}'
         )
         if group is None:
             return
 
         # Ops of one group share their children: render them once per (group, negotiation).
-        key = (group.group_id, op.op, neg_end)
-        children = cache.get(key)
+        key2 = (group.group_id, op.op, neg_end)
+        children = cache.get(key2)
         if children is None:
             spans = self._phases(group, op.op, neg_end)
-            children = cache[key] = (
+            children = cache[key2] = (
                 [
                     f'{{"name":{c_name},"ph":"X","ts":{us(c_start + shift)},"dur":{us(c_end - c_start)},'
                     for c_name, c_start, c_end in spans
@@ -345,7 +377,8 @@ class CycleRenderer:
             )
         prefixes, children_end, spans = children
         if children_end <= end:
-            out += [prefix + tail for prefix in prefixes]
+            for prefix in prefixes:
+                out.append(prefix + tail)
             return
         for c_name, c_start, c_end in spans:  # the op ended before its group: clamp
             c_start, c_end = min(c_start, end), min(c_end, end)
