@@ -366,15 +366,15 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
         "autotune_max_samples",
         _int(1),
-        20,
+        30,
         "Scored samples before tuning settles on the best configuration.",
     ),
     EnvVar(
         "HVDPROF_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
         "autotune_gp_noise",
         _float(0),
-        0.8,
-        "Noise level assumed by the Gaussian process (on normalised scores).",
+        0.3,
+        "Relative noise of one sample's score assumed by the Gaussian process (0.3 = about +-30%).",
     ),
     EnvVar(
         "HVDPROF_AUTOTUNE_CONTINUOUS",
