@@ -41,6 +41,8 @@ Renderer = Callable[[Any], Iterable[str]]
 _HEADER = b"[\n"
 _GZIP_LEVEL = 3  # trace JSON compresses ~10x even at low levels; keep the writer cheap
 _MAX_BATCH_BYTES = 4 << 20
+#: events formatted between voluntary GIL releases
+_EVENTS_PER_GIL_SLICE = 256
 
 
 def dumps_event(event: dict[str, Any]) -> str:
@@ -214,7 +216,10 @@ class TimelineWriter:
         size = 0
         events = 0
         items = self._items
-        while items:
+        since_yield = 0
+        # Only what is queued now: producers keep adding while we yield the GIL, and a
+        # drain that chased them could run past close().
+        for _ in range(len(items)):
             item, weight = items.popleft()
             with self._lock:
                 self._taken_weight += weight
@@ -233,6 +238,10 @@ class TimelineWriter:
                 parts.append(",\n")
                 size += len(line) + 2
             events += len(lines)
+            since_yield += len(lines)
+            if since_yield >= _EVENTS_PER_GIL_SLICE:
+                since_yield = 0
+                time.sleep(0)  # let the cycle and training threads have the GIL
             if size >= _MAX_BATCH_BYTES:
                 self._write_batch(parts, events)
                 parts, size, events = [], 0, 0
