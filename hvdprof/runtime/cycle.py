@@ -492,7 +492,7 @@ class CycleLoop:
                     ready_times=ready,
                     cached=cached,
                     group_id=op.group_id,
-                    t_done=t_end,
+                    t_done=op.t_done or t_end,
                     error=None if error is None else str(error),
                 )
             )

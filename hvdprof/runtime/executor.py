@@ -64,6 +64,7 @@ class ReadyOp:
         "request",
         "signature",
         "splits",
+        "t_done",
     )
 
     def __init__(
@@ -88,6 +89,7 @@ class ReadyOp:
         self.group_id = -1
         self.output: Any = None
         self.flat: torch.Tensor | None = None
+        self.t_done = 0  # when its handle completed (recorded for the timeline only)
 
 
 class _BufferPool:
@@ -282,6 +284,10 @@ class Executor:
                 nvtx.pop()
             if record is not None:
                 record.t_unpack_end = timebase.now_ns()
+        if record is not None:
+            t_done = timebase.now_ns()
+            for m in members:
+                m.t_done = t_done
         for m in members:
             if m.request is not None:
                 m.request.handle.complete(m.request.output)
@@ -312,7 +318,7 @@ class Executor:
             _fail(op, TensorMismatchError(f"{sig.op.name.lower()} of {op.name!r} failed: {exc}"))
             return
         if record is not None:
-            record.t_collective_end = timebase.now_ns()
+            record.t_collective_end = op.t_done = timebase.now_ns()
         if op.request is not None:
             op.request.handle.complete(result)
             notify_waiters()

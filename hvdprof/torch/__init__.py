@@ -1,5 +1,6 @@
 """``import hvdprof.torch as hvd``: a drop-in replacement for ``import horovod.torch as hvd``."""
 
+from hvdprof.errors import install_excepthook
 from hvdprof.torch.compression import Compression
 from hvdprof.torch.functions import (
     allgather_object,
@@ -63,6 +64,8 @@ from hvdprof.torch.mpi_ops import (
     synchronize,
 )
 from hvdprof.torch.optimizer import DistributedOptimizer
+
+install_excepthook()
 
 
 def runtime_stats() -> dict:

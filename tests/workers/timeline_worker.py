@@ -5,8 +5,8 @@ Usage: ``timeline_worker.py MODE OUT_DIR [--skew-rank1-us US]``
 Modes (the test decides the environment: HVDPROF_TIMELINE and friends):
 
 * ``main``: fused allreduces over repeated names (uncached first step, cached after), a
-  straggler (rank 1 sleeps before submitting) on both paths, an escaped tensor name,
-  broadcast/allgather, a small model trained with ``DistributedOptimizer`` under
+  straggler (rank 1 sleeps before submitting) on both paths, an escaped tensor name, 50
+  back-to-back blocking allreduces of one name (``repeat.x``), broadcast/allgather, a small model trained with ``DistributedOptimizer`` under
   ``torch.profiler`` (one Chrome trace per rank), then the start/stop window sequence;
 * ``windows``: only the start/stop window sequence (run at 3 ranks);
 * ``steps``: ten steps, each ending with a marker op ``mark.steps.<k>`` (for the step
@@ -68,6 +68,7 @@ GRADS = [torch.zeros(s) for s in GRAD_SHAPES]
 WEIRD_NAME = 'grad/"quoted"\\back\nslash \u00fcnic\u00f8de \u2713 \U0001f680'
 STRAGGLER = 1
 STRAGGLE_S = 0.3
+REPEATS = 50
 TOTAL = N * (N + 1) / 2
 
 
@@ -182,6 +183,9 @@ def main_mode() -> None:
             t = torch.full((5,), float(R + 1))
             out = hvd.allreduce(t, name=WEIRD_NAME, op=hvd.Sum)
             ck.eq(out.tolist(), [TOTAL] * 5, f"weird name allreduce {k}")
+        for k in range(REPEATS):  # back to back: each submitted after the previous returned
+            out = hvd.allreduce(torch.full((3,), float(k)), name="repeat.x", op=hvd.Sum)
+            ck.eq(out.tolist(), [float(N * k)] * 3, f"repeat.x {k}")
         b = hvd.broadcast(torch.full((4,), float(R)), root_rank=0, name="bcast.x")
         ck.eq(b.tolist(), [0.0] * 4, "broadcast")
         g = hvd.allgather(torch.full((2,), float(R)), name="gather.x")

@@ -1,0 +1,327 @@
+"""Cost of the timeline: step time with it on ÷ off, events per second, bytes per event.
+
+Two allreduce workloads, each step ``hvd.allreduce_async_`` of every tensor (sum, named,
+in backward order) then ``hvd.synchronize`` of every handle:
+
+* ``resnet50``: ResNet-50's 161 gradients (102 MB float32; the shapes come from
+  ``allreduce_resnet50.resnet50_param_shapes``); goal on ÷ off <= 1.03;
+* ``small``: 2,000 tensors x 256 float32 (2 MB); goal on ÷ off <= 1.10.
+
+On and off run interleaved in the same processes: each round runs one block of
+``--block`` steps with the timeline off and one with it on (the order alternates by round),
+switched with ``hvd.start_timeline(dir)`` / ``hvd.stop_timeline()`` outside the timed steps,
+a fresh directory per block. Every step is timed after a barrier (slowest rank); the ratio
+is of medians, with the median of per-step ratios paired by round and position in block.
+
+The switch is untimed, but the writer may still be formatting a block's events when the
+block ends; what ``stop_timeline`` then has to drain is reported (events pending at the end
+of each block, and the stop's duration), together with a block-level ratio that counts the
+stop: ``(on steps + stop_timeline) ÷ off steps``.
+
+From the files: events written (manifests), bytes on disk, events per second of "on" step
+time, bytes per event and per op (Horovod's timeline: about 610 bytes per op, rank 0 only;
+here every rank writes its own file), and events dropped (must be 0).
+
+    python benchmarks/timeline_overhead.py [--np 2] [--steps 16] [--block 5] [--quick]
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import _harness as h
+from allreduce_resnet50 import check_shapes, resnet50_param_shapes
+
+NAME = "timeline_overhead"
+WORKLOADS = ("resnet50", "small")
+GOALS = {"resnet50": 1.03, "small": 1.10}
+SMALL_TENSORS, SMALL_NUMEL = 2000, 256
+
+
+def make_workload(which: str) -> tuple[list[Any], list[str]]:
+    """The tensors and their names, in submission (backward) order."""
+    import torch
+
+    if which == "resnet50":
+        shapes = resnet50_param_shapes()
+        check_shapes(shapes)
+        pairs = [(f"grad.{n}", torch.zeros(s)) for n, s in shapes][::-1]
+    else:
+        pairs = [(f"small.{i}", torch.zeros(SMALL_NUMEL)) for i in range(SMALL_TENSORS)]
+    return [t for _, t in pairs], [n for n, _ in pairs]
+
+
+# --------------------------------------------------------------------------- worker
+
+
+def trace_stats(directory: Path, rank: int) -> dict[str, int]:
+    """This rank's events written/dropped (manifest) and bytes on disk for one block."""
+    import json
+
+    manifest = json.loads((directory / f"manifest.rank.{rank}.json").read_text())
+    trace = directory / manifest["trace_file"]
+    return {
+        "events": int(manifest["events_written"]),
+        "dropped": int(manifest["events_dropped"]),
+        "bytes": trace.stat().st_size,
+        "files": 1,
+    }
+
+
+def worker(args: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import hvdprof.torch as hvd
+    from hvdprof.runtime import runtime as rt
+
+    torch.set_num_threads(args.threads)
+    hvd.init()
+    h.init_baseline_group()
+    rank, size = hvd.rank(), hvd.size()
+    scratch = Path(args.scratch)
+    samples: h.Samples = {}
+    blocks: h.Samples = {}
+    per_rank: dict[str, Any] = {}
+
+    for which in args.workloads.split(","):
+        tensors, names = make_workload(which)
+        for i, t in enumerate(tensors):  # correctness, and the first (uncached) negotiation
+            t.fill_((rank + 1) * (i % 7 + 1))
+        handles = [hvd.allreduce_async_(t, name=n, op=hvd.Sum) for t, n in zip(tensors, names, strict=True)]  # fmt: skip
+        for handle in handles:
+            hvd.synchronize(handle)
+        expected = size * (size + 1) / 2
+        if not all(bool(torch.all(t == expected * (i % 7 + 1))) for i, t in enumerate(tensors)):
+            raise SystemExit(f"rank {rank}: {which} produced a wrong sum")
+
+        def step(tensors: list[Any] = tensors, names: list[str] = names) -> None:
+            hs = [hvd.allreduce_async_(t, name=n, op=hvd.Sum) for t, n in zip(tensors, names, strict=True)]  # fmt: skip
+            for handle in hs:
+                hvd.synchronize(handle)
+
+        off, on = f"{which}/off", f"{which}/on"
+        samples[off], samples[on] = [], []
+        blocks[f"{which}/off_block"], blocks[f"{which}/on_block_with_stop"] = [], []
+        pending: list[int] = []
+        stops: list[float] = []
+        cpu: dict[str, list[float]] = {"on": [], "off": []}  # process CPU s per step
+        totals = {"events": 0, "dropped": 0, "bytes": 0, "files": 0, "on_seconds": 0.0}
+        for phase, rounds in (("warmup", args.warmup), ("timed", args.steps)):
+            for rnd in range(rounds):
+                order = ("off", "on") if rnd % 2 == 0 else ("on", "off")
+                for variant in order:
+                    directory = scratch / which / f"{phase}{rnd}"
+                    if variant == "on":
+                        hvd.start_timeline(str(directory))
+                    block_s = 0.0
+                    cpu0 = time.process_time()
+                    for i in range(args.block):
+                        h.barrier()
+                        t0 = time.perf_counter()
+                        step()
+                        dt = time.perf_counter() - t0
+                        block_s += dt
+                        if phase == "timed":
+                            samples[f"{which}/{variant}"].append((rnd * args.block + i, dt))
+                    if variant == "on":
+                        session = rt.get().timeline
+                        backlog = session.sink.writer.pending if session.sink else 0
+                        t0 = time.perf_counter()
+                        hvd.stop_timeline()
+                        stop_s = time.perf_counter() - t0
+                        if phase == "timed":
+                            cpu["on"].append((time.process_time() - cpu0) / args.block)
+                            pending.append(backlog)
+                            stops.append(stop_s)
+                            blocks[f"{which}/on_block_with_stop"].append((rnd, block_s + stop_s))
+                            stats = trace_stats(directory, rank)
+                            for k, v in stats.items():
+                                totals[k] += v
+                            totals["on_seconds"] += block_s
+                        h.barrier()  # every rank has closed and read its own files
+                        if rank == 0:
+                            shutil.rmtree(directory, ignore_errors=True)
+                    elif phase == "timed":
+                        cpu["off"].append((time.process_time() - cpu0) / args.block)
+                        blocks[f"{which}/off_block"].append((rnd, block_s))
+            h.log(f"{which}: {phase} done ({rounds} rounds of {args.block} steps off + on)")
+        per_rank[which] = {
+            **totals,
+            "pending_at_block_end_median": statistics.median(pending) if pending else None,
+            "pending_at_block_end_max": max(pending) if pending else None,
+            "stop_timeline_ms_median": round(statistics.median(stops) * 1e3, 2) if stops else None,
+            "ops_recorded": len(tensors) * args.block * args.steps,
+            "ops_per_step": len(tensors),
+            "cpu_ms_per_step_off": round(statistics.median(cpu["off"]) * 1e3, 2),
+            "cpu_ms_per_step_on_incl_stop": round(statistics.median(cpu["on"]) * 1e3, 2),
+        }
+
+    samples = h.gather_slowest(samples)
+    blocks = h.gather_slowest(blocks)
+    everyone: list[Any] = [None] * size
+    dist.all_gather_object(everyone, per_rank)
+    if rank == 0:
+        h.save_raw({"samples": samples, "blocks": blocks, "per_rank": everyone})
+    dist.destroy_process_group()
+    hvd.shutdown()
+
+
+# -------------------------------------------------------------------------- launcher
+
+
+def file_summary(per_rank: list[dict[str, Any]], which: str) -> dict[str, Any]:
+    ranks = [r[which] for r in per_rank]
+    events = sum(r["events"] for r in ranks)
+    nbytes = sum(r["bytes"] for r in ranks)
+    ops = sum(r["ops_recorded"] for r in ranks)
+    on_s = statistics.mean(r["on_seconds"] for r in ranks)
+    cpu_off = statistics.mean(r["cpu_ms_per_step_off"] for r in ranks)
+    cpu_on = statistics.mean(r["cpu_ms_per_step_on_incl_stop"] for r in ranks)
+    events_per_step = events / ops * ranks[0]["ops_per_step"] / len(ranks) if ops else 0
+    return {
+        "events_written_all_ranks": events,
+        "events_dropped_all_ranks": sum(r["dropped"] for r in ranks),
+        "bytes_all_ranks": nbytes,
+        "ops_recorded_all_ranks": ops,
+        "bytes_per_event": round(nbytes / events, 1) if events else None,
+        "events_per_op": round(events / ops, 2) if ops else None,
+        "bytes_per_op": round(nbytes / ops, 1) if ops else None,
+        "events_per_second_per_rank": round(events / len(ranks) / on_s, 1) if on_s else None,
+        "mb_per_second_per_rank": round(nbytes / len(ranks) / on_s / 1e6, 2) if on_s else None,
+        "pending_at_block_end_median": [r["pending_at_block_end_median"] for r in ranks],
+        "pending_at_block_end_max": [r["pending_at_block_end_max"] for r in ranks],
+        "stop_timeline_ms_median": [r["stop_timeline_ms_median"] for r in ranks],
+        "process_cpu_ms_per_step_off": round(cpu_off, 2),
+        "process_cpu_ms_per_step_on_incl_stop": round(cpu_on, 2),
+        "timeline_cpu_us_per_event": round((cpu_on - cpu_off) * 1e3 / events_per_step, 2)
+        if events_per_step
+        else None,
+    }
+
+
+def main() -> None:
+    p = h.parser(__doc__.splitlines()[0], steps=16, warmup=1)
+    p.add_argument("--block", type=int, default=5, help="steps per on/off block (default 5)")
+    p.add_argument(
+        "--workloads", default=",".join(WORKLOADS), help="comma-separated: resnet50,small"
+    )
+    p.add_argument(
+        "--scratch",
+        default=None,
+        help="directory for the per-block timeline files (default: a temporary one, removed)",
+    )
+    args = p.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if args.quick:
+        args.steps, args.warmup, args.block = 2, 1, 2
+    timeout = args.timeout or (120 if args.quick else 1500)
+    scratch = Path(args.scratch or tempfile.mkdtemp(prefix="hvdprof-timeline-overhead-"))
+    argv = [
+        "--np", str(args.np), "--steps", str(args.steps), "--warmup", str(args.warmup),
+        "--threads", str(args.threads), "--block", str(args.block),
+        "--workloads", args.workloads, "--scratch", str(scratch),
+    ]  # fmt: skip
+    try:
+        data = h.run_job(__file__, argv, args.np, timeout=timeout)
+    finally:
+        if not args.scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+    samples, blocks = data["samples"], data["blocks"]
+    summary = h.summarise(samples)
+    ratios: dict[str, Any] = {}
+    files: dict[str, Any] = {}
+    for which in args.workloads.split(","):
+        r = h.ratio(samples, f"{which}/on", f"{which}/off")
+        bound = GOALS.get(which)
+        r["goal"] = f"<= {bound}" if bound else ""
+        r["met"] = None if bound is None else r["of_medians"] <= bound
+        ratios[f"{which}: on / off (per step)"] = r
+        ratios[f"{which}: on incl. stop_timeline / off (per block)"] = h.ratio(
+            blocks, f"{which}/on_block_with_stop", f"{which}/off_block"
+        )
+        files[which] = file_summary(data["per_rank"], which)
+
+    print()
+    print(
+        f"{NAME}: {args.np} ranks, Gloo; {args.steps} rounds of {args.block}-step blocks, off and "
+        f"on interleaved, after {args.warmup} warmup round(s) (median of the slowest rank)"
+    )
+    print(h.variant_table(summary))
+    print()
+    print(h.ratio_table(ratios))
+    print()
+    rows = [
+        (
+            which,
+            f"{f['events_per_second_per_rank']:,}",
+            f"{f['bytes_per_event']}",
+            f"{f['events_per_op']}",
+            f"{f['bytes_per_op']}",
+            f["events_dropped_all_ranks"],
+            f["pending_at_block_end_max"],
+            f["stop_timeline_ms_median"],
+            f"{f['process_cpu_ms_per_step_off']} -> {f['process_cpu_ms_per_step_on_incl_stop']}",
+            f["timeline_cpu_us_per_event"],
+        )
+        for which, f in files.items()
+    ]
+    print(
+        h.table(
+            rows,
+            (
+                "workload",
+                "events/s/rank",
+                "bytes/event",
+                "events/op",
+                "bytes/op",
+                "dropped",
+                "pending at block end (max, per rank)",
+                "stop ms (median, per rank)",
+                "CPU ms/step off -> on",
+                "CPU us/event",
+            ),
+        )
+    )
+
+    path = h.write_results(
+        NAME,
+        {
+            "settings": {
+                "np": args.np,
+                "rounds": args.steps,
+                "warmup_rounds": args.warmup,
+                "steps_per_block": args.block,
+                "quick": args.quick,
+                "torch_threads_per_rank": args.threads,
+                "workloads": {
+                    "resnet50": "161 ResNet-50 gradients, 25,557,032 float32, sum",
+                    "small": f"{SMALL_TENSORS} x {SMALL_NUMEL} float32, sum",
+                },
+                "timeline": "hvd.start_timeline(fresh dir) / hvd.stop_timeline() around each "
+                "'on' block, untimed; no gzip, no cycle markers",
+                "hvdprof_env": h.knob_env(),
+                "timing": "per step: barrier, then wall time; slowest rank per step; medians; "
+                "per-step ratios paired by (round, position in block)",
+            },
+            "variants": summary,
+            "ratios": ratios,
+            "files": files,
+            "job_wall_s": data["wall_s"],
+        },
+        args.output,
+        args.quick,
+    )
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
