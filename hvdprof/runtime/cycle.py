@@ -34,7 +34,7 @@ from hvdprof.runtime.negotiation import (
     ResponseCache,
 )
 from hvdprof.runtime.records import CycleObserver, CycleRecord, OpRecord, TunableParams
-from hvdprof.runtime.requests import Request
+from hvdprof.runtime.requests import OpType, Request
 from hvdprof.runtime.stall import StallInspector
 from hvdprof.runtime.steps import StepCounter
 from hvdprof.timeline.activities import NVTX_NEGOTIATE
@@ -43,7 +43,19 @@ log = logging.getLogger("hvdprof")
 
 HEADER = 8
 _SHUTDOWN, _JOINED, _COMMAND, _DIRECTIVE = 4, 5, 6, 7
-_RING = 1 << 16  # cycles of start times kept for readiness marks
+_RING = 1 << 16
+_OP_NAMES = {op: op.name for op in OpType}
+_DTYPE_NAMES: dict[str, str] = {}
+
+
+def _dtype_name(dtype: str) -> str:
+    """'torch.float32' -> 'float32', cached: called per op while the timeline records."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype.replace("torch.", "")
+    return name
+
+  # cycles of start times kept for readiness marks
 _IDLE_SLEEP_MAX_S = 0.01  # idle back-off: a quiet job polls every 10 ms
 _IDLE_CYCLES_BEFORE_BACKOFF = 500
 _STALL_EVERY_S = 1.0
@@ -89,6 +101,7 @@ class CycleLoop:
         self._bits = np.zeros(0, dtype=np.uint8)
         self._first_ready = np.full((size, 0), -1, dtype=np.int64)
         self._partial_since: dict[int, float] = {}
+        self._was_detailed = False
         self._join_cycle: dict[int, int] = {}
         self._prev_joined: frozenset[int] = frozenset()
         self._cycle_start = np.zeros(_RING, dtype=np.int64)
@@ -194,6 +207,9 @@ class CycleLoop:
         self._drain_queue()
 
         detailed = any(o.detailed for o in self.observers)
+        if detailed and not self._was_detailed:
+            self._first_ready.fill(-1)  # forget readiness seen while nobody recorded it
+        self._was_detailed = detailed
         payload = (
             pickle.dumps(
                 [RequestMeta(r.name, r.signature, r.splits) for r in self._outbox],
@@ -453,47 +469,71 @@ class CycleLoop:
         t_negotiated: int,
         t_end: int,
     ) -> list[OpRecord]:
-        records: list[OpRecord] = []
-        cycles_of = {}
-        if detailed and reply is not None:
-            cycles_of = {r.name: r.ready_cycles for r in reply.responses}
         self.counters["ops_completed"] += len(ready_ops)
         completed = self.steps.completed
         for op in ready_ops:
             completed(op.name)
-            if not detailed or op.request is None:
-                continue
+        if not detailed:
+            return []
+        return self._op_records(ready_ops, reply, t_negotiated, t_end)
+
+    def _op_records(
+        self,
+        ready_ops: list[ReadyOp],
+        reply: CoordinatorReply | None,
+        t_negotiated: int,
+        t_end: int,
+    ) -> list[OpRecord]:
+        """The timeline's view of this cycle's ops (only built when a sink is attached)."""
+        cycles_of = {r.name: r.ready_cycles for r in reply.responses} if reply is not None else {}
+        mine = [op for op in ready_ops if op.request is not None]
+        # Readiness on the cached path, for all ops at once: the cycle in which each
+        # rank's bit first showed, mapped to this rank's clock.
+        cached_bits = [self.cache.bit(op.name) for op in mine if op.name not in cycles_of]
+        width = self._first_ready.shape[1]
+        ready_rows: list[list[int]] = []
+        if cached_bits:
+            idx = np.array([b if 0 <= b < width else 0 for b in cached_bits], dtype=np.int64)
+            first = self._first_ready[:, idx]
+            self._first_ready[:, idx] = -1
+            oldest = max(0, self.cycle - _RING + 1)
+            times = self._cycle_start[np.maximum(first, oldest) % _RING]
+            times[first < 0] = -1
+            times[:, [not 0 <= b < width for b in cached_bits]] = -1
+            ready_rows = times.T.tolist()
+        records: list[OpRecord] = []
+        rank = self.rank
+        size_range = range(self.size)
+        cached_index = 0
+        for op in mine:
             req = op.request
-            if op.name in cycles_of:
-                ready = {r: self._time_of(c) for r, c in cycles_of[op.name].items()}
+            assert req is not None
+            ready_cycles = cycles_of.get(op.name)
+            if ready_cycles is not None:
+                ready = {r: self._time_of(c) for r, c in ready_cycles.items()}
                 cached = False
             else:
-                bit = self.cache.bit(op.name)
-                ready = {}
-                if 0 <= bit < self._first_ready.shape[1]:
-                    for r in range(self.size):
-                        c = int(self._first_ready[r, bit])
-                        if c >= 0:
-                            ready[r] = self._time_of(c)
-                    self._first_ready[:, bit] = -1
+                row = ready_rows[cached_index]
+                cached_index += 1
+                ready = {r: row[r] for r in size_range if row[r] >= 0}
                 cached = True
-            ready[self.rank] = req.t_submit
+            ready[rank] = req.t_submit
             sig = op.signature
             error = req.handle.error
             records.append(
                 OpRecord(
-                    name=op.name,
-                    op=sig.op.name,
-                    dtype=sig.dtype.replace("torch.", ""),
-                    shape=tuple(req.tensor.shape) if req.tensor is not None else sig.shape,
-                    nbytes=op.nbytes,
-                    t_submit=req.t_submit,
-                    t_negotiated=t_negotiated,
-                    ready_times=ready,
-                    cached=cached,
-                    group_id=op.group_id,
-                    t_done=op.t_done or t_end,
-                    error=None if error is None else str(error),
+                    op.name,
+                    _OP_NAMES[sig.op],
+                    _dtype_name(sig.dtype),
+                    sig.shape,
+                    op.nbytes,
+                    req.t_submit,
+                    t_negotiated,
+                    ready,
+                    cached,
+                    op.group_id,
+                    op.t_done or t_end,
+                    None if error is None else str(error),
                 )
             )
         return records
