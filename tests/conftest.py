@@ -7,7 +7,10 @@ can hang CI: the launcher's ``--timeout``, a subprocess timeout on the launcher,
 watchdog inside every worker (``HVDTEST_DEADLINE_S``, see ``workers/_common.py``).
 
 Starting a rank costs a torch import (seconds on a loaded 2-core machine), so each
-worker checks many things in one launch and prints ``OK <n checks>`` at the end.
+worker checks many things in one launch, in named sections, printing one
+``SECTION <name> OK <n>`` / ``SECTION <name> FAIL ...`` line per section and ``DONE`` at
+the end (see ``workers/_common.py``); ``JobResult.assert_section`` turns a section into
+a test.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 One launch per configuration runs ``workers/ops_worker.py``, which checks each area in
 a section of its own; every test below asserts one section on every rank. The three
 configurations cover the default runtime (fusion and response cache on), a tiny
-fusion buffer with a short pipeline at 3 ranks (many groups, tensors larger than the
-buffer reduced alone), and fusion and the cache both off (every op negotiated by the
-coordinator, reduced on its own).
+fusion buffer with a short pipeline and a small response cache at 3 ranks (many
+groups, tensors larger than the buffer reduced alone, names beyond the cache's
+capacity negotiated every time), and fusion and the cache both off (every op
+negotiated by the coordinator, reduced on its own).
 """
 
 from __future__ import annotations
@@ -19,9 +20,13 @@ pytestmark = pytest.mark.timeout(300)
 
 CONFIGS = {
     "2ranks": (2, {}),
-    "3ranks-small-fusion-buffer": (
+    "3ranks-small-fusion-buffer-small-cache": (
         3,
-        {"HVDPROF_FUSION_THRESHOLD": "256", "HVDPROF_MAX_INFLIGHT": "2"},
+        {
+            "HVDPROF_FUSION_THRESHOLD": "256",
+            "HVDPROF_MAX_INFLIGHT": "2",
+            "HVDPROF_CACHE_CAPACITY": "64",
+        },
     ),
     "2ranks-no-fusion-no-cache": (
         2,
@@ -55,7 +60,7 @@ SECTIONS = {
     "autograd_like_horovod": "allgather/broadcast backward average the grad as "
     "horovod.torch does; alltoall is differentiable",
     "join": "early join contributes zeros (cached and new names, grouped, Max); join returns "
-    "the last rank to join; allreduce works normally afterwards",
+    "the last rank to join (rank 1, made to join last); allreduce works normally afterwards",
     "shutdown": "shutdown leaves the process uninitialized",
 }
 

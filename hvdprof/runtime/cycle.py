@@ -55,7 +55,8 @@ def _dtype_name(dtype: str) -> str:
         name = _DTYPE_NAMES[dtype] = dtype.replace("torch.", "")
     return name
 
-  # cycles of start times kept for readiness marks
+
+# cycles of start times kept for readiness marks
 _IDLE_SLEEP_MAX_S = 0.01  # idle back-off: a quiet job polls every 10 ms
 _IDLE_CYCLES_BEFORE_BACKOFF = 500
 _STALL_EVERY_S = 1.0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
+import gc
 import logging
 import os
 import socket
@@ -270,6 +271,9 @@ class Runtime:
             handle.fail(cycle.failure)
         return handle
 
+    def is_in_flight(self, name: str) -> bool:
+        return name in self._inflight
+
     def _completed(self, name: str) -> None:
         with self._inflight_lock:
             self._inflight.discard(name)
@@ -317,7 +321,14 @@ class Runtime:
         for pg in (self._data_pg, self._control_pg):
             with contextlib.suppress(Exception):  # best effort: the peers may be gone
                 pg.shutdown()
+        # Drop every reference to the process groups and the rendezvous store now, so a
+        # later init() can bind the same port (reference cycles would keep them alive).
+        self.control.pg = None
+        self.backend.pg = None
+        self._data_pg = self._control_pg = None
         self._store = None
+        if self.timeline is not None:
+            self.timeline.close()
 
     def stats(self) -> dict[str, Any]:
         """Counters for tests, benchmarks and the dashboard."""
@@ -383,6 +394,8 @@ def shutdown() -> None:
         runtime, _runtime = _runtime, None
     if runtime is not None:
         runtime.shutdown()
+        del runtime
+        gc.collect()
 
 
 def _shutdown_at_exit() -> None:

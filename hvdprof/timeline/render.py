@@ -1,4 +1,4 @@
-"""Turning cycle records into Chrome trace events (runs on the writer thread).
+"""Turning cycle records into Chrome trace events (in the renderer process, see below).
 
 Layout of one rank (one Chrome process, ``pid = rank``):
 
@@ -15,8 +15,14 @@ are bounded: after ``max_named_lanes`` tensor names, ops go to a bounded pool of
 lanes, packed first-fit so that slices in one lane still never overlap.
 
 Events are formatted by hand rather than through ``json.dumps`` of a dict: it is several
-times cheaper, and this code runs under the GIL next to the training loop. Strings that
-reach the file (tensor names, dtypes, errors) always pass through ``json.dumps``.
+times cheaper. Strings that reach the file (tensor names, dtypes, errors) always pass
+through ``json.dumps``.
+
+Where it runs: normally in the rank's renderer child process
+(:mod:`hvdprof.timeline.render_process`), which gets the records through
+:mod:`hvdprof.timeline.transport`; there it owns its interpreter and ``yield_gil=False``.
+In the in-process fallback it runs on the writer thread, under the GIL next to the
+training loop, and hands the GIL over every few ops (``yield_gil=True``, the default).
 """
 
 from __future__ import annotations
@@ -76,7 +82,8 @@ class _Lane:
 class CycleRenderer:
     """Stateful converter from queued items to JSON event lines for one rank.
 
-    Single-threaded by design: only the writer thread calls :meth:`render`.
+    Single-threaded by design: only one thread (the renderer process's main thread, or the
+    fallback writer thread) calls :meth:`render`.
     """
 
     def __init__(
@@ -87,6 +94,7 @@ class CycleRenderer:
         mark_cycles: bool = False,
         max_named_lanes: int = MAX_NAMED_LANES,
         max_shared_lanes: int = MAX_SHARED_LANES,
+        yield_gil: bool = True,
     ) -> None:
         self.rank = rank
         self.hostname = hostname
@@ -101,6 +109,8 @@ class CycleRenderer:
         self._params: Any = None
         self._bytes_reduced: int | None = None
         self.lanes_clamped = 0  # ops whose start had to be delayed to fit a busy lane
+        # ops between voluntary GIL releases; 0: never (alone in its process)
+        self._gil_slice = _OPS_PER_GIL_SLICE if yield_gil else 0
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -241,8 +251,9 @@ class CycleRenderer:
             groups = {g.group_id: g for g in record.groups}
             cache: dict[Any, Any] = {}
             render_op = self._render_op
+            gil_slice = self._gil_slice
             for i, op in enumerate(record.ops):
-                if i % _OPS_PER_GIL_SLICE == _OPS_PER_GIL_SLICE - 1:
+                if gil_slice and i % gil_slice == gil_slice - 1:
                     # Hand the GIL over: the cycle and training threads must never wait a
                     # whole switch interval (5 ms) behind the timeline.
                     time.sleep(0)

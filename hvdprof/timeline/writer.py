@@ -12,6 +12,12 @@ after a crash or Ctrl+C, and recording slowed training. This writer:
   the comma and ``]``, which makes the file strictly valid JSON;
 * optionally gzips, flushing the deflate stream with ``Z_SYNC_FLUSH`` after every batch so a
   truncated ``.json.gz`` still decompresses up to its last batch.
+
+In a rank the timeline normally renders in a separate process
+(:mod:`hvdprof.timeline.render_process`), which drives this writer *synchronously*
+(``background=False``: no thread; it calls :meth:`TimelineWriter.flush` itself, so a slow
+disk pushes back on its input pipe instead of dropping events). The background thread is
+the in-process fallback, and what standalone users of the class get.
 """
 
 from __future__ import annotations
@@ -97,6 +103,8 @@ class TimelineWriter:
         periodic: Callable[[], None] | None = None,
         periodic_interval_s: float = 5.0,
         final_event: Callable[[], dict[str, Any]] | None = None,
+        fd: int | None = None,
+        background: bool = True,
     ) -> None:
         self.path = os.fspath(path)
         self.compressed = self.path.endswith(".gz") if compress is None else bool(compress)
@@ -107,13 +115,7 @@ class TimelineWriter:
         self._periodic = periodic
         self._periodic_interval_s = periodic_interval_s
         self._final_event = final_event
-        try:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        except OSError as exc:
-            raise HvdprofError(
-                f"cannot write the timeline file {self.path!r}: {exc.strerror or exc}"
-                " (check HVDPROF_TIMELINE points to a writable directory)"
-            ) from exc
+        self._fd = open_trace_file(self.path) if fd is None else fd
         self._owner_pid = os.getpid()
         self._compressor = (
             zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, 31) if self.compressed else None
@@ -131,14 +133,17 @@ class TimelineWriter:
         self._closed = False
         self._stopping = False
         self._wake = threading.Event()
+        self._next_periodic = time.monotonic() + periodic_interval_s
         self._write_raw(self._encode(_HEADER))
-        self._thread = threading.Thread(
-            target=self._run,
-            name=f"hvdprof-timeline-writer({os.path.basename(self.path)})",
-            daemon=True,
-        )
-        self._thread.start()
-        _OPEN_WRITERS.add(self)
+        self._thread: threading.Thread | None = None
+        if background:
+            self._thread = threading.Thread(
+                target=self._run,
+                name=f"hvdprof-timeline-writer({os.path.basename(self.path)})",
+                daemon=True,
+            )
+            self._thread.start()
+            _OPEN_WRITERS.add(self)
 
     # --- producer side -------------------------------------------------------------
 
@@ -196,20 +201,33 @@ class TimelineWriter:
     # --- writer thread ---------------------------------------------------------------
 
     def _run(self) -> None:
-        next_periodic = time.monotonic() + self._periodic_interval_s
         while True:
             self._wake.wait(self._flush_interval_s)
             self._wake.clear()
             stopping = self._stopping
             self._drain()
-            if self._periodic is not None and time.monotonic() >= next_periodic:
-                next_periodic = time.monotonic() + self._periodic_interval_s
-                try:
-                    self._periodic()
-                except Exception:  # a manifest refresh must never kill the writer
-                    log.exception("timeline periodic task failed")
+            self._maybe_periodic()
             if stopping:
                 return
+
+    def _maybe_periodic(self) -> None:
+        if self._periodic is not None and time.monotonic() >= self._next_periodic:
+            self._next_periodic = time.monotonic() + self._periodic_interval_s
+            try:
+                self._periodic()
+            except Exception:  # a manifest refresh must never kill the writer
+                log.exception("timeline periodic task failed")
+
+    def flush(self) -> None:
+        """Render and write what is queued now, in the calling thread (``background=False``).
+
+        Also runs the ``periodic`` task when it is due. With a background thread this must
+        not be called: the thread is the only renderer.
+        """
+        if self._thread is not None:
+            raise RuntimeError("flush() is for writers created with background=False")
+        self._drain()
+        self._maybe_periodic()
 
     def _drain(self) -> None:
         parts: list[str] = []
@@ -302,9 +320,10 @@ class TimelineWriter:
             return
         self._stopping = True
         self._wake.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout_s)
-            if self._thread.is_alive():
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+            if thread.is_alive():
                 log.error(
                     "timeline: writer of %s did not stop; the file stays unterminated", self.path
                 )
@@ -315,6 +334,26 @@ class TimelineWriter:
         # The last element carries no comma: with it the file is strict JSON.
         tail = dumps_event(final_event) + "\n]\n"
         self._write_raw(self._encode(tail.encode("utf-8", "backslashreplace"), final=True))
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+    def abandon(self) -> None:
+        """Write what is queued, then close the file *without* terminating it.
+
+        For a producer that vanished (its rank was killed): the file keeps every event
+        received, in the form readers accept without the closing bracket, and says by its
+        missing ``]`` that the recording did not end cleanly. Only for ``background=False``.
+        """
+        if self._thread is not None:
+            raise RuntimeError("abandon() is for writers created with background=False")
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._drain()
+        if self._compressor is not None:
+            # Z_SYNC_FLUSH after every batch already made the stream readable up to here.
+            self._compressor = None
         with contextlib.suppress(OSError):
             os.close(self._fd)
 
@@ -335,6 +374,17 @@ class TimelineWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def open_trace_file(path: str) -> int:
+    """Create (or truncate) a trace file for writing; ``HvdprofError`` naming it on failure."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    except OSError as exc:
+        raise HvdprofError(
+            f"cannot write the timeline file {path!r}: {exc.strerror or exc}"
+            " (check HVDPROF_TIMELINE points to a writable directory)"
+        ) from exc
 
 
 _OPEN_WRITERS: weakref.WeakSet[TimelineWriter] = weakref.WeakSet()

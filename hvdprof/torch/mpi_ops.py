@@ -158,6 +158,9 @@ class _HandleTable:
             raise ValueError(f"handle {key!r} is unknown or was already synchronized")
         return item
 
+    def find(self, key: int) -> tuple[list[Handle], Callable[[list[Any]], Any], bool] | None:
+        return self._items.get(key)
+
     def pop(self, key: int) -> None:
         with self._lock:
             self._items.pop(key, None)
@@ -177,8 +180,14 @@ def poll(handle: int) -> bool:
 
 
 def synchronize(handle: int) -> Any:
-    """Wait for the op and return its output (a tensor, or a list for grouped ops)."""
-    handles, finish, _ = _handles.get(handle)
+    """Wait for the op and return its output (a tensor, or a list for grouped ops).
+
+    An unknown or already synchronized handle returns None, as in Horovod.
+    """
+    item = _handles.find(handle)
+    if item is None:
+        return None
+    handles, finish, _ = item
     try:
         outputs = [h.wait() for h in handles]
     finally:
@@ -288,9 +297,11 @@ def _allreduce_async(
     prescale_factor: float,
     postscale_factor: float,
     what: str,
+    checked: bool = False,
 ) -> Handle:
     runtime = _rt.get()
-    tensor = _check_tensor(tensor, what, runtime, in_place)
+    if not checked:
+        tensor = _check_tensor(tensor, what, runtime, in_place)
     output = tensor if in_place else torch.empty_like(tensor)
     sig = _signature(OpType.ALLREDUCE, tensor, op, -1, prescale_factor, postscale_factor)
     return runtime.submit(_check_name(name), "allreduce", sig, tensor, output)
@@ -399,17 +410,20 @@ def _grouped_async(
     if not tensors:
         raise ValueError("grouped_allreduce needs at least one tensor")
     name = _check_name(name)
+    runtime = _rt.get()
+    # Validate every member before submitting any: a bad member fails the whole group.
+    checked = [_check_tensor(t, "grouped_allreduce", runtime, in_place) for t in tensors]
+    names = [None if name is None else f"{name}.{i}" for i in range(len(checked))]
+    busy = [n for n in names if n is not None and runtime.is_in_flight(n)]
+    if busy:
+        raise ValueError(
+            f"hvdprof rank {runtime.rank}: grouped_allreduce {name!r} has members already in flight: {busy}"
+        )
     handles = [
         _allreduce_async(
-            t,
-            in_place,
-            None if name is None else f"{name}.{i}",
-            op,
-            prescale_factor,
-            postscale_factor,
-            "grouped_allreduce",
+            t, in_place, n, op, prescale_factor, postscale_factor, "grouped_allreduce", checked=True
         )
-        for i, t in enumerate(tensors)
+        for t, n in zip(checked, names, strict=True)
     ]
     return _handles.add(handles, _as_list, True)
 
@@ -497,10 +511,10 @@ class _AllgatherFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):  # type: ignore[override]
-        summed = allreduce(grad_output, op=Sum)
+        reduced = allreduce(grad_output, op=Average)
         dims = synchronize(allgather_async(torch.tensor([ctx.dim], dtype=torch.int64)))
         offset = int(dims[: rank()].sum())
-        return summed.narrow(0, offset, ctx.dim), None, None
+        return reduced.narrow(0, offset, ctx.dim), None, None
 
 
 def allgather(
@@ -550,7 +564,7 @@ class _BroadcastFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):  # type: ignore[override]
-        grad = allreduce(grad_output, op=Sum)
+        grad = allreduce(grad_output, op=Average)
         if rank() != ctx.root_rank:
             grad = grad * 0
         return grad, None, None, None
@@ -610,14 +624,43 @@ def alltoall_async(
     return _handles.add([h], finish, False)
 
 
+class _AlltoallFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):  # type: ignore[override]
+        output, received = synchronize(alltoall_async(tensor, splits, name))
+        ctx.received = received
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx, grad_output, _grad_splits):  # type: ignore[override]
+        # what each rank received is what it sends back
+        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received))
+        return grad, None, None, None
+
+
 def alltoall(
     tensor: torch.Tensor,
     splits: Any = None,
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> Any:
-    """As Horovod: the output alone without ``splits``; ``(output, received_splits)`` with."""
-    return synchronize(alltoall_async(tensor, splits, name))
+    """As Horovod: the output alone without ``splits``; ``(output, received_splits)`` with.
+
+    Differentiable: the gradient flows back through the inverse alltoall.
+    """
+    if splits is None:
+        runtime = _rt.get()
+        rows = tensor.shape[0] if tensor.dim() else 1
+        if rows % runtime.size:
+            raise ValueError(
+                f"hvdprof rank {runtime.rank}: alltoall without splits needs the first dimension "
+                f"({rows}) divisible by the number of ranks ({runtime.size})"
+            )
+        even = [rows // runtime.size] * runtime.size
+        output, _ = _AlltoallFunction.apply(tensor, even, name, process_set)
+        return output
+    return _AlltoallFunction.apply(tensor, splits, name, process_set)
 
 
 # ------------------------------------------------------------------ reducescatter

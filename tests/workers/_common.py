@@ -122,11 +122,11 @@ class Checks:
         return True
 
     def raises(
-        self, exc_type: type[BaseException], fn: Callable[[], Any], *contains: str
+        self, exc_type: type[BaseException], fn: Callable[[], Any], *contains: str, what: str = ""
     ) -> BaseException | None:
         """``fn()`` raises ``exc_type`` whose message contains every string in ``contains``."""
         self.count += 1
-        what = f"expected {exc_type.__name__}"
+        what = f"{what + ': ' if what else ''}expected {exc_type.__name__}"
         try:
             fn()
         except exc_type as exc:

@@ -7,6 +7,10 @@ message, and then proves the runtime still works. Prints ``SECTION ...`` lines a
 
 from __future__ import annotations
 
+import os
+import re
+import sys
+
 import _common
 
 _common.start_watchdog()
@@ -45,12 +49,16 @@ def names_ranks_and_values(exc: BaseException | None, what: str, name: str, fiel
     ck.true(name in text, f"{what}: message names the tensor {name!r}: {text}")
     ck.true(field in text, f"{what}: message names the field {field!r}: {text}")
     for r in range(N):
-        at = text.find(f"rank {r} has ")
+        prefix = f"rank {r} has "
+        at = text.find(prefix)
         ck.true(at >= 0, f"{what}: message names rank {r}: {text}")
-        value = shown(r)
-        if at >= 0 and value is not None:
-            window = text[at : at + len(f"rank {r} has ") + len(value) + 12]
-            ck.true(value in window, f"{what}: rank {r}'s value {value!r} is shown: {text}")
+        if at >= 0:
+            # what follows "rank r has ", up to the next rank or field
+            shown_value = re.split(r", rank \d+ has |; ", text[at + len(prefix) :])[0]
+            ck.true(
+                shown(r) in shown_value,
+                f"{what}: rank {r}'s value {shown(r)!r} is shown, got {shown_value!r}: {text}",
+            )
 
 
 def mismatch(what: str, name: str, field: str, fn, shown) -> None:
@@ -229,7 +237,7 @@ def check_unsupported_dtype() -> None:
             ("alltoall", lambda t=t: hvd.alltoall(t)),
             ("reducescatter", lambda t=t: hvd.reducescatter(t)),
         ):
-            exc = ck.raises(ValueError, fn, name, "supported")
+            exc = ck.raises(ValueError, fn, name, "supported", what=what)
             if exc is not None:
                 ck.true("float32" in str(exc), f"{what}: the message lists supported dtypes")
     ck.raises(TypeError, lambda: hvd.allreduce_async([1.0, 2.0]), "Tensor")
@@ -249,8 +257,7 @@ def check_non_contiguous_in_place() -> None:
         ("broadcast_async_", lambda: hvd.broadcast_async_(nc(), 0)),
         ("grouped_allreduce_", lambda: hvd.grouped_allreduce_([nc()])),
     ):
-        ck.raises(ValueError, fn, "contiguous")
-        ck.true(True, what)
+        ck.raises(ValueError, fn, "contiguous", what=what)
     # out of place, a non-contiguous input is fine
     out = hvd.allreduce(nc() * (R + 1), op=hvd.Sum)
     ck.tensor(out, torch.full((2, 3), float(sum(range(1, N + 1)))), "out-of-place non-contiguous")
@@ -284,9 +291,8 @@ def check_bad_alltoall_splits() -> None:
         ([1] * N, "entries not summing to the first dimension"),
         (torch.tensor([N + 2] + [0] * (N - 1)), "a tensor summing too high"),
     ):
-        ck.raises(ValueError, lambda s=splits: hvd.alltoall(t, splits=s), "splits")
-        ck.raises(ValueError, lambda s=splits: hvd.alltoall_async(t, splits=s), "splits")
-        ck.true(True, what)
+        ck.raises(ValueError, lambda s=splits: hvd.alltoall(t, splits=s), "splits", what=what)
+        ck.raises(ValueError, lambda s=splits: hvd.alltoall_async(t, splits=s), "splits", what=what)
     ck.raises(ValueError, lambda: hvd.alltoall(torch.ones(N + 1, 2)), "divisible")
     usable("alltoall splits")
 
@@ -347,7 +353,7 @@ def check_after_shutdown() -> None:
         ("rank", hvd.rank),
         ("runtime_stats", hvd.runtime_stats),
     ):
-        exc = ck.raises(NotInitializedError, fn, "init")
+        exc = ck.raises(NotInitializedError, fn, "init", what=what)
         if exc is not None:
             ck.true(isinstance(exc, ValueError), f"{what}: NotInitializedError is a ValueError")
 
@@ -385,6 +391,12 @@ def main() -> None:
     for name, check in SECTIONS.items():
         with ck.section(name):
             check()
+    if "init_after_shutdown" in ck.failed_sections:
+        # the other ranks may be stuck in their own init: fail the job so the launcher
+        # stops them now instead of at its timeout
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(3)
     if hvd.is_initialized():
         hvd.shutdown()
     ck.done()

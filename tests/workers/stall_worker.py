@@ -1,9 +1,9 @@
 """The stall inspector, from the ranks' side.
 
-``stall_worker.py warn``: the last rank is late (a few seconds) to submit a new tensor
-name, then a name already in the response cache. Rank 0 must log a warning naming the
-late rank and each tensor (checked by the test on rank 0's stderr), and the job must go
-on once the rank submits.
+``stall_worker.py warn [LATE]``: rank LATE (default: the last) is a few seconds late to
+submit a new tensor name, then a name already in the response cache. Rank 0 must log a
+warning naming the late rank and each tensor (the test reads rank 0's stderr), and the
+job must go on once the late rank submits.
 
 ``stall_worker.py abort``: the last rank submits a different tensor from the others, so
 both wait forever; with HVDPROF_STALL_SHUTDOWN_TIME_SECONDS set, every rank must get a
@@ -27,7 +27,7 @@ from hvdprof.errors import HvdprofInternalError, StallAbortError  # noqa: E402
 hvd.init()
 R, N = hvd.rank(), hvd.size()
 ck = _common.Checks(R)
-LATE = N - 1
+LATE = int(sys.argv[2]) if len(sys.argv) > 2 else N - 1
 DELAY_S = 4.5
 
 

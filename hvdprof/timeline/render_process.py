@@ -1,0 +1,262 @@
+"""The timeline renderer process: turns one rank's records into its Chrome-trace file.
+
+Started by :class:`hvdprof.timeline.transport.RenderProcess` when a rank opens its
+timeline sink::
+
+    python -m hvdprof.timeline.render_process --fd N --init JSON [--terminate-on-eof] PATH
+
+It reads frames (see :mod:`hvdprof.timeline.transport`) from stdin, rebuilds the cycle
+records, renders them with :class:`~hvdprof.timeline.render.CycleRenderer` and writes them
+with a synchronous :class:`~hvdprof.timeline.writer.TimelineWriter` on the inherited file
+descriptor ``N`` (crash-safe JSON array, one ``os.write`` per batch, gzip if asked). It
+also keeps ``manifest.rank.<r>.json`` up to date (every few seconds and at the end),
+merging its own counts into the manifest the rank sends.
+
+Behaviour:
+
+* it runs at the lowest priority (``os.nice(19)``), so it uses idle CPU and lags behind
+  under load instead of slowing training; the pipe and the rank's bounded queue absorb the
+  lag;
+* it ignores SIGINT and SIGTERM: Ctrl+C and a launcher's SIGTERM go to the whole process
+  group, and the child must outlive the rank to write what the rank sent; it stops when
+  its input ends, so it never outlives the rank by more than the time to render;
+* the stream ends with the rank's end mark (clean close): the file gets its final event
+  and ``]`` (strict JSON), and the manifest ``closed: true``;
+* the stream ends without it (the rank exited without closing, or was SIGKILLed):
+  everything received is rendered and written; the file is left without the closing
+  bracket unless ``--terminate-on-eof``; the manifest says ``closed: false``;
+* if the child itself is killed, the file stays loadable up to its last batch.
+
+On exit it prints one JSON line of counts on stdout for the rank (``events_written``,
+``child_events_dropped``, ``child_items_dropped``, ``lanes_clamped``, ``closed``,
+``bytes_written``). It never imports torch (``sys.modules["torch"]`` is blocked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import pickle
+import signal
+import sys
+import time
+from typing import Any
+
+#: niceness of the renderer (the lowest priority)
+NICE = 19
+#: events rendered before the queued batch is written, even with more input waiting
+BATCH_EVENTS = 16384
+
+log = logging.getLogger("hvdprof.timeline")
+
+
+class RenderChild:
+    """The state of one renderer process: renderer, writer, manifest and counts."""
+
+    def __init__(
+        self, path: str, fd: int, init: dict[str, Any], *, terminate_on_eof: bool = False
+    ) -> None:
+        from hvdprof.timeline import transport
+        from hvdprof.timeline.render import CycleRenderer
+        from hvdprof.timeline.writer import TimelineWriter
+
+        if init.get("protocol") != transport.PROTOCOL:
+            raise ValueError(
+                f"timeline stream protocol {init.get('protocol')!r}, expected {transport.PROTOCOL}"
+            )
+        if tuple(init.get("op_fields", ())) != transport.OP_FIELDS:
+            raise ValueError("the rank's OpRecord fields differ from this hvdprof's")
+        self.rank = int(init["rank"])
+        self.manifest_path = init.get("manifest_path") or None
+        self.terminate_on_eof = terminate_on_eof
+        self.renderer = CycleRenderer(
+            self.rank, str(init.get("hostname", "")), mark_cycles=bool(init.get("mark_cycles")),
+            yield_gil=False,
+        )  # fmt: skip
+        self.writer = TimelineWriter(
+            path,
+            fd=fd,
+            compress=bool(init.get("compress")),
+            queue_size=1 << 62,  # flushed synchronously: the pipe is the bound
+            render=self.renderer.render,
+            final_event=self._final_event,
+            periodic=self._periodic,
+            periodic_interval_s=float(init.get("manifest_interval_s", 5.0)),
+            background=False,
+        )
+        self.decoder = transport.Decoder()
+        self.manifest: dict[str, Any] | None = None
+        self.rank_dropped = (0, 0)
+        self.ended = False
+        self.undecodable = 0
+        self._manifest_state: tuple[Any, ...] | None = None
+        self._msg = transport
+
+    # --- counts -----------------------------------------------------------------------
+
+    @property
+    def child_events_dropped(self) -> int:
+        return self.writer.events_dropped + self.decoder.lost_events + self.undecodable
+
+    @property
+    def child_items_dropped(self) -> int:
+        return self.writer.items_dropped + self.decoder.lost_items + self.undecodable
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "events_written": self.writer.events_written,
+            "child_events_dropped": self.child_events_dropped,
+            "child_items_dropped": self.child_items_dropped,
+            "lanes_clamped": self.renderer.lanes_clamped,
+            "closed": self.ended and self.writer.closed,
+            "bytes_written": self.writer.bytes_written,
+        }
+
+    # --- input ------------------------------------------------------------------------
+
+    def handle(self, payload: bytes) -> None:
+        t = self._msg
+        try:
+            msg = pickle.loads(payload)
+            tag = msg[0]
+            if tag == t.MSG_STATE or tag == t.MSG_END:
+                _, manifest, dropped_events, dropped_items = msg
+                if manifest is not None:
+                    self.manifest = manifest
+                self.rank_dropped = (int(dropped_events), int(dropped_items))
+                if tag == t.MSG_END:
+                    self.ended = True
+                return
+            got = self.decoder.decode(msg)
+        except Exception:
+            self.undecodable += 1
+            if self.undecodable <= 3:
+                log.exception("could not decode a message from the rank; it is dropped")
+            return
+        if got is not None:
+            self.writer.put(*got)
+
+    def run(self, reader: Any) -> None:
+        """Consume the stream until the end mark or end of input."""
+        writer = self.writer
+        while not self.ended:
+            payload = reader.next_frame()
+            if payload is None:
+                if writer.pending:
+                    writer.flush()  # before waiting: the file is never far behind
+                if not reader.fill():
+                    break
+                continue
+            self.handle(payload)
+            if writer.pending >= BATCH_EVENTS:
+                writer.flush()
+        if reader.leftover and not self.ended:
+            log.warning(
+                "the rank's stream ended inside a message (%d bytes); that message is lost",
+                reader.leftover,
+            )
+
+    # --- output -----------------------------------------------------------------------
+
+    def _final_event(self) -> dict[str, Any]:
+        clock = (self.manifest or {}).get("clock") or {}
+        args: dict[str, Any] = {
+            "events_written": self.writer.events_written,
+            "events_dropped": self.rank_dropped[0] + self.child_events_dropped,
+            "clock_offset_ns": clock.get("offset_ns", 0),
+            "clock_error_ns": clock.get("error_ns", 0),
+        }
+        if not self.ended:
+            args["producer_lost"] = True
+        return {"name": _trace_end(), "ph": "M", "pid": self.rank, "tid": 0, "args": args}
+
+    def write_manifest(self, force: bool = False) -> None:
+        if self.manifest is None or not self.manifest_path:
+            return
+        state = (
+            id(self.manifest),
+            self.writer.events_written,
+            self.rank_dropped,
+            self.child_events_dropped,
+            self.writer.closed,
+        )
+        if not force and state == self._manifest_state:
+            return
+        self._manifest_state = state
+        from hvdprof.timeline.manifest import write_manifest
+
+        manifest = dict(self.manifest)
+        manifest.update(
+            events_written=self.writer.events_written,
+            events_dropped=self.rank_dropped[0] + self.child_events_dropped,
+            items_dropped=self.rank_dropped[1] + self.child_items_dropped,
+            lanes_clamped=self.renderer.lanes_clamped,
+            closed=self.ended and self.writer.closed,
+        )
+        try:
+            write_manifest(self.manifest_path, manifest)
+        except OSError as exc:
+            log.error("cannot write %s: %s", self.manifest_path, exc)
+
+    def _periodic(self) -> None:
+        self.write_manifest()
+
+    def finish(self) -> None:
+        """Write the rest; terminate the file if the rank closed it (or when asked to)."""
+        if self.ended or self.terminate_on_eof:
+            self.writer.close()
+        else:
+            self.writer.abandon()
+        self.write_manifest(force=True)
+
+
+def _trace_end() -> str:
+    from hvdprof.timeline.activities import TRACE_END
+
+    return TRACE_END
+
+
+def _ignore_group_signals() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(signum, signal.SIG_IGN)
+
+
+def main(argv: list[str] | None = None) -> int:
+    _ignore_group_signals()
+    sys.modules["torch"] = None  # type: ignore[assignment]  # nothing here may need it
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name if __spec__ else __name__}")
+    parser.add_argument("--fd", type=int, required=True, help="the trace file, open for writing")
+    parser.add_argument("--init", required=True, help="JSON: rank, hostname, size, ...")
+    parser.add_argument("--terminate-on-eof", action="store_true")
+    parser.add_argument("path")
+    args = parser.parse_args(argv)
+    init = json.loads(args.init)
+    logging.basicConfig(
+        level=logging.WARNING,
+        format=f"hvdprof timeline renderer (rank {init.get('rank')}): %(message)s",
+    )
+    with contextlib.suppress(OSError):
+        os.nice(NICE)
+
+    from hvdprof.timeline.transport import FrameReader
+
+    started = time.monotonic()
+    child = RenderChild(args.path, args.fd, init, terminate_on_eof=args.terminate_on_eof)
+    reader = FrameReader(sys.stdin.fileno())
+    try:
+        child.run(reader)
+    finally:
+        child.finish()
+        status = child.status()
+        status["seconds"] = round(time.monotonic() - started, 3)
+        with contextlib.suppress(OSError):
+            os.write(sys.stdout.fileno(), (json.dumps(status) + "\n").encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""Training with ``hvd.DistributedOptimizer`` matches one process on the whole batch.
+
+Every rank starts from a different random model; ``broadcast_parameters`` and
+``broadcast_optimizer_state`` make them equal to rank 0's. Each step rank r trains on
+its slice of a global batch; a plain-torch reference (computed on every rank, from the
+same initial weights) trains on the whole batch. After a few steps every rank's weights
+must equal the reference's (within a tolerance) and each other's (exactly).
+Then the optimizer's safety checks. Prints ``SECTION ...`` lines and ``DONE``.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import _common
+
+_common.start_watchdog()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import hvdprof.torch as hvd  # noqa: E402
+
+torch.set_num_threads(1)
+hvd.init()
+R, N = hvd.rank(), hvd.size()
+ck = _common.Checks(R)
+BATCH = 8  # per rank
+
+
+def mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+        torch.nn.Linear(16, 4),
+    )  # fmt: skip
+
+
+def convnet() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3),
+        torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 4 * 4, 4),
+    )  # fmt: skip
+
+
+def batches(model_kind: str, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batches, identical on every rank (fixed seed)."""
+    g = torch.Generator().manual_seed(12345)
+    shape = (8,) if model_kind == "mlp" else (2, 6, 6)
+    x = torch.randn((steps, N * BATCH, *shape), generator=g)
+    y = torch.randn((steps, N * BATCH, 4), generator=g)
+    return x, y
+
+
+def flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def train_case(
+    case: str,
+    model_kind: str,
+    make_opt,
+    steps: int = 6,
+    bpps: int = 1,
+    compression=hvd.Compression.none,
+    tol: float = 1e-5,
+    **dist_kwargs,
+) -> None:
+    torch.manual_seed(1000 + R)  # a different model on every rank
+    model = mlp() if model_kind == "mlp" else convnet()
+    opt = make_opt(model.parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    initial = flat(model)
+    first = hvd.broadcast(initial, root_rank=0, name=f"{case}.initial")
+    ck.tensor(initial, first, f"{case}: every rank starts from rank 0's weights")
+
+    reference = copy.deepcopy(model)
+    ref_opt = make_opt(reference.parameters())
+    dopt = hvd.DistributedOptimizer(
+        opt,
+        named_parameters=model.named_parameters(),
+        compression=compression,
+        backward_passes_per_step=bpps,
+        **dist_kwargs,
+    )
+    ck.true(isinstance(dopt, type(opt)), f"{case}: still an instance of {type(opt).__name__}")
+    x, y = batches(model_kind, steps)
+    for step in range(steps):
+        dopt.zero_grad()
+        micro = BATCH // bpps
+        for m in range(bpps):
+            part = slice(R * BATCH + m * micro, R * BATCH + (m + 1) * micro)
+            loss = F.mse_loss(model(x[step, part]), y[step, part]) / bpps
+            loss.backward()
+        dopt.step()
+
+        ref_opt.zero_grad()
+        F.mse_loss(reference(x[step]), y[step]).backward()
+        ref_opt.step()
+
+    mine, ref = flat(model), flat(reference)
+    ck.true(not torch.equal(mine, initial), f"{case}: the weights moved")
+    worst = (mine - ref).abs().max().item()
+    ck.tensor(mine, ref, f"{case}: same weights as one process (max diff {worst:.2e})", tol, tol)
+    everyone = hvd.allgather(mine.unsqueeze(0), name=f"{case}.final")
+    for r in range(N):
+        ck.tensor(everyone[r], everyone[0], f"{case}: rank {r} has rank 0's weights exactly")
+    print(f"MAXDIFF {case} {worst:.3e}", flush=True)
+
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def adam(params):
+    return torch.optim.Adam(params, lr=0.01)
+
+
+def check_safety() -> None:
+    torch.manual_seed(7)
+    model = mlp()
+    x, y = batches("mlp", 1)
+    batch = (x[0, R * BATCH : (R + 1) * BATCH], y[0, R * BATCH : (R + 1) * BATCH])
+
+    def backward() -> None:
+        F.mse_loss(model(batch[0]), batch[1]).backward()
+
+    params = list(model.parameters())
+    ck.raises(
+        ValueError,
+        lambda: hvd.DistributedOptimizer(
+            sgd(params), named_parameters=[("same", p) for p in params]
+        ),
+        "unique",
+        "same",
+    )
+    ck.raises(
+        ValueError,
+        lambda: hvd.DistributedOptimizer(
+            sgd(params), named_parameters=list(model.named_parameters())[:2]
+        ),
+        "not named",
+    )
+
+    dopt = hvd.DistributedOptimizer(sgd(params), named_parameters=model.named_parameters())
+    backward()
+    ck.raises(AssertionError, dopt.zero_grad, "zero_grad")
+    dopt.synchronize()  # the pending allreduces complete; zero_grad is fine again
+    with dopt.skip_synchronize():
+        dopt.step()
+    dopt.zero_grad()
+
+    backward()
+    dopt.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dopt.step()
+    ck.true(
+        any("skip_synchronize" in str(w.message) for w in caught),
+        f"step() after synchronize() warns: {[str(w.message) for w in caught]}",
+    )
+    dopt.zero_grad()
+
+    backward()
+    dopt.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with dopt.skip_synchronize():
+            dopt.step()
+    ck.eq(
+        [str(w.message) for w in caught if "synchronize" in str(w.message)],
+        [],
+        "no warning inside skip_synchronize()",
+    )
+    dopt.zero_grad()
+
+    # more backward passes than backward_passes_per_step before step()
+    backward()
+    ck.raises(AssertionError, backward, "backward_passes_per_step")
+    dopt.synchronize()
+    with dopt.skip_synchronize():
+        dopt.step()
+    dopt.zero_grad()
+
+    # gradients of the same step on every rank are the averaged ones
+    backward()
+    dopt.synchronize()
+    grads = torch.cat([p.grad.reshape(-1) for p in params])
+    everyone = hvd.allgather(grads.unsqueeze(0), name="safety.grads")
+    for r in range(N):
+        ck.tensor(everyone[r], everyone[0], f"rank {r} has the averaged gradients")
+    with dopt.skip_synchronize():
+        dopt.step()
+    dopt.zero_grad()
+    everyone = hvd.allgather(flat(model).unsqueeze(0), name="safety.weights")
+    ck.tensor(everyone[-1], everyone[0], "weights still equal on every rank")
+
+
+SECTIONS = {
+    "sgd_mlp": lambda: train_case("sgd_mlp", "mlp", sgd),
+    "adam_convnet": lambda: train_case("adam_convnet", "conv", adam),
+    "sgd_convnet": lambda: train_case("sgd_convnet", "conv", sgd),
+    "adam_mlp": lambda: train_case("adam_mlp", "mlp", adam),
+    "sgd_backward_passes_2": lambda: train_case("sgd_bpps2", "mlp", sgd, bpps=2),
+    "adam_backward_passes_2": lambda: train_case("adam_bpps2", "conv", adam, bpps=2),
+    "sgd_predivide": lambda: train_case("sgd_predivide", "mlp", sgd, gradient_predivide_factor=2.0),
+    "sgd_fp16_compression": lambda: train_case(
+        "sgd_fp16", "mlp", sgd, compression=hvd.Compression.fp16, tol=1e-3
+    ),
+    "adam_fp16_compression": lambda: train_case(
+        "adam_fp16", "conv", adam, compression=hvd.Compression.fp16, tol=1e-3
+    ),
+    "optimizer_safety": check_safety,
+}
+
+
+def main() -> None:
+    for name, check in SECTIONS.items():
+        with ck.section(name):
+            check()
+    hvd.shutdown()
+    ck.done()
+
+
+if __name__ == "__main__":
+    main()
