@@ -103,6 +103,7 @@ class CycleLoop:
         self._first_ready = np.full((size, 0), -1, dtype=np.int64)
         self._partial_since: dict[int, float] = {}
         self._was_detailed = False
+        self._params_just_changed = False
         self._join_cycle: dict[int, int] = {}
         self._prev_joined: frozenset[int] = frozenset()
         self._cycle_start = np.zeros(_RING, dtype=np.int64)
@@ -329,11 +330,14 @@ class CycleLoop:
                 handle.complete(last)
                 notify_waiters()
 
-        params_changed = False
+        # This cycle ran with these parameters; new ones apply from the next cycle, whose
+        # record is the first to carry them (and says so).
+        params_ran = self.params
+        params_changed, self._params_just_changed = self._params_just_changed, False
         if matrix[:, _COMMAND].all():
             self.commands.popleft()()
         if reply is not None:
-            params_changed = self._apply_directives(reply.directives)
+            self._params_just_changed = self._apply_directives(reply.directives)
         self.counters["cycles"] += 1
         self.counters["bytes_reduced"] += reduced
         if self.observers:
@@ -343,7 +347,7 @@ class CycleLoop:
                 t_start=t_start,
                 t_negotiated=t_negotiated,
                 t_end=t_end,
-                params=self.params,
+                params=params_ran,
                 bytes_reduced=reduced,
                 ops=op_records,
                 groups=groups,

@@ -372,6 +372,12 @@ def init(config: Config | None = None) -> Runtime:
             handler.setFormatter(logging.Formatter("%(message)s"))
             logging.getLogger("hvdprof").addHandler(handler)
         _runtime = Runtime(cfg)
+        if cfg.gc_freeze:
+            # Everything alive now (torch's import-time objects, the user's modules) would
+            # be rescanned by every full cyclic collection, which the many small objects
+            # of a step of small ops trigger every few steps: freezing them cut the submit
+            # path from ~47 to ~6 us of CPU per op. Refcounting still frees them.
+            gc.freeze()
         return _runtime
 
 
