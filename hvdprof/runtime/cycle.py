@@ -60,6 +60,7 @@ def _dtype_name(dtype: str) -> str:
 _IDLE_SLEEP_MAX_S = 0.01  # idle back-off: a quiet job polls every 10 ms
 _IDLE_CYCLES_BEFORE_BACKOFF = 500
 _STALL_EVERY_S = 1.0
+_PARTIAL_WATCH_EVERY_S = 0.25  # stalls are reported after many seconds; sample the bits
 
 
 class CycleLoop:
@@ -103,6 +104,7 @@ class CycleLoop:
         self._first_ready = np.full((size, 0), -1, dtype=np.int64)
         self._partial_since: dict[int, float] = {}
         self._was_detailed = False
+        self._last_partial_watch = 0.0
         self._params_just_changed = False
         self._join_cycle: dict[int, int] = {}
         self._prev_joined: frozenset[int] = frozenset()
@@ -279,7 +281,10 @@ class CycleLoop:
                     )
                 self.counters["cache_hits"] += ready_bits.size
         if self.rank == 0 and self.config.stall_check_time_s > 0:
-            self._watch_partial_bits(bits, active)
+            now = time.monotonic()
+            if now - self._last_partial_watch >= _PARTIAL_WATCH_EVERY_S:
+                self._last_partial_watch = now
+                self._watch_partial_bits(bits, active)
 
         # Slow path: the coordinator, when anyone has news.
         reply: CoordinatorReply | None = None
@@ -375,15 +380,20 @@ class CycleLoop:
     # ---------------------------------------------------------------- pieces
     def _drain_queue(self) -> None:
         use_cache = self.params.cache_enabled and self.cache.capacity > 0
-        while self.queue:
-            req = self.queue.popleft()
-            hit = self.cache.lookup(req.name) if use_cache else None
+        queue = self.queue
+        lookup = self.cache.lookup
+        waiting = self._cached_waiting
+        new_bits: list[int] = []
+        while queue:
+            req = queue.popleft()
+            hit = lookup(req.name) if use_cache else None
             if hit is not None and hit[1] == req.signature:
-                bit = hit[0]
-                self._cached_waiting[bit] = req
-                self._bits[bit] = 1
+                waiting[hit[0]] = req
+                new_bits.append(hit[0])
             else:
                 self._outbox.append(req)
+        if new_bits:
+            self._bits[new_bits] = 1
 
     def _coordinate(
         self, payload: bytes, lengths: list[int], joined: frozenset[int], cycle: int
@@ -475,9 +485,7 @@ class CycleLoop:
         t_end: int,
     ) -> list[OpRecord]:
         self.counters["ops_completed"] += len(ready_ops)
-        completed = self.steps.completed
-        for op in ready_ops:
-            completed(op.name)
+        self.steps.completed_many([op.name for op in ready_ops])
         if not detailed:
             return []
         return self._op_records(ready_ops, reply, t_negotiated, t_end)

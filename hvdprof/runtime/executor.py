@@ -121,6 +121,8 @@ class Executor:
         self.pool = _BufferPool()
         self.next_group_id = 0
         self.nvtx: Any = None  # PhaseRanges (no-ops when NVTX is off)
+        #: frees completed names for reuse, one call per group (set by the runtime)
+        self.retire: Any = None
         # counters the tests and benchmarks read
         self.fused_groups = 0
         self.fused_tensors = 0
@@ -274,7 +276,12 @@ class Executor:
                     out = m.output.view(-1)
                 else:
                     m.output = req.output
-                    out = m.flat if req.output is req.tensor else req.output.view(-1)
+                    if req.output is req.tensor:
+                        out = m.flat
+                    elif len(m.signature.shape) == 1:
+                        out = req.output
+                    else:
+                        out = req.output.view(-1)
                 sizes.append(out.numel())
                 outs.append(out)
             if nvtx is not None:
@@ -288,9 +295,11 @@ class Executor:
             t_done = timebase.now_ns()
             for m in members:
                 m.t_done = t_done
-        for m in members:
-            if m.request is not None:
-                m.request.handle.complete(m.request.output)
+        done = [m.request for m in members if m.request is not None]
+        if self.retire is not None:
+            self.retire([req.name for req in done])
+        for req in done:
+            req.handle.complete(req.output)
         notify_waiters()
 
     # ----------------------------------------------------------------------------------
@@ -320,6 +329,8 @@ class Executor:
         if record is not None:
             record.t_collective_end = op.t_done = timebase.now_ns()
         if op.request is not None:
+            if self.retire is not None:
+                self.retire([op.name])
             op.request.handle.complete(result)
             notify_waiters()
 
@@ -395,7 +406,9 @@ def _numel(shape: tuple[int, ...]) -> int:
 def _input_flat(op: ReadyOp, dtype: torch.dtype) -> torch.Tensor:
     if op.request is None:
         return torch.zeros(_numel(op.signature.shape), dtype=dtype)
-    return op.request.tensor.view(-1)
+    tensor = op.request.tensor
+    # view() costs ~1 us per call; a 1-D tensor is already flat
+    return tensor if len(op.signature.shape) == 1 else tensor.view(-1)
 
 
 def _scale(t: torch.Tensor, factor: float) -> None:

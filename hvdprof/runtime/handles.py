@@ -30,17 +30,19 @@ class Handle:
         self.done_flag = False
         #: called by ``wait`` once, on the user's thread (frees a generated name)
         self.release: Any = None
-        #: called on completion *before* waiters can see it (frees the name for reuse)
+        #: called on failure *before* waiters can see it (frees the name for reuse); on
+        #: success the executor retires names in batches instead
         self.retire: Any = None
 
     def done(self) -> bool:
         return self.done_flag
 
     def complete(self, output: Any) -> None:
-        """Mark done without waking waiters: the caller batches ``notify_waiters``."""
+        """Mark done without waking waiters: the caller batches ``notify_waiters``.
+
+        The caller has already retired the name (in a batch, before this).
+        """
         self.output = output
-        if self.retire is not None:
-            self.retire()
         self.done_flag = True
 
     def fail(self, error: BaseException) -> None:

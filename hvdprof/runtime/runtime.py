@@ -136,6 +136,7 @@ class Runtime:
         self.control = ControlChannel(self._control_pg, self.rank, self.size)
         self.backend = GlooBackend(self._data_pg, self.rank, self.size)
         self.executor = Executor(self.backend, self.rank, self.size)
+        self.executor.retire = self._completed_batch
         params = TunableParams(
             fusion_threshold_bytes=config.fusion_threshold_bytes,
             cycle_time_ms=config.cycle_time_ms,
@@ -277,6 +278,10 @@ class Runtime:
     def _completed(self, name: str) -> None:
         with self._inflight_lock:
             self._inflight.discard(name)
+
+    def _completed_batch(self, names: list[str]) -> None:
+        with self._inflight_lock:
+            self._inflight.difference_update(names)
 
     def join(self) -> int:
         self.check_usable()

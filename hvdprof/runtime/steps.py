@@ -16,6 +16,15 @@ class StepCounter:
         self.step = 0
         self._seen: set[str] = set()
 
+    def completed_many(self, names: list[str]) -> None:
+        """The same as ``completed`` for each name, at C speed when no step ends."""
+        seen = self._seen
+        if seen.isdisjoint(names) and len(set(names)) == len(names):
+            seen.update(names)
+            return
+        for name in names:
+            self.completed(name)
+
     def completed(self, name: str) -> None:
         if name in self._seen:
             self.step += 1
