@@ -7,9 +7,12 @@ marks on the cached path, bounded size and lanes, clock alignment).
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
+import logging
 import os
+import pickle
 import random
 import signal
 import subprocess
@@ -38,10 +41,11 @@ from hvdprof.timeline import (
     load_trace,
     merge_directory,
     skewed_clock,
+    transport,
 )
 from hvdprof.timeline import activities as act
 from hvdprof.timeline.reader import parse_trace_text
-from hvdprof.timeline.render import CycleRenderer
+from hvdprof.timeline.render import ITEM_CYCLE, ITEM_INSTANT, CycleRenderer
 
 REPO = Path(__file__).resolve().parents[1]
 SIZE = 3
@@ -820,3 +824,280 @@ def test_nvtx_active_path_caches_attributes() -> None:
             pass
     assert calls == [("attrs", "NEGOTIATE"), ("push", "attrs:NEGOTIATE"), ("pop",),
                      ("push", "attrs:NEGOTIATE"), ("pop",)]  # fmt: skip
+
+
+# --- renderer process and its transport ---------------------------------------------------
+
+
+def many_ops_cycle(cycle: int, n: int) -> CycleRecord:
+    """``make_cycle`` with ``n`` ops (several frames), varied shapes, readiness and an error."""
+    record = make_cycle(cycle)
+    base = record.ops[0]
+    ops = []
+    for i in range(n):
+        ready = {r: base.t_submit + 1000 * r + i for r in reversed(range(SIZE))}
+        name = f"grad/{i}" if i % 7 else f"{WEIRD_NAME}{i}"
+        ops.append(dataclasses.replace(base, name=name, shape=(i % 5 + 1, 3),
+                                       ready_times=ready, t_done=base.t_done + i))  # fmt: skip
+    if n > 3:
+        ops[3].error, ops[3].group_id = 'boom "x"', -1
+    record.ops = ops
+    return record
+
+
+def decode_stream(data: bytes, tmp: Path, chunk: int = 997) -> tuple[list[Any], Any, Any]:
+    path = tmp / "stream.bin"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        reader = transport.FrameReader(fd, chunk=chunk)  # small reads: frames arrive in pieces
+        decoder = transport.Decoder()
+        items = []
+        while True:
+            payload = reader.next_frame()
+            if payload is None:
+                if not reader.fill():
+                    break
+                continue
+            got = decoder.decode(pickle.loads(payload))
+            if got is not None:
+                items.append(got)
+    finally:
+        os.close(fd)
+    return items, reader, decoder
+
+
+def frames_of(payloads: list[bytes]) -> bytes:
+    return b"".join(transport.FRAME_HEADER.pack(len(p)) + p for p in payloads)
+
+
+def test_transport_round_trips_cycle_records(tmp_path: Path) -> None:
+    k = transport.OPS_PER_FRAME
+    records = [many_ops_cycle(c, n) for c, n in enumerate((0, 3, k, 2 * k + 5))]
+    records[0].groups = []
+    payloads = [p for r in records for p in transport.encode_item((ITEM_CYCLE, r, 77), 9)]
+    assert len(payloads) == 1 + 1 + 1 + 3  # the big cycle takes three frames
+    items, reader, decoder = decode_stream(frames_of(payloads), tmp_path)
+    assert [item[1] for item, _ in items] == records  # dataclass equality, field by field
+    assert all(item[0] == ITEM_CYCLE and item[2] == 77 and w == 9 for item, w in items)
+    assert reader.leftover == 0 and decoder.lost_items == 0
+
+    # a stream cut inside a frame (the rank died mid-write): the complete frames survive
+    data = frames_of(payloads)
+    items, reader, _ = decode_stream(data[: len(data) - 10], tmp_path)
+    assert [item[1] for item, _ in items] == records[:3] and reader.leftover > 0
+
+    # a cycle whose first frames went out but not its last is dropped, not merged
+    stale = list(transport.encode_item((ITEM_CYCLE, records[3], 0), 9))[:-1]
+    items, _, decoder = decode_stream(frames_of(stale + payloads[1:2]), tmp_path)
+    assert [item[1] for item, _ in items] == [records[1]] and decoder.lost_items == 0
+    odd = pickle.loads(payloads[-1])
+    bad = pickle.dumps((odd[0], odd[1], odd[2], odd[3], odd[4] + 1, *odd[5:]))
+    items, _, decoder = decode_stream(frames_of([*payloads[-3:-1], bad]), tmp_path)
+    assert items == [] and decoder.lost_items == 1 and decoder.lost_events == 9
+
+
+def test_portable_items_carry_no_objects_and_render_the_same() -> None:
+    class Thing:
+        def __str__(self) -> str:
+            return "thing"
+
+    args = {"obj": Thing(), "nan": float("nan"), 3: (1, 2), "flag": True, "nested": {"t": Thing()}}
+    item = (ITEM_INSTANT, "mark", 5_000, 7, args, act.LANE_RUNTIME, "p")
+    portable = transport.portable_item(item)
+    data = pickle.dumps(portable)
+    assert b"Thing" not in data and b"test_timeline_unit" not in data
+    ours = CycleRenderer(0, "h", yield_gil=False).render(pickle.loads(data))
+    assert ours == CycleRenderer(0, "h").render(item)
+    assert json.loads(ours[0])["args"] == {"obj": "thing", "nan": "nan", "3": [1, 2],
+                                           "flag": True, "nested": {"t": "thing"}}  # fmt: skip
+
+
+def test_renderer_process_writes_what_the_thread_writes(tmp_path: Path) -> None:
+    texts, manifests = {}, {}
+    for use_process in (True, False):
+        sink = TimelineSink(
+            config_for(tmp_path / str(use_process), timeline_mark_cycles=True),
+            1, SIZE, "host-a", use_process=use_process,
+        )  # fmt: skip
+        assert sink.renders_in_process is not use_process
+        for c in range(4):
+            sink.on_cycle(make_cycle(c, cached=bool(c % 2)))
+        sink.on_cycle(many_ops_cycle(4, 600))
+        sink.add_instant("custom", {"k": [1, 2]}, t_ns=123_000)
+        sink.add_counter("ctr", {"a": 1.5}, t_ns=456_000)
+        sink.close()
+        texts[use_process] = Path(sink.path).read_text()
+        manifests[use_process] = json.loads(Path(sink.manifest_path).read_text())
+        if use_process:
+            assert sink.writer.returncode == 0, "close() waits for the child and reaps it"
+            assert sink.writer.pending == 0 and sink.writer.sent_events > 0
+    assert texts[True] == texts[False], "byte-identical output"
+    events = json.loads(texts[True])
+    for key in ("events_written", "events_dropped", "items_dropped", "lanes_clamped", "closed"):
+        assert manifests[True][key] == manifests[False][key], key
+    assert manifests[True]["events_written"] == len(events) - 1
+    assert manifests[True]["closed"] is True and manifests[True]["os_pid"] == os.getpid()
+
+
+def test_renderer_process_gzip(tmp_path: Path) -> None:
+    sink = record_run(tmp_path, cycles=3, timeline_gzip=True)
+    assert not sink.renders_in_process
+    with gzip.open(sink.path, "rt") as f:
+        events = json.load(f)
+    assert len(events) - 1 == sink.events_written > 0
+
+
+def test_process_sink_counts_drops_of_a_full_queue(tmp_path: Path) -> None:
+    # each cycle weighs 3 * (6 + 3) + 6 = 33 events: the queue holds three
+    sink = TimelineSink(config_for(tmp_path, timeline_queue_size=100), 0, SIZE, "h")
+    records = [make_cycle(c, weird=False) for c in range(300)]
+    for record in records:
+        sink.on_cycle(record)
+    sink.close()
+    events = json.loads(Path(sink.path).read_text())
+    manifest = json.loads(Path(sink.manifest_path).read_text())
+    rendered = len([e for e in events if e["name"] == "ALLREDUCE"]) // 3
+    assert sink.events_dropped > 0 and sink.writer.items_dropped == 300 - rendered
+    assert manifest["events_dropped"] == sink.events_dropped
+    assert events[-1]["args"]["events_dropped"] == sink.events_dropped
+    assert manifest["events_written"] == sink.events_written == len(events) - 1
+    assert manifest["closed"] is True
+
+
+_KILLED_RANK_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from hvdprof.config import Config
+    from hvdprof.runtime.records import CycleRecord, TunableParams
+    from hvdprof.timeline import TimelineSink, transport
+    transport.TERMINATE_ON_PRODUCER_LOSS = sys.argv[2] == "terminate"
+    sink = TimelineSink(Config(timeline_dir=sys.argv[1]), 0, 1, "h")
+    p = TunableParams(1 << 20, 1.0)
+    for c in range(200):
+        sink.on_cycle(CycleRecord(c, c, c * 1000, c * 1000, c * 1000 + 500, p, bytes_reduced=c))
+    want = 200 * 6 + len(sink._renderer.header())  # the cycles and the header lines
+    deadline = time.monotonic() + 30
+    while sink.writer.sent_events < want and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print(sink.writer.pid, sink.writer.sent_events - want, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # the rank dies; the renderer must finish alone
+    """
+)
+
+
+def _wait_gone(pid: int, timeout_s: float = 60.0) -> None:
+    """Wait for a process we are not the parent of (an orphan is reaped by init)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return
+        except FileNotFoundError:
+            return
+        time.sleep(0.02)
+    pytest.fail(f"the renderer process {pid} outlived its rank by {timeout_s} s")
+
+
+@pytest.mark.parametrize("mode", ["leave-open", "terminate"])
+def test_sigkilled_rank_keeps_every_event_it_handed_over(tmp_path: Path, mode: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_RANK_SCRIPT, str(tmp_path), mode],
+        cwd=REPO, capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    pid, unsent = (int(x) for x in proc.stdout.split())
+    assert unsent == 0
+    _wait_gone(pid)
+    path = tmp_path / "rank.0.json"
+    trace = load_trace(str(path))
+    counters = [e["args"]["value"] for e in trace.events if e["name"] == act.COUNTER_BYTES_REDUCED]
+    assert counters == list(range(200)), "everything handed to the child is in the file"
+    assert trace.skipped == []
+    manifest = json.loads((tmp_path / "manifest.rank.0.json").read_text())
+    assert manifest["closed"] is False
+    if mode == "terminate":
+        events = json.loads(path.read_text())  # strict JSON
+        assert events[-1]["name"] == act.TRACE_END and events[-1]["args"]["producer_lost"]
+        assert manifest["events_written"] == len(events) - 1
+    else:
+        assert not trace.complete and path.read_text().endswith(",\n")
+        assert manifest["events_written"] == len(trace.events)
+    assert any("closing ']'" in p for p in load_run(str(tmp_path)).problems) is (
+        mode == "leave-open"
+    )
+
+
+def _wait_for_size(path: str, size: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if os.path.exists(path) and os.path.getsize(path) > size:
+            return
+        time.sleep(0.02)
+    pytest.fail(f"{path} never grew past {size} bytes")
+
+
+def test_renderer_ignores_sigint_and_a_killed_renderer_does_not_hang_close(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = TimelineSink(config_for(tmp_path / "int"), 0, SIZE, "h")
+    sink.on_cycle(make_cycle(0))
+    _wait_for_size(sink.path, 1000)  # the child is up and rendering
+    os.kill(sink.writer.pid, signal.SIGINT)  # as a Ctrl+C to its process group would
+    time.sleep(0.2)
+    sink.on_cycle(make_cycle(1))
+    sink.close()
+    assert sink.writer.returncode == 0
+    events = json.loads(Path(sink.path).read_text())
+    assert len([e for e in events if e["name"] == "ALLREDUCE"]) == 6
+
+    sink = TimelineSink(config_for(tmp_path / "kill"), 0, SIZE, "h")
+    sink.on_cycle(make_cycle(0))
+    _wait_for_size(sink.path, 1000)
+    os.kill(sink.writer.pid, signal.SIGKILL)
+    time.sleep(0.1)
+    for c in range(1, 5):
+        sink.on_cycle(make_cycle(c))
+    t0 = time.monotonic()
+    with caplog.at_level(logging.ERROR, logger="hvdprof.timeline"):
+        sink.close()
+    assert time.monotonic() - t0 < 30
+    assert sink.writer.returncode == -signal.SIGKILL
+    assert "renderer" in caplog.text
+    trace = load_trace(sink.path)
+    assert not trace.complete and len([e for e in trace.events if e["name"] == "ALLREDUCE"]) == 3
+    manifest = json.loads(Path(sink.manifest_path).read_text())
+    assert manifest["closed"] is False and manifest["events_dropped"] == sink.events_dropped > 0
+    assert manifest["events_written"] == len(trace.events)
+
+
+def test_sink_falls_back_to_a_writer_thread_without_a_python(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    with caplog.at_level(logging.WARNING, logger="hvdprof.timeline"):
+        sink = record_run(tmp_path, cycles=2)
+    assert sink.renders_in_process and isinstance(sink.writer, TimelineWriter)
+    assert "cannot start the timeline renderer process" in caplog.text
+    events = json.loads(Path(sink.path).read_text())
+    assert len([e for e in events if e["name"] == "ALLREDUCE"]) == 6
+    assert json.loads(Path(sink.manifest_path).read_text())["closed"] is True
+
+
+def test_forked_copy_of_a_rank_does_not_hold_the_renderer_pipe(tmp_path: Path) -> None:
+    sink = TimelineSink(config_for(tmp_path), 0, SIZE, "h")
+    fd = sink.writer._pipe
+    pid = os.fork()
+    if pid == 0:  # a data-loader worker, say: the renderer must still see EOF without it
+        try:
+            os.fstat(fd)
+            code = 1
+        except OSError:
+            code = 0
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    sink.on_cycle(make_cycle(0))
+    sink.close()
+    assert json.loads(Path(sink.path).read_text())[-1]["name"] == act.TRACE_END

@@ -14,12 +14,14 @@ merging its own counts into the manifest the rank sends.
 
 Behaviour:
 
-* it runs at the lowest priority (``os.nice(19)``), so it uses idle CPU and lags behind
-  under load instead of slowing training; the pipe and the rank's bounded queue absorb the
-  lag;
-* it ignores SIGINT and SIGTERM: Ctrl+C and a launcher's SIGTERM go to the whole process
-  group, and the child must outlive the rank to write what the rank sent; it stops when
-  its input ends, so it never outlives the rank by more than the time to render;
+* it runs at the lowest priority, so it uses idle CPU and lags behind under load instead
+  of slowing training; the pipe and the rank's bounded queue absorb the lag. That takes a
+  session of its own whose autogroup the rank renices (see
+  :mod:`hvdprof.timeline.transport` for why ``nice`` alone is not enough), plus
+  ``os.nice(19)`` where autogroups do not apply;
+* it ignores SIGINT and SIGTERM: it must outlive the rank long enough to write what the
+  rank sent, and it stops by itself when its input ends, so it never outlives the rank by
+  more than the time to render that (at normal priority, once the rank is gone);
 * the stream ends with the rank's end mark (clean close): the file gets its final event
   and ``]`` (strict JSON), and the manifest ``closed: true``;
 * the stream ends without it (the rank exited without closing, or was SIGKILLed):
@@ -124,7 +126,7 @@ class RenderChild:
             tag = msg[0]
             if tag == t.MSG_STATE or tag == t.MSG_END:
                 _, manifest, dropped_events, dropped_items = msg
-                if manifest is not None:
+                if manifest:
                     self.manifest = manifest
                 self.rank_dropped = (int(dropped_events), int(dropped_items))
                 if tag == t.MSG_END:
@@ -206,6 +208,11 @@ class RenderChild:
 
     def finish(self) -> None:
         """Write the rest; terminate the file if the rank closed it (or when asked to)."""
+        if not self.ended:
+            # The rank is gone and nobody waits on training any more: finish quickly.
+            from hvdprof.timeline.transport import set_autogroup_nice
+
+            set_autogroup_nice(os.getpid(), 0)
         if self.ended or self.terminate_on_eof:
             self.writer.close()
         else:
@@ -217,6 +224,19 @@ def _trace_end() -> str:
     from hvdprof.timeline.activities import TRACE_END
 
     return TRACE_END
+
+
+def _lower_priority() -> None:
+    """``nice 19`` and ``SCHED_IDLE``: any waking thread of the rank preempts us at once.
+
+    (Under EEVDF a running task otherwise keeps the CPU for its slice, ~3 ms, when a rank
+    thread wakes.) The policy stays for good; our autogroup's niceness, which the rank
+    lowers when it waits for us, is what sets our share then.
+    """
+    with contextlib.suppress(OSError):
+        os.nice(NICE)
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 def _ignore_group_signals() -> None:
@@ -239,8 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.WARNING,
         format=f"hvdprof timeline renderer (rank {init.get('rank')}): %(message)s",
     )
-    with contextlib.suppress(OSError):
-        os.nice(NICE)
+    _lower_priority()
 
     from hvdprof.timeline.transport import FrameReader
 

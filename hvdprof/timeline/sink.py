@@ -40,6 +40,7 @@ from hvdprof.config import Config
 from hvdprof.errors import HvdprofError
 from hvdprof.runtime.records import CycleRecord, TunableParams
 from hvdprof.timeline import activities as act
+from hvdprof.timeline import transport
 from hvdprof.timeline.clock import ClockCorrection, skewed_clock
 from hvdprof.timeline.manifest import (
     MANIFEST_FORMAT,
@@ -56,7 +57,6 @@ from hvdprof.timeline.render import (
     CycleRenderer,
     events_per_op,
 )
-from hvdprof.timeline import transport
 from hvdprof.timeline.transport import RenderProcess
 from hvdprof.timeline.writer import TimelineWriter, open_trace_file
 
@@ -180,9 +180,13 @@ class TimelineSink:
                 periodic=self._refresh_manifest,
                 final_event=self._final_event,
             )
-        header = self._renderer.header()
-        self._writer.put((ITEM_LINES, header), len(header))
-        self._refresh_manifest(force=True)
+        try:
+            header = self._renderer.header()
+            self._writer.put((ITEM_LINES, header), len(header))
+            self._refresh_manifest(force=True)
+        except BaseException:
+            self._writer.close()  # no child or thread left behind
+            raise
         if self._process is not None:
             self._process.start()  # only now may the child write the manifest
         _OPEN_SINKS.add(self)
@@ -297,6 +301,9 @@ class TimelineSink:
 
     @property
     def events_written(self) -> int:
+        """Events in the file (excluding the final event). With the renderer process, the
+        count is known once :meth:`close` returned (the child refreshes the manifest's
+        count every few seconds while recording)."""
         return self._writer.events_written
 
     @property

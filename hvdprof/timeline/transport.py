@@ -1,11 +1,24 @@
 """The pipe between a rank and its timeline renderer process.
 
-Rendering a cycle into Chrome JSON costs about 11 µs per op (8 events, ~1 KB), and done on
-a thread of the rank it competed with training for the GIL and the cores. So the rank only
-*ships* its records; :mod:`hvdprof.timeline.render_process`, a child process started per
-sink and running at the lowest priority, rebuilds them, renders them with the same
+Rendering a cycle into Chrome JSON costs about 6-11 µs per op (8 events, ~1 KB), and done
+on a thread of the rank it competed with training for the GIL and the cores. So the rank
+only *ships* its records; :mod:`hvdprof.timeline.render_process`, a child process started
+per sink, rebuilds them, renders them with the same
 :class:`~hvdprof.timeline.render.CycleRenderer` and writes them with the same
 :class:`~hvdprof.timeline.writer.TimelineWriter`.
+
+Scheduling. Linux groups processes by session into *autogroups* and shares CPU fairly
+between groups first; the launcher starts every rank in its own session. A child in the
+rank's session, even at ``nice 19`` or ``SCHED_IDLE``, is charged to the rank's group:
+on a busy machine every millisecond it renders is one the rank's threads wait for
+(measured: steps 2-2.5x slower with 2,000 ops per step on 2 loaded cores). So the child
+gets a session of its own (``start_new_session``), whose autogroup the rank sets to
+niceness 19 right after starting it (:data:`BACKGROUND_NICE`): it then only takes CPU
+that no one else wants, and lags under load. When the rank closes the sink it waits for
+the child anyway, so it sets the child's autogroup back to 0 first; a child that finds
+its input cut (the rank died) does the same. Where autogroups do not apply (disabled, or
+non-root cgroups), the child's own ``os.nice(19)`` is what is left. Its own session also
+keeps terminal signals away from it; it ends on end of input, never by a group signal.
 
 Rank side (:class:`RenderProcess`):
 
@@ -14,14 +27,15 @@ Rank side (:class:`RenderProcess`):
   queue is full the item is dropped and counted. It never blocks and never encodes.
 * A feeder thread wakes when a batch is queued (or every flush interval), encodes the
   items and writes them to the child's stdin with plain blocking writes, which release the
-  GIL while they wait. A child that lags (it is niced, so it does under load) first fills
-  the pipe (enlarged to 1 MiB), then makes the feeder wait, then fills the queue: the
-  backpressure ends in counted drops, never in the cycle thread.
+  GIL while they wait. A child that lags (under load it does, by design) first fills the
+  pipe (enlarged to 1 MiB, ~13,000 ops), then makes the feeder wait, then fills the queue:
+  the backpressure ends in counted drops, never in the cycle thread.
 * Encoding: every op becomes one tuple of its fields (one C-level ``attrgetter``), and
   the tuples are pickled :data:`OPS_PER_FRAME` at a time, one frame and one write each, so
-  the feeder hands the GIL back between frames. Measured at about 0.7 µs per op in the
-  rank; columnar ``array``/numpy packing was slower in CPython (each column is another
-  pass converting Python ints). Rare items (instants, counters, header lines) are pickled
+  the feeder hands the GIL back between frames. Measured at 0.7-1 µs per op of feeder CPU
+  in a rank (~76 bytes per op on the wire); columnar ``array`` packing of the same fields
+  measured ~2x slower in CPython (each column is another pass converting Python ints).
+  The child spends ~2 µs per op decoding and ~6-11 µs rendering and writing. Rare items (instants, counters, header lines) are pickled
   after their arguments are reduced to plain JSON-able values, so unpickling them can
   never import torch or user code in the child.
 
@@ -47,6 +61,7 @@ closing bracket, which is how readers tell a crashed rank (see
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import json
@@ -73,7 +88,6 @@ from hvdprof.timeline.render import (
     ITEM_EVENT,
     ITEM_INSTANT,
     ITEM_LINES,
-    events_per_op,
 )
 
 log = logging.getLogger("hvdprof.timeline")
@@ -102,6 +116,8 @@ CLOSE_TIMEOUT_S = 60.0
 TERMINATE_ON_PRODUCER_LOSS = False
 #: the module the child runs (``python -m``)
 CHILD_MODULE = "hvdprof.timeline.render_process"
+#: autogroup niceness of the child while the rank records (0 once the rank closes)
+BACKGROUND_NICE = 19
 
 OP_FIELDS = tuple(f.name for f in dataclasses.fields(OpRecord))
 GROUP_FIELDS = tuple(f.name for f in dataclasses.fields(GroupRecord))
@@ -304,6 +320,21 @@ class Decoder:
 # --- the rank's side of the process --------------------------------------------------------
 
 
+def set_autogroup_nice(pid: int, nice: int) -> bool:
+    """Set the niceness of the autogroup (session) of process ``pid``; False if not possible.
+
+    Only for a process that leads its own session: the value applies to every process of
+    the session. Raising it (lower priority) needs no privilege; neither does going back
+    down to 0. No effect where autogroups are off or the process is in a non-root cgroup.
+    """
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(str(int(nice)))
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def _child_env() -> dict[str, str]:
     """The rank's environment, with this hvdprof first on the path (wherever it came from)."""
     env = dict(os.environ)
@@ -346,6 +377,7 @@ class RenderProcess:
     ) -> None:
         self.path = path
         self.manifest_path = str(init.get("manifest_path") or "")
+        self._compressed = bool(init.get("compress"))
         self._capacity = max(1, int(queue_size))
         self._flush_interval_s = flush_interval_s
         self._batch_events = max(1, min(batch_events, self._capacity))
@@ -358,6 +390,7 @@ class RenderProcess:
         self._dropped_events = 0
         self._dropped_items = 0
         self._encode_failures = 0
+        self._sent_events = 0
         self._broken = False
         self._closed = False
         self._stopping = False
@@ -386,6 +419,7 @@ class RenderProcess:
                 stdout=subprocess.PIPE,
                 pass_fds=(fd,),
                 env=_child_env(),
+                start_new_session=True,  # its own autogroup: see the module docstring
             )
         except BaseException:
             os.close(write_end)
@@ -394,6 +428,8 @@ class RenderProcess:
             os.close(read_end)
         os.close(fd)  # the child has its own copy
         self.pid = self._proc.pid
+        # Set here rather than in the child, so that close() cannot race it.
+        self.background = set_autogroup_nice(self.pid, BACKGROUND_NICE)
         self._pipe = write_end
         self._thread = threading.Thread(
             target=self._run,
@@ -449,8 +485,13 @@ class RenderProcess:
 
     @property
     def pending(self) -> int:
-        """Events queued in this rank and not yet handed to the child."""
+        """Events queued in this rank and not yet taken by the feeder."""
         return self._put_weight - self._taken_weight
+
+    @property
+    def sent_events(self) -> int:
+        """Events written into the pipe: from here on, only the child can lose them."""
+        return self._sent_events
 
     @property
     def closed(self) -> bool:
@@ -500,6 +541,8 @@ class RenderProcess:
                 self._encode_failures += 1
                 if self._encode_failures <= 3:
                     log.exception("timeline: could not encode an item; it is dropped")
+            else:
+                self._sent_events += weight
 
     def _count_drop(self, weight: int) -> None:
         with self._lock:
@@ -528,8 +571,7 @@ class RenderProcess:
             self._broken = True
             code = self._proc.poll()
             log.error(
-                "timeline: the renderer process of %s is gone (%s%s); further events are"
-                " dropped",
+                "timeline: the renderer process of %s is gone (%s%s); further events are dropped",
                 self.path,
                 exc.strerror or exc,
                 "" if code is None else f", exit code {code}",
@@ -562,14 +604,17 @@ class RenderProcess:
         if os.getpid() != self._owner_pid:
             return
         deadline = time.monotonic() + timeout_s
+        if self.background and self._proc.poll() is None:
+            # The rank now waits for the child: let it catch up at a normal priority.
+            # (Not reaped yet, so the pid is still the child's, even if it has exited.)
+            set_autogroup_nice(self.pid, 0)
         self._final = dict(final_manifest) if final_manifest is not None else {}
         self._stopping = True
         self._wake.set()
-        if self._thread.is_alive() or self._thread.ident is None:
-            if self._thread.ident is None:  # never started: send from here
-                self._run()
-            else:
-                self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.ident is None:  # never started: send from here
+            self._run()
+        else:
+            self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
             log.error(
                 "timeline: the renderer of %s took no input for %.0f s; stopping it",
@@ -621,14 +666,15 @@ class RenderProcess:
                 self.path,
                 self._proc.returncode,
             )
-        with contextlib.suppress(OSError, ValueError, TypeError):
+        self._status = {"events_written": 0, "closed": False}
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
             with open(self.manifest_path, encoding="utf-8") as f:
                 last = json.load(f)
-            self._status = {
-                "events_written": int(last.get("events_written", 0)),
-                "lanes_clamped": int(last.get("lanes_clamped", 0)),
-                "closed": False,
-            }
+            self._status["events_written"] = int(last.get("events_written", 0))
+            self._status["lanes_clamped"] = int(last.get("lanes_clamped", 0))
+        if not self._compressed:
+            with contextlib.suppress(OSError):
+                self._status["events_written"] = count_events(self.path)
 
     def _after_fork_in_child(self) -> None:
         """A forked copy of the rank must not hold the pipe open (the child waits for EOF)."""
@@ -638,6 +684,21 @@ class RenderProcess:
             with contextlib.suppress(OSError):
                 os.close(self._pipe)
             self._pipe = -1
+
+
+def count_events(path: str) -> int:
+    """Events in an uncompressed trace file: one per line, each line starting with ``{``.
+
+    (A raw newline never occurs inside an event: JSON escapes it in strings.) For the
+    manifest of a file whose renderer died before reporting its counts.
+    """
+    count = 0
+    with open(path, "rb") as f:
+        previous = b"\n"
+        while chunk := f.read(1 << 20):
+            count += chunk.count(b"\n{") + (previous == b"\n" and chunk[:1] == b"{")
+            previous = chunk[-1:]
+    return count
 
 
 class _PipeLost(Exception):
@@ -655,6 +716,11 @@ def _close_pipes_after_fork() -> None:
 os.register_at_fork(after_in_child=_close_pipes_after_fork)
 
 
-def weight_of_cycle(record: CycleRecord, size: int) -> int:
-    """Queue weight of a cycle (events it may become), as the sink accounts it."""
-    return len(record.ops) * events_per_op(size) + 6
+@atexit.register
+def _close_open_clients() -> None:
+    """Finish files whose sink was dropped without being closed (sinks close theirs first)."""
+    for client in list(_CLIENTS):
+        try:
+            client.close(timeout_s=10.0)
+        except Exception:
+            log.exception("timeline: closing %s at exit failed", client.path)

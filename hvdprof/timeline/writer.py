@@ -251,13 +251,15 @@ class TimelineWriter:
                 if self._render_failures <= 3:
                     log.exception("timeline: could not render an item; it is dropped")
                 continue
-            for line in lines:
-                parts.append(line)
-                parts.append(",\n")
-                size += len(line) + 2
+            if not lines:
+                continue
+            text = ",\n".join(lines)  # every event is followed by ",\n"
+            parts.append(text)
+            parts.append(",\n")
+            size += len(text) + 2
             events += len(lines)
             since_yield += len(lines)
-            if since_yield >= _EVENTS_PER_GIL_SLICE:
+            if since_yield >= _EVENTS_PER_GIL_SLICE and self._thread is not None:
                 since_yield = 0
                 time.sleep(0)  # let the cycle and training threads have the GIL
             if size >= _MAX_BATCH_BYTES:
