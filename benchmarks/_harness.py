@@ -41,6 +41,8 @@ RAW_VAR = "BENCH_RAW_PATH"
 
 Samples = dict[str, list[tuple[int, float]]]  # variant -> [(round, seconds), ...]
 
+_LOAD_AT_START = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
 
 # ----------------------------------------------------------------------- options
 
@@ -63,7 +65,7 @@ def parser(description: str, *, steps: int, warmup: int) -> argparse.ArgumentPar
         "--output",
         type=Path,
         default=None,
-        help="results JSON (default benchmarks/results/NAME.json)",
+        help="results JSON (default benchmarks/results/NAME.json, NAME.quick.json with --quick)",
     )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -96,8 +98,18 @@ def run_job(
         command = [sys.executable, script, *argv, "--worker"]
         started = time.monotonic()
         code = launch(command, num_proc, env=job_env, timeout=timeout)
-        if code != 0:
+        finished = all(Path(f"{raw}.rank{r}.done").exists() for r in range(num_proc))
+        if code != 0 and not (finished and raw.exists()):
             raise SystemExit(f"benchmark job failed with exit code {code}: {' '.join(command)}")
+        if code != 0:
+            # Every rank had finished measuring and rank 0 had saved the results: the
+            # failure happened while tearing the process groups down. Keep the results,
+            # but say so loudly.
+            print(
+                f"WARNING: the job exited with code {code} during teardown, after every rank "
+                "had finished and the results were saved; results kept",
+                file=sys.stderr,
+            )
         if not raw.exists():
             raise SystemExit("benchmark job exited 0 but rank 0 left no results")
         data = json.loads(raw.read_text())
@@ -261,6 +273,21 @@ def save_raw(payload: Mapping[str, Any]) -> None:
         print(json.dumps(payload, indent=1))
 
 
+def finish_worker() -> None:
+    """Mark this rank done (results collected), then tear down both runtimes explicitly."""
+    import torch.distributed as dist
+
+    import hvdprof.torch as hvd
+
+    path = os.environ.get(RAW_VAR)
+    if path:
+        rank, _ = rank_and_size()
+        Path(f"{path}.rank{rank}.done").touch()
+    dist.barrier()  # nobody tears down while a peer is still in a collective
+    dist.destroy_process_group()
+    hvd.shutdown()
+
+
 def log(message: str) -> None:
     rank, _ = rank_and_size()
     if rank == 0:
@@ -363,8 +390,45 @@ def environment_info() -> dict[str, Any]:
         "python_version": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        "load_average_at_start": _LOAD_AT_START,
         "load_average_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        **source_identity(),
+        "hvdprof_sources_sha256_at_start": _SOURCES_AT_START,
     }
+
+
+def sources_digest() -> str:
+    """A hash of hvdprof's Python sources: tells apart uncommitted edits."""
+    import hashlib
+
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted((root / "hvdprof").rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+_SOURCES_AT_START = sources_digest()
+
+
+def source_identity() -> dict[str, str | None]:
+    """Which hvdprof was measured: the commit, and the sources' hash at the end (compare
+    with ``hvdprof_sources_sha256_at_start``: they differ when hvdprof was edited while the
+    benchmark ran, and then the run measured a mix)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or None
+        )
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"git_commit": commit, "hvdprof_sources_sha256": sources_digest()}
 
 
 def write_results(
@@ -374,6 +438,12 @@ def write_results(
     path = output or RESULTS_DIR / (f"{name}.quick.json" if quick else f"{name}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"benchmark": name, **environment_info(), **payload}
+    if doc["hvdprof_sources_sha256"] != doc["hvdprof_sources_sha256_at_start"]:
+        print(
+            "WARNING: hvdprof's sources changed while this benchmark ran; the results "
+            "may mix two versions (see hvdprof_sources_sha256*)",
+            file=sys.stderr,
+        )
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return path
 

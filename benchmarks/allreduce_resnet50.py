@@ -6,16 +6,18 @@
 * ``flat_cat``: ``dist.all_reduce(torch.cat(grads))``, the naive flat of ANCHORS.md
   (a fresh concatenation every step, never copied back), for context only;
 * ``per_tensor_async``: ``dist.all_reduce(t, async_op=True)`` for every tensor, then wait;
-* ``ddp_buckets``: what DDP does: 25 MB buckets in reverse (backward) order, each packed
+* ``ddp_buckets``: what DDP does: buckets in reverse (backward) order, 1 MB for the
+  first and 25 MB for the rest (DDP's defaults), each packed
   with ``torch.cat`` into its bucket buffer, reduced asynchronously as soon as it is
   packed, then, once all are done, copied back into the gradients;
 * ``hvdprof``: ``hvd.allreduce_async_(t, name=..., op=hvd.Sum)`` for every tensor, then
   ``hvd.synchronize`` on every handle.
 
-The baselines use the default torch.distributed group; hvdprof uses its own. All four run
-interleaved in the same processes. Then, unless ``--no-sweep``, a few separate launches
-vary HVDPROF_FUSION_THRESHOLD and HVDPROF_MAX_INFLIGHT, timing ``flat`` and ``hvdprof``
-interleaved within each launch (comparisons between launches are not interleaved).
+The baselines use the default torch.distributed group; hvdprof uses its own. All five run
+interleaved in the same processes. Then, unless ``--no-sweep``, separate launches vary
+HVDPROF_FUSION_THRESHOLD and HVDPROF_MAX_INFLIGHT, timing ``flat`` and ``hvdprof``
+interleaved within each launch (comparisons between launches are not interleaved; the
+configs take turns over ``--sweep-repeats`` rounds of launches to spread the drift).
 
     python benchmarks/allreduce_resnet50.py [--np 2] [--steps 40] [--quick] [--no-sweep]
 """
@@ -224,8 +226,7 @@ def worker(args: Any) -> None:
                 "ddp_buckets": [len(m) for m, _ in ddp.buckets],
             }
         )
-    dist.destroy_process_group()
-    hvd.shutdown()
+    h.finish_worker()
 
 
 # -------------------------------------------------------------------------- launcher
@@ -236,12 +237,17 @@ def main() -> None:
     p.add_argument("--variants", default=",".join(VARIANTS), help=argparse_help())
     p.add_argument("--no-sweep", action="store_true", help="skip the threshold/in-flight sweep")
     p.add_argument("--sweep-steps", type=int, default=12, help="timed rounds per sweep launch")
+    p.add_argument("--sweep-warmup", type=int, default=2, help="untimed rounds per sweep launch")
+    p.add_argument(
+        "--sweep-repeats", type=int, default=2, help="launches per sweep config (default 2)"
+    )
     args = p.parse_args()
     if args.worker:
         worker(args)
         return
     if args.quick:
-        args.steps, args.warmup, args.sweep_steps = 6, 2, 4
+        args.steps, args.warmup, args.sweep_steps, args.sweep_warmup = 4, 1, 3, 1
+        args.sweep_repeats = 1
     unknown = set(args.variants.split(",")) - set(VARIANTS)
     if unknown:
         p.error(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
@@ -285,62 +291,7 @@ def main() -> None:
         print(f"hvdprof per step: {hv_stats}")
     print(f"DDP buckets (tensors per bucket): {data['ddp_buckets']}")
 
-    sweep_rows = []
-    if not args.no_sweep:
-        configs = QUICK_SWEEP if args.quick else SWEEP
-        print()
-        print(
-            f"sweep: {len(configs)} separate launch(es), each timing flat and hvdprof interleaved "
-            f"({args.sweep_steps} rounds); hvdprof ms across launches is NOT interleaved"
-        )
-        for threshold, inflight in configs:
-            env = {
-                "HVDPROF_FUSION_THRESHOLD": str(threshold),
-                "HVDPROF_MAX_INFLIGHT": str(inflight),
-            }
-            sargv = [
-                "--np", str(args.np), "--steps", str(args.sweep_steps), "--warmup", "2",
-                "--threads", str(args.threads), "--variants", "flat,hvdprof",
-            ]  # fmt: skip
-            sdata = h.run_job(__file__, sargv, args.np, env=env, timeout=timeout)
-            ssum = h.summarise(sdata["samples"])
-            r = h.ratio(sdata["samples"], "hvdprof", "flat")
-            sweep_rows.append(
-                {
-                    "fusion_threshold_bytes": threshold,
-                    "max_inflight": inflight,
-                    "flat_median_ms": ssum["flat"]["median_ms"],
-                    "hvdprof_median_ms": ssum["hvdprof"]["median_ms"],
-                    "hvdprof_over_flat": r,
-                    "hvdprof_per_step": sdata["hvdprof_per_step"],
-                }
-            )
-        rows = [
-            (
-                f"{s['fusion_threshold_bytes'] // MiB} MiB",
-                s["max_inflight"],
-                f"{s['flat_median_ms']:.1f}",
-                f"{s['hvdprof_median_ms']:.1f}",
-                f"{s['hvdprof_over_flat']['of_medians']:.3f}",
-                f"{s['hvdprof_over_flat']['paired_median']:.3f}",
-                s["hvdprof_per_step"].get("fused_groups", "-"),
-            )
-            for s in sweep_rows
-        ]
-        print(
-            h.table(
-                rows,
-                (
-                    "threshold",
-                    "inflight",
-                    "flat ms",
-                    "hvdprof ms",
-                    "hv/flat",
-                    "per-round",
-                    "groups/step",
-                ),
-            )
-        )
+    sweep_rows = [] if args.no_sweep else run_sweep(args, timeout)
 
     path = h.write_results(
         NAME,
@@ -367,7 +318,11 @@ def main() -> None:
             "ratios": ratios,
             "hvdprof_per_step": hv_stats,
             "sweep": {
-                "interleaved": "within each launch only (flat vs hvdprof); not across launches",
+                "interleaved": "within each launch only (flat vs hvdprof); not across launches. "
+                "Configs take turns over the repeats; samples pooled per config.",
+                "repeats": args.sweep_repeats,
+                "steps": args.sweep_steps,
+                "warmup": args.sweep_warmup,
                 "rows": sweep_rows,
             },
             "job_wall_s": data["wall_s"],
@@ -376,6 +331,86 @@ def main() -> None:
         args.quick,
     )
     print(f"\nwrote {path}")
+
+
+def run_sweep(args: Any, timeout: float) -> list[dict[str, Any]]:
+    """Separate launches per (threshold, in-flight) config, each timing flat and hvdprof
+    interleaved. With ``--sweep-repeats R`` every config is launched R times, the configs
+    taking turns (A B C ... A B C ...), and a config's samples are pooled over its launches.
+    """
+    configs = QUICK_SWEEP if args.quick else SWEEP
+    print()
+    print(
+        f"sweep: {len(configs)} config(s) x {args.sweep_repeats} separate launch(es), configs "
+        f"taking turns; each launch times flat and hvdprof interleaved ({args.sweep_steps} "
+        "rounds). hv/flat is measured within launches; hvdprof ms across configs is NOT "
+        "interleaved."
+    )
+    pooled: dict[int, dict[str, Any]] = {
+        i: {"samples": {"flat": [], "hvdprof": []}, "launch_ratios": [], "per_step": []}
+        for i in range(len(configs))
+    }
+    for rep in range(args.sweep_repeats):
+        for i, (threshold, inflight) in enumerate(configs):
+            env = {
+                "HVDPROF_FUSION_THRESHOLD": str(threshold),
+                "HVDPROF_MAX_INFLIGHT": str(inflight),
+            }
+            sargv = [
+                "--np", str(args.np), "--steps", str(args.sweep_steps),
+                "--warmup", str(args.sweep_warmup), "--threads", str(args.threads),
+                "--variants", "flat,hvdprof",
+            ]  # fmt: skip
+            sdata = h.run_job(__file__, sargv, args.np, env=env, timeout=timeout)
+            entry = pooled[i]
+            offset = rep * args.sweep_steps  # keep rounds of different launches apart
+            for v in ("flat", "hvdprof"):
+                entry["samples"][v] += [(r + offset, dt) for r, dt in sdata["samples"][v]]
+            entry["launch_ratios"].append(
+                h.ratio(sdata["samples"], "hvdprof", "flat")["of_medians"]
+            )
+            entry["per_step"].append(sdata["hvdprof_per_step"])
+    rows = []
+    for i, (threshold, inflight) in enumerate(configs):
+        entry = pooled[i]
+        summary = h.summarise(entry["samples"])
+        rows.append(
+            {
+                "fusion_threshold_bytes": threshold,
+                "max_inflight": inflight,
+                "launches": args.sweep_repeats,
+                "flat_median_ms": summary["flat"]["median_ms"],
+                "hvdprof_median_ms": summary["hvdprof"]["median_ms"],
+                "hvdprof_over_flat": h.ratio(entry["samples"], "hvdprof", "flat"),
+                "hvdprof_over_flat_per_launch": entry["launch_ratios"],
+                "hvdprof_per_step": entry["per_step"][-1],
+            }
+        )
+    table_rows = [
+        (
+            f"{r['fusion_threshold_bytes'] // MiB} MiB",
+            r["max_inflight"],
+            f"{r['flat_median_ms']:.1f}",
+            f"{r['hvdprof_median_ms']:.1f}",
+            f"{r['hvdprof_over_flat']['of_medians']:.3f}",
+            f"{r['hvdprof_over_flat']['paired_median']:.3f}",
+            " ".join(f"{x:.2f}" for x in r["hvdprof_over_flat_per_launch"]),
+            r["hvdprof_per_step"].get("fused_groups", "-"),
+        )
+        for r in rows
+    ]
+    header = (
+        "threshold",
+        "inflight",
+        "flat ms",
+        "hvdprof ms",
+        "hv/flat",
+        "per-round",
+        "per launch",
+        "groups/step",
+    )
+    print(h.table(table_rows, header))
+    return rows
 
 
 def argparse_help() -> str:

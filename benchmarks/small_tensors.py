@@ -88,8 +88,7 @@ def worker(args: Any) -> None:
     samples = h.gather_slowest(samples)
     if rank == 0:
         h.save_raw({"samples": samples, "hvdprof_per_step": meter.per_call()})
-    dist.destroy_process_group()
-    hvd.shutdown()
+    h.finish_worker()
 
 
 def main() -> None:

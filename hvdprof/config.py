@@ -204,9 +204,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "HVDPROF_FUSION_THRESHOLD",
         "fusion_threshold_bytes",
         _int(0),
-        16 * MiB,
+        4 * MiB,
         "Largest fusion buffer, in bytes. 0 disables fusion.",
-        "16777216 (16 MiB)",
+        "4194304 (4 MiB)",
     ),
     EnvVar(
         "HVDPROF_MAX_INFLIGHT",
@@ -423,7 +423,7 @@ class Config:
     controller_port: int | None = None
     start_timeout_s: float = 60.0
     cycle_time_ms: float = 1.0
-    fusion_threshold_bytes: int = 16 * MiB
+    fusion_threshold_bytes: int = 4 * MiB
     max_inflight: int = 4
     cache_capacity: int = 4096
     backend: str = "auto"

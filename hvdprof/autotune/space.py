@@ -5,7 +5,7 @@ over 1-100 ms, so a Gaussian process with one length scale per axis sees the int
 region (a few MB, a few ms) squeezed into a corner. Both knobs act multiplicatively (twice
 the buffer halves the number of backend calls), so we search them on a log scale:
 
-* fusion threshold: 4 KiB .. 256 MiB (the default 16 MiB is inside, and the top is far
+* fusion threshold: 4 KiB .. 256 MiB (the default 4 MiB is inside, and the top is far
   above the largest gradient of common models, so "fuse everything" is reachable);
 * cycle time: 0.2 .. 50 ms;
 * response cache: on/off, a categorical axis of the same joint space.
