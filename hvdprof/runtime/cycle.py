@@ -60,6 +60,7 @@ def _dtype_name(dtype: str) -> str:
 _IDLE_SLEEP_MAX_S = 0.01  # idle back-off: a quiet job polls every 10 ms
 _IDLE_CYCLES_BEFORE_BACKOFF = 500
 _STALL_EVERY_S = 1.0
+_BURST_WAIT_MAX_S = 0.02  # longest wait for a burst of submissions to finish
 _PARTIAL_WATCH_EVERY_S = 0.25  # stalls are reported after many seconds; sample the bits
 
 
@@ -160,6 +161,7 @@ class CycleLoop:
                         wait = _IDLE_SLEEP_MAX_S
                     self.wake.wait(wait)
                 self.wake.clear()
+                self._let_burst_finish(cycle_s)
         except BaseException as exc:  # a dead peer, a timeout: fail everything, loudly
             self._fail(self._internal_error(exc))
         finally:
@@ -168,6 +170,26 @@ class CycleLoop:
                     observer.close()
                 except Exception:  # a sink failing must not hide the real error
                     log.exception("hvdprof: closing %r failed", observer)
+
+    def _let_burst_finish(self, cycle_s: float) -> None:
+        """While the user's thread is still submitting a burst of ops, wait for it.
+
+        One cycle then negotiates and fuses the whole burst, instead of taking its head
+        while racing the submitting thread for the GIL. Waits only while the queue keeps
+        growing (a quarter cycle without growth ends it), and never beyond a bound.
+        """
+        queue = self.queue
+        n = len(queue)
+        if not n:
+            return
+        pause = max(cycle_s / 4, 0.0002)
+        deadline = time.monotonic() + _BURST_WAIT_MAX_S
+        while time.monotonic() < deadline:
+            time.sleep(pause)
+            m = len(queue)
+            if m == n:
+                return
+            n = m
 
     def _internal_error(self, exc: BaseException) -> BaseException:
         if isinstance(exc, HvdprofInternalError):

@@ -30,8 +30,8 @@ class Handle:
         self.done_flag = False
         #: called by ``wait`` once, on the user's thread (frees a generated name)
         self.release: Any = None
-        #: called on failure *before* waiters can see it (frees the name for reuse); on
-        #: success the executor retires names in batches instead
+        #: ``retire(name)``, called on failure *before* waiters can see it (frees the name
+        #: for reuse); on success the executor retires names in batches instead
         self.retire: Any = None
 
     def done(self) -> bool:
@@ -50,7 +50,7 @@ class Handle:
             return
         self.error = error
         if self.retire is not None:
-            self.retire()
+            self.retire(self.name)
         self.done_flag = True
         notify_waiters()
 

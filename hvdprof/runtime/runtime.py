@@ -16,7 +16,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch.distributed as dist
@@ -263,7 +262,7 @@ class Runtime:
             self._inflight.add(name)
         handle = Handle(name)
         handle.release = release
-        handle.retire = partial(self._completed, name)
+        handle.retire = self._completed
         req = Request(name, signature, tensor, output, handle, timebase.now_ns(), splits)
         cycle.queue.append(req)
         if not cycle.wake.is_set():

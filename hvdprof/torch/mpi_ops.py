@@ -7,7 +7,7 @@ requests and handles back into tensors.
 
 from __future__ import annotations
 
-import threading
+import itertools
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -141,15 +141,14 @@ class _HandleTable:
     """int handle -> (runtime handles, finisher). Ints, as Horovod returns them."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._next = 0
+        # itertools.count and single dict operations are atomic under the GIL: no lock
+        # on the per-op path.
+        self._counter = itertools.count()
         self._items: dict[int, tuple[list[Handle], Callable[[list[Any]], Any], bool]] = {}
 
     def add(self, handles: list[Handle], finish: Callable[[list[Any]], Any], grouped: bool) -> int:
-        with self._lock:
-            key = self._next
-            self._next += 1
-            self._items[key] = (handles, finish, grouped)
+        key = next(self._counter)
+        self._items[key] = (handles, finish, grouped)
         return key
 
     def get(self, key: int) -> tuple[list[Handle], Callable[[list[Any]], Any], bool]:
@@ -162,12 +161,10 @@ class _HandleTable:
         return self._items.get(key)
 
     def pop(self, key: int) -> None:
-        with self._lock:
-            self._items.pop(key, None)
+        self._items.pop(key, None)
 
     def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
+        self._items.clear()
 
 
 _handles = _HandleTable()
