@@ -54,7 +54,9 @@ pytestmark = pytest.mark.timeout(240)
 
 WORKER = "autotune_worker.py"
 MiB = 1024 * 1024
-DEFAULT = TunableParams(16 * MiB, 1.0, True)
+_DEFAULTS = Config()
+#: the runtime's starting configuration, from the one registry of defaults
+DEFAULT = TunableParams(_DEFAULTS.fusion_threshold_bytes, _DEFAULTS.cycle_time_ms, True)
 #: small samples so that a round of tuning takes seconds, not minutes
 FAST_TUNING = {
     "HVDPROF_AUTOTUNE": "1",
