@@ -55,10 +55,14 @@ from typing import Any
 
 import _harness as h
 
+from hvdprof.config import Config
+
 NAME = "autotune_bench"
 MiB = 1024 * 1024
 KiB = 1024
-DEFAULT = (16 * MiB, 1.0, True)
+_CONFIG = Config()
+#: the runtime's starting configuration, from the one registry of defaults
+DEFAULT = (_CONFIG.fusion_threshold_bytes, _CONFIG.cycle_time_ms, True)
 GOAL_RATIO = 0.95
 GOAL_STEPS = 300
 #: steps discarded after every switch of parameters (the tuner discards the partial step
@@ -312,7 +316,7 @@ def worker_truth(args: Any, work: Workload, rank: int, size: int) -> dict[str, A
     # c. evaluation: default, the grid's top points, every recommendation seen
     ranked = sorted(grid, key=lambda p: -grid_tp[key(p)])
     top = ranked[: args.top]
-    candidates: list[Params] = [DEFAULT, *top]
+    candidates: list[Params] = list(dict.fromkeys([DEFAULT, *top]))  # measured once each
     extra = [tuple(p) for p in json.loads(args.eval_configs)]
     for trials in searches:
         extra += [tuple(p) for p in best_so_far_configs(trials)]
@@ -533,8 +537,6 @@ def main() -> None:
         return
 
     # the tuner runs with the runtime's defaults unless told otherwise
-    from hvdprof.config import Config
-
     defaults = Config()
     tune_env = {"HVDPROF_AUTOTUNE": "1"}
     for var, value in (
