@@ -65,11 +65,15 @@ def plan_fusion(items: list[tuple[FusionKey, int]], threshold_bytes: int) -> lis
     """
     groups: list[FusionGroup] = []
     open_group: dict[FusionKey, FusionGroup] = {}
+    last_key: FusionKey | None = None
+    group: FusionGroup | None = None
     for index, (key, nbytes) in enumerate(items):
         if threshold_bytes <= 0 or nbytes >= threshold_bytes:
             groups.append(FusionGroup(key, [index], nbytes))
             continue
-        group = open_group.get(key)
+        if key is not last_key:  # consecutive items usually share a key: skip the lookup
+            group = open_group.get(key)
+            last_key = key
         if group is None or group.nbytes + nbytes > threshold_bytes:
             group = FusionGroup(key)
             groups.append(group)
