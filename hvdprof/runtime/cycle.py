@@ -25,6 +25,7 @@ from hvdprof.config import Config
 from hvdprof.errors import HvdprofInternalError, StallAbortError
 from hvdprof.runtime import timebase
 from hvdprof.runtime.control import ControlChannel
+from hvdprof.runtime.dtypes import torch_attr
 from hvdprof.runtime.executor import Executor, ReadyOp
 from hvdprof.runtime.handles import notify_waiters
 from hvdprof.runtime.negotiation import (
@@ -52,7 +53,7 @@ def _dtype_name(dtype: str) -> str:
     """'torch.float32' -> 'float32', cached: called per op while the timeline records."""
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
-        name = _DTYPE_NAMES[dtype] = dtype.replace("torch.", "")
+        name = _DTYPE_NAMES[dtype] = torch_attr(dtype)
     return name
 
 

@@ -15,6 +15,7 @@ import torch
 from hvdprof.errors import TensorMismatchError
 from hvdprof.runtime import timebase
 from hvdprof.runtime.backends.base import CollectiveBackend
+from hvdprof.runtime.dtypes import ITEMSIZE, torch_attr
 from hvdprof.runtime.fusion import (
     FusionGroup,
     FusionKey,
@@ -27,19 +28,7 @@ from hvdprof.runtime.records import GroupRecord
 from hvdprof.runtime.requests import OpType, ReduceOp, Request, Signature
 from hvdprof.timeline.activities import NVTX_COLLECTIVE, NVTX_MEMCPY_IN, NVTX_MEMCPY_OUT
 
-_DTYPES = {
-    str(d): d
-    for d in (
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-        torch.int8,
-        torch.uint8,
-        torch.int32,
-        torch.int64,
-    )
-}
+_DTYPES = {name: getattr(torch, torch_attr(name)) for name in ITEMSIZE}
 
 
 def torch_dtype(name: str) -> torch.dtype:

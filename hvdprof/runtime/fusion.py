@@ -9,18 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from hvdprof.runtime.dtypes import ITEMSIZE
 from hvdprof.runtime.requests import Signature
-
-_ITEMSIZE = {
-    "torch.float16": 2,
-    "torch.bfloat16": 2,
-    "torch.float32": 4,
-    "torch.float64": 8,
-    "torch.int8": 1,
-    "torch.uint8": 1,
-    "torch.int32": 4,
-    "torch.int64": 8,
-}
 
 
 class FusionKey(NamedTuple):
@@ -38,7 +28,7 @@ def fusion_key(sig: Signature) -> FusionKey:
 
 
 def signature_nbytes(sig: Signature) -> int:
-    n = _ITEMSIZE.get(sig.dtype, 0)
+    n = ITEMSIZE.get(sig.dtype, 0)
     for d in sig.shape:
         n *= d
     return n

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from hvdprof.runtime.dtypes import ITEMSIZE, torch_attr
 from hvdprof.runtime.requests import ReduceOp
 
 _OPS = {
@@ -19,18 +20,7 @@ _OPS = {
     ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
 }
 
-SUPPORTED_DTYPES = frozenset(
-    {
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-        torch.float64,
-        torch.int8,
-        torch.uint8,
-        torch.int32,
-        torch.int64,
-    }
-)
+SUPPORTED_DTYPES = frozenset(getattr(torch, torch_attr(name)) for name in ITEMSIZE)
 
 
 class _Done:
