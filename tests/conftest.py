@@ -109,8 +109,12 @@ def run_job(
     *args: str,
     env: dict[str, str] | None = None,
     timeout: float = JOB_TIMEOUT,
+    launcher_args: tuple[str, ...] = (),
 ) -> JobResult:
-    """Run ``tests/workers/<worker>`` at ``num_proc`` ranks through ``hvdprof run``."""
+    """Run ``tests/workers/<worker>`` at ``num_proc`` ranks through ``hvdprof run``.
+
+    ``launcher_args`` go to ``hvdprof run`` before the ``--`` (e.g. ``--timeline DIR``).
+    """
     command = [
         sys.executable,
         "-m",
@@ -120,6 +124,7 @@ def run_job(
         str(num_proc),
         "--timeout",
         str(timeout),
+        *launcher_args,
         "--",
         sys.executable,
         str(WORKERS / worker),

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, WORKERS, JobResult, child_env, parse_output, run_job
+from conftest import REPO, JobResult, child_env, run_job
 
 from hvdprof.timeline import activities as act
 from hvdprof.timeline import load_run, load_trace
@@ -62,30 +62,10 @@ def launch(
     env: dict[str, str] | None = None,
     timeout: float = 90.0,
 ) -> JobResult:
-    """``hvdprof run -np N [launcher_args] -- python timeline_worker.py ARGS`` (hard limits).
-
-    Like ``conftest.run_job`` but with launcher options (``--timeline DIR``).
-    """
-    command = [
-        sys.executable, "-m", "hvdprof", "run", "-np", str(num_proc), "--timeout", str(timeout),
-        *launcher_args, "--", sys.executable, str(WORKERS / WORKER), *worker_args,
-    ]  # fmt: skip
-    started = time.monotonic()
-    try:
-        proc = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=timeout + 30,
-            env=child_env(env, timeout),
-            cwd=REPO,
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the launcher outlived its own --timeout {timeout:g} s: {exc}")
-    result = JobResult(proc.returncode, proc.stdout + proc.stderr, time.monotonic() - started)
-    parse_output(proc.stdout, result)
-    parse_output(proc.stderr, result)
-    return result
+    """``hvdprof run -np N [launcher_args] -- python timeline_worker.py ARGS`` (hard limits)."""
+    return run_job(
+        WORKER, num_proc, *worker_args, env=env, timeout=timeout, launcher_args=launcher_args
+    )
 
 
 def info(result: JobResult, rank: int, key: str) -> list[Any]:
