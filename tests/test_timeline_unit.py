@@ -651,8 +651,15 @@ def test_sigkilled_writer_leaves_a_readable_file(tmp_path: Path, suffix: str) ->
     assert len(trace.events) >= 1 and not trace.complete
     assert [e["name"] for e in trace.events] == [f"e{i}" for i in range(len(trace.events))]
     if suffix == ".json":
-        # batches are whole lines written by one os.write: nothing was cut in half
-        assert path.read_text().endswith(",\n") and trace.skipped == []
+        # Batches are whole lines written by one os.write, but Linux may cut a multi-page
+        # write at a page boundary when SIGKILL arrives: at most the last event is torn,
+        # and the reader says so instead of failing or dropping silently.
+        text = path.read_text()
+        complete_part = text[: text.rfind(",\n") + 2]
+        assert complete_part.startswith("[\n") and complete_part.endswith(",\n")
+        assert len(trace.skipped) <= 1
+        if not text.endswith(",\n"):
+            assert len(trace.skipped) == 1
 
 
 _CTRL_C_SCRIPT = textwrap.dedent(
