@@ -74,7 +74,6 @@ import sys
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from itertools import islice
 from operator import attrgetter
@@ -82,6 +81,7 @@ from typing import Any
 
 import hvdprof
 from hvdprof.runtime.records import CycleRecord, GroupRecord, OpRecord, TunableParams
+from hvdprof.timeline.event_queue import EventQueue
 from hvdprof.timeline.render import (
     ITEM_COUNTER,
     ITEM_CYCLE,
@@ -378,26 +378,18 @@ class RenderProcess:
         self.path = path
         self.manifest_path = str(init.get("manifest_path") or "")
         self._compressed = bool(init.get("compress"))
-        self._capacity = max(1, int(queue_size))
         self._flush_interval_s = flush_interval_s
-        self._batch_events = max(1, min(batch_events, self._capacity))
         self._manifest = manifest
         self._manifest_version = manifest_version
-        self._items: deque[tuple[Any, int]] = deque()
-        self._lock = threading.Lock()
-        self._put_weight = 0
-        self._taken_weight = 0
-        self._dropped_events = 0
-        self._dropped_items = 0
+        self._queue = EventQueue(queue_size, batch_events)
+        self._lock = self._queue.lock  # also guards the pipe fd at close
         self._encode_failures = 0
         self._sent_events = 0
         self._broken = False
-        self._closed = False
         self._stopping = False
         self._final: dict[str, Any] | None = None
         self._sent_state: tuple[Any, int, int] | None = None
         self._status: dict[str, Any] = {}
-        self._wake = threading.Event()
         self._owner_pid = os.getpid()
         terminate = TERMINATE_ON_PRODUCER_LOSS if terminate_on_eof is None else terminate_on_eof
         exe = python if python is not None else sys.executable
@@ -446,18 +438,7 @@ class RenderProcess:
 
     def put(self, item: Any, weight: int = 1) -> bool:
         """Queue ``item`` (``weight`` events); False when it was dropped. Never blocks."""
-        with self._lock:
-            pending = self._put_weight - self._taken_weight
-            if self._closed or (pending and pending + weight > self._capacity):
-                self._dropped_events += weight
-                self._dropped_items += 1
-                return False
-            self._items.append((item, weight))
-            self._put_weight += weight
-            wake = self._put_weight - self._taken_weight >= self._batch_events
-        if wake and not self._wake.is_set():
-            self._wake.set()
-        return True
+        return self._queue.put(item, weight)
 
     # --- counters --------------------------------------------------------------------
 
@@ -469,11 +450,11 @@ class RenderProcess:
     @property
     def events_dropped(self) -> int:
         """Dropped in this rank (queue full, after close, lost pipe) plus in the child."""
-        return self._dropped_events + int(self._status.get("child_events_dropped", 0))
+        return self._queue.dropped_events + int(self._status.get("child_events_dropped", 0))
 
     @property
     def items_dropped(self) -> int:
-        return self._dropped_items + int(self._status.get("child_items_dropped", 0))
+        return self._queue.dropped_items + int(self._status.get("child_items_dropped", 0))
 
     @property
     def lanes_clamped(self) -> int:
@@ -486,7 +467,7 @@ class RenderProcess:
     @property
     def pending(self) -> int:
         """Events queued in this rank and not yet taken by the feeder."""
-        return self._put_weight - self._taken_weight
+        return self._queue.pending
 
     @property
     def sent_events(self) -> int:
@@ -496,7 +477,7 @@ class RenderProcess:
     @property
     def closed(self) -> bool:
         """Whether the child finished the file with its closing bracket."""
-        return self._closed and bool(self._status.get("closed"))
+        return self._queue.closed and bool(self._status.get("closed"))
 
     @property
     def returncode(self) -> int | None:
@@ -507,16 +488,15 @@ class RenderProcess:
     def _run(self) -> None:
         try:
             while True:
-                self._wake.wait(self._flush_interval_s)
-                self._wake.clear()
+                self._queue.wake.wait(self._flush_interval_s)
+                self._queue.wake.clear()
                 stopping = self._stopping
                 self._drain()
                 self._send_state()
                 if stopping:
                     break
             if self._final is not None:
-                with self._lock:
-                    drops = (self._dropped_events, self._dropped_items)
+                drops = self._queue.drops()
                 self._send(_dumps((MSG_END, self._final, *drops)))
         except Exception:
             log.exception("timeline: the feeder of %s failed", self.path)
@@ -524,35 +504,26 @@ class RenderProcess:
             self._close_pipe()
 
     def _drain(self) -> None:
-        items = self._items
-        # only what is queued now: a drain chasing producers could run past close()
-        for _ in range(len(items)):
-            item, weight = items.popleft()
-            with self._lock:
-                self._taken_weight += weight
+        queue = self._queue
+        for _ in range(len(queue)):
+            item, weight = queue.take()
             try:
                 for payload in encode_item(item, weight):
                     if not self._send(payload):
                         raise _PipeLost
             except _PipeLost:
-                self._count_drop(weight)
+                queue.count_dropped(weight)
             except Exception:
-                self._count_drop(weight)
+                queue.count_dropped(weight)
                 self._encode_failures += 1
                 if self._encode_failures <= 3:
                     log.exception("timeline: could not encode an item; it is dropped")
             else:
                 self._sent_events += weight
 
-    def _count_drop(self, weight: int) -> None:
-        with self._lock:
-            self._dropped_events += weight
-            self._dropped_items += 1
-
     def _send_state(self) -> None:
         version = self._manifest_version() if self._manifest_version else 0
-        with self._lock:
-            drops = (self._dropped_events, self._dropped_items)
+        drops = self._queue.drops()
         sent = self._sent_state
         if sent is not None and sent == (version, *drops):
             return
@@ -597,10 +568,8 @@ class RenderProcess:
         estimate). After ``timeout_s`` the child is killed: the file then keeps what it had
         written, without the closing bracket. Idempotent; a no-op in a forked child.
         """
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+        if not self._queue.close():
+            return
         if os.getpid() != self._owner_pid:
             return
         deadline = time.monotonic() + timeout_s
@@ -610,7 +579,7 @@ class RenderProcess:
             set_autogroup_nice(self.pid, 0)
         self._final = dict(final_manifest) if final_manifest is not None else {}
         self._stopping = True
-        self._wake.set()
+        self._queue.wake.set()
         if self._thread.ident is None:  # never started: send from here
             self._run()
         else:
@@ -678,7 +647,7 @@ class RenderProcess:
 
     def _after_fork_in_child(self) -> None:
         """A forked copy of the rank must not hold the pipe open (the child waits for EOF)."""
-        self._closed = True
+        self._queue.closed = True
         self._broken = True
         if self._pipe >= 0:
             with contextlib.suppress(OSError):

@@ -32,12 +32,12 @@ import threading
 import time
 import weakref
 import zlib
-from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from hvdprof.errors import HvdprofError
 from hvdprof.timeline.activities import TRACE_END
+from hvdprof.timeline.event_queue import EventQueue
 
 log = logging.getLogger("hvdprof.timeline")
 
@@ -108,10 +108,8 @@ class TimelineWriter:
     ) -> None:
         self.path = os.fspath(path)
         self.compressed = self.path.endswith(".gz") if compress is None else bool(compress)
-        self._capacity = max(1, int(queue_size))
         self._render = render or _render_default
         self._flush_interval_s = flush_interval_s
-        self._batch_events = max(1, min(batch_events, self._capacity))
         self._periodic = periodic
         self._periodic_interval_s = periodic_interval_s
         self._final_event = final_event
@@ -120,19 +118,12 @@ class TimelineWriter:
         self._compressor = (
             zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, 31) if self.compressed else None
         )
-        self._items: deque[tuple[Any, int]] = deque()
-        self._lock = threading.Lock()  # guards the counters producers touch and _closed
-        self._put_weight = 0
-        self._taken_weight = 0
-        self._dropped_events = 0
-        self._dropped_items = 0
+        self._queue = EventQueue(queue_size, batch_events)
         self._render_failures = 0
         self._written_events = 0
         self._written_bytes = 0
         self._write_failed = False
-        self._closed = False
         self._stopping = False
-        self._wake = threading.Event()
         self._next_periodic = time.monotonic() + periodic_interval_s
         self._write_raw(self._encode(_HEADER))
         self._thread: threading.Thread | None = None
@@ -149,20 +140,7 @@ class TimelineWriter:
 
     def put(self, item: Any, weight: int = 1) -> bool:
         """Queue ``item`` (``weight`` events); False when it was dropped. Never blocks."""
-        with self._lock:
-            pending = self._put_weight - self._taken_weight
-            # An item larger than the whole queue is still taken when the queue is empty:
-            # otherwise a big enough cycle could never be recorded.
-            if self._closed or (pending and pending + weight > self._capacity):
-                self._dropped_events += weight
-                self._dropped_items += 1
-                return False
-            self._items.append((item, weight))
-            self._put_weight += weight
-            wake = self._put_weight - self._taken_weight >= self._batch_events
-        if wake and not self._wake.is_set():
-            self._wake.set()
-        return True
+        return self._queue.put(item, weight)
 
     def put_event(self, event: dict[str, Any] | str) -> bool:
         """Queue one event (a dict, or a JSON object already serialised)."""
@@ -178,11 +156,11 @@ class TimelineWriter:
     @property
     def events_dropped(self) -> int:
         """Events dropped: queue full, written after close, or lost to a write error."""
-        return self._dropped_events
+        return self._queue.dropped_events
 
     @property
     def items_dropped(self) -> int:
-        return self._dropped_items
+        return self._queue.dropped_items
 
     @property
     def bytes_written(self) -> int:
@@ -192,18 +170,18 @@ class TimelineWriter:
     @property
     def pending(self) -> int:
         """Events queued and not yet written."""
-        return self._put_weight - self._taken_weight
+        return self._queue.pending
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._queue.closed
 
     # --- writer thread ---------------------------------------------------------------
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(self._flush_interval_s)
-            self._wake.clear()
+            self._queue.wake.wait(self._flush_interval_s)
+            self._queue.wake.clear()
             stopping = self._stopping
             self._drain()
             self._maybe_periodic()
@@ -233,21 +211,15 @@ class TimelineWriter:
         parts: list[str] = []
         size = 0
         events = 0
-        items = self._items
+        queue = self._queue
         since_yield = 0
-        # Only what is queued now: producers keep adding while we yield the GIL, and a
-        # drain that chased them could run past close().
-        for _ in range(len(items)):
-            item, weight = items.popleft()
-            with self._lock:
-                self._taken_weight += weight
+        for _ in range(len(queue)):
+            item, weight = queue.take()
             try:
                 lines = list(self._render(item))
             except Exception:
                 self._render_failures += 1
-                with self._lock:
-                    self._dropped_events += weight
-                    self._dropped_items += 1
+                queue.count_dropped(weight)
                 if self._render_failures <= 3:
                     log.exception("timeline: could not render an item; it is dropped")
                 continue
@@ -273,8 +245,7 @@ class TimelineWriter:
         if self._write_raw(data):
             self._written_events += events
         else:
-            with self._lock:
-                self._dropped_events += events
+            self._queue.count_dropped(events, 0)
 
     def _encode(self, data: bytes, final: bool = False) -> bytes:
         """Compress ``data`` when gzipping, ending on a flush point (or the stream's end)."""
@@ -313,15 +284,13 @@ class TimelineWriter:
         written, later ones are counted as dropped. In a forked child it does nothing, so
         the child cannot corrupt the parent's file.
         """
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+        if not self._queue.close():
+            return
         _OPEN_WRITERS.discard(self)
         if os.getpid() != self._owner_pid:
             return
         self._stopping = True
-        self._wake.set()
+        self._queue.wake.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
@@ -348,10 +317,8 @@ class TimelineWriter:
         """
         if self._thread is not None:
             raise RuntimeError("abandon() is for writers created with background=False")
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+        if not self._queue.close():
+            return
         self._drain()
         if self._compressor is not None:
             # Z_SYNC_FLUSH after every batch already made the stream readable up to here.
@@ -367,7 +334,7 @@ class TimelineWriter:
             "tid": 0,
             "args": {
                 "events_written": self._written_events,
-                "events_dropped": self._dropped_events,
+                "events_dropped": self._queue.dropped_events,
             },
         }
 
