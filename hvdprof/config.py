@@ -366,15 +366,15 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE",
         "autotune_steps_per_sample",
         _int(1),
-        10,
-        "Runtime steps measured for each scored sample.",
+        5,
+        "Runtime steps measured for each scored sample (scored by the median of up to 5 sub-windows).",
     ),
     EnvVar(
         "HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
         "autotune_max_samples",
         _int(1),
-        30,
-        "Scored samples before tuning settles on the best configuration.",
+        24,
+        "Scored samples before tuning settles on the best configuration (the last few re-measure the leaders).",
     ),
     EnvVar(
         "HVDPROF_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
@@ -445,8 +445,8 @@ class Config:
     autotune_log: str = ""
     autotune_warm_start: str = ""
     autotune_warmup_samples: int = 3
-    autotune_steps_per_sample: int = 10
-    autotune_max_samples: int = 30
+    autotune_steps_per_sample: int = 5
+    autotune_max_samples: int = 24
     autotune_gp_noise: float = 0.3
     autotune_continuous: bool = True
     autotune_drift_fraction: float = 0.2

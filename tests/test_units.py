@@ -111,6 +111,21 @@ def test_fusion_plan_invariants(seed: int) -> None:
     assert indices(again) == indices(groups)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_single_key_fast_plan_matches_the_general_loop(seed: int) -> None:
+    """One key and no item at the threshold takes a bisecting fast path: same plan."""
+    rng = random.Random(seed)
+    threshold = rng.choice([2, 64, 1000, 4 << 20])
+    sizes = [rng.randrange(1, threshold) for _ in range(rng.randrange(1, 300))]
+    fast = plan_fusion([(F32, n) for n in sizes], threshold)
+    # a trailing item with another key sends the same items through the general loop
+    general = plan_fusion([(F32, n) for n in sizes] + [(F64, 1)], threshold)
+    assert general[-1].key == F64 and general[-1].indices == [len(sizes)]
+    assert [(g.indices, g.nbytes, g.key) for g in fast] == [
+        (g.indices, g.nbytes, g.key) for g in general[:-1]
+    ]
+
+
 def test_fusion_key_and_nbytes() -> None:
     s = sig(dtype="torch.float16", shape=(2, 3), reduce_op=ReduceOp.AVERAGE, prescale=0.5)
     assert fusion_key(s) == FusionKey("torch.float16", ReduceOp.AVERAGE, 0.5, 1.0, "cpu")

@@ -18,10 +18,21 @@ Why the objective is ``-log(score / reference)`` and not raw bytes per second:
   its noise to raw bytes/us, where 0.8 means nothing in particular.) ``reference`` (the
   first score seen) only keeps the numbers readable: the GP is blind to a constant shift.
 
-Noise handling: the tuner's ``best`` is not the single highest measurement (with 10-20%
-noise that is often a lucky mediocre point) but the measured configuration with the
-highest GP posterior mean, which pools nearby and repeated measurements. Without a model
-yet (fewer points than the initial design) it falls back to the best mean observed score.
+Noise handling (on a shared machine one configuration's score varies by 10-30%, and a
+lucky sample of a mediocre configuration is the usual way a tuner goes wrong):
+
+* ``best`` is not the single highest measurement but the measured configuration with the
+  highest GP posterior mean, which pools nearby and repeated measurements. Without a
+  model yet (fewer points than the initial design) it falls back to the best mean score.
+* Proposals maximise expected improvement over that same posterior-mean incumbent
+  ("plug-in" EI), not over the luckiest observation as skopt's own EI does: a lucky
+  sample then cannot raise the bar so high that only the unexplored edges of the box
+  look promising.
+* The last ``remeasure_samples(max_samples)`` samples of a round measure nothing new:
+  they re-measure the top ``REMEASURE_TOP`` configurations by posterior mean, the least
+  measured first. The final recommendation is the best by posterior mean among the
+  configurations measured at least twice, so a configuration that was lucky once has
+  to be good twice to be recommended.
 
 Warm start: points from an earlier log are told before anything else, so the model starts
 informed and the random initial design is skipped for as many points as were told. The
@@ -56,6 +67,32 @@ warnings.filterwarnings("ignore", message="Predicted variances smaller than 0", 
 DEFAULT_INITIAL_POINTS = 5
 #: candidates sampled per acquisition step; enough for 3 axes, cheap enough for a thread
 _ACQ_SAMPLES = 2000
+#: minimum expected improvement worth a sample, in log-throughput units (1%)
+_EI_XI = 0.01
+#: configurations (by posterior mean) that the final samples of a round re-measure
+REMEASURE_TOP = 3
+
+
+def remeasure_samples(max_samples: int) -> int:
+    """Samples at the end of a round spent re-measuring the leaders: a third of what is left
+    after 8 samples of exploration, at most 6 (a short round only explores).
+
+    >>> remeasure_samples(10), remeasure_samples(16), remeasure_samples(24), remeasure_samples(30)
+    (0, 2, 5, 6)
+    """
+    return max(0, min(6, (max_samples - 8) // 3))
+
+
+def expected_improvement(mu: np.ndarray, std: np.ndarray, incumbent: float) -> np.ndarray:
+    """EI of minimising: how much below ``incumbent`` (less ``_EI_XI``) a point is expected
+    to land, given its posterior mean ``mu`` and standard deviation ``std``."""
+    from scipy.stats import norm
+
+    improvement = incumbent - mu - _EI_XI
+    safe_std = np.maximum(std, 1e-9)
+    z = improvement / safe_std
+    ei = improvement * norm.cdf(z) + safe_std * norm.pdf(z)
+    return np.where(std > 1e-9, ei, np.maximum(improvement, 0.0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +224,10 @@ class BayesianTuner:
             acq_optimizer="sampling",
             acq_optimizer_kwargs={"n_points": _ACQ_SAMPLES},
             random_state=seed,
+            model_queue_size=1,
         )
+        self._rng = np.random.RandomState(seed + 7919)
+        self.remeasure = remeasure_samples(max_samples)
         self._reference: float | None = None
         self._scores: dict[TunableParams, list[float]] = {}
         self._order: list[TunableParams] = []  # first-measured order, for stable tie-breaks
@@ -239,9 +279,38 @@ class BayesianTuner:
             if candidate not in self._scores:
                 return candidate
             self._pending.pop(0)
+        if self.remeasuring:
+            leader = self._least_measured_leader()
+            if leader is not None:
+                return leader
         with _blas_single_thread():
+            if self._opt.models and self._opt._n_initial_points <= 0:
+                return self._ask_plugin_ei()
             point = self._opt.ask()
         return self.space.from_point(point)
+
+    @property
+    def remeasuring(self) -> bool:
+        """True in the last ``remeasure`` samples of the round: no new configurations."""
+        return self.samples_told >= self.max_samples - self.remeasure and len(self._order) > 1
+
+    def _least_measured_leader(self) -> TunableParams | None:
+        """Among the top ``REMEASURE_TOP`` by posterior mean, the one measured least often
+        (the better one on a tie); None without a model."""
+        if self.predicted_objective(self._order) is None:
+            return None
+        leaders = self.ranked()[:REMEASURE_TOP]
+        return min(leaders, key=lambda o: o.count).params
+
+    def _ask_plugin_ei(self) -> TunableParams:
+        """Maximise EI over random candidates, against the posterior-mean incumbent."""
+        model = self._opt.models[-1]
+        space = self._opt.space
+        candidates = space.rvs(n_samples=_ACQ_SAMPLES, random_state=self._rng)
+        mu, std = model.predict(space.transform(candidates), return_std=True)
+        observed = model.predict(space.transform([self.space.to_point(p) for p in self._order]))
+        ei = expected_improvement(np.asarray(mu), np.asarray(std), float(np.min(observed)))
+        return self.space.from_point(candidates[int(np.argmax(ei))])
 
     def tell(self, params: TunableParams, score: float) -> Observation:
         """Record that ``params`` achieved ``score`` bytes/s; returns what is now known of it.
@@ -285,22 +354,27 @@ class BayesianTuner:
 
     @property
     def best(self) -> Observation | None:
-        """The recommended configuration: highest GP posterior mean among those measured.
+        """The recommended configuration: highest GP posterior mean among those measured
+        (once the round re-measures its leaders: among those measured at least twice).
 
         None before anything was told in this run.
         """
-        if not self._order:
+        ranked = self.ranked()
+        if not ranked:
             return None
-        predicted = self.predicted_objective(self._order)
-        if predicted is None:
-            return max(self.observations, key=lambda o: o.mean_score)
-        return self.observation(self._order[int(np.argmin(predicted))])
+        if self.remeasuring or self.converged:
+            repeated = [o for o in ranked if o.count >= 2]
+            if repeated:
+                return repeated[0]
+        return ranked[0]
 
     def predicted_objective(self, params: Sequence[TunableParams]) -> np.ndarray | None:
         """The GP's posterior mean of ``-log(score/reference)`` (lower is better), or None
         while no model has been fitted."""
         if not self._opt.models:
             return None
+        if not params:
+            return np.zeros(0)
         model = self._opt.models[-1]
         points = self._opt.space.transform([self.space.to_point(p) for p in params])
         with _blas_single_thread():

@@ -26,11 +26,13 @@ from hvdprof.errors import HvdprofInternalError, StallAbortError
 from hvdprof.runtime import timebase
 from hvdprof.runtime.control import ControlChannel
 from hvdprof.runtime.dtypes import torch_attr
-from hvdprof.runtime.executor import Executor, ReadyOp
+from hvdprof.runtime.executor import Executor
 from hvdprof.runtime.handles import notify_waiters
 from hvdprof.runtime.negotiation import (
+    AgreedOp,
     Coordinator,
     CoordinatorReply,
+    NegotiatedOp,
     RequestMeta,
     ResponseCache,
 )
@@ -215,7 +217,7 @@ class CycleLoop:
         if self.failure is None:
             self.failure = error
         for req in self._all_requests():
-            req.handle.fail(error)
+            req.fail(error)
         if self.join_handle is not None:
             self.join_handle.fail(error)
 
@@ -289,7 +291,10 @@ class CycleLoop:
             self._track_readiness(bits, cycle)
 
         # Fast path: names whose bit is set on every rank that has not joined.
-        ready_ops: list[ReadyOp] = []
+        # Two parallel lists: what every rank agreed to run, and this rank's request for
+        # it (None where this rank has joined). Cached ops reuse their cache entry.
+        ready_ops: list[AgreedOp] = []
+        ready_reqs: list[Request | None] = []
         active = ~joined_mask
         if bits.shape[1] and active.any():
             ready_bits = np.flatnonzero(bits[active].min(axis=0))
@@ -297,11 +302,9 @@ class CycleLoop:
                 self._bits[ready_bits] = 0
                 entries = self.cache.entries()
                 waiting = self._cached_waiting
-                for bit in ready_bits.tolist():
-                    e = entries[bit]
-                    ready_ops.append(
-                        ReadyOp(e.name, e.signature, waiting.pop(bit, None), e.key, e.nbytes)
-                    )
+                bit_list = ready_bits.tolist()
+                ready_ops = [entries[bit] for bit in bit_list]
+                ready_reqs = [waiting.pop(bit, None) for bit in bit_list]
                 self.counters["cache_hits"] += ready_bits.size
         if self.rank == 0 and self.config.stall_check_time_s > 0:
             now = time.monotonic()
@@ -324,17 +327,8 @@ class CycleLoop:
             for name in reply.evicted:
                 self._reroute_evicted(name)
             for response in reply.responses:
-                req = self._sent.pop(response.name, None)
-                ready_ops.append(
-                    ReadyOp(
-                        response.name,
-                        response.signature,
-                        req,
-                        error=response.error,
-                        first_dims=response.first_dims,
-                        splits=response.splits,
-                    )
-                )
+                ready_reqs.append(self._sent.pop(response.name, None))
+                ready_ops.append(NegotiatedOp(response))
             self.counters["coordinator_responses"] += len(reply.responses)
         self._grow_bits()
 
@@ -342,12 +336,13 @@ class CycleLoop:
         if ready_ops:
             reduced, groups = self.executor.run(
                 ready_ops,
+                ready_reqs,
                 self.params.fusion_threshold_bytes,
                 self.config.max_inflight,
                 detailed,
             )
         t_end = timebase.now_ns()
-        op_records = self._complete(ready_ops, reply, detailed, t_negotiated, t_end)
+        op_records = self._complete(ready_ops, ready_reqs, reply, detailed, t_negotiated, t_end)
 
         # All ranks joined: the join returns the rank that joined last.
         if joined and not active.any():
@@ -402,19 +397,27 @@ class CycleLoop:
 
     # ---------------------------------------------------------------- pieces
     def _drain_queue(self) -> None:
-        use_cache = self.params.cache_enabled and self.cache.capacity > 0
         queue = self.queue
-        lookup = self.cache.lookup
+        outbox = self._outbox
+        if not (self.params.cache_enabled and self.cache.capacity > 0):
+            while queue:
+                outbox.append(queue.popleft())
+            return
+        bit_of = self.cache.bit_of
+        entries = self.cache.entries()
         waiting = self._cached_waiting
         new_bits: list[int] = []
-        while queue:
+        while queue:  # per op: ResponseCache.lookup, inlined
             req = queue.popleft()
-            hit = lookup(req.name) if use_cache else None
-            if hit is not None and hit[1] == req.signature:
-                waiting[hit[0]] = req
-                new_bits.append(hit[0])
-            else:
-                self._outbox.append(req)
+            bit = bit_of.get(req.name)
+            if bit is not None:
+                cached = entries[bit].signature
+                # the front end shares one Signature per (dtype, shape, ...): usually `is`
+                if cached is req.signature or cached == req.signature:
+                    waiting[bit] = req
+                    new_bits.append(bit)
+                    continue
+            outbox.append(req)
         if new_bits:
             self._bits[new_bits] = 1
 
@@ -501,7 +504,8 @@ class CycleLoop:
 
     def _complete(
         self,
-        ready_ops: list[ReadyOp],
+        ready_ops: list[AgreedOp],
+        ready_reqs: list[Request | None],
         reply: CoordinatorReply | None,
         detailed: bool,
         t_negotiated: int,
@@ -511,21 +515,27 @@ class CycleLoop:
         self.steps.completed_many([op.name for op in ready_ops])
         if not detailed:
             return []
-        return self._op_records(ready_ops, reply, t_negotiated, t_end)
+        return self._op_records(ready_ops, ready_reqs, reply, t_negotiated, t_end)
 
     def _op_records(
         self,
-        ready_ops: list[ReadyOp],
+        ready_ops: list[AgreedOp],
+        ready_reqs: list[Request | None],
         reply: CoordinatorReply | None,
         t_negotiated: int,
         t_end: int,
     ) -> list[OpRecord]:
         """The timeline's view of this cycle's ops (only built when a sink is attached)."""
         cycles_of = {r.name: r.ready_cycles for r in reply.responses} if reply is not None else {}
-        mine = [op for op in ready_ops if op.request is not None]
+        op_group, op_done = self.executor.op_group, self.executor.op_done
+        if len(op_group) != len(ready_ops):  # nothing ran (every op failed before running)
+            op_group, op_done = [-1] * len(ready_ops), [0] * len(ready_ops)
+        mine = [i for i, req in enumerate(ready_reqs) if req is not None]
         # Readiness on the cached path, for all ops at once: the cycle in which each
         # rank's bit first showed, mapped to this rank's clock.
-        cached_bits = [self.cache.bit(op.name) for op in mine if op.name not in cycles_of]
+        cached_bits = [
+            self.cache.bit(ready_ops[i].name) for i in mine if ready_ops[i].name not in cycles_of
+        ]
         width = self._first_ready.shape[1]
         ready_rows: list[list[int]] = []
         if cached_bits:
@@ -541,8 +551,9 @@ class CycleLoop:
         rank = self.rank
         size_range = range(self.size)
         cached_index = 0
-        for op in mine:
-            req = op.request
+        for i in mine:
+            op = ready_ops[i]
+            req = ready_reqs[i]
             assert req is not None
             ready_cycles = cycles_of.get(op.name)
             if ready_cycles is not None:
@@ -555,7 +566,7 @@ class CycleLoop:
                 cached = True
             ready[rank] = req.t_submit
             sig = op.signature
-            error = req.handle.error
+            error = req.error
             records.append(
                 OpRecord(
                     op.name,
@@ -567,8 +578,8 @@ class CycleLoop:
                     t_negotiated,
                     ready,
                     cached,
-                    op.group_id,
-                    op.t_done or t_end,
+                    op_group[i],
+                    op_done[i] or t_end,
                     None if error is None else str(error),
                 )
             )

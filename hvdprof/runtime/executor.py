@@ -16,14 +16,9 @@ from hvdprof.errors import TensorMismatchError
 from hvdprof.runtime import timebase
 from hvdprof.runtime.backends.base import CollectiveBackend
 from hvdprof.runtime.dtypes import ITEMSIZE, torch_attr
-from hvdprof.runtime.fusion import (
-    FusionGroup,
-    FusionKey,
-    fusion_key,
-    plan_fusion,
-    signature_nbytes,
-)
+from hvdprof.runtime.fusion import FusionGroup, plan_fusion_columns
 from hvdprof.runtime.handles import notify_waiters
+from hvdprof.runtime.negotiation import AgreedOp
 from hvdprof.runtime.records import GroupRecord
 from hvdprof.runtime.requests import OpType, ReduceOp, Request, Signature
 from hvdprof.timeline.activities import NVTX_COLLECTIVE, NVTX_MEMCPY_IN, NVTX_MEMCPY_OUT
@@ -33,52 +28,6 @@ _DTYPES = {name: getattr(torch, torch_attr(name)) for name in ITEMSIZE}
 
 def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
-
-
-class ReadyOp:
-    """One op every rank agreed to run now. ``request`` is None on a rank that has joined.
-
-    A plain slots class: thousands are made per step on the cycle thread.
-    """
-
-    __slots__ = (
-        "error",
-        "first_dims",
-        "flat",
-        "group_id",
-        "key",
-        "name",
-        "nbytes",
-        "output",
-        "request",
-        "signature",
-        "splits",
-        "t_done",
-    )
-
-    def __init__(
-        self,
-        name: str,
-        signature: Signature,
-        request: Request | None,
-        key: FusionKey | None = None,
-        nbytes: int = -1,
-        error: str | None = None,
-        first_dims: tuple[int, ...] | None = None,
-        splits: tuple[tuple[int, ...], ...] | None = None,
-    ) -> None:
-        self.name = name
-        self.signature = signature
-        self.request = request
-        self.key = key if key is not None else fusion_key(signature)
-        self.nbytes = nbytes if nbytes >= 0 else signature_nbytes(signature)
-        self.error = error
-        self.first_dims = first_dims
-        self.splits = splits
-        self.group_id = -1
-        self.output: Any = None
-        self.flat: torch.Tensor | None = None
-        self.t_done = 0  # when its handle completed (recorded for the timeline only)
 
 
 class _BufferPool:
@@ -116,188 +65,197 @@ class Executor:
         self.fused_groups = 0
         self.fused_tensors = 0
         self.backend_calls = 0
+        #: per op of the last detailed run: its group id (-1: failed) and completion time
+        self.op_group: list[int] = []
+        self.op_done: list[int] = []
 
     # ----------------------------------------------------------------------------------
     def run(
         self,
-        ops: list[ReadyOp],
+        ops: list[AgreedOp],
+        requests: list[Request | None],
         threshold_bytes: int,
         max_inflight: int,
         detailed: bool,
     ) -> tuple[int, list[GroupRecord]]:
-        """Run ``ops`` (same order on every rank); returns allreduce bytes and group records."""
+        """Run ``ops`` (same order on every rank); returns allreduce bytes and group records.
+
+        ``requests[i]`` is this rank's request for ``ops[i]``, None where this rank has
+        joined. Per-op results go straight to the requests, which are their handles.
+        With ``detailed``, ``op_group`` and ``op_done`` give each op's group id and
+        completion time afterwards (for the timeline).
+        """
+        n = len(ops)
+        if detailed:
+            self.op_group = [-1] * n
+            self.op_done = [0] * n
         records: list[GroupRecord] = []
-        allreduces: list[ReadyOp] = []
-        others: list[ReadyOp] = []
-        for op in ops:
-            if op.error is not None:
-                _fail(op, TensorMismatchError(op.error))
-            elif op.signature.op == OpType.ALLREDUCE:
-                allreduces.append(op)
-            else:
-                others.append(op)
+        fusable = [i for i, op in enumerate(ops) if op.fusable]
+        others: list[int] = []
+        if len(fusable) != n:
+            chosen = set(fusable)
+            for i, op in enumerate(ops):
+                if i in chosen:
+                    continue
+                if op.error is not None:
+                    _fail(requests[i], TensorMismatchError(op.error))
+                else:
+                    others.append(i)
         reduced = 0
-        if allreduces:
+        if fusable:
             reduced = self._run_allreduces(
-                allreduces, threshold_bytes, max_inflight, detailed, records
+                ops, requests, fusable, threshold_bytes, max_inflight, detailed, records
             )
-        for op in others:
-            self._run_other(op, detailed, records)
+        for i in others:
+            self._run_other(i, ops[i], requests[i], detailed, records)
         return reduced, records
 
     # ----------------------------------------------------------------------------------
     def _run_allreduces(
         self,
-        ops: list[ReadyOp],
+        ops: list[AgreedOp],
+        requests: list[Request | None],
+        positions: list[int],
         threshold: int,
         max_inflight: int,
         detailed: bool,
         records: list[GroupRecord],
     ) -> int:
-        groups = plan_fusion([(op.key, op.nbytes) for op in ops], threshold)
-        inflight: deque[
-            tuple[FusionGroup, list[ReadyOp], Any, torch.Tensor, GroupRecord | None]
-        ] = deque()
+        if len(positions) != len(ops):
+            ops = [ops[i] for i in positions]
+            requests = [requests[i] for i in positions]
+        groups = plan_fusion_columns([op.key for op in ops], [op.nbytes for op in ops], threshold)
+        inflight: deque[_Running] = deque()
         total = 0
         for slot_counter, group in enumerate(groups):
-            members = [ops[i] for i in group.indices]
             if len(inflight) >= max_inflight:
-                self._finish_allreduce(*inflight.popleft())
-            record = None
+                self._finish_allreduce(inflight.popleft())
+            indices = group.indices
+            run = _Running(
+                group,
+                [ops[i] for i in indices],
+                [requests[i] for i in indices],
+                self.next_group_id,
+            )
             if detailed:
-                record = GroupRecord(
-                    group_id=self.next_group_id,
+                run.record = GroupRecord(
+                    group_id=run.group_id,
                     op="ALLREDUCE",
                     backend=self.backend.name,
-                    num_tensors=len(members),
+                    num_tensors=len(indices),
                     nbytes=group.nbytes,
                     buffer_bytes=group.nbytes if group.fused else 0,
                     dtype=group.key.dtype,
                 )
-                records.append(record)
-            for m in members:
-                m.group_id = self.next_group_id
+                records.append(run.record)
+                run.positions = [positions[i] for i in indices]
+                op_group = self.op_group
+                for p in run.positions:
+                    op_group[p] = run.group_id
             self.next_group_id += 1
-            flat, work = self._start_allreduce(
-                group, members, slot_counter % max_inflight, threshold, record
-            )
-            inflight.append((group, members, work, flat, record))
+            self._start_allreduce(run, slot_counter % max_inflight, threshold)
+            inflight.append(run)
             total += group.nbytes
         while inflight:
-            self._finish_allreduce(*inflight.popleft())
+            self._finish_allreduce(inflight.popleft())
         return total
 
-    def _start_allreduce(
-        self,
-        group: FusionGroup,
-        members: list[ReadyOp],
-        slot: int,
-        threshold: int,
-        record: GroupRecord | None,
-    ) -> tuple[torch.Tensor, Any]:
-        sig = members[0].signature
+    def _start_allreduce(self, run: _Running, slot: int, threshold: int) -> None:
+        ops, requests, record = run.ops, run.requests, run.record
+        sig = ops[0].signature
         dtype = torch_dtype(sig.dtype)
-        if group.fused:
+        if run.group.fused:
             if record is not None:
                 record.t_pack_start = timebase.now_ns()
-            numel = sum(_numel(m.signature.shape) for m in members)
-            flat = self.pool.get(dtype, slot, numel, threshold)
-            views = []
-            for m in members:
-                m.flat = _input_flat(m, dtype)
-                views.append(m.flat)
+            flat = self.pool.get(dtype, slot, run.group.nbytes // dtype.itemsize, threshold)
+            if None in requests:  # a joined rank contributes zeros for its missing tensors
+                inputs = [
+                    torch.zeros(op.numel, dtype=dtype) if r is None else _flat(r.tensor)
+                    for op, r in zip(ops, requests, strict=True)
+                ]
+            else:
+                # one view per tensor that is not already 1-D (view() costs ~1 us)
+                inputs = [t if (t := r.tensor).dim() == 1 else t.view(-1) for r in requests]
+            run.inputs = inputs
             nvtx = self.nvtx
             if nvtx is not None:
                 nvtx.push(NVTX_MEMCPY_IN)
-            torch.cat(views, out=flat)
+            torch.cat(inputs, out=flat)
             if nvtx is not None:
                 nvtx.pop()
             if record is not None:
                 record.t_pack_end = timebase.now_ns()
             self.fused_groups += 1
-            self.fused_tensors += len(members)
+            self.fused_tensors += len(ops)
         else:
-            m = members[0]
-            if m.request is None:
-                flat = torch.zeros(m.signature.shape, dtype=dtype)
-                m.output = flat
+            req = requests[0]
+            if req is None:
+                flat = torch.zeros(sig.shape, dtype=dtype)
             else:
-                out = m.request.output
-                if out is not m.request.tensor:
-                    out.copy_(m.request.tensor)
-                flat = out
-                m.output = out
+                flat = req.output
+                if flat is not req.tensor:
+                    flat.copy_(req.tensor)
         if sig.prescale != 1.0:
             _scale(flat, sig.prescale)
         if record is not None:
             record.t_collective_start = timebase.now_ns()
         self.backend_calls += 1
-        work = self.backend.allreduce_async(flat, ReduceOp(sig.reduce_op))
-        return flat, work
+        run.flat = flat
+        run.work = self.backend.allreduce_async(flat, ReduceOp(sig.reduce_op))
 
-    def _finish_allreduce(
-        self,
-        group: FusionGroup,
-        members: list[ReadyOp],
-        work: Any,
-        flat: torch.Tensor,
-        record: GroupRecord | None,
-    ) -> None:
+    def _finish_allreduce(self, run: _Running) -> None:
         nvtx = self.nvtx
+        record = run.record
+        flat = run.flat
         if nvtx is not None:
             nvtx.push(NVTX_COLLECTIVE)
-        work.wait()
+        run.work.wait()
         if nvtx is not None:
             nvtx.pop()
         if record is not None:
             record.t_collective_end = timebase.now_ns()
-        sig = members[0].signature
-        _postscale(flat, sig, self.size)
-        if group.fused:
+        requests = run.requests
+        _postscale(flat, run.ops[0].signature, self.size)
+        if run.group.fused:
             if record is not None:
                 record.t_unpack_start = timebase.now_ns()
-            outs = []
-            sizes = []
-            for m in members:
-                req = m.request
-                if req is None:
-                    m.output = torch.empty(m.signature.shape, dtype=flat.dtype)
-                    out = m.output.view(-1)
-                else:
-                    m.output = req.output
-                    if req.output is req.tensor:
-                        out = m.flat
-                    elif len(m.signature.shape) == 1:
-                        out = req.output
-                    else:
-                        out = req.output.view(-1)
-                sizes.append(out.numel())
-                outs.append(out)
+            outs = _unpack_targets(run, flat.dtype)
             if nvtx is not None:
                 nvtx.push(NVTX_MEMCPY_OUT)
-            torch.split_with_sizes_copy(flat, sizes, out=outs)
+            torch.split_with_sizes_copy(flat, [op.numel for op in run.ops], out=outs)
             if nvtx is not None:
                 nvtx.pop()
             if record is not None:
                 record.t_unpack_end = timebase.now_ns()
         if record is not None:
             t_done = timebase.now_ns()
-            for m in members:
-                m.t_done = t_done
-        done = [m.request for m in members if m.request is not None]
+            op_done = self.op_done
+            for p in run.positions:
+                op_done[p] = t_done
+        done = requests if None not in requests else [r for r in requests if r is not None]
         if self.retire is not None:
-            self.retire([req.name for req in done])
-        for req in done:
-            req.handle.complete(req.output)
+            self.retire([r.name for r in done])
+        for r in done:  # Handle.complete, inlined: thousands per step
+            r.result = r.output
+            r.done_flag = True
         notify_waiters()
 
     # ----------------------------------------------------------------------------------
-    def _run_other(self, op: ReadyOp, detailed: bool, records: list[GroupRecord]) -> None:
+    def _run_other(
+        self,
+        position: int,
+        op: AgreedOp,
+        req: Request | None,
+        detailed: bool,
+        records: list[GroupRecord],
+    ) -> None:
         sig = op.signature
         record = None
+        group_id = self.next_group_id
+        self.next_group_id += 1
         if detailed:
             record = GroupRecord(
-                group_id=self.next_group_id,
+                group_id=group_id,
                 op=sig.op.name,
                 backend=self.backend.name,
                 num_tensors=1,
@@ -306,29 +264,26 @@ class Executor:
                 dtype=sig.dtype,
             )
             records.append(record)
-        op.group_id = self.next_group_id
-        self.next_group_id += 1
-        if record is not None:
+            self.op_group[position] = group_id
             record.t_collective_start = timebase.now_ns()
         try:
-            result = self._dispatch(op)
+            result = self._dispatch(op, req)
         except (ValueError, TypeError) as exc:  # bad input caught late: fail this op only
-            _fail(op, TensorMismatchError(f"{sig.op.name.lower()} of {op.name!r} failed: {exc}"))
+            _fail(req, TensorMismatchError(f"{sig.op.name.lower()} of {op.name!r} failed: {exc}"))
             return
         if record is not None:
-            record.t_collective_end = op.t_done = timebase.now_ns()
-        if op.request is not None:
+            record.t_collective_end = self.op_done[position] = timebase.now_ns()
+        if req is not None:
             if self.retire is not None:
                 self.retire([op.name])
-            op.request.handle.complete(result)
+            req.complete(result)
             notify_waiters()
 
-    def _dispatch(self, op: ReadyOp) -> Any:
+    def _dispatch(self, op: AgreedOp, req: Request | None) -> Any:
         sig = op.signature
-        req = op.request
-        assert req is not None or sig.op == OpType.ALLREDUCE
         if sig.op == OpType.BARRIER:
             return None
+        assert req is not None, f"{sig.op.name} ran on a rank that has joined"
         self.backend_calls += 1
         if sig.op == OpType.BROADCAST:
             out = req.output
@@ -385,19 +340,57 @@ def reducescatter_rows(rows: int, size: int, rank: int) -> tuple[int, int]:
     return start, start + base + (1 if rank < extra else 0)
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+class _Running:
+    """One fusion group between its backend call and its completion."""
+
+    __slots__ = (
+        "flat",
+        "group",
+        "group_id",
+        "inputs",
+        "ops",
+        "positions",
+        "record",
+        "requests",
+        "work",
+    )
+
+    def __init__(
+        self,
+        group: FusionGroup,
+        ops: list[AgreedOp],
+        requests: list[Request | None],
+        group_id: int,
+    ) -> None:
+        self.group = group
+        self.ops = ops
+        self.requests = requests
+        self.group_id = group_id
+        self.record: GroupRecord | None = None
+        self.positions: list[int] = []  # the ops' positions in the run (detailed only)
+        self.inputs: list[torch.Tensor] = []
+        self.flat: torch.Tensor | None = None
+        self.work: Any = None
 
 
-def _input_flat(op: ReadyOp, dtype: torch.dtype) -> torch.Tensor:
-    if op.request is None:
-        return torch.zeros(_numel(op.signature.shape), dtype=dtype)
-    tensor = op.request.tensor
-    # view() costs ~1 us per call; a 1-D tensor is already flat
-    return tensor if len(op.signature.shape) == 1 else tensor.view(-1)
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.dim() == 1 else tensor.view(-1)
+
+
+def _unpack_targets(run: _Running, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Where each member's slice of the reduced buffer goes (1-D views)."""
+    requests = run.requests
+    if None not in requests and all(r.output is r.tensor for r in requests):
+        return run.inputs  # in place: back into the tensors that were packed
+    outs = []
+    for op, r, packed in zip(run.ops, requests, run.inputs, strict=True):
+        if r is None:  # a joined rank: the result is discarded
+            outs.append(torch.empty(op.numel, dtype=dtype))
+        elif r.output is r.tensor:
+            outs.append(packed)
+        else:
+            outs.append(_flat(r.output))
+    return outs
 
 
 def _scale(t: torch.Tensor, factor: float) -> None:
@@ -418,6 +411,6 @@ def _postscale(t: torch.Tensor, sig: Signature, size: int) -> None:
         _scale(t, factor)
 
 
-def _fail(op: ReadyOp, error: BaseException) -> None:
-    if op.request is not None:
-        op.request.handle.fail(error)
+def _fail(req: Request | None, error: BaseException) -> None:
+    if req is not None:
+        req.fail(error)

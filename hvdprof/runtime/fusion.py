@@ -6,7 +6,9 @@ every rank: it depends only on the ordered response list, which all ranks share.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import NamedTuple
 
 from hvdprof.runtime.dtypes import ITEMSIZE
@@ -53,11 +55,25 @@ def plan_fusion(items: list[tuple[FusionKey, int]], threshold_bytes: int) -> lis
     item, so the plan is deterministic. A tensor at least as large as the threshold gets a
     group of its own (reduced in place, no copy). ``threshold_bytes == 0`` disables fusion.
     """
+    return plan_fusion_columns([k for k, _ in items], [n for _, n in items], threshold_bytes)
+
+
+def plan_fusion_columns(
+    keys: list[FusionKey], sizes: list[int], threshold_bytes: int
+) -> list[FusionGroup]:
+    """:func:`plan_fusion` on two parallel lists (the cycle's form: no tuple per op)."""
+    n = len(keys)
+    if not n:
+        return []
+    first = keys[0]
+    if threshold_bytes > 0 and keys.count(first) == n and max(sizes) < threshold_bytes:
+        return _plan_one_key(first, sizes, threshold_bytes)
     groups: list[FusionGroup] = []
     open_group: dict[FusionKey, FusionGroup] = {}
     last_key: FusionKey | None = None
     group: FusionGroup | None = None
-    for index, (key, nbytes) in enumerate(items):
+    for index in range(n):
+        key, nbytes = keys[index], sizes[index]
         if threshold_bytes <= 0 or nbytes >= threshold_bytes:
             groups.append(FusionGroup(key, [index], nbytes))
             continue
@@ -70,4 +86,22 @@ def plan_fusion(items: list[tuple[FusionKey, int]], threshold_bytes: int) -> lis
             open_group[key] = group
         group.indices.append(index)
         group.nbytes += nbytes
+    return groups
+
+
+def _plan_one_key(key: FusionKey, sizes: list[int], threshold_bytes: int) -> list[FusionGroup]:
+    """The common case, one key and every item below the threshold, at C speed.
+
+    The same greedy packing as the general loop: a group takes items in order while
+    its total stays within the threshold; it finds each cut by bisecting running sums.
+    """
+    cumulative = list(accumulate(sizes))
+    n = len(sizes)
+    groups = []
+    start, base = 0, 0
+    while start < n:
+        end = bisect_right(cumulative, base + threshold_bytes, lo=start)
+        total = cumulative[end - 1]
+        groups.append(FusionGroup(key, list(range(start, end)), total - base))
+        start, base = end, total
     return groups

@@ -21,11 +21,11 @@ def notify_waiters() -> None:
 class Handle:
     """Completion of one op. Set once, by the cycle thread, with a result or an error."""
 
-    __slots__ = ("done_flag", "error", "name", "output", "release", "retire")
+    __slots__ = ("done_flag", "error", "name", "release", "result", "retire")
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.output: Any = None
+        self.result: Any = None
         self.error: BaseException | None = None
         self.done_flag = False
         #: called by ``wait`` once, on the user's thread (frees a generated name)
@@ -37,12 +37,12 @@ class Handle:
     def done(self) -> bool:
         return self.done_flag
 
-    def complete(self, output: Any) -> None:
+    def complete(self, result: Any) -> None:
         """Mark done without waking waiters: the caller batches ``notify_waiters``.
 
         The caller has already retired the name (in a batch, before this).
         """
-        self.output = output
+        self.result = result
         self.done_flag = True
 
     def fail(self, error: BaseException) -> None:
@@ -65,4 +65,4 @@ class Handle:
             release()
         if self.error is not None:
             raise self.error
-        return self.output
+        return self.result

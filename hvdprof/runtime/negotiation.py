@@ -12,10 +12,12 @@ Everything here is plain state and pure logic; the cycle moves the bytes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hvdprof.runtime.fusion import fusion_key, signature_nbytes
 from hvdprof.runtime.requests import NEVER_CACHED, OpType, Signature
 
 
@@ -56,18 +58,42 @@ class CoordinatorReply:
     directives: list[tuple[str, Any]] = field(default_factory=list)
 
 
-class CacheEntry:
-    """A cached name with what the hot path needs precomputed (fusion key, bytes)."""
+class AgreedOp:
+    """An op every rank agreed to run, with what the hot path needs precomputed.
 
-    __slots__ = ("key", "name", "nbytes", "signature")
+    The response cache keeps one per cached name, and the cycle hands those same objects
+    to the executor every time the name is ready: the fast path allocates nothing per op.
+    """
+
+    __slots__ = ("fusable", "key", "name", "nbytes", "numel", "signature")
+
+    #: set on a :class:`NegotiatedOp` only (the coordinator's verdict for a new name)
+    error: str | None = None
+    first_dims: tuple[int, ...] | None = None
+    splits: tuple[tuple[int, ...], ...] | None = None
 
     def __init__(self, name: str, signature: Signature) -> None:
-        from hvdprof.runtime.fusion import fusion_key, signature_nbytes
-
         self.name = name
         self.signature = signature
         self.key = fusion_key(signature)
         self.nbytes = signature_nbytes(signature)
+        self.numel = math.prod(signature.shape)
+        #: an allreduce that may share a fusion buffer (a failed op never runs)
+        self.fusable = signature.op == OpType.ALLREDUCE
+
+
+class NegotiatedOp(AgreedOp):
+    """The coordinator's verdict on a new name: an error, or what the op's outputs need."""
+
+    __slots__ = ("error", "first_dims", "splits")
+
+    def __init__(self, response: Response) -> None:
+        super().__init__(response.name, response.signature)
+        self.error = response.error
+        self.first_dims = response.first_dims
+        self.splits = response.splits
+        if response.error is not None:
+            self.fusable = False
 
 
 class ResponseCache:
@@ -79,7 +105,7 @@ class ResponseCache:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._bit_of: dict[str, int] = {}
-        self._entries: list[CacheEntry | None] = []
+        self._entries: list[AgreedOp | None] = []
         self._free: list[int] = []
 
     def __len__(self) -> int:
@@ -89,6 +115,11 @@ class ResponseCache:
     def width(self) -> int:
         """Length of the bit vector: identical on every rank."""
         return len(self._entries)
+
+    @property
+    def bit_of(self) -> dict[str, int]:
+        """name -> bit; read-only view for the cycle's hot loop."""
+        return self._bit_of
 
     def bit(self, name: str) -> int:
         return self._bit_of.get(name, -1)
@@ -101,12 +132,12 @@ class ResponseCache:
         assert entry is not None
         return bit, entry.signature
 
-    def entry(self, bit: int) -> CacheEntry:
+    def entry(self, bit: int) -> AgreedOp:
         entry = self._entries[bit]
         assert entry is not None, f"response cache bit {bit} is empty"
         return entry
 
-    def entries(self) -> list[CacheEntry | None]:
+    def entries(self) -> list[AgreedOp | None]:
         """By bit; read-only view for the cycle's hot loop."""
         return self._entries
 
@@ -114,17 +145,17 @@ class ResponseCache:
         """Cache ``name``; -1 when full. Deterministic: every rank gets the same bit."""
         if name in self._bit_of:
             bit = self._bit_of[name]
-            self._entries[bit] = CacheEntry(name, signature)
+            self._entries[bit] = AgreedOp(name, signature)
             return bit
         if len(self._bit_of) >= self.capacity:
             return -1
         if self._free:
             self._free.sort()
             bit = self._free.pop(0)
-            self._entries[bit] = CacheEntry(name, signature)
+            self._entries[bit] = AgreedOp(name, signature)
         else:
             bit = len(self._entries)
-            self._entries.append(CacheEntry(name, signature))
+            self._entries.append(AgreedOp(name, signature))
         self._bit_of[name] = bit
         return bit
 

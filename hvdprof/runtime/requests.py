@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from typing import Any, NamedTuple
 
+from hvdprof.runtime.handles import Handle
+
 
 class OpType(enum.IntEnum):
     ALLREDUCE = 0
@@ -80,22 +82,15 @@ class Signature(NamedTuple):
         return out
 
 
-class Request:
-    """One op submitted on this rank. ``output`` receives the result.
+class Request(Handle):
+    """One op submitted on this rank, and the handle its submitter waits on.
 
-    Plain slots class rather than a dataclass: it is created once per tensor per step on
-    the user's thread, so construction cost matters.
+    ``output`` receives the result. One object rather than a request plus a handle: it
+    is created once per tensor per step on the user's thread, and every object that lives
+    until the op completes costs construction time and garbage-collector work.
     """
 
-    __slots__ = (
-        "handle",
-        "name",
-        "output",
-        "signature",
-        "splits",
-        "t_submit",
-        "tensor",
-    )
+    __slots__ = ("output", "signature", "splits", "t_submit", "tensor")
 
     def __init__(
         self,
@@ -103,15 +98,18 @@ class Request:
         signature: Signature,
         tensor: Any,
         output: Any,
-        handle: Any,
         t_submit: int,
         splits: tuple[int, ...] | None = None,
     ) -> None:
         self.name = name
+        self.result = None
+        self.error = None
+        self.done_flag = False
+        self.release = None
+        self.retire = None
         self.signature = signature
         self.tensor = tensor
         self.output = output
-        self.handle = handle
         self.t_submit = t_submit
         self.splits = splits
 

@@ -260,16 +260,15 @@ class Runtime:
                     "names must be unique among ops that have not completed"
                 )
             self._inflight.add(name)
-        handle = Handle(name)
-        handle.release = release
-        handle.retire = self._completed
-        req = Request(name, signature, tensor, output, handle, timebase.now_ns(), splits)
+        req = Request(name, signature, tensor, output, timebase.now_ns(), splits)
+        req.release = release
+        req.retire = self._completed
         cycle.queue.append(req)
         if not cycle.wake.is_set():
             cycle.wake.set()
         if cycle.failure is not None:  # lost the race with a failing cycle: fail it here
-            handle.fail(cycle.failure)
-        return handle
+            req.fail(cycle.failure)
+        return req
 
     def is_in_flight(self, name: str) -> bool:
         return name in self._inflight

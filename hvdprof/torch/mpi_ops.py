@@ -138,30 +138,37 @@ def rocm_built() -> bool:
 
 # ------------------------------------------------------------------ handles
 class _HandleTable:
-    """int handle -> (runtime handles, finisher). Ints, as Horovod returns them."""
+    """int handle -> the runtime handle, or (runtime handles, finisher) for the rest.
+
+    Ints, as Horovod returns them. A single op whose result is its handle's result (most
+    of them: every allreduce) is stored as the handle itself, with no list or tuple
+    around it: these entries are made once per tensor per step.
+    """
 
     def __init__(self) -> None:
         # itertools.count and single dict operations are atomic under the GIL: no lock
         # on the per-op path.
         self._counter = itertools.count()
-        self._items: dict[int, tuple[list[Handle], Callable[[list[Any]], Any], bool]] = {}
+        self._items: dict[int, Handle | tuple[list[Handle], Callable[[list[Any]], Any]]] = {}
 
-    def add(self, handles: list[Handle], finish: Callable[[list[Any]], Any], grouped: bool) -> int:
+    def add_single(self, handle: Handle) -> int:
         key = next(self._counter)
-        self._items[key] = (handles, finish, grouped)
+        self._items[key] = handle
         return key
 
-    def get(self, key: int) -> tuple[list[Handle], Callable[[list[Any]], Any], bool]:
+    def add(self, handles: list[Handle], finish: Callable[[list[Any]], Any]) -> int:
+        key = next(self._counter)
+        self._items[key] = (handles, finish)
+        return key
+
+    def handles(self, key: int) -> list[Handle]:
         item = self._items.get(key)
         if item is None:
             raise ValueError(f"handle {key!r} is unknown or was already synchronized")
-        return item
+        return item[0] if type(item) is tuple else [item]
 
-    def find(self, key: int) -> tuple[list[Handle], Callable[[list[Any]], Any], bool] | None:
-        return self._items.get(key)
-
-    def pop(self, key: int) -> None:
-        self._items.pop(key, None)
+    def take(self, key: int) -> Handle | tuple[list[Handle], Callable[[list[Any]], Any]] | None:
+        return self._items.pop(key, None)
 
     def clear(self) -> None:
         self._items.clear()
@@ -172,8 +179,7 @@ _handles = _HandleTable()
 
 def poll(handle: int) -> bool:
     """True when the op is done and ``synchronize`` will not block."""
-    handles, _, _ = _handles.get(handle)
-    return all(h.done() for h in handles)
+    return all(h.done_flag for h in _handles.handles(handle))
 
 
 def synchronize(handle: int) -> Any:
@@ -181,15 +187,13 @@ def synchronize(handle: int) -> Any:
 
     An unknown or already synchronized handle returns None, as in Horovod.
     """
-    item = _handles.find(handle)
+    item = _handles.take(handle)
     if item is None:
         return None
-    handles, finish, _ = item
-    try:
-        outputs = [h.wait() for h in handles]
-    finally:
-        _handles.pop(handle)
-    return finish(outputs)
+    if type(item) is not tuple:
+        return item.wait()
+    handles, finish = item
+    return finish([h.wait() for h in handles])
 
 
 def _single(outputs: list[Any]) -> Any:
@@ -286,6 +290,36 @@ def _signature(
 
 
 # ------------------------------------------------------------------ allreduce
+#: (dtype, shape, op, prescale, postscale) -> Signature. A training step submits the same
+#: few signatures every step; sharing one object per signature saves building a tuple
+#: per op here, and makes the cycle thread's cache check an identity test.
+_ALLREDUCE_SIGNATURES: dict[tuple[Any, ...], Signature] = {}
+_SIGNATURES_KEPT = 4096
+
+
+def _allreduce_signature(
+    tensor: torch.Tensor, op: ReduceOp, prescale_factor: float, postscale_factor: float
+) -> Signature:
+    sig = Signature(
+        OpType.ALLREDUCE,
+        _DTYPE_NAMES[tensor.dtype],
+        tuple(tensor.shape),
+        op,
+        -1,
+        float(prescale_factor),
+        float(postscale_factor),
+        "cpu",
+    )
+    key = (tensor.dtype, tensor.shape, op, prescale_factor, postscale_factor)
+    try:
+        if len(_ALLREDUCE_SIGNATURES) >= _SIGNATURES_KEPT:
+            _ALLREDUCE_SIGNATURES.clear()
+        _ALLREDUCE_SIGNATURES[key] = sig
+    except TypeError:  # an unhashable scale factor (a tensor): nothing to remember
+        pass
+    return sig
+
+
 def _allreduce_async(
     tensor: torch.Tensor,
     in_place: bool,
@@ -301,16 +335,12 @@ def _allreduce_async(
         tensor = _check_tensor(tensor, what, runtime, in_place)
     output = tensor if in_place else torch.empty_like(tensor)
     # the per-op path: _signature and _check_name inlined (a few hundred ns per op)
-    sig = Signature(
-        OpType.ALLREDUCE,
-        _DTYPE_NAMES[tensor.dtype],
-        tuple(tensor.shape),
-        op,
-        -1,
-        float(prescale_factor),
-        float(postscale_factor),
-        "cpu",
-    )
+    try:
+        sig = _ALLREDUCE_SIGNATURES[
+            (tensor.dtype, tensor.shape, op, prescale_factor, postscale_factor)
+        ]
+    except (KeyError, TypeError):
+        sig = _allreduce_signature(tensor, op, prescale_factor, postscale_factor)
     if name is not None and (name.__class__ is not str or not name):
         _check_name(name)
     return runtime.submit(name, "allreduce", sig, tensor, output)
@@ -330,7 +360,7 @@ def allreduce_async(
     h = _allreduce_async(
         tensor, False, name, reduce_op, prescale_factor, postscale_factor, "allreduce"
     )
-    return _handles.add([h], _single, False)
+    return _handles.add_single(h)
 
 
 def allreduce_async_(
@@ -347,7 +377,7 @@ def allreduce_async_(
     h = _allreduce_async(
         tensor, True, name, reduce_op, prescale_factor, postscale_factor, "allreduce_"
     )
-    return _handles.add([h], _single, False)
+    return _handles.add_single(h)
 
 
 class _AllreduceFunction(torch.autograd.Function):
@@ -434,7 +464,7 @@ def _grouped_async(
         )
         for t, n in zip(checked, names, strict=True)
     ]
-    return _handles.add(handles, _as_list, True)
+    return _handles.add(handles, _as_list)
 
 
 def grouped_allreduce_async(
@@ -508,7 +538,7 @@ def allgather_async(
     tensor = _check_tensor(tensor, "allgather", runtime, False)
     sig = _signature(OpType.ALLGATHER, tensor)
     h = runtime.submit(_check_name(name), "allgather", sig, tensor, None)
-    return _handles.add([h], _single, False)
+    return _handles.add_single(h)
 
 
 class _AllgatherFunction(torch.autograd.Function):
@@ -544,7 +574,7 @@ def _broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None, in_
     output = tensor if in_place else torch.empty_like(tensor)
     sig = _signature(OpType.BROADCAST, tensor, ReduceOp.SUM, root_rank)
     h = runtime.submit(_check_name(name), "broadcast", sig, tensor, output)
-    return _handles.add([h], _single, False)
+    return _handles.add_single(h)
 
 
 def broadcast_async(
@@ -630,7 +660,7 @@ def alltoall_async(
     sig = _signature(OpType.ALLTOALL, tensor)
     h = runtime.submit(_check_name(name), "alltoall", sig, tensor, None, split_list)
     finish = _single if splits is not None else (lambda outputs: outputs[0][0])
-    return _handles.add([h], finish, False)
+    return _handles.add([h], finish)
 
 
 class _AlltoallFunction(torch.autograd.Function):
@@ -691,7 +721,7 @@ def reducescatter_async(
         )
     sig = _signature(OpType.REDUCESCATTER, tensor, reduce_op, -1, prescale_factor, postscale_factor)
     h = runtime.submit(_check_name(name), "reducescatter", sig, tensor, None)
-    return _handles.add([h], _single, False)
+    return _handles.add_single(h)
 
 
 def reducescatter(
