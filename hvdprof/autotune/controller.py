@@ -24,8 +24,9 @@ Lifecycle:
 1. Warmup: the first ``HVDPROF_AUTOTUNE_WARMUP_SAMPLES`` samples' worth of steps run with
    the starting configuration and are discarded (the job is still warming up).
 2. Tuning: the starting configuration is the first scored sample, then the optimizer's
-   proposals, until ``HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES`` samples are scored. The
-   best configuration is then proposed and printed as the ``HVDPROF_*`` variables to set.
+   proposals, until ``HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES`` samples are scored (the
+   last few re-measure the leading configurations; see ``tuner``). The best configuration
+   is then proposed and printed as the ``HVDPROF_*`` variables to set.
 3. Watching (``HVDPROF_AUTOTUNE_CONTINUOUS``, the default): the best configuration keeps
    being scored and logged (``phase=watch``). When its throughput leaves the band
    ``baseline * (1 +- HVDPROF_AUTOTUNE_DRIFT_FRACTION)`` for

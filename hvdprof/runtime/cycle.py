@@ -36,7 +36,7 @@ from hvdprof.runtime.negotiation import (
     RequestMeta,
     ResponseCache,
 )
-from hvdprof.runtime.records import CycleObserver, CycleRecord, OpRecord, TunableParams
+from hvdprof.runtime.records import NO_TIME, CycleObserver, CycleRecord, OpBatch, TunableParams
 from hvdprof.runtime.requests import OpType, Request
 from hvdprof.runtime.stall import StallInspector
 from hvdprof.runtime.steps import StepCounter
@@ -106,6 +106,7 @@ class CycleLoop:
         self._sent: dict[str, Request] = {}
         self._bits = np.zeros(0, dtype=np.uint8)
         self._first_ready = np.full((size, 0), -1, dtype=np.int64)
+        self._ready_bits = np.zeros(0, dtype=np.int64)  # this cycle's fast-path bits
         self._partial_since: dict[int, float] = {}
         self._was_detailed = False
         self._last_partial_watch = 0.0
@@ -303,9 +304,11 @@ class CycleLoop:
                 entries = self.cache.entries()
                 waiting = self._cached_waiting
                 bit_list = ready_bits.tolist()
+                self._ready_bits = ready_bits
                 ready_ops = [entries[bit] for bit in bit_list]
                 ready_reqs = [waiting.pop(bit, None) for bit in bit_list]
                 self.counters["cache_hits"] += ready_bits.size
+        n_cached = len(ready_ops)
         if self.rank == 0 and self.config.stall_check_time_s > 0:
             now = time.monotonic()
             if now - self._last_partial_watch >= _PARTIAL_WATCH_EVERY_S:
@@ -342,7 +345,9 @@ class CycleLoop:
                 detailed,
             )
         t_end = timebase.now_ns()
-        op_records = self._complete(ready_ops, ready_reqs, reply, detailed, t_negotiated, t_end)
+        op_batch = self._complete(
+            ready_ops, ready_reqs, n_cached, reply, detailed, t_negotiated, t_end
+        )
 
         # All ranks joined: the join returns the rank that joined last.
         if joined and not active.any():
@@ -372,7 +377,7 @@ class CycleLoop:
                 t_end=t_end,
                 params=params_ran,
                 bytes_reduced=reduced,
-                ops=op_records,
+                ops=op_batch if op_batch is not None else [],
                 groups=groups,
                 params_changed=params_changed,
             )
@@ -506,84 +511,75 @@ class CycleLoop:
         self,
         ready_ops: list[AgreedOp],
         ready_reqs: list[Request | None],
+        n_cached: int,
         reply: CoordinatorReply | None,
         detailed: bool,
         t_negotiated: int,
         t_end: int,
-    ) -> list[OpRecord]:
+    ) -> OpBatch | None:
         self.counters["ops_completed"] += len(ready_ops)
         self.steps.completed_many([op.name for op in ready_ops])
-        if not detailed:
-            return []
-        return self._op_records(ready_ops, ready_reqs, reply, t_negotiated, t_end)
+        if not detailed or not ready_ops:
+            return None
+        return self._op_batch(ready_ops, ready_reqs, n_cached, reply, t_negotiated, t_end)
 
-    def _op_records(
+    def _op_batch(
         self,
         ready_ops: list[AgreedOp],
         ready_reqs: list[Request | None],
+        n_cached: int,
         reply: CoordinatorReply | None,
         t_negotiated: int,
         t_end: int,
-    ) -> list[OpRecord]:
-        """The timeline's view of this cycle's ops (only built when a sink is attached)."""
-        cycles_of = {r.name: r.ready_cycles for r in reply.responses} if reply is not None else {}
+    ) -> OpBatch:
+        """The timeline's view of this cycle's ops (only built when a sink is attached).
+
+        Column by column, with no per-op object: the first ``n_cached`` ops came through
+        the response cache, in the order of ``self._ready_bits``.
+        """
+        n = len(ready_ops)
         op_group, op_done = self.executor.op_group, self.executor.op_done
-        if len(op_group) != len(ready_ops):  # nothing ran (every op failed before running)
-            op_group, op_done = [-1] * len(ready_ops), [0] * len(ready_ops)
-        mine = [i for i, req in enumerate(ready_reqs) if req is not None]
+        if len(op_group) != n:  # nothing ran (every op failed before running)
+            op_group, op_done = [-1] * n, [0] * n
         # Readiness on the cached path, for all ops at once: the cycle in which each
         # rank's bit first showed, mapped to this rank's clock.
-        cached_bits = [
-            self.cache.bit(ready_ops[i].name) for i in mine if ready_ops[i].name not in cycles_of
-        ]
-        width = self._first_ready.shape[1]
-        ready_rows: list[list[int]] = []
-        if cached_bits:
-            idx = np.array([b if 0 <= b < width else 0 for b in cached_bits], dtype=np.int64)
+        ready = np.full((n, self.size), NO_TIME, dtype=np.int64)
+        cached = np.zeros(n, dtype=bool)
+        cached[:n_cached] = True
+        idx = self._ready_bits
+        if n_cached and int(idx.max()) < self._first_ready.shape[1]:
             first = self._first_ready[:, idx]
             self._first_ready[:, idx] = -1
             oldest = max(0, self.cycle - _RING + 1)
             times = self._cycle_start[np.maximum(first, oldest) % _RING]
-            times[first < 0] = -1
-            times[:, [not 0 <= b < width for b in cached_bits]] = -1
-            ready_rows = times.T.tolist()
-        records: list[OpRecord] = []
-        rank = self.rank
-        size_range = range(self.size)
-        cached_index = 0
-        for i in mine:
-            op = ready_ops[i]
-            req = ready_reqs[i]
-            assert req is not None
-            ready_cycles = cycles_of.get(op.name)
-            if ready_cycles is not None:
-                ready = {r: self._time_of(c) for r, c in ready_cycles.items()}
-                cached = False
-            else:
-                row = ready_rows[cached_index]
-                cached_index += 1
-                ready = {r: row[r] for r in size_range if row[r] >= 0}
-                cached = True
-            ready[rank] = req.t_submit
-            sig = op.signature
-            error = req.error
-            records.append(
-                OpRecord(
-                    op.name,
-                    _OP_NAMES[sig.op],
-                    _dtype_name(sig.dtype),
-                    sig.shape,
-                    op.nbytes,
-                    req.t_submit,
-                    t_negotiated,
-                    ready,
-                    cached,
-                    op_group[i],
-                    op_done[i] or t_end,
-                    None if error is None else str(error),
-                )
-            )
-        return records
+            times[first < 0] = NO_TIME
+            ready[:n_cached] = times.T
+        if reply is not None:  # the coordinator's path: readiness by cycle, per op
+            for i, response in enumerate(reply.responses, start=n_cached):
+                row = ready[i]
+                for r, c in response.ready_cycles.items():
+                    row[r] = self._time_of(c)
+        mine = [i for i, req in enumerate(ready_reqs) if req is not None]
+        if len(mine) != n:  # this rank has joined: it records only its own ops
+            ready_ops = [ready_ops[i] for i in mine]
+            ready_reqs = [ready_reqs[i] for i in mine]
+            op_group = [op_group[i] for i in mine]
+            op_done = [op_done[i] for i in mine]
+            ready, cached = ready[mine], cached[mine]
+        t_submit = [req.t_submit for req in ready_reqs]
+        ready[:, self.rank] = t_submit
+        errors = {i: str(req.error) for i, req in enumerate(ready_reqs) if req.error is not None}
+        return OpBatch(
+            names=[op.name for op in ready_ops],
+            kinds=[op.description for op in ready_ops],
+            t_submit=t_submit,
+            t_negotiated=[t_negotiated] * len(ready_ops),
+            ready=ready,
+            cached=cached,
+            group_ids=op_group,
+            t_done=[d or t_end for d in op_done],
+            errors=errors,
+        )
 
     def _time_of(self, cycle: int) -> int:
         if self.cycle - cycle >= _RING:

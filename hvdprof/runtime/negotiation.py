@@ -65,7 +65,7 @@ class AgreedOp:
     to the executor every time the name is ready: the fast path allocates nothing per op.
     """
 
-    __slots__ = ("fusable", "key", "name", "nbytes", "numel", "signature")
+    __slots__ = ("description", "fusable", "key", "name", "nbytes", "numel", "signature")
 
     #: set on a :class:`NegotiatedOp` only (the coordinator's verdict for a new name)
     error: str | None = None
@@ -80,6 +80,13 @@ class AgreedOp:
         self.numel = math.prod(signature.shape)
         #: an allreduce that may share a fusion buffer (a failed op never runs)
         self.fusable = signature.op == OpType.ALLREDUCE
+        #: (op, dtype, shape, nbytes) as the timeline shows them, made once per name
+        self.description = (
+            signature.op.name,
+            signature.dtype.removeprefix("torch."),
+            tuple(signature.shape),
+            self.nbytes,
+        )
 
 
 class NegotiatedOp(AgreedOp):

@@ -7,8 +7,14 @@ Times are ``time.perf_counter_ns()`` of this rank unless stated otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
+
+import numpy as np
+
+#: "not known" in :attr:`OpBatch.ready` (a time can be any int64 once clocks are shifted)
+NO_TIME = np.iinfo(np.int64).min
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +66,131 @@ class OpRecord:
 
 
 @dataclass(slots=True)
+class OpBatch:
+    """One cycle's completed ops on this rank, by column.
+
+    What the cycle thread hands the timeline instead of one :class:`OpRecord` per op:
+    each column is one list comprehension or one numpy operation per cycle, so recording
+    thousands of small tensors per step costs well under a microsecond per op on the
+    critical path. ``to_records`` (run by the renderer, off that path) gives the records.
+    """
+
+    names: list[str]
+    #: per op, (op, dtype, shape, nbytes): one shared tuple per distinct signature
+    kinds: list[tuple[str, str, tuple[int, ...], int]]
+    t_submit: list[int]
+    t_negotiated: list[int]
+    #: (ops, ranks) int64: when this rank learned each rank was ready; NO_TIME if unknown
+    ready: np.ndarray
+    cached: np.ndarray  # (ops,) bool
+    group_ids: list[int]
+    t_done: list[int]
+    errors: dict[int, str] = field(default_factory=dict)  # position -> message
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __iter__(self) -> Iterator[OpRecord]:
+        return iter(self.to_records())
+
+    def to_records(self) -> list[OpRecord]:
+        out = []
+        errors = self.errors
+        ready_rows = self.ready.tolist()
+        cached = self.cached.tolist()
+        for i, name in enumerate(self.names):
+            op, dtype, shape, nbytes = self.kinds[i]
+            out.append(
+                OpRecord(
+                    name,
+                    op,
+                    dtype,
+                    shape,
+                    nbytes,
+                    self.t_submit[i],
+                    self.t_negotiated[i],
+                    {r: t for r, t in enumerate(ready_rows[i]) if t != NO_TIME},
+                    cached[i],
+                    self.group_ids[i],
+                    self.t_done[i],
+                    errors.get(i),
+                )
+            )
+        return out
+
+    @classmethod
+    def from_records(cls, records: list[OpRecord]) -> OpBatch:
+        ranks = 1 + max((r for rec in records for r in rec.ready_times), default=-1)
+        ready = np.full((len(records), ranks), NO_TIME, dtype=np.int64)
+        for i, rec in enumerate(records):
+            for r, t in rec.ready_times.items():
+                ready[i, r] = t
+        return cls(
+            names=[r.name for r in records],
+            kinds=[(r.op, r.dtype, tuple(r.shape), r.nbytes) for r in records],
+            t_submit=[r.t_submit for r in records],
+            t_negotiated=[r.t_negotiated for r in records],
+            ready=ready,
+            cached=np.array([r.cached for r in records], dtype=bool),
+            group_ids=[r.group_id for r in records],
+            t_done=[r.t_done for r in records],
+            errors={i: r.error for i, r in enumerate(records) if r.error is not None},
+        )
+
+    def columns(self, start: int, stop: int) -> tuple[Any, ...]:
+        """Rows ``start:stop`` as plain picklable values (the timeline's wire form)."""
+        errors = {i - start: e for i, e in self.errors.items() if start <= i < stop}
+        return (
+            self.names[start:stop],
+            self.kinds[start:stop],
+            self.t_submit[start:stop],
+            self.t_negotiated[start:stop],
+            self.ready[start:stop].tobytes(),
+            self.ready.shape[1],
+            self.cached[start:stop].tobytes(),
+            self.group_ids[start:stop],
+            self.t_done[start:stop],
+            errors,
+        )
+
+    @classmethod
+    def from_columns(cls, chunks: list[tuple[Any, ...]]) -> OpBatch:
+        """Inverse of :meth:`columns`, joining consecutive chunks."""
+        names: list[str] = []
+        kinds: list[Any] = []
+        t_submit: list[int] = []
+        t_negotiated: list[int] = []
+        readies, cacheds = [], []
+        group_ids: list[int] = []
+        t_done: list[int] = []
+        errors: dict[int, str] = {}
+        ranks = 0
+        for chunk in chunks:
+            n_, k_, s_, neg_, ready_, ranks, cached_, g_, d_, e_ = chunk
+            base = len(names)
+            names += n_
+            kinds += k_
+            t_submit += s_
+            t_negotiated += neg_
+            readies.append(np.frombuffer(ready_, dtype=np.int64).reshape(len(n_), ranks))
+            cacheds.append(np.frombuffer(cached_, dtype=bool))
+            group_ids += g_
+            t_done += d_
+            errors.update({base + i: e for i, e in e_.items()})
+        return cls(
+            names,
+            kinds,
+            t_submit,
+            t_negotiated,
+            np.concatenate(readies) if readies else np.zeros((0, ranks), dtype=np.int64),
+            np.concatenate(cacheds) if cacheds else np.zeros(0, dtype=bool),
+            group_ids,
+            t_done,
+            errors,
+        )
+
+
+@dataclass(slots=True)
 class CycleRecord:
     cycle: int  # cycle index, identical across ranks
     step: int  # runtime step (see StepCounter), identical across ranks
@@ -68,7 +199,8 @@ class CycleRecord:
     t_end: int
     params: TunableParams
     bytes_reduced: int  # allreduce payload bytes completed this cycle
-    ops: list[OpRecord] = field(default_factory=list)
+    #: the ops this rank completed: an OpBatch from the cycle, or records (tests, tools)
+    ops: OpBatch | list[OpRecord] = field(default_factory=list)
     groups: list[GroupRecord] = field(default_factory=list)
     #: parameters applied at the start of this cycle (same cycle on all ranks), if changed
     params_changed: bool = False
