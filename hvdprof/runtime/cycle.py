@@ -60,8 +60,7 @@ def _dtype_name(dtype: str) -> str:
 
 
 # cycles of start times kept for readiness marks
-_IDLE_SLEEP_MAX_S = 0.01  # idle back-off: a quiet job polls every 10 ms
-_IDLE_CYCLES_BEFORE_BACKOFF = 500
+_IDLE_WAIT_S = 0.01  # between training steps, every rank idle: a cycle every 10 ms
 _STALL_EVERY_S = 1.0
 _BURST_WAIT_MAX_S = 0.02  # longest wait for a burst of submissions to finish
 _PARTIAL_WATCH_EVERY_S = 0.25  # stalls are reported after many seconds; sample the bits
@@ -142,7 +141,6 @@ class CycleLoop:
         self._directives.append((kind, value))
 
     def _run(self) -> None:
-        idle_streak = 0
         try:
             while True:
                 t0 = time.monotonic()
@@ -151,19 +149,18 @@ class CycleLoop:
                     break
                 cycle_s = self.params.cycle_time_ms / 1000.0
                 if busy:
-                    idle_streak = 0
                     delay = cycle_s - (time.monotonic() - t0)
                     if delay > 0:
                         time.sleep(delay)
                 else:
-                    # Idle: keep the cycle's pace while a training step may be under way
-                    # (a peer may already wait for us in the next allgather, and only our
-                    # own submissions can wake us early); back off once idle for long.
-                    idle_streak += 1
-                    wait = max(cycle_s, 0.0005)
-                    if idle_streak > _IDLE_CYCLES_BEFORE_BACKOFF:
-                        wait = _IDLE_SLEEP_MAX_S
-                    self.wake.wait(wait)
+                    # Idle means idle on every rank: the allgather showed nothing pending
+                    # anywhere. Nothing can then complete before some rank submits again,
+                    # and a submission wakes its own rank at once, while the others learn
+                    # of it when they submit too. So there is no point in ticking every
+                    # cycle between training steps: the forward pass would pay for an
+                    # empty allgather every millisecond. Orders (shutdown, a peer's join,
+                    # autotune parameters) wait at most one idle period.
+                    self.wake.wait(max(cycle_s, _IDLE_WAIT_S))
                 self.wake.clear()
                 self._let_burst_finish(cycle_s)
         except BaseException as exc:  # a dead peer, a timeout: fail everything, loudly
@@ -559,8 +556,8 @@ class CycleLoop:
                 row = ready[i]
                 for r, c in response.ready_cycles.items():
                     row[r] = self._time_of(c)
-        mine = [i for i, req in enumerate(ready_reqs) if req is not None]
-        if len(mine) != n:  # this rank has joined: it records only its own ops
+        if None in ready_reqs:  # this rank has joined: it records only its own ops
+            mine = [i for i, req in enumerate(ready_reqs) if req is not None]
             ready_ops = [ready_ops[i] for i in mine]
             ready_reqs = [ready_reqs[i] for i in mine]
             op_group = [op_group[i] for i in mine]
@@ -568,7 +565,9 @@ class CycleLoop:
             ready, cached = ready[mine], cached[mine]
         t_submit = [req.t_submit for req in ready_reqs]
         ready[:, self.rank] = t_submit
-        errors = {i: str(req.error) for i, req in enumerate(ready_reqs) if req.error is not None}
+        errors = {}
+        if -1 in op_group or self.executor.failed:  # only a failed op can carry an error
+            errors = {i: str(req.error) for i, req in enumerate(ready_reqs) if req.error}
         return OpBatch(
             names=[op.name for op in ready_ops],
             kinds=[op.description for op in ready_ops],
@@ -577,7 +576,7 @@ class CycleLoop:
             ready=ready,
             cached=cached,
             group_ids=op_group,
-            t_done=[d or t_end for d in op_done],
+            t_done=[d or t_end for d in op_done] if 0 in op_done else op_done,
             errors=errors,
         )
 

@@ -68,6 +68,8 @@ class Executor:
         #: per op of the last detailed run: its group id (-1: failed) and completion time
         self.op_group: list[int] = []
         self.op_done: list[int] = []
+        #: whether the last run failed some op's request (its error is on the request)
+        self.failed = False
 
     # ----------------------------------------------------------------------------------
     def run(
@@ -86,6 +88,7 @@ class Executor:
         completion time afterwards (for the timeline).
         """
         n = len(ops)
+        self.failed = False
         if detailed:
             self.op_group = [-1] * n
             self.op_done = [0] * n
@@ -99,6 +102,7 @@ class Executor:
                     continue
                 if op.error is not None:
                     _fail(requests[i], TensorMismatchError(op.error))
+                    self.failed = True
                 else:
                     others.append(i)
         reduced = 0
@@ -148,10 +152,8 @@ class Executor:
                     dtype=group.key.dtype,
                 )
                 records.append(run.record)
-                run.positions = [positions[i] for i in indices]
-                op_group = self.op_group
-                for p in run.positions:
-                    op_group[p] = run.group_id
+                run.positions = _positions(positions, indices)
+                _fill(self.op_group, run.positions, run.group_id)
             self.next_group_id += 1
             self._start_allreduce(run, slot_counter % max_inflight, threshold)
             inflight.append(run)
@@ -229,9 +231,7 @@ class Executor:
                 record.t_unpack_end = timebase.now_ns()
         if record is not None:
             t_done = timebase.now_ns()
-            op_done = self.op_done
-            for p in run.positions:
-                op_done[p] = t_done
+            _fill(self.op_done, run.positions, t_done)
         done = requests if None not in requests else [r for r in requests if r is not None]
         if self.retire is not None:
             self.retire([r.name for r in done])
@@ -270,6 +270,7 @@ class Executor:
             result = self._dispatch(op, req)
         except (ValueError, TypeError) as exc:  # bad input caught late: fail this op only
             _fail(req, TensorMismatchError(f"{sig.op.name.lower()} of {op.name!r} failed: {exc}"))
+            self.failed = True
             return
         if record is not None:
             record.t_collective_end = self.op_done[position] = timebase.now_ns()
@@ -367,10 +368,30 @@ class _Running:
         self.requests = requests
         self.group_id = group_id
         self.record: GroupRecord | None = None
-        self.positions: list[int] = []  # the ops' positions in the run (detailed only)
+        #: the ops' positions in the run (detailed only)
+        self.positions: range | list[int] = range(0)
         self.inputs: list[torch.Tensor] = []
         self.flat: torch.Tensor | None = None
         self.work: Any = None
+
+
+def _positions(positions: list[int], indices: list[int]) -> range | list[int]:
+    """``[positions[i] for i in indices]``, as a range when it is one (the usual case).
+
+    Both lists increase strictly, so equal spans at both ends mean consecutive runs.
+    """
+    a, b = indices[0], indices[-1]
+    if b - a + 1 == len(indices) and positions[b] - positions[a] == b - a:
+        return range(positions[a], positions[b] + 1)
+    return [positions[i] for i in indices]
+
+
+def _fill(column: list[int], where: range | list[int], value: int) -> None:
+    if type(where) is range and where.step == 1:
+        column[where.start : where.stop] = [value] * len(where)
+    else:
+        for p in where:
+            column[p] = value
 
 
 def _flat(tensor: torch.Tensor) -> torch.Tensor:
