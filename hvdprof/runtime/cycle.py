@@ -250,11 +250,17 @@ class CycleLoop:
             if self._outbox
             else b""
         )
-        header = np.zeros(HEADER, dtype=np.uint8)
-        header[:4] = np.frombuffer(np.uint32(len(payload)).astype("<u4").tobytes(), dtype=np.uint8)
-        header[_SHUTDOWN] = self.shutdown_requested
-        header[_JOINED] = self.join_handle is not None
-        header[_COMMAND] = bool(self.commands)
+        send = self.control.send_buffer(HEADER + self._bits.shape[0])
+        header = send[:HEADER]
+        header[:] = 0
+        if payload:
+            header[:4] = np.frombuffer(len(payload).to_bytes(4, "little"), dtype=np.uint8)
+        if self.shutdown_requested:
+            header[_SHUTDOWN] = 1
+        if self.join_handle is not None:
+            header[_JOINED] = 1
+        if self.commands:
+            header[_COMMAND] = 1
         if self.rank == 0:
             interval = self.config.clock_sync_interval_s
             if detailed and interval > 0 and time.monotonic() - self._last_clock_sync >= interval:
@@ -264,11 +270,15 @@ class CycleLoop:
                 proposal = self.proposer.poll_proposal()
                 if proposal is not None:
                     self._directives.append(("params", proposal))
-            header[_DIRECTIVE] = bool(self._directives)
+            if self._directives:
+                header[_DIRECTIVE] = 1
+        send[HEADER:] = self._bits
         nvtx = self.nvtx
         if nvtx is not None:
             nvtx.push(NVTX_NEGOTIATE)
-        matrix = self.control.allgather_vector(np.concatenate([header, self._bits]))
+        matrix = self.control.allgather_sent()
+        if not self._prev_joined and not matrix.any():
+            return self._quiet_cycle(cycle, t_start)
 
         shutdown_ranks = np.flatnonzero(matrix[:, _SHUTDOWN])
         if shutdown_ranks.size:
@@ -402,6 +412,40 @@ class CycleLoop:
         )
         return busy
 
+    def _quiet_cycle(self, cycle: int, t_start: int) -> bool | None:
+        """The rest of a cycle in which no rank had anything to say (between steps).
+
+        The same outcome as the full cycle with an all-zero matrix, without its dozens
+        of small numpy calls: an idle job ticks every cycle, on the training's cores.
+        """
+        t_end = timebase.now_ns()
+        if self.nvtx is not None:
+            self.nvtx.pop()
+        self._partial_since.clear()
+        params_changed, self._params_just_changed = self._params_just_changed, False
+        self.counters["cycles"] += 1
+        if self.observers:
+            record = CycleRecord(
+                cycle=cycle,
+                step=self.steps.step,
+                t_start=t_start,
+                t_negotiated=t_end,
+                t_end=t_end,
+                params=self.params,
+                bytes_reduced=0,
+                params_changed=params_changed,
+            )
+            for observer in self.observers:
+                observer.on_cycle(record)
+        if self.rank == 0:
+            self._inspect_stalls()
+        self.cycle += 1
+        if self.failure is not None:
+            return None
+        return bool(
+            self._sent or self._outbox or self._cached_waiting or self.commands or self.queue
+        )
+
     # ---------------------------------------------------------------- pieces
     def _drain_queue(self) -> None:
         queue = self.queue
@@ -505,9 +549,7 @@ class CycleLoop:
             self._directives.append(("abort", abort))
 
     def _last_bits_snapshot(self) -> np.ndarray:
-        recv = self.control._recv
-        assert recv is not None
-        return recv.numpy()[:, HEADER:]
+        return self.control.last_matrix[:, HEADER:]
 
     def _complete(
         self,

@@ -131,8 +131,7 @@ class Runtime:
         self._names = NameAllocator()
         self._inflight: set[str] = set()
         self._inflight_lock = threading.Lock()
-        self._store, self._control_pg, self._data_pg = self._rendezvous()
-        self.control = ControlChannel(self._control_pg, self.rank, self.size)
+        self._store, self.control, self._data_pg = self._rendezvous()
         self.backend = GlooBackend(self._data_pg, self.rank, self.size)
         self.executor = Executor(self.backend, self.rank, self.size)
         self.executor.retire = self._completed_batch
@@ -205,7 +204,14 @@ class Runtime:
             ) from None
         op_timeout = datetime.timedelta(seconds=cfg.collective_timeout_s)
         try:
-            control = self._gloo_group(store, "hvdprof/control/", op_timeout)
+            control = ControlChannel.connect(
+                self.rank,
+                self.size,
+                store,
+                self._host(),
+                cfg.start_timeout_s,
+                cfg.collective_timeout_s,
+            )
             data = self._gloo_group(store, "hvdprof/data/", op_timeout)
         except Exception as exc:
             raise HvdprofError(
@@ -213,11 +219,14 @@ class Runtime:
             ) from None
         return store, control, data
 
+    def _host(self) -> str:
+        """This rank's address for the others: loopback when the job is on one machine."""
+        return "127.0.0.1" if self.topology.cross_size == 1 else socket.gethostname()
+
     def _gloo_group(self, store: Any, prefix: str, timeout: datetime.timedelta) -> Any:
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timeout
-        host = "127.0.0.1" if self.topology.cross_size == 1 else socket.gethostname()
-        options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=self._host())]
         options._threads = max(2, self.config.max_inflight)
         return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), self.rank, self.size, options)
 
@@ -321,14 +330,13 @@ class Runtime:
             cycle.wake.set()
             cycle.thread.join(timeout=self.config.collective_timeout_s + 5)
         cycle.shutdown_requested = True
-        for pg in (self._data_pg, self._control_pg):
-            with contextlib.suppress(Exception):  # best effort: the peers may be gone
-                pg.shutdown()
-        # Drop every reference to the process groups and the rendezvous store now, so a
+        with contextlib.suppress(Exception):  # best effort: the peers may be gone
+            self._data_pg.shutdown()
+        self.control.close()
+        # Drop every reference to the process group and the rendezvous store now, so a
         # later init() can bind the same port (reference cycles would keep them alive).
-        self.control.pg = None
         self.backend.pg = None
-        self._data_pg = self._control_pg = None
+        self._data_pg = None
         self._store = None
         if self.timeline is not None:
             self.timeline.close()
