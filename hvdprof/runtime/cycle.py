@@ -60,8 +60,8 @@ def _dtype_name(dtype: str) -> str:
 
 
 # cycles of start times kept for readiness marks
-_IDLE_SLEEP_MAX_S = 0.01  # idle back-off: a quiet job polls every 10 ms
-_IDLE_CYCLES_BEFORE_BACKOFF = 500
+_IDLE_SLEEP_MAX_S = 0.01  # idle back-off: a quiet job ticks every 10 ms
+_IDLE_BEFORE_BACKOFF_S = 0.02  # (orders such as shutdown or new parameters wait that long)
 _STALL_EVERY_S = 1.0
 _BURST_WAIT_MAX_S = 0.02  # longest wait for a burst of submissions to finish
 _PARTIAL_WATCH_EVERY_S = 0.25  # stalls are reported after many seconds; sample the bits
@@ -142,7 +142,7 @@ class CycleLoop:
         self._directives.append((kind, value))
 
     def _run(self) -> None:
-        idle_streak = 0
+        idle_since = 0.0
         try:
             while True:
                 t0 = time.monotonic()
@@ -151,20 +151,21 @@ class CycleLoop:
                     break
                 cycle_s = self.params.cycle_time_ms / 1000.0
                 if busy:
-                    idle_streak = 0
+                    idle_since = 0.0
                     delay = cycle_s - (time.monotonic() - t0)
                     if delay > 0:
                         time.sleep(delay)
                 else:
-                    # Idle: keep the cycle's pace while a training step may be under way
-                    # (a peer may already wait for us in the next allgather, and only our
-                    # own submissions can wake us early); back off once idle for long.
-                    # (Waiting for a submission as soon as every rank is idle was measured
-                    # slower: ResNet-50's allreduce went from 1.0-1.15x to 1.3x flat.)
-                    idle_streak += 1
+                    # Idle on every rank (the allgather showed nothing pending anywhere).
+                    # Keep the cycle's pace for a moment, then slow down: nothing can
+                    # complete until some rank submits again, a submission wakes its own
+                    # rank at once, and the others join when they submit too. Ticking
+                    # every cycle through a forward pass would only take CPU from it.
+                    if not idle_since:
+                        idle_since = t0
                     wait = max(cycle_s, 0.0005)
-                    if idle_streak > _IDLE_CYCLES_BEFORE_BACKOFF:
-                        wait = _IDLE_SLEEP_MAX_S
+                    if t0 - idle_since > _IDLE_BEFORE_BACKOFF_S:
+                        wait = max(wait, _IDLE_SLEEP_MAX_S)
                     self.wake.wait(wait)
                 self.wake.clear()
                 self._let_burst_finish(cycle_s)
