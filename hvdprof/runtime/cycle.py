@@ -107,6 +107,8 @@ class CycleLoop:
         self._bits = np.zeros(0, dtype=np.uint8)
         self._first_ready = np.full((size, 0), -1, dtype=np.int64)
         self._ready_bits = np.zeros(0, dtype=np.int64)  # this cycle's fast-path bits
+        self._last_matrix = np.zeros((size, 0), dtype=np.uint8)
+        self._last_ran_nothing = False
         self._partial_since: dict[int, float] = {}
         self._was_detailed = False
         self._last_partial_watch = 0.0
@@ -278,8 +280,19 @@ class CycleLoop:
         if nvtx is not None:
             nvtx.push(NVTX_NEGOTIATE)
         matrix = self.control.allgather_sent()
-        if not self._prev_joined and not matrix.any():
-            return self._quiet_cycle(cycle, t_start)
+        if not self._prev_joined:
+            if not matrix.any():
+                return self._quiet_cycle(cycle, t_start, busy=False)
+            # Waiting on a peer: the same bits as last cycle, which ran nothing, and no
+            # header flags. Nothing can be ready that was not ready then.
+            if (
+                self._last_ran_nothing
+                and matrix.shape == self._last_matrix.shape
+                and not matrix[:, :HEADER].any()
+                and np.array_equal(matrix, self._last_matrix)
+            ):
+                return self._quiet_cycle(cycle, t_start, busy=True, matrix=matrix)
+        self._last_matrix = matrix.copy()
 
         shutdown_ranks = np.flatnonzero(matrix[:, _SHUTDOWN])
         if shutdown_ranks.size:
@@ -401,6 +414,7 @@ class CycleLoop:
         self.cycle += 1
         if self.failure is not None:
             return None
+        self._last_ran_nothing = not ready_ops and reply is None
         busy = bool(
             self._cached_waiting
             or self._outbox
@@ -413,16 +427,26 @@ class CycleLoop:
         )
         return busy
 
-    def _quiet_cycle(self, cycle: int, t_start: int) -> bool | None:
-        """The rest of a cycle in which no rank had anything to say (between steps).
+    def _quiet_cycle(
+        self, cycle: int, t_start: int, busy: bool, matrix: np.ndarray | None = None
+    ) -> bool | None:
+        """The rest of a cycle in which nothing can happen: the same outcome as the full
+        cycle, without its dozens of small numpy calls.
 
-        The same outcome as the full cycle with an all-zero matrix, without its dozens
-        of small numpy calls: an idle job ticks every cycle, on the training's cores.
+        Two cases: no rank had anything to say (between steps), or nothing changed since
+        a cycle that ran nothing (``busy``: some rank waits for another's submission).
+        A job ticks every cycle on the training's cores, so these must be cheap.
         """
         t_end = timebase.now_ns()
         if self.nvtx is not None:
             self.nvtx.pop()
-        self._partial_since.clear()
+        if not busy:
+            self._partial_since.clear()
+        elif matrix is not None and self.rank == 0 and self.config.stall_check_time_s > 0:
+            now = time.monotonic()  # the stall inspector's view of who is waiting
+            if now - self._last_partial_watch >= _PARTIAL_WATCH_EVERY_S:
+                self._last_partial_watch = now
+                self._watch_partial_bits(matrix[:, HEADER:], np.ones(self.size, dtype=bool))
         params_changed, self._params_just_changed = self._params_just_changed, False
         self.counters["cycles"] += 1
         if self.observers:
@@ -443,7 +467,7 @@ class CycleLoop:
         self.cycle += 1
         if self.failure is not None:
             return None
-        return bool(
+        return busy or bool(
             self._sent or self._outbox or self._cached_waiting or self.commands or self.queue
         )
 
