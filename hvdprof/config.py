@@ -15,7 +15,8 @@ from typing import Any
 
 from hvdprof.errors import ConfigError
 
-MiB = 1024 * 1024
+KiB = 1024
+MiB = 1024 * KiB
 
 
 def _parse_int(value: str, *, minimum: int | None = None) -> int:
@@ -207,6 +208,16 @@ ENV_VARS: tuple[EnvVar, ...] = (
         4 * MiB,
         "Largest fusion buffer, in bytes. 0 disables fusion.",
         "4194304 (4 MiB)",
+    ),
+    EnvVar(
+        "HVDPROF_SMALL_ALLREDUCE_BYTES",
+        "small_allreduce_bytes",
+        _int(0),
+        256 * KiB,
+        "Allreduce buffers up to this size go over the control channel's sockets, which "
+        "answer in tens of microseconds where a backend call costs a millisecond or more "
+        "on busy CPUs. 0 sends everything to the backend.",
+        "262144 (256 KiB)",
     ),
     EnvVar(
         "HVDPROF_MAX_INFLIGHT",
@@ -424,6 +435,7 @@ class Config:
     start_timeout_s: float = 60.0
     cycle_time_ms: float = 1.0
     fusion_threshold_bytes: int = 4 * MiB
+    small_allreduce_bytes: int = 256 * KiB
     max_inflight: int = 4
     cache_capacity: int = 4096
     backend: str = "auto"

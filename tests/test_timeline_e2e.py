@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 from conftest import REPO, JobResult, child_env, run_job
 
+from hvdprof.config import Config
 from hvdprof.timeline import activities as act
 from hvdprof.timeline import load_run, load_trace
 from hvdprof.timeline.manifest import timeline_shift_ns
@@ -373,7 +374,16 @@ def test_phases_ordered_and_lanes_nest(main_traces: dict[int, list[dict[str, Any
         assert fused, f"{where}: no fused allreduce at all"
         phases = Counter(c["name"] for u in fused for c in u["children"])
         assert phases[act.MEMCPY_IN_FUSION_BUFFER] == len(fused), phases
-        assert phases["GLOO_ALLREDUCE"] == len(fused), phases
+        # the collective is named for the backend that ran it: Gloo, or the control
+        # channel's sockets (TCP) for buffers up to HVDPROF_SMALL_ALLREDUCE_BYTES
+        for u in fused:
+            backend = u["op"]["args"]["backend"]
+            assert backend in ("GLOO", "TCP"), backend
+            names = [c["name"] for c in u["children"]]
+            assert f"{backend}_ALLREDUCE" in names, names
+            small = u["op"]["args"]["group_bytes"] <= Config().small_allreduce_bytes
+            assert (backend == "TCP") == small, u["op"]["args"]
+        assert phases["GLOO_ALLREDUCE"] + phases["TCP_ALLREDUCE"] == len(fused), phases
 
 
 def test_readiness_marks_and_the_straggler(main_traces: dict[int, list[dict[str, Any]]]) -> None:
@@ -566,7 +576,11 @@ def test_merge_with_torch_profiler(main_job: tuple[JobResult, Path], tmp_path: P
             and e["name"] == "NEGOTIATE_ALLREDUCE"
             and e["args"]["tensor"].startswith("allreduce.")
         )
-        reduces = [span(e) for e in events if e["pid"] == rank and e["name"] == "GLOO_ALLREDUCE"]
+        reduces = [
+            span(e)
+            for e in events
+            if e["pid"] == rank and e["name"] in ("GLOO_ALLREDUCE", "TCP_ALLREDUCE")
+        ]
         p_lo = min(ns(e["ts"]) for e in prof_x)
         p_hi = max(span(e)[1] for e in prof_x)
         assert any(s < p_hi and e > p_lo for s, e in reduces), "no allreduce during profiling"

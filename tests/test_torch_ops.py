@@ -30,7 +30,11 @@ CONFIGS = {
     ),
     "2ranks-no-fusion-no-cache": (
         2,
-        {"HVDPROF_FUSION_THRESHOLD": "0", "HVDPROF_CACHE_CAPACITY": "0"},
+        {
+            "HVDPROF_FUSION_THRESHOLD": "0",
+            "HVDPROF_CACHE_CAPACITY": "0",
+            "HVDPROF_SMALL_ALLREDUCE_BYTES": "0",  # every allreduce through Gloo
+        },
     ),
 }
 

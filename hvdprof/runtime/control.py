@@ -44,6 +44,7 @@ class ControlChannel:
         self._width = -1
         self._send_np = np.zeros(0, dtype=np.uint8)
         self._recv_np = np.zeros((size, 0), dtype=np.uint8)
+        self._scratch = bytearray(0)
 
     # --- set-up ------------------------------------------------------------------------
     @classmethod
@@ -134,6 +135,30 @@ class ControlChannel:
         self.send_buffer(vector.shape[0])[:] = vector
         return self.allgather_sent()
 
+    # --- small reductions ---------------------------------------------------------------
+    def reduce_in_place(self, data: memoryview, combine: Callable[[memoryview], None]) -> None:
+        """Every rank's ``data`` combined into every rank's ``data`` (a star through rank 0).
+
+        Rank 0 receives each peer's bytes into a scratch buffer, calls ``combine`` on it
+        (which folds it into ``data``), and sends the result back to everyone.
+        """
+        n = data.nbytes
+        if self.size == 1 or n == 0:  # (every rank has the same size: all skip together)
+            return
+        if self.rank != 0:
+            conn = self.peers[0]
+            _send(conn, data, 0)
+            _fill(conn, data, n, "rank 0")
+            return
+        if len(self._scratch) < n:
+            self._scratch = bytearray(n)
+        scratch = memoryview(self._scratch)[:n]
+        for peer in range(1, self.size):
+            _fill(self.peers[peer], scratch, n, f"rank {peer}")
+            combine(scratch)
+        for peer in range(1, self.size):
+            _send(self.peers[peer], data, peer)
+
     # --- the coordinator's exchanges -----------------------------------------------------
     def gather_bytes(self, payload: bytes, lengths: list[int]) -> list[bytes] | None:
         """Rank 0 receives every rank's payload (``lengths``, known to all, says who sends)."""
@@ -188,7 +213,7 @@ class ControlChannel:
 
 
 # --- framing ---------------------------------------------------------------------------
-def _send(conn: socket.socket, data: bytes, peer: int) -> None:
+def _send(conn: socket.socket, data: bytes | memoryview, peer: int) -> None:
     try:
         conn.sendall(data)
     except TimeoutError:

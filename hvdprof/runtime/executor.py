@@ -65,6 +65,10 @@ class Executor:
         self.fused_groups = 0
         self.fused_tensors = 0
         self.backend_calls = 0
+        #: small buffers go here instead (the control channel's star), if set
+        self.small: CollectiveBackend | Any = None
+        self.small_bytes = 0
+        self.small_calls = 0  # of backend_calls, how many went to ``small``
         #: per op of the last detailed run: its group id (-1: failed) and completion time
         self.op_group: list[int] = []
         self.op_done: list[int] = []
@@ -140,12 +144,16 @@ class Executor:
                 [ops[i] for i in indices],
                 [requests[i] for i in indices],
                 self.next_group_id,
+                self.backend,
             )
+            if self.small is not None and group.nbytes <= self.small_bytes:
+                run.backend = self.small
+                self.small_calls += 1
             if detailed:
                 run.record = GroupRecord(
                     group_id=run.group_id,
                     op="ALLREDUCE",
-                    backend=self.backend.name,
+                    backend=run.backend.name,
                     num_tensors=len(indices),
                     nbytes=group.nbytes,
                     buffer_bytes=group.nbytes if group.fused else 0,
@@ -203,7 +211,7 @@ class Executor:
             record.t_collective_start = timebase.now_ns()
         self.backend_calls += 1
         run.flat = flat
-        run.work = self.backend.allreduce_async(flat, ReduceOp(sig.reduce_op))
+        run.work = run.backend.allreduce_async(flat, ReduceOp(sig.reduce_op))
 
     def _finish_allreduce(self, run: _Running) -> None:
         nvtx = self.nvtx
@@ -345,6 +353,7 @@ class _Running:
     """One fusion group between its backend call and its completion."""
 
     __slots__ = (
+        "backend",
         "flat",
         "group",
         "group_id",
@@ -362,7 +371,9 @@ class _Running:
         ops: list[AgreedOp],
         requests: list[Request | None],
         group_id: int,
+        backend: Any,
     ) -> None:
+        self.backend = backend
         self.group = group
         self.ops = ops
         self.requests = requests

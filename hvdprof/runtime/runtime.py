@@ -24,6 +24,7 @@ from hvdprof.config import Config
 from hvdprof.errors import ConfigError, HvdprofError, NotInitializedError
 from hvdprof.runtime import timebase
 from hvdprof.runtime.backends.gloo import GlooBackend
+from hvdprof.runtime.backends.star import StarAllreduce
 from hvdprof.runtime.control import ControlChannel
 from hvdprof.runtime.cycle import CycleLoop
 from hvdprof.runtime.executor import Executor
@@ -135,6 +136,9 @@ class Runtime:
         self.backend = GlooBackend(self._data_pg, self.rank, self.size)
         self.executor = Executor(self.backend, self.rank, self.size)
         self.executor.retire = self._completed_batch
+        if config.small_allreduce_bytes > 0 and self.size > 1:
+            self.executor.small = StarAllreduce(self.control)
+            self.executor.small_bytes = config.small_allreduce_bytes
         params = TunableParams(
             fusion_threshold_bytes=config.fusion_threshold_bytes,
             cycle_time_ms=config.cycle_time_ms,
@@ -348,6 +352,7 @@ class Runtime:
             fused_groups=self.executor.fused_groups,
             fused_tensors=self.executor.fused_tensors,
             backend_calls=self.executor.backend_calls,
+            small_allreduces=self.executor.small_calls,
             steps=self.cycle.steps.step,
             cache_entries=len(self.cycle.cache),
         )

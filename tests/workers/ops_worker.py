@@ -31,6 +31,8 @@ CACHE_ON = CACHE_CAPACITY != 0
 #: room for every name this worker uses; a smaller cache fills up in the first sections,
 #: and every later name is negotiated by the coordinator each time
 ROOMY_CACHE = CACHE_CAPACITY >= 4096
+#: allreduce buffers up to this size go over the control channel's sockets
+SMALL_BYTES = int(os.environ.get("HVDPROF_SMALL_ALLREDUCE_BYTES", str(256 * 1024)))
 
 DTYPES = [
     torch.float16,
@@ -505,12 +507,14 @@ def check_many_in_flight() -> None:
                 handles.append((hvd.allreduce_async_(t, op=hvd.Sum, name=f"many.{i}"), i, dtype))
             else:
                 handles.append((hvd.allreduce_async(t, op=hvd.Sum, name=f"many.{i}"), i, dtype))
-        big = value(R, (300, 100))  # larger than a small fusion threshold: reduced alone
+        # larger than a small fusion threshold (reduced alone) and than the default
+        # HVDPROF_SMALL_ALLREDUCE_BYTES (480 KB: it goes to Gloo)
+        big = value(R, (300, 200))
         hb = hvd.allreduce_async(big, op=hvd.Sum, name="many.big")
         for h, i, dtype in handles:
             want = torch.full((16,), N * i + sum(range(N))).to(dtype)
             ck.tensor(hvd.synchronize(h), want, f"many in flight #{i}")
-        ck.tensor(hvd.synchronize(hb), reduced("Sum", torch.float64, (300, 100)), "big one")
+        ck.tensor(hvd.synchronize(hb), reduced("Sum", torch.float64, (300, 200)), "big one")
     after = hvd.runtime_stats()
     groups = after["fused_groups"] - before["fused_groups"]
     tensors = after["fused_tensors"] - before["fused_tensors"]
@@ -526,6 +530,12 @@ def check_many_in_flight() -> None:
     ck.true(after["ops_completed"] > before["ops_completed"], "ops_completed counts")
     ck.true(after["bytes_reduced"] > before["bytes_reduced"], "bytes_reduced counts")
     ck.true(after["backend_calls"] > before["backend_calls"], "backend_calls counts")
+    small = after["small_allreduces"] - before["small_allreduces"]
+    calls = after["backend_calls"] - before["backend_calls"]
+    if SMALL_BYTES:
+        ck.true(0 < small < calls, f"small buffers over sockets, the big one not: {small}/{calls}")
+    else:
+        ck.eq(small, 0, "nothing over sockets with HVDPROF_SMALL_ALLREDUCE_BYTES=0")
     ck.true(after["cycles"] > before["cycles"], "cycles count")
 
 
