@@ -392,27 +392,18 @@ class CycleLoop:
             self.commands.popleft()()
         if reply is not None:
             self._params_just_changed = self._apply_directives(reply.directives)
-        self.counters["cycles"] += 1
         self.counters["bytes_reduced"] += reduced
-        if self.observers:
-            record = CycleRecord(
-                cycle=cycle,
-                step=self.steps.step,
-                t_start=t_start,
-                t_negotiated=t_negotiated,
-                t_end=t_end,
-                params=params_ran,
-                bytes_reduced=reduced,
-                ops=op_batch if op_batch is not None else [],
-                groups=groups,
-                params_changed=params_changed,
-            )
-            for observer in self.observers:
-                observer.on_cycle(record)
-        if self.rank == 0:
-            self._inspect_stalls()
-        self.cycle += 1
-        if self.failure is not None:
+        if not self._advance(
+            cycle=cycle,
+            t_start=t_start,
+            t_negotiated=t_negotiated,
+            t_end=t_end,
+            params=params_ran,
+            bytes_reduced=reduced,
+            ops=op_batch if op_batch is not None else [],
+            groups=groups,
+            params_changed=params_changed,
+        ):
             return None
         self._last_ran_nothing = not ready_ops and reply is None
         busy = bool(
@@ -448,28 +439,34 @@ class CycleLoop:
                 self._last_partial_watch = now
                 self._watch_partial_bits(matrix[:, HEADER:], np.ones(self.size, dtype=bool))
         params_changed, self._params_just_changed = self._params_just_changed, False
-        self.counters["cycles"] += 1
-        if self.observers:
-            record = CycleRecord(
-                cycle=cycle,
-                step=self.steps.step,
-                t_start=t_start,
-                t_negotiated=t_end,
-                t_end=t_end,
-                params=self.params,
-                bytes_reduced=0,
-                params_changed=params_changed,
-            )
-            for observer in self.observers:
-                observer.on_cycle(record)
-        if self.rank == 0:
-            self._inspect_stalls()
-        self.cycle += 1
-        if self.failure is not None:
+        if not self._advance(
+            cycle=cycle,
+            t_start=t_start,
+            t_negotiated=t_end,
+            t_end=t_end,
+            params=self.params,
+            bytes_reduced=0,
+            params_changed=params_changed,
+        ):
             return None
         return busy or bool(
             self._sent or self._outbox or self._cached_waiting or self.commands or self.queue
         )
+
+    def _advance(self, **record: Any) -> bool:
+        """End a cycle: its record to the observers, rank 0's stall check, the next index.
+
+        False when the cycle thread must stop (something failed).
+        """
+        self.counters["cycles"] += 1
+        if self.observers:
+            cycle_record = CycleRecord(step=self.steps.step, **record)
+            for observer in self.observers:
+                observer.on_cycle(cycle_record)
+        if self.rank == 0:
+            self._inspect_stalls()
+        self.cycle += 1
+        return self.failure is None
 
     # ---------------------------------------------------------------- pieces
     def _drain_queue(self) -> None:
