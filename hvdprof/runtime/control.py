@@ -130,11 +130,6 @@ class ControlChannel:
         """What the last :meth:`allgather_sent` returned."""
         return self._recv_np
 
-    def allgather_vector(self, vector: np.ndarray) -> np.ndarray:
-        """Every rank's uint8 vector (all the same length), as a (size, width) array."""
-        self.send_buffer(vector.shape[0])[:] = vector
-        return self.allgather_sent()
-
     # --- small reductions ---------------------------------------------------------------
     def reduce_in_place(self, data: memoryview, combine: Callable[[memoryview], None]) -> None:
         """Every rank's ``data`` combined into every rank's ``data`` (a star through rank 0).

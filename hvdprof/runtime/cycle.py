@@ -25,7 +25,6 @@ from hvdprof.config import Config
 from hvdprof.errors import HvdprofInternalError, StallAbortError
 from hvdprof.runtime import timebase
 from hvdprof.runtime.control import ControlChannel
-from hvdprof.runtime.dtypes import torch_attr
 from hvdprof.runtime.executor import Executor
 from hvdprof.runtime.handles import notify_waiters
 from hvdprof.runtime.negotiation import (
@@ -37,7 +36,7 @@ from hvdprof.runtime.negotiation import (
     ResponseCache,
 )
 from hvdprof.runtime.records import NO_TIME, CycleObserver, CycleRecord, OpBatch, TunableParams
-from hvdprof.runtime.requests import OpType, Request
+from hvdprof.runtime.requests import Request
 from hvdprof.runtime.stall import StallInspector
 from hvdprof.runtime.steps import StepCounter
 from hvdprof.timeline.activities import NVTX_NEGOTIATE
@@ -46,20 +45,7 @@ log = logging.getLogger("hvdprof")
 
 HEADER = 8
 _SHUTDOWN, _JOINED, _COMMAND, _DIRECTIVE = 4, 5, 6, 7
-_RING = 1 << 16
-_OP_NAMES = {op: op.name for op in OpType}
-_DTYPE_NAMES: dict[str, str] = {}
-
-
-def _dtype_name(dtype: str) -> str:
-    """'torch.float32' -> 'float32', cached: called per op while the timeline records."""
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = torch_attr(dtype)
-    return name
-
-
-# cycles of start times kept for readiness marks
+_RING = 1 << 16  # cycles of start times kept for readiness marks
 _IDLE_SLEEP_MAX_S = 0.01  # idle back-off: a quiet job ticks every 10 ms
 _IDLE_BEFORE_BACKOFF_S = 0.02  # (orders such as shutdown or new parameters wait that long)
 _STALL_EVERY_S = 1.0

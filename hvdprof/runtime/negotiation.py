@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hvdprof.runtime.dtypes import torch_attr
 from hvdprof.runtime.fusion import fusion_key, signature_nbytes
 from hvdprof.runtime.requests import NEVER_CACHED, OpType, Signature
 
@@ -83,7 +84,7 @@ class AgreedOp:
         #: (op, dtype, shape, nbytes) as the timeline shows them, made once per name
         self.description = (
             signature.op.name,
-            signature.dtype.removeprefix("torch."),
+            torch_attr(signature.dtype),
             tuple(signature.shape),
             self.nbytes,
         )
