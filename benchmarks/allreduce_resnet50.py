@@ -11,13 +11,18 @@
   with ``torch.cat`` into its bucket buffer, reduced asynchronously as soon as it is
   packed, then, once all are done, copied back into the gradients;
 * ``hvdprof``: ``hvd.allreduce_async_(t, name=..., op=hvd.Sum)`` for every tensor, then
-  ``hvd.synchronize`` on every handle.
+  ``hvd.synchronize`` on every handle;
+* ``hvdprof_flat``: ``hvd.allreduce_`` of the preallocated flat tensor: hvdprof's own
+  engine with nothing to fuse, so ``hvdprof / hvdprof_flat`` is the cost of fusion alone
+  (``hvdprof / flat`` also includes the engine: on one host hvdprof reduces through
+  shared memory, where ``flat`` goes through Gloo's TCP loopback).
 
-The baselines use the default torch.distributed group; hvdprof uses its own. All five run
+The baselines use the default torch.distributed group; hvdprof uses its own. All six run
 interleaved in the same processes. Then, unless ``--no-sweep``, separate launches vary
-HVDPROF_FUSION_THRESHOLD and HVDPROF_MAX_INFLIGHT, timing ``flat`` and ``hvdprof``
-interleaved within each launch (comparisons between launches are not interleaved; the
-configs take turns over ``--sweep-repeats`` rounds of launches to spread the drift).
+HVDPROF_FUSION_THRESHOLD, HVDPROF_MAX_INFLIGHT and HVDPROF_BACKEND, timing ``flat`` and
+``hvdprof`` interleaved within each launch (comparisons between launches are not
+interleaved; the configs take turns over ``--sweep-repeats`` rounds of launches to
+spread the drift).
 
     python benchmarks/allreduce_resnet50.py [--np 2] [--steps 40] [--quick] [--no-sweep]
 """
@@ -34,20 +39,23 @@ EXPECTED_NUMEL = 25_557_032
 EXPECTED_TENSORS = 161
 BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
 FIRST_BUCKET_BYTES = 1024 * 1024  # DDP's first bucket is small, so the first reduce starts early
-VARIANTS = ("flat", "flat_cat", "per_tensor_async", "ddp_buckets", "hvdprof")
+VARIANTS = ("flat", "flat_cat", "per_tensor_async", "ddp_buckets", "hvdprof", "hvdprof_flat")
 MiB = 1024 * 1024
 
-#: (HVDPROF_FUSION_THRESHOLD, HVDPROF_MAX_INFLIGHT) for the sweep; the default is 16 MiB, 4.
+#: (HVDPROF_FUSION_THRESHOLD, HVDPROF_MAX_INFLIGHT, HVDPROF_BACKEND) for the sweep; the
+#: default is 4 MiB, 4, auto (shared memory on one host). In-flight buffers matter to
+#: Gloo only: shared-memory reductions finish inside the call.
 SWEEP = [
-    (4 * MiB, 4),
-    (16 * MiB, 4),
-    (64 * MiB, 4),
-    (128 * MiB, 4),
-    (16 * MiB, 1),
-    (16 * MiB, 2),
-    (16 * MiB, 8),
+    (4 * MiB, 4, "auto"),
+    (16 * MiB, 4, "auto"),
+    (64 * MiB, 4, "auto"),
+    (4 * MiB, 4, "gloo"),
+    (16 * MiB, 4, "gloo"),
+    (64 * MiB, 4, "gloo"),
+    (16 * MiB, 1, "gloo"),
+    (16 * MiB, 8, "gloo"),
 ]
-QUICK_SWEEP = [(64 * MiB, 4)]
+QUICK_SWEEP = [(64 * MiB, 4, "gloo")]
 
 
 def resnet50_param_shapes() -> list[tuple[str, tuple[int, ...]]]:
@@ -156,6 +164,7 @@ def worker(args: Any) -> None:
     grads = [torch.zeros(shape) for _, shape in shapes]
     names = [f"grad.{name}" for name, _ in shapes]
     flat = torch.zeros(numel)
+    flat_hv = torch.zeros(numel)
     ddp = DDPBuckets(grads, BUCKET_BYTES, FIRST_BUCKET_BYTES)
     order = list(range(len(grads)))[::-1]  # the order backward produces gradients
 
@@ -175,7 +184,11 @@ def worker(args: Any) -> None:
         for handle in handles:
             hvd.synchronize(handle)
 
+    def run_hvdprof_flat() -> None:
+        hvd.allreduce_(flat_hv, name="flat", op=hvd.Sum)
+
     fns = {
+        "hvdprof_flat": run_hvdprof_flat,
         "flat": run_flat,
         "flat_cat": run_flat_cat,
         "per_tensor_async": run_per_tensor,
@@ -189,9 +202,12 @@ def worker(args: Any) -> None:
         for i, g in enumerate(grads):
             g.fill_((rank + 1) * (i % 7 + 1))
         flat.fill_(rank + 1)
+        flat_hv.fill_(rank + 1)
         fns[name]()
         if name == "flat":
             ok = bool(torch.all(flat == expected_scale))
+        elif name == "hvdprof_flat":
+            ok = bool(torch.all(flat_hv == expected_scale))
         elif name == "flat_cat":
             ok = True  # its output is thrown away, as in the naive pattern it stands for
         else:
@@ -203,6 +219,7 @@ def worker(args: Any) -> None:
     for g in grads:
         g.zero_()
     flat.zero_()
+    flat_hv.zero_()
     h.log(
         f"{NAME}: {len(grads)} tensors, {numel:,} float32, {numel * 4 / 1e6:.1f} MB; "
         f"{len(ddp.buckets)} DDP buckets; sums verified for {', '.join(variants)}"
@@ -224,9 +241,17 @@ def worker(args: Any) -> None:
                 "samples": samples,
                 "hvdprof_per_step": meter.per_call(),
                 "ddp_buckets": [len(m) for m, _ in ddp.buckets],
+                "hvdprof_backend": hvdprof_backend(),
             }
         )
     h.finish_worker()
+
+
+def hvdprof_backend() -> str:
+    """What reduced hvdprof's allreduces: SHM (shared memory) or GLOO."""
+    from hvdprof.runtime import runtime
+
+    return "SHM" if runtime.get().shm is not None else "GLOO"
 
 
 # -------------------------------------------------------------------------- launcher
@@ -267,6 +292,7 @@ def main() -> None:
             "flat_cat": ("", None),
             "per_tensor_async": ("", None),
             "ddp_buckets": ("", None),
+            "hvdprof_flat": ("<= 1.05", 1.05),
         }
         for base, (goal, bound) in goals.items():
             if base in samples:
@@ -281,7 +307,8 @@ def main() -> None:
 
     print()
     print(
-        f"{NAME}: 161 tensors, 102.2 MB float32, sum, {args.np} ranks, Gloo; "
+        f"{NAME}: 161 tensors, 102.2 MB float32, sum, {args.np} ranks; baselines Gloo, "
+        f"hvdprof {data['hvdprof_backend']}; "
         f"{args.steps} interleaved rounds after {args.warmup} warmup (median of the slowest rank)"
     )
     print(h.variant_table(summary))
@@ -316,6 +343,7 @@ def main() -> None:
             },
             "variants": summary,
             "ratios": ratios,
+            "hvdprof_backend": data["hvdprof_backend"],
             "hvdprof_per_step": hv_stats,
             "sweep": {
                 "interleaved": "within each launch only (flat vs hvdprof); not across launches. "
@@ -351,10 +379,11 @@ def run_sweep(args: Any, timeout: float) -> list[dict[str, Any]]:
         for i in range(len(configs))
     }
     for rep in range(args.sweep_repeats):
-        for i, (threshold, inflight) in enumerate(configs):
+        for i, (threshold, inflight, backend) in enumerate(configs):
             env = {
                 "HVDPROF_FUSION_THRESHOLD": str(threshold),
                 "HVDPROF_MAX_INFLIGHT": str(inflight),
+                "HVDPROF_BACKEND": backend,
             }
             sargv = [
                 "--np", str(args.np), "--steps", str(args.sweep_steps),
@@ -371,13 +400,14 @@ def run_sweep(args: Any, timeout: float) -> list[dict[str, Any]]:
             )
             entry["per_step"].append(sdata["hvdprof_per_step"])
     rows = []
-    for i, (threshold, inflight) in enumerate(configs):
+    for i, (threshold, inflight, backend) in enumerate(configs):
         entry = pooled[i]
         summary = h.summarise(entry["samples"])
         rows.append(
             {
                 "fusion_threshold_bytes": threshold,
                 "max_inflight": inflight,
+                "backend": backend,
                 "launches": args.sweep_repeats,
                 "flat_median_ms": summary["flat"]["median_ms"],
                 "hvdprof_median_ms": summary["hvdprof"]["median_ms"],
@@ -390,6 +420,7 @@ def run_sweep(args: Any, timeout: float) -> list[dict[str, Any]]:
         (
             f"{r['fusion_threshold_bytes'] // MiB} MiB",
             r["max_inflight"],
+            r["backend"],
             f"{r['flat_median_ms']:.1f}",
             f"{r['hvdprof_median_ms']:.1f}",
             f"{r['hvdprof_over_flat']['of_medians']:.3f}",
@@ -402,6 +433,7 @@ def run_sweep(args: Any, timeout: float) -> list[dict[str, Any]]:
     header = (
         "threshold",
         "inflight",
+        "backend",
         "flat ms",
         "hvdprof ms",
         "hv/flat",

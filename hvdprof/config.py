@@ -236,9 +236,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_BACKEND",
         "backend",
-        _choice("auto", "gloo"),
+        _choice("auto", "gloo", "shm"),
         "auto",
-        "Collective backend for CPU tensors. `auto` picks Gloo through torch.distributed.",
+        "Collective backend for CPU tensors. `auto`: allreduce through shared memory when "
+        "every rank is on one host (it falls back to Gloo when a rank cannot map the "
+        "others' segments), everything else through Gloo. `gloo`: everything through Gloo. "
+        "`shm`: like `auto`, but a rank that cannot use shared memory is an error at init.",
     ),
     EnvVar(
         "HVDPROF_COLLECTIVE_TIMEOUT_SECONDS",

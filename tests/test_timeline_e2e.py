@@ -374,16 +374,17 @@ def test_phases_ordered_and_lanes_nest(main_traces: dict[int, list[dict[str, Any
         assert fused, f"{where}: no fused allreduce at all"
         phases = Counter(c["name"] for u in fused for c in u["children"])
         assert phases[act.MEMCPY_IN_FUSION_BUFFER] == len(fused), phases
-        # the collective is named for the backend that ran it: Gloo, or the control
-        # channel's sockets (TCP) for buffers up to HVDPROF_SMALL_ALLREDUCE_BYTES
+        # the collective is named for the backend that ran it: shared memory (both ranks
+        # are on this host), or the control channel's sockets (TCP) for buffers up to
+        # HVDPROF_SMALL_ALLREDUCE_BYTES
         for u in fused:
             backend = u["op"]["args"]["backend"]
-            assert backend in ("GLOO", "TCP"), backend
+            assert backend in ("SHM", "TCP"), backend
             names = [c["name"] for c in u["children"]]
             assert f"{backend}_ALLREDUCE" in names, names
             small = u["op"]["args"]["group_bytes"] <= Config().small_allreduce_bytes
             assert (backend == "TCP") == small, u["op"]["args"]
-        assert phases["GLOO_ALLREDUCE"] + phases["TCP_ALLREDUCE"] == len(fused), phases
+        assert phases["SHM_ALLREDUCE"] + phases["TCP_ALLREDUCE"] == len(fused), phases
 
 
 def test_readiness_marks_and_the_straggler(main_traces: dict[int, list[dict[str, Any]]]) -> None:

@@ -33,7 +33,8 @@ CONFIGS = {
         {
             "HVDPROF_FUSION_THRESHOLD": "0",
             "HVDPROF_CACHE_CAPACITY": "0",
-            "HVDPROF_SMALL_ALLREDUCE_BYTES": "0",  # every allreduce through Gloo
+            "HVDPROF_SMALL_ALLREDUCE_BYTES": "0",  # every allreduce through Gloo:
+            "HVDPROF_BACKEND": "gloo",  # not the sockets, not shared memory
         },
     ),
 }

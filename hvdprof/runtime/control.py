@@ -23,6 +23,7 @@ import numpy as np
 
 _LENGTH = struct.Struct("<I")
 _CLOCK = struct.Struct("<q")
+_TOKEN = b"b"
 
 
 class ControlError(RuntimeError):
@@ -45,6 +46,7 @@ class ControlChannel:
         self._send_np = np.zeros(0, dtype=np.uint8)
         self._recv_np = np.zeros((size, 0), dtype=np.uint8)
         self._scratch = bytearray(0)
+        self._token_buf = memoryview(bytearray(1))
 
     # --- set-up ------------------------------------------------------------------------
     @classmethod
@@ -153,6 +155,21 @@ class ControlChannel:
             combine(scratch)
         for peer in range(1, self.size):
             _send(self.peers[peer], data, peer)
+
+    # --- synchronisation -----------------------------------------------------------------
+    def barrier(self) -> None:
+        """Return once every rank has called it: one byte to rank 0 and one byte back."""
+        if self.size == 1:
+            return
+        if self.rank != 0:
+            conn = self.peers[0]
+            _send(conn, _TOKEN, 0)
+            _fill(conn, self._token_buf, 1, "rank 0")
+            return
+        for peer in range(1, self.size):
+            _fill(self.peers[peer], self._token_buf, 1, f"rank {peer}")
+        for peer in range(1, self.size):
+            _send(self.peers[peer], _TOKEN, peer)
 
     # --- the coordinator's exchanges -----------------------------------------------------
     def gather_bytes(self, payload: bytes, lengths: list[int]) -> list[bytes] | None:

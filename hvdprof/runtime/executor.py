@@ -15,6 +15,7 @@ import torch
 from hvdprof.errors import TensorMismatchError
 from hvdprof.runtime import timebase
 from hvdprof.runtime.backends.base import CollectiveBackend
+from hvdprof.runtime.backends.shm import SharedMemoryAllreduce
 from hvdprof.runtime.dtypes import ITEMSIZE, torch_attr
 from hvdprof.runtime.fusion import FusionGroup, plan_fusion_columns
 from hvdprof.runtime.handles import notify_waiters
@@ -22,6 +23,19 @@ from hvdprof.runtime.negotiation import AgreedOp
 from hvdprof.runtime.records import GroupRecord
 from hvdprof.runtime.requests import OpType, ReduceOp, Request, Signature
 from hvdprof.timeline.activities import NVTX_COLLECTIVE, NVTX_MEMCPY_IN, NVTX_MEMCPY_OUT
+
+#: Through shared memory, a fused group is reduced straight from its tensors when they
+#: average at least this size; below it, a few torch calls per tensor cost more than
+#: packing the group with one ``torch.cat`` (measured break-even: tens of KiB).
+SHM_IN_PLACE_BYTES = 64 * 1024
+
+
+class _Done:
+    def wait(self) -> None:
+        return None
+
+
+_DONE = _Done()
 
 _DTYPES = {name: getattr(torch, torch_attr(name)) for name in ITEMSIZE}
 
@@ -69,6 +83,9 @@ class Executor:
         self.small: CollectiveBackend | Any = None
         self.small_bytes = 0
         self.small_calls = 0  # of backend_calls, how many went to ``small``
+        #: allreduces go here (shared memory: every rank on one host), if set
+        self.shm: SharedMemoryAllreduce | None = None
+        self.shm_calls = 0  # of backend_calls, how many went to ``shm``
         #: per op of the last detailed run: its group id (-1: failed) and completion time
         self.op_group: list[int] = []
         self.op_done: list[int] = []
@@ -149,6 +166,9 @@ class Executor:
             if self.small is not None and group.nbytes <= self.small_bytes:
                 run.backend = self.small
                 self.small_calls += 1
+            elif self.shm is not None:
+                run.backend = self.shm
+                self.shm_calls += 1
             if detailed:
                 run.record = GroupRecord(
                     group_id=run.group_id,
@@ -164,7 +184,10 @@ class Executor:
                 _fill(self.op_group, run.positions, run.group_id)
             self.next_group_id += 1
             self._start_allreduce(run, slot_counter % max_inflight, threshold)
-            inflight.append(run)
+            if run.backend is self.shm:  # finished inside the call: complete it now
+                self._finish_allreduce(run)
+            else:
+                inflight.append(run)
             total += group.nbytes
         while inflight:
             self._finish_allreduce(inflight.popleft())
@@ -174,6 +197,8 @@ class Executor:
         ops, requests, record = run.ops, run.requests, run.record
         sig = ops[0].signature
         dtype = torch_dtype(sig.dtype)
+        if run.backend is self.shm and run.group.fused and self._shm_in_place(run):
+            return
         if run.group.fused:
             if record is not None:
                 record.t_pack_start = timebase.now_ns()
@@ -213,10 +238,69 @@ class Executor:
         run.flat = flat
         run.work = run.backend.allreduce_async(flat, ReduceOp(sig.reduce_op))
 
+    def _shm_in_place(self, run: _Running) -> bool:
+        """Reduce a fused group straight from and into its tensors, with no fusion buffer.
+
+        The shared segments stand in for the buffer (see ``backends/shm.py``): each rank
+        stages the pieces its peers reduce there, so packing and unpacking are the
+        segment's copies, not extra ones. Groups of many small tensors still go through
+        the buffer: one ``torch.cat`` beats a few torch calls per tensor.
+        """
+        shm = self.shm
+        assert shm is not None
+        group, ops, requests, record = run.group, run.ops, run.requests, run.record
+        # Collective: every rank sees the same group here, whatever path it takes below.
+        shm.reserve(group.nbytes)
+        sig = ops[0].signature
+        if sig.prescale != 1.0 or None in requests or group.nbytes < SHM_IN_PLACE_BYTES * len(ops):
+            return False
+        inputs = [t if (t := r.tensor).dim() == 1 else t.view(-1) for r in requests]
+        if all(r.output is r.tensor for r in requests):
+            outputs = inputs
+        else:
+            outputs = [_flat(r.output) for r in requests]
+        finish = None
+        if sig.postscale != 1.0 or sig.reduce_op == ReduceOp.AVERAGE:
+            size = self.size
+
+            def finish(t: torch.Tensor) -> None:
+                _postscale(t, sig, size)
+
+        marks: list[int] | None = None
+        if record is not None:
+            marks = []
+            record.t_pack_start = timebase.now_ns()
+        nvtx = self.nvtx
+        if nvtx is not None:
+            nvtx.push(NVTX_COLLECTIVE)
+        self.backend_calls += 1
+        shm.allreduce(inputs, outputs, ReduceOp(sig.reduce_op), finish, marks)
+        if nvtx is not None:
+            nvtx.pop()
+        if record is not None:
+            assert marks is not None
+            if len(marks) == 2:  # one chunk: staging, reduction, collection in turn
+                record.t_pack_end = record.t_collective_start = marks[0]
+                record.t_collective_end = record.t_unpack_start = marks[1]
+                record.t_unpack_end = timebase.now_ns()
+            else:  # chunked: the three interleave, so it is all one collective
+                record.t_collective_start = record.t_pack_start
+                record.t_pack_start = 0
+                record.t_collective_end = timebase.now_ns()
+            record.buffer_bytes = group.nbytes
+        self.fused_groups += 1
+        self.fused_tensors += len(ops)
+        run.flat = None
+        run.work = _DONE
+        return True
+
     def _finish_allreduce(self, run: _Running) -> None:
         nvtx = self.nvtx
         record = run.record
         flat = run.flat
+        if flat is None:  # reduced in place through shared memory, already complete
+            self._complete(run)
+            return
         if nvtx is not None:
             nvtx.push(NVTX_COLLECTIVE)
         run.work.wait()
@@ -224,7 +308,6 @@ class Executor:
             nvtx.pop()
         if record is not None:
             record.t_collective_end = timebase.now_ns()
-        requests = run.requests
         _postscale(flat, run.ops[0].signature, self.size)
         if run.group.fused:
             if record is not None:
@@ -237,7 +320,11 @@ class Executor:
                 nvtx.pop()
             if record is not None:
                 record.t_unpack_end = timebase.now_ns()
-        if record is not None:
+        self._complete(run)
+
+    def _complete(self, run: _Running) -> None:
+        requests = run.requests
+        if run.record is not None:
             t_done = timebase.now_ns()
             _fill(self.op_done, run.positions, t_done)
         done = requests if None not in requests else [r for r in requests if r is not None]

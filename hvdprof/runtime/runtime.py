@@ -24,6 +24,11 @@ from hvdprof.config import Config
 from hvdprof.errors import ConfigError, HvdprofError, NotInitializedError
 from hvdprof.runtime import timebase
 from hvdprof.runtime.backends.gloo import GlooBackend
+from hvdprof.runtime.backends.shm import (
+    SHM_DIR,
+    SharedMemoryAllreduce,
+    SharedMemoryUnavailable,
+)
 from hvdprof.runtime.backends.star import StarAllreduce
 from hvdprof.runtime.control import ControlChannel
 from hvdprof.runtime.cycle import CycleLoop
@@ -139,6 +144,8 @@ class Runtime:
         if config.small_allreduce_bytes > 0 and self.size > 1:
             self.executor.small = StarAllreduce(self.control)
             self.executor.small_bytes = config.small_allreduce_bytes
+        self.shm = self._open_shared_memory()
+        self.executor.shm = self.shm
         params = TunableParams(
             fusion_threshold_bytes=config.fusion_threshold_bytes,
             cycle_time_ms=config.cycle_time_ms,
@@ -182,6 +189,22 @@ class Runtime:
             self.cycle.proposer = self.autotuner
 
     # ---------------------------------------------------------------- set-up
+    def _open_shared_memory(self) -> SharedMemoryAllreduce | None:
+        """Allreduce through shared memory when every rank can map every rank's segment."""
+        cfg = self.config
+        if self.size == 1 or cfg.backend == "gloo":
+            return None
+        try:
+            return SharedMemoryAllreduce.open(self.control, cfg.fusion_threshold_bytes)
+        except SharedMemoryUnavailable as exc:
+            if cfg.backend == "shm":
+                raise ConfigError(
+                    f"HVDPROF_BACKEND=shm needs every rank on one host, with a writable "
+                    f"{SHM_DIR}: {exc}"
+                ) from None
+            log.info("hvdprof: allreduce through Gloo, shared memory is not usable: %s", exc)
+            return None
+
     def _rendezvous(self) -> tuple[Any, Any, Any]:
         cfg = self.config
         port = cfg.controller_port
@@ -337,6 +360,8 @@ class Runtime:
         with contextlib.suppress(Exception):  # best effort: the peers may be gone
             self._data_pg.shutdown()
         self.control.close()
+        if self.shm is not None:
+            self.shm.close()
         # Drop every reference to the process group and the rendezvous store now, so a
         # later init() can bind the same port (reference cycles would keep them alive).
         self.backend.pg = None
@@ -353,6 +378,7 @@ class Runtime:
             fused_tensors=self.executor.fused_tensors,
             backend_calls=self.executor.backend_calls,
             small_allreduces=self.executor.small_calls,
+            shm_allreduces=self.executor.shm_calls,
             steps=self.cycle.steps.step,
             cache_entries=len(self.cycle.cache),
         )

@@ -33,6 +33,8 @@ CACHE_ON = CACHE_CAPACITY != 0
 ROOMY_CACHE = CACHE_CAPACITY >= 4096
 #: allreduce buffers up to this size go over the control channel's sockets
 SMALL_BYTES = int(os.environ.get("HVDPROF_SMALL_ALLREDUCE_BYTES", str(256 * 1024)))
+#: bigger allreduce buffers go through shared memory (all ranks share this host)
+SHM_ON = os.environ.get("HVDPROF_BACKEND", "auto") != "gloo"
 
 DTYPES = [
     torch.float16,
@@ -508,7 +510,7 @@ def check_many_in_flight() -> None:
             else:
                 handles.append((hvd.allreduce_async(t, op=hvd.Sum, name=f"many.{i}"), i, dtype))
         # larger than a small fusion threshold (reduced alone) and than the default
-        # HVDPROF_SMALL_ALLREDUCE_BYTES (480 KB: it goes to Gloo)
+        # HVDPROF_SMALL_ALLREDUCE_BYTES (480 KB: it goes to shared memory, or Gloo)
         big = value(R, (300, 200))
         hb = hvd.allreduce_async(big, op=hvd.Sum, name="many.big")
         for h, i, dtype in handles:
@@ -536,6 +538,11 @@ def check_many_in_flight() -> None:
         ck.true(0 < small < calls, f"small buffers over sockets, the big one not: {small}/{calls}")
     else:
         ck.eq(small, 0, "nothing over sockets with HVDPROF_SMALL_ALLREDUCE_BYTES=0")
+    shm_calls = after["shm_allreduces"] - before["shm_allreduces"]
+    if SHM_ON:
+        ck.true(0 < shm_calls < calls, f"the big one through shared memory: {shm_calls}/{calls}")
+    else:
+        ck.eq(shm_calls, 0, "nothing through shared memory with HVDPROF_BACKEND=gloo")
     ck.true(after["cycles"] > before["cycles"], "cycles count")
 
 
