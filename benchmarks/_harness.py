@@ -9,8 +9,9 @@ file, prints a short table of medians and ratios, and writes
 Measurement rules, the same for every script:
 
 * all variants live in the same processes and run **interleaved**: round ``r`` runs every
-  variant once, in an order rotated by ``r`` so that no variant always follows the same
-  one; an expensive variant may run in fewer rounds, spread evenly over the run;
+  variant once, in an order shuffled per round (seeded, the same on every rank) so that
+  no variant always follows the same one; an expensive variant may run in fewer rounds,
+  spread evenly over the run;
 * every timed step starts after a barrier on the baseline ``torch.distributed`` group,
   so all ranks start together, and a step's time is the slowest rank's time;
 * we report medians, the ratio of medians, and the median of the per-round ratios
@@ -25,6 +26,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import tempfile
@@ -187,8 +189,13 @@ def interleave(
         if phase == "timed" and after_warmup is not None:
             after_warmup()
         for rnd in range(total):
-            shift = rnd % len(names)
-            for name in names[shift:] + names[:shift]:
+            # Shuffled per round (seeded by the round, so the same on every rank): a
+            # rotation keeps each variant's predecessor fixed, and what ran just before
+            # (a Gloo variant's threads winding down, hvdprof's cycle idle or not) biased
+            # ResNet-50's hvdprof / hvdprof_flat from about 1.00 to 1.10.
+            order = list(names)
+            random.Random(f"{phase}-{rnd}").shuffle(order)
+            for name in order:
                 if phase == "warmup":
                     if not runs_in_round(rnd, warmup_counts.get(name, warmup), total):
                         continue

@@ -149,6 +149,12 @@ class Executor:
         if len(positions) != len(ops):
             ops = [ops[i] for i in positions]
             requests = [requests[i] for i in positions]
+        if self.shm is not None:
+            # Through shared memory a group is one pair of barriers, whatever its size up to
+            # the segment's: fill the segment. (Groups reduced in place have no fusion
+            # buffer to bound, and waiting at fewer barriers is what saves time: 22 groups
+            # of ResNet-50's gradients at 4 MiB spent 6.5 ms per step at 44 barriers.)
+            threshold = max(threshold, self.shm.capacity)
         groups = plan_fusion_columns([op.key for op in ops], [op.nbytes for op in ops], threshold)
         inflight: deque[_Running] = deque()
         total = 0
@@ -183,7 +189,9 @@ class Executor:
                 run.positions = _positions(positions, indices)
                 _fill(self.op_group, run.positions, run.group_id)
             self.next_group_id += 1
-            self._start_allreduce(run, slot_counter % max_inflight, threshold)
+            # (shared memory finishes inside the call: one buffer slot is enough)
+            slot = 0 if run.backend is self.shm else slot_counter % max_inflight
+            self._start_allreduce(run, slot, threshold)
             if run.backend is self.shm:  # finished inside the call: complete it now
                 self._finish_allreduce(run)
             else:

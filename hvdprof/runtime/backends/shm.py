@@ -164,29 +164,19 @@ def _round_up(nbytes: int) -> int:
 Finish = Callable[[torch.Tensor], None]
 
 
-def _combine(op: ReduceOp) -> Callable[[torch.Tensor, list[torch.Tensor], torch.Tensor], None]:
-    if op in (ReduceOp.SUM, ReduceOp.AVERAGE):  # AVERAGE: ``finish`` divides
+#: in-place elementwise fold of a list of pieces with another list (one torch call each)
+_FOLD: dict[ReduceOp, Callable[[list[torch.Tensor], list[torch.Tensor]], None]] = {
+    ReduceOp.SUM: torch._foreach_add_,
+    ReduceOp.AVERAGE: torch._foreach_add_,  # ``finish`` divides
+    ReduceOp.MIN: torch._foreach_minimum_,
+    ReduceOp.MAX: torch._foreach_maximum_,
+    ReduceOp.PRODUCT: torch._foreach_mul_,
+}
 
-        def combine(mine: torch.Tensor, others: list[torch.Tensor], out: torch.Tensor) -> None:
-            torch.add(mine, others[0], out=out)
-            for other in others[1:]:
-                out.add_(other)
 
-        return combine
-    binary = {
-        ReduceOp.MIN: torch.minimum,
-        ReduceOp.MAX: torch.maximum,
-        ReduceOp.PRODUCT: torch.mul,
-    }.get(op)
-    if binary is None:
-        raise ValueError(f"reduction {op.name} is not supported")
-
-    def combine_binary(mine: torch.Tensor, others: list[torch.Tensor], out: torch.Tensor) -> None:
-        binary(mine, others[0], out=out)
-        for other in others[1:]:
-            binary(out, other, out=out)
-
-    return combine_binary
+def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    if dst:
+        torch._foreach_copy_(dst, src)
 
 
 class SharedMemoryAllreduce:
@@ -275,12 +265,14 @@ class SharedMemoryAllreduce:
         regions = self.segments.views(dtype)
         part = regions[0].numel() // self.size
         chunk = part * self.size
-        combine = _combine(op)
+        fold = _FOLD.get(op)
+        if fold is None:
+            raise ValueError(f"reduction {op.name} is not supported")
         if total > chunk:
             marks = None
         for lo in range(0, total, chunk):
             hi = min(total, lo + chunk)
-            self._chunk(inputs, outputs, bounds, lo, hi, part, regions, combine, finish, marks)
+            self._chunk(inputs, outputs, bounds, lo, hi, part, regions, fold, finish, marks)
 
     def _chunk(
         self,
@@ -291,7 +283,7 @@ class SharedMemoryAllreduce:
         hi: int,
         part: int,
         regions: list[torch.Tensor],
-        combine: Callable[[torch.Tensor, list[torch.Tensor], torch.Tensor], None],
+        fold: Callable[[list[torch.Tensor], list[torch.Tensor]], None],
         finish: Finish | None,
         marks: list[int] | None,
     ) -> None:
@@ -301,35 +293,58 @@ class SharedMemoryAllreduce:
         # position x of slice k is element x + shift[k] of every segment
         shift = [k * part - cuts[k] for k in range(size)]
         mine = regions[rank]
+        in_place = outputs is inputs
+        # (torch's _foreach_ calls: one Python call per step instead of one per tensor,
+        # which cost about 1.2 ms per step for ResNet-50's 161 gradients)
         # 1. stage the slices other ranks own
+        staged: list[torch.Tensor] = []
+        sources: list[torch.Tensor] = []
         for k in range(size):
             if k != rank:
                 d = shift[k]
                 for piece, a, b in _pieces(inputs, bounds, cuts[k], cuts[k + 1]):
-                    mine[a + d : b + d].copy_(piece)
+                    staged.append(mine[a + d : b + d])
+                    sources.append(piece)
+        _copy(staged, sources)
         if marks is not None:
             marks.append(timebase.now_ns())
         self.control.barrier()
-        # 2. reduce the owned slice
-        peers = [regions[p] for p in range(size) if p != rank]
+        # 2. reduce the owned slice: into the tensors themselves when in place, else into
+        # the segment; then share it through the segment
         start, stop, d = cuts[rank], cuts[rank + 1], shift[rank]
-        for piece, a, b in _pieces(inputs, bounds, start, stop):
-            i, j = a + d, b + d
-            out = mine[i:j]
-            combine(piece, [p[i:j] for p in peers], out)
+        owned = list(_pieces(inputs, bounds, start, stop))
+        if owned:
+            ins = [piece for piece, _, _ in owned]
+            shared = [mine[a + d : b + d] for _, a, b in owned]
+            if in_place:
+                acc = ins
+            else:
+                _copy(shared, ins)
+                acc = shared
+            for p in range(size):
+                if p != rank:
+                    theirs = regions[p]
+                    fold(acc, [theirs[a + d : b + d] for _, a, b in owned])
             if finish is not None:
-                finish(out)
-        for piece, a, b in _pieces(outputs, bounds, start, stop):
-            piece.copy_(mine[a + d : b + d])
+                for piece in acc:
+                    finish(piece)
+            if in_place:
+                _copy(shared, acc)
+            else:
+                _copy([piece for piece, _, _ in _pieces(outputs, bounds, start, stop)], shared)
         self.control.barrier()
         if marks is not None:
             marks.append(timebase.now_ns())
         # 3. collect the other slices' results
+        results: list[torch.Tensor] = []
+        targets: list[torch.Tensor] = []
         for k in range(size):
             if k != rank:
                 theirs, d = regions[k], shift[k]
                 for piece, a, b in _pieces(outputs, bounds, cuts[k], cuts[k + 1]):
-                    piece.copy_(theirs[a + d : b + d])
+                    targets.append(piece)
+                    results.append(theirs[a + d : b + d])
+        _copy(targets, results)
 
     def close(self) -> None:
         self.segments.close()
