@@ -455,6 +455,13 @@ def write_results(
     return path
 
 
+def hvdprof_backend() -> str:
+    """What reduces hvdprof's allreduces in this rank: SHM (shared memory) or GLOO."""
+    from hvdprof.runtime import runtime
+
+    return "SHM" if runtime.get().shm is not None else "GLOO"
+
+
 def knob_env(prefix: str = "HVDPROF_") -> dict[str, str]:
     """The runtime knobs set in this environment, for the record."""
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefix)}

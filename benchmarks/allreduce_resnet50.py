@@ -241,17 +241,10 @@ def worker(args: Any) -> None:
                 "samples": samples,
                 "hvdprof_per_step": meter.per_call(),
                 "ddp_buckets": [len(m) for m, _ in ddp.buckets],
-                "hvdprof_backend": hvdprof_backend(),
+                "hvdprof_backend": h.hvdprof_backend(),
             }
         )
     h.finish_worker()
-
-
-def hvdprof_backend() -> str:
-    """What reduced hvdprof's allreduces: SHM (shared memory) or GLOO."""
-    from hvdprof.runtime import runtime
-
-    return "SHM" if runtime.get().shm is not None else "GLOO"
 
 
 # -------------------------------------------------------------------------- launcher

@@ -87,7 +87,13 @@ def worker(args: Any) -> None:
     )
     samples = h.gather_slowest(samples)
     if rank == 0:
-        h.save_raw({"samples": samples, "hvdprof_per_step": meter.per_call()})
+        h.save_raw(
+            {
+                "samples": samples,
+                "hvdprof_per_step": meter.per_call(),
+                "hvdprof_backend": h.hvdprof_backend(),
+            }
+        )
     h.finish_worker()
 
 
@@ -130,7 +136,8 @@ def main() -> None:
 
     print()
     print(
-        f"{NAME}: {args.tensors} x {args.numel} float32, sum, {args.np} ranks, Gloo; "
+        f"{NAME}: {args.tensors} x {args.numel} float32, sum, {args.np} ranks; baselines "
+        f"Gloo, hvdprof {data['hvdprof_backend']}; "
         f"{args.steps} interleaved rounds after {args.warmup} warmup, per_tensor_async in "
         f"{args.per_tensor_steps} of them (median of the slowest rank)"
     )
@@ -163,6 +170,7 @@ def main() -> None:
             "ratios": ratios,
             "hvdprof_cost_per_tensor_us": round(overhead_us, 2),
             "hvdprof_per_step": hv_stats,
+            "hvdprof_backend": data["hvdprof_backend"],
             "job_wall_s": data["wall_s"],
         },
         args.output,
