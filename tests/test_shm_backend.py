@@ -182,23 +182,26 @@ def test_a_peer_that_leaves_mid_reduction_fails_the_others() -> None:
         assert isinstance(results[rank], ControlError), f"rank {rank}: {results[rank]!r}"
 
 
+def assert_shm_section_ok(result: Any, num_proc: int) -> None:
+    result.assert_done(num_proc)
+    for rank in range(num_proc):
+        status = result.section(rank, "shm")
+        assert status is not None and status.startswith("OK"), result.describe()
+
+
 @pytest.mark.parametrize("num_proc", [2, 3])
 def test_runtime_reduces_groups_in_place_through_shared_memory(
     num_proc: int, tmp_path: Path
 ) -> None:
-    result = run_job("shm_worker.py", num_proc, str(tmp_path))
-    result.assert_done(num_proc)
-    for rank in range(num_proc):
-        assert result.section(rank, "shm") is not None and result.section(rank, "shm").startswith(
-            "OK"
-        ), result.describe()
+    assert_shm_section_ok(run_job("shm_worker.py", num_proc, str(tmp_path)), num_proc)
+
+
+def test_fusion_threshold_zero_still_disables_fusion(tmp_path: Path) -> None:
+    """Groups fill the shared segment, but a threshold of 0 must still mean no fusion."""
+    env = {"HVDPROF_FUSION_THRESHOLD": "0"}
+    assert_shm_section_ok(run_job("shm_worker.py", 2, str(tmp_path), env=env), 2)
 
 
 def test_backend_gloo_keeps_allreduce_off_shared_memory(tmp_path: Path) -> None:
-    result = run_job("shm_worker.py", 2, str(tmp_path), env={"HVDPROF_BACKEND": "gloo"})
-    result.assert_done(2)
-    for rank in range(2):
-        assert result.section(
-            rank,
-            "shm",
-        ).startswith("OK"), result.describe()
+    env = {"HVDPROF_BACKEND": "gloo"}
+    assert_shm_section_ok(run_job("shm_worker.py", 2, str(tmp_path), env=env), 2)

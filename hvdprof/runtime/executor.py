@@ -149,7 +149,7 @@ class Executor:
         if len(positions) != len(ops):
             ops = [ops[i] for i in positions]
             requests = [requests[i] for i in positions]
-        if self.shm is not None:
+        if self.shm is not None and threshold > 0:  # (0 still means: no fusion)
             # Through shared memory a group is one pair of barriers, whatever its size up to
             # the segment's: fill the segment. (Groups reduced in place have no fusion
             # buffer to bound, and waiting at fewer barriers is what saves time: 22 groups
