@@ -32,7 +32,7 @@ class GroupRecord:
 
     group_id: int  # identical on every rank for the same group
     op: str  # "ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER", "BARRIER", "JOIN"
-    backend: str  # "GLOO", "MPI", "NCCL"
+    backend: str  # "SHM", "TCP" (the control channel), "GLOO"; later "MPI", "NCCL"
     num_tensors: int
     nbytes: int  # payload bytes of the tensors in the group
     buffer_bytes: int  # bytes of the fusion buffer used (0 when reduced in place)
