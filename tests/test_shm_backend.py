@@ -21,6 +21,8 @@ from test_control_channel import SIZE, on_every_rank
 from hvdprof.runtime.backends import shm
 from hvdprof.runtime.backends.shm import SharedMemoryAllreduce, SharedMemoryUnavailable
 from hvdprof.runtime.control import ControlChannel, ControlError
+from hvdprof.runtime.dtypes import ITEMSIZE
+from hvdprof.runtime.executor import torch_dtype
 from hvdprof.runtime.requests import ReduceOp
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(shm.SHM_DIR), reason="no /dev/shm here")
@@ -29,16 +31,8 @@ MiB = 1024 * 1024
 #: odd sizes: an empty tensor, ones that straddle slice and chunk boundaries (a 1 MiB
 #: segment holds 262,144 float32: three partitions of 87,381)
 SIZES = (5, 0, 87_390, 1, 262_150, 40_000, 300_001)
-DTYPES = (
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.int8,
-    torch.uint8,
-    torch.int32,
-    torch.int64,
-)
+#: every dtype the runtime supports
+DTYPES = tuple(torch_dtype(name) for name in ITEMSIZE)
 OPS = (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 
 
