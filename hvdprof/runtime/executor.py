@@ -14,7 +14,7 @@ import torch
 
 from hvdprof.errors import TensorMismatchError
 from hvdprof.runtime import timebase
-from hvdprof.runtime.backends.base import CollectiveBackend
+from hvdprof.runtime.backends.base import DONE, CollectiveBackend
 from hvdprof.runtime.backends.shm import SharedMemoryAllreduce
 from hvdprof.runtime.dtypes import ITEMSIZE, torch_attr
 from hvdprof.runtime.fusion import FusionGroup, plan_fusion_columns
@@ -29,13 +29,6 @@ from hvdprof.timeline.activities import NVTX_COLLECTIVE, NVTX_MEMCPY_IN, NVTX_ME
 #: packing the group with one ``torch.cat`` (measured break-even: tens of KiB).
 SHM_IN_PLACE_BYTES = 64 * 1024
 
-
-class _Done:
-    def wait(self) -> None:
-        return None
-
-
-_DONE = _Done()
 
 _DTYPES = {name: getattr(torch, torch_attr(name)) for name in ITEMSIZE}
 
@@ -299,7 +292,7 @@ class Executor:
         self.fused_groups += 1
         self.fused_tensors += len(ops)
         run.flat = None
-        run.work = _DONE
+        run.work = DONE
         return True
 
     def _finish_allreduce(self, run: _Running) -> None:

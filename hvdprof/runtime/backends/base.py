@@ -15,6 +15,18 @@ class Work(Protocol):
     def wait(self) -> object: ...
 
 
+class Finished:
+    """A collective that completed inside the call that started it (size 1, sockets,
+    shared memory): its ``wait`` has nothing left to wait for."""
+
+    def wait(self) -> bool:
+        return True
+
+
+#: the one instance every backend returns for such calls
+DONE = Finished()
+
+
 class CollectiveBackend(Protocol):
     #: activity prefix on the timeline: GLOO, MPI, NCCL
     name: str

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from hvdprof.runtime.backends.base import DONE
 from hvdprof.runtime.dtypes import ITEMSIZE, torch_attr
 from hvdprof.runtime.requests import ReduceOp
 
@@ -21,11 +22,6 @@ _OPS = {
 }
 
 SUPPORTED_DTYPES = frozenset(getattr(torch, torch_attr(name)) for name in ITEMSIZE)
-
-
-class _Done:
-    def wait(self) -> bool:
-        return True
 
 
 class GlooBackend:
@@ -46,7 +42,7 @@ class GlooBackend:
 
     def allreduce_async(self, tensor: torch.Tensor, op: ReduceOp):
         if self.size == 1:
-            return _Done()
+            return DONE
         return self.pg.allreduce([tensor], self._options[op])
 
     def allgather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> None:

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from hvdprof.runtime import timebase
+from hvdprof.runtime.backends.base import DONE
 from hvdprof.runtime.control import ControlChannel
 from hvdprof.runtime.requests import ReduceOp
 
@@ -50,16 +51,6 @@ SHM_DIR = "/dev/shm"
 #: Smallest segment: a single tensor up to this size is one chunk (one pair of barriers).
 MIN_CAPACITY = 16 * 1024 * 1024
 _ALIGN = 1024 * 1024
-
-
-class _Done:
-    """The reduction finished inside the call."""
-
-    def wait(self) -> None:
-        return None
-
-
-_DONE = _Done()
 
 
 class SharedMemoryUnavailable(RuntimeError):
@@ -236,7 +227,7 @@ class SharedMemoryAllreduce:
         """Reduce one contiguous tensor in place; finished when it returns."""
         flat = tensor.view(-1)
         self.allreduce([flat], [flat], op, None, None)
-        return _DONE
+        return DONE
 
     def allreduce(
         self,

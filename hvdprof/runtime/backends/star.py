@@ -13,18 +13,9 @@ from typing import Any
 
 import torch
 
+from hvdprof.runtime.backends.base import DONE
 from hvdprof.runtime.control import ControlChannel
 from hvdprof.runtime.requests import ReduceOp
-
-
-class _Done:
-    """The reduction finished inside the call."""
-
-    def wait(self) -> None:
-        return None
-
-
-_DONE = _Done()
 
 
 class StarAllreduce:
@@ -52,4 +43,4 @@ class StarAllreduce:
                 raise ValueError(f"reduction {op.name} is not supported")
 
         self.control.reduce_in_place(memoryview(raw.numpy()), combine)
-        return _DONE
+        return DONE
