@@ -71,12 +71,11 @@ def renderer_cpu_s() -> float | None:
 
     from hvdprof.runtime import runtime as rt
 
-    session = rt.get().timeline
-    process = getattr(session.sink, "_process", None) if session.sink else None
-    if process is None:
+    sink = rt.get().timeline.sink
+    if sink is None or sink.renders_in_process:
         return None
     try:
-        with open(f"/proc/{process.pid}/stat") as f:
+        with open(f"/proc/{sink.writer.pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return None

@@ -39,6 +39,25 @@ def start_watchdog() -> None:
     timer.start()
 
 
+def expected_allreduce(values: Any, op: str, dtype: Any) -> Any:
+    """What allreduce with Horovod's ``op`` gives for ``values`` (ranks first, float64):
+    the reference every worker checks its results against. Integer Average floors."""
+    import torch
+
+    ranks = values.shape[0]
+    if op in ("Sum", "Average"):
+        out = values.sum(0)
+        if op == "Average":
+            out = out / ranks if dtype.is_floating_point else torch.floor(out / ranks)
+    elif op == "Min":
+        out = values.min(0).values
+    elif op == "Max":
+        out = values.max(0).values
+    else:
+        out = values.prod(0)
+    return out
+
+
 def _one_line(text: str, limit: int = 400) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."

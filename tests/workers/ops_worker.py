@@ -78,17 +78,7 @@ def value(r: int, shape: tuple[int, ...] = (2, 3), offset: int = 0) -> torch.Ten
 def reduced(op: str, dtype: torch.dtype, shape=(2, 3), pre: float = 1.0, post: float = 1.0):
     """What allreduce of ``value(r)`` over all ranks must give, in ``dtype``."""
     vals = torch.stack([value(r, shape) * pre for r in range(N)])
-    if op in ("Sum", "Average"):
-        out = vals.sum(0)
-        if op == "Average":
-            out = out / N if dtype.is_floating_point else torch.floor(out / N)
-    elif op == "Min":
-        out = vals.min(0).values
-    elif op == "Max":
-        out = vals.max(0).values
-    else:
-        out = vals.prod(0)
-    return (out * post).to(dtype)
+    return (_common.expected_allreduce(vals, op, dtype) * post).to(dtype)
 
 
 # ------------------------------------------------------------------ topology

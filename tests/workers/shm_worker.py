@@ -34,17 +34,7 @@ def contribution(rank: int, numel: int, dtype: torch.dtype, salt: int) -> torch.
 
 def expected(numel: int, dtype: torch.dtype, salt: int, op: str) -> torch.Tensor:
     values = torch.stack([contribution(r, numel, torch.float64, salt) for r in range(N)])
-    if op in ("Sum", "Average"):
-        out = values.sum(0)
-        if op == "Average":
-            out = out / N if dtype.is_floating_point else torch.div(out, N, rounding_mode="floor")
-    elif op == "Min":
-        out = values.min(0).values
-    elif op == "Max":
-        out = values.max(0).values
-    else:
-        out = values.prod(0)
-    return out.to(dtype)
+    return _common.expected_allreduce(values, op, dtype).to(dtype)
 
 
 def same(actual: torch.Tensor, want: torch.Tensor, what: str) -> None:
