@@ -1,4 +1,4 @@
-"""The ``hvdprof`` console command: ``run``, ``timeline merge``, ``env``.
+"""The ``hvdprof`` console command: ``run``, ``timeline merge``, ``env``, ``dashboard``, ``report``.
 
 Only argument parsing and error reporting live here; the work is done by
 :func:`hvdprof.launcher.launch`, ``hvdprof.timeline.merge`` and :mod:`hvdprof.config`.
@@ -103,7 +103,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_timeline(commands)
     env = commands.add_parser("env", help="print the table of every HVDPROF_* variable")
     env.set_defaults(handler=_cmd_env)
+    _add_dashboard(commands)
     return parser
+
+
+def _add_dashboard(commands: Any) -> None:
+    """``dashboard`` and ``report`` (implemented in :mod:`hvdprof.dashboard.commands`)."""
+    from hvdprof.dashboard.commands import add_dashboard_parser, add_report_parser
+
+    add_dashboard_parser(commands)
+    add_report_parser(commands)
 
 
 def _add_run(commands: Any) -> None:
@@ -148,6 +157,9 @@ def _add_run(commands: Any) -> None:
         help="also save each rank's output to DIR/rank.N/stdout and DIR/rank.N/stderr",
     )
     run.add_argument("--verbose", action="store_true", help="report what the launcher does")
+    from hvdprof.dashboard.commands import add_run_option
+
+    add_run_option(run)
     run.add_argument(
         "cmd", nargs=argparse.REMAINDER, metavar="COMMAND", help="program and arguments to run"
     )
@@ -223,13 +235,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     overrides = run_overrides(args)
     _check_environment(overrides)
-    return launch(
-        command,
-        args.num_proc,
-        env=overrides,
-        timeout=args.timeout,
-        output_dir=args.output_filename,
-        verbose=args.verbose,
+    from hvdprof.dashboard.commands import launch_with_dashboard
+
+    return launch_with_dashboard(
+        args,
+        lambda: launch(
+            command,
+            args.num_proc,
+            env=overrides,
+            timeout=args.timeout,
+            output_dir=args.output_filename,
+            verbose=args.verbose,
+        ),
     )
 
 

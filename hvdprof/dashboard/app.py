@@ -1,0 +1,109 @@
+"""The FastAPI application: routers, the token check, error mapping, the live watcher.
+
+``create_app(settings)`` is all a server, a test or the report writer needs. The app is
+read-only: every route is a GET, and every path it touches is resolved inside the served
+directory (or ``web/``) first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import parse_qs
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from hvdprof import __version__
+from hvdprof.dashboard.catalog import RunCatalog, RunNotFoundError
+from hvdprof.dashboard.live import ChangeFeed, RunWatcher
+from hvdprof.dashboard.paths import OutsideRootError
+from hvdprof.dashboard.routes import analyses, compare, live, page, runs, timeline
+from hvdprof.dashboard.settings import TOKEN_HEADER, TOKEN_QUERY, DashboardSettings
+
+_DESCRIPTION = """\
+The JSON API behind hvdprof's dashboard. Every analysis is one call into
+`hvdprof.analysis`, returned as its `to_dict()` in `data`, with `notices` saying what
+could not be shown (a run still being written, a truncated file). Runs are named by their
+path relative to the served directory (`/api/runs`). `/api/events` streams live changes.
+When the server was started with `--token`, send it as the `X-Hvdprof-Token` header or the
+`token` query parameter on every request.
+"""
+
+
+class TokenCheck:
+    """ASGI middleware: every HTTP request must carry the token (header or query)."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope.get("headers") or []).get(TOKEN_HEADER.lower().encode())
+        if given is None:
+            values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get(TOKEN_QUERY)
+            given = values[0].encode() if values else b""
+        if not hmac.compare_digest(given, self.token):
+            response = JSONResponse(
+                {"detail": f"missing or wrong token: pass ?{TOKEN_QUERY}=... or {TOKEN_HEADER}"},
+                status_code=401,
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def create_app(settings: DashboardSettings) -> FastAPI:
+    """The dashboard app serving ``settings.root``."""
+    catalog = RunCatalog(settings.root)
+    feed = ChangeFeed()
+    watcher = RunWatcher(catalog, feed, settings.watch_interval_s)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(watcher.run_forever())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    app = FastAPI(
+        title="hvdprof dashboard",
+        version=__version__,
+        description=_DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.catalog = catalog
+    app.state.feed = feed
+    app.state.watcher = watcher
+    for module in (runs, timeline, analyses, compare, live, page):
+        app.include_router(module.router)
+
+    @app.exception_handler(OutsideRootError)
+    async def outside_root(_request: Request, exc: OutsideRootError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=403)
+
+    @app.exception_handler(RunNotFoundError)
+    async def run_not_found(_request: Request, exc: RunNotFoundError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        # A bug must not look like a crash to the page: it gets a message it can show.
+        return JSONResponse(
+            {"detail": f"the dashboard could not answer: {type(exc).__name__}: {exc}"},
+            status_code=503,
+        )
+
+    if settings.token is not None:
+        app.add_middleware(TokenCheck, token=settings.token)
+    return app

@@ -1,0 +1,182 @@
+"""The runs found under the served directory, loaded once and refreshed as they grow.
+
+A *run* is either a directory of per-rank hvdprof timelines (``rank.<r>.json``) or a single
+trace file (Horovod's ``HOROVOD_TIMELINE`` output, a merged trace). Loading and analysing
+are the analysis library's job (:func:`hvdprof.analysis.load_run`); this module only finds
+runs, keeps the loaded :class:`~hvdprof.analysis.Run` objects, and tells from a cheap
+``stat`` of the files whether a run changed since it was last read.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hvdprof.dashboard.paths import OutsideRootError, escaping_links, resolve_inside
+from hvdprof.timeline.manifest import MANIFEST_RE, TRACE_RE
+
+#: How deep under the root the catalog looks for runs.
+MAX_DEPTH = 3
+#: Trace-file suffixes that can be a run by themselves (Horovod, merged).
+TRACE_SUFFIXES = (".json", ".json.gz")
+#: Files that are never runs by themselves.
+_NOT_RUNS = ("autotune", "manifest.", "report")
+
+#: ``(name, size, mtime_ns)`` of every file of a run: equal signatures, nothing to re-read.
+Signature = tuple[tuple[str, int, int], ...]
+
+
+class RunNotFoundError(LookupError):
+    """The run id names nothing the catalog serves."""
+
+
+class RunLoadError(RuntimeError):
+    """The analysis library could not read the run at all; the message says why."""
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    """One run under the root: its id (path relative to the root) and what it is."""
+
+    id: str
+    path: Path
+    kind: str  # "directory" (per-rank hvdprof files) or "file" (one trace file)
+
+    def files(self) -> list[Path]:
+        if self.kind == "file":
+            return [self.path]
+        try:
+            return sorted(
+                p
+                for p in self.path.iterdir()
+                if TRACE_RE.match(p.name) or MANIFEST_RE.match(p.name) or p.suffix == ".csv"
+            )
+        except OSError:
+            return []
+
+    def signature(self) -> Signature:
+        sig = []
+        for p in self.files():
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            sig.append((p.name, st.st_size, st.st_mtime_ns))
+        return tuple(sig)
+
+
+@dataclass
+class LoadedRun:
+    """A run the analysis library loaded, the signature it was loaded at, and a version
+    number bumped each time new events arrive (the page's cue to re-query)."""
+
+    entry: RunEntry
+    run: Any
+    signature: Signature
+    version: int = 1
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _looks_like_trace(path: Path) -> bool:
+    if any(path.name.startswith(prefix) for prefix in _NOT_RUNS):
+        return False
+    if path.name.endswith(".gz"):
+        return True
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096).lstrip()
+    except OSError:
+        return False
+    return (head[:1] in (b"[", b"{") and b'"ph"' in head) or b"traceEvents" in head
+
+
+def discover(root: Path) -> list[RunEntry]:
+    """Every run under ``root`` (itself included), never following links out of it."""
+    root = root.resolve()
+    found: list[RunEntry] = []
+
+    def visit(directory: Path, depth: int) -> None:
+        try:
+            entries = sorted(directory.iterdir())
+        except OSError:
+            return
+        rel = directory.relative_to(root).as_posix()
+        if any(TRACE_RE.match(p.name) or MANIFEST_RE.match(p.name) for p in entries):
+            found.append(RunEntry(rel, directory, "directory"))
+            return
+        for p in entries:
+            try:
+                resolve_inside(root, p.relative_to(root).as_posix())
+            except OutsideRootError:
+                continue
+            if p.is_file() and p.name.endswith(TRACE_SUFFIXES) and _looks_like_trace(p):
+                found.append(RunEntry(p.relative_to(root).as_posix(), p, "file"))
+            elif p.is_dir() and depth < MAX_DEPTH and not p.name.startswith("."):
+                visit(p, depth + 1)
+
+    visit(root, 0)
+    return found
+
+
+class RunCatalog:
+    """Runs under one root, loaded lazily through the analysis library and kept warm."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self._loaded: dict[str, LoadedRun] = {}
+        self._lock = threading.Lock()
+
+    def entries(self) -> list[RunEntry]:
+        return discover(self.root)
+
+    def entry(self, run_id: str) -> RunEntry:
+        """The run ``run_id`` names; OutsideRootError for paths that escape the root."""
+        path = resolve_inside(self.root, run_id or ".")
+        links = escaping_links(self.root, path)
+        if links:
+            raise OutsideRootError(
+                f"run {run_id!r}: {', '.join(links)} link(s) to files outside the served directory"
+            )
+        for entry in self.entries():
+            if entry.path == path:
+                return entry
+        raise RunNotFoundError(f"no run named {run_id!r} under the served directory")
+
+    def loaded(self, run_id: str) -> LoadedRun:
+        """The loaded run, read on first use; RunLoadError when nothing could be read."""
+        with self._lock:
+            current = self._loaded.get(run_id)
+        if current is not None:
+            return current
+        entry = self.entry(run_id)
+        from hvdprof.analysis import load_run  # the one reader of runs
+
+        signature = entry.signature()
+        try:
+            run = load_run(str(entry.path))
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise RunLoadError(f"run {run_id!r} could not be read: {exc}") from None
+        fresh = LoadedRun(entry, run, signature)
+        with self._lock:
+            return self._loaded.setdefault(run_id, fresh)
+
+    def cached(self) -> list[LoadedRun]:
+        with self._lock:
+            return list(self._loaded.values())
+
+    def refresh(self, loaded: LoadedRun) -> bool:
+        """Re-read what was appended if the files changed on disk; True when the run grew."""
+        signature = loaded.entry.signature()
+        if signature == loaded.signature:
+            return False
+        with loaded.lock:
+            loaded.signature = signature
+            try:
+                grew = bool(loaded.run.refresh())
+            except (OSError, ValueError, RuntimeError):
+                return False
+            if grew:
+                loaded.version += 1
+            return grew

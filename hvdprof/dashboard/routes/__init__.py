@@ -1,0 +1,1 @@
+"""The dashboard's routers, one per resource: runs, timeline, analyses, compare, live, page."""

@@ -1,0 +1,62 @@
+"""``/api/analysis/*``: one endpoint per question, each calling one analysis function.
+
+The functions are looked up in :mod:`hvdprof.analysis` by name, so the table below is the
+whole mapping from URL to library; nothing is computed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+
+from hvdprof.dashboard.catalog import RunCatalog
+from hvdprof.dashboard.models import Section
+from hvdprof.dashboard.routes.deps import get_catalog
+from hvdprof.dashboard.routes.runs import RunId
+from hvdprof.dashboard.service import section
+
+router = APIRouter(prefix="/api/analysis", tags=["analyses"])
+
+#: URL name -> (analysis function in hvdprof.analysis, what it answers).
+ANALYSES: dict[str, tuple[str, str]] = {
+    "report": ("analyze", "Every analysis at once, with the verdict sentences"),
+    "breakdown": ("time_breakdown", "Time per phase per rank"),
+    "stragglers": (
+        "find_stragglers",
+        "Who made the others wait: negotiation wait per rank and step",
+    ),
+    "fusion": ("fusion_report", "Tensors per fused op and buffer fill"),
+    "bandwidth": ("bandwidth_report", "Bus bandwidth by message size"),
+    "overlap": ("overlap_report", "How much communication overlaps computation"),
+    "autotune": ("autotune_report", "Autotune samples: parameters, score, time window"),
+    "surrogate": ("autotune_surface", "The autotuner's view over fusion threshold x cycle time"),
+}
+
+
+def _endpoint(name: str, function: str) -> Callable[..., Section]:
+    def analysis(run: RunId, catalog: Annotated[RunCatalog, Depends(get_catalog)]) -> Section:
+        import hvdprof.analysis as library
+
+        compute = getattr(library, function, None)
+        if compute is None:
+            return Section(
+                run=run, version=0, data=None,
+                notices=[f"this installation's analysis library has no {function}()"],
+            )  # fmt: skip
+        return section(catalog, run, name, compute)
+
+    analysis.__name__ = f"analysis_{name}"
+    return analysis
+
+
+for _name, (_function, _summary) in ANALYSES.items():
+    router.add_api_route(
+        f"/{_name}",
+        _endpoint(_name, _function),
+        methods=["GET"],
+        response_model=Section,
+        summary=_summary,
+        description=f"`hvdprof.analysis.{_function}(run).to_dict()` in `data`.",
+    )

@@ -1,0 +1,45 @@
+"""``/api/events``: server-sent events telling pages that a run grew or runs appeared."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from sse_starlette.sse import EventSourceResponse
+
+from hvdprof.dashboard.live import ChangeFeed
+from hvdprof.dashboard.routes.deps import get_feed
+
+router = APIRouter(prefix="/api", tags=["live"])
+
+#: Seconds between keep-alive comments, so proxies and browsers keep the stream open.
+PING_S = 10
+
+
+@router.get(
+    "/events",
+    summary="Live changes (text/event-stream)",
+    description="Events `changed` ({run, version}) when a run's files grew and were re-read, "
+    "and `runs` when runs appear or vanish under the served directory.",
+)
+async def events(
+    request: Request, feed: Annotated[ChangeFeed, Depends(get_feed)]
+) -> EventSourceResponse:
+    queue = feed.subscribe()
+
+    async def stream() -> AsyncIterator[dict[str, str]]:
+        try:
+            yield {"event": "hello", "data": json.dumps({"kind": "hello"})}
+            while not await request.is_disconnected():
+                try:
+                    event = await asyncio.wait_for(queue.get(), timeout=1.0)
+                except asyncio.TimeoutError:
+                    continue
+                yield {"event": event["kind"], "data": json.dumps(event)}
+        finally:
+            feed.unsubscribe(queue)
+
+    return EventSourceResponse(stream(), ping=PING_S)

@@ -1,0 +1,100 @@
+"""Running the dashboard: in the foreground (``hvdprof dashboard``) or beside a job.
+
+The listening socket is bound here, before uvicorn starts, so a busy port is a one-line
+error instead of a log dump, and port 0 (any free port) reports the port it got.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import sys
+import threading
+import time
+import webbrowser
+
+import uvicorn
+
+from hvdprof.dashboard.app import create_app
+from hvdprof.dashboard.settings import DashboardSettings
+from hvdprof.errors import HvdprofError
+
+#: Seconds open SSE streams get to close when the server stops.
+GRACEFUL_SHUTDOWN_S = 1
+
+
+def bind(settings: DashboardSettings) -> socket.socket:
+    """A listening socket on the settings' address; HvdprofError naming it when taken."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host.strip("[]"), settings.port))
+    except OSError as exc:
+        sock.close()
+        raise HvdprofError(
+            f"dashboard: cannot listen on {settings.host}:{settings.port}: {exc.strerror} "
+            "(choose another --port)"
+        ) from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _server(settings: DashboardSettings) -> uvicorn.Server:
+    config = uvicorn.Config(
+        create_app(settings),
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        lifespan="on",
+    )
+    return uvicorn.Server(config)
+
+
+def serve(settings: DashboardSettings, *, open_browser: bool = True) -> int:
+    """Serve until Ctrl+C; prints the URL first (and opens it unless told not to)."""
+    sock = bind(settings)
+    url = settings.url(sock.getsockname()[1])
+    print(f"hvdprof dashboard: serving {settings.root} at {url} (Ctrl+C to stop)", flush=True)
+    if open_browser:
+        with contextlib.suppress(Exception):
+            webbrowser.open(url)
+    server = _server(settings)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    return 0
+
+
+class DashboardThread:
+    """The dashboard in a daemon thread of this process (``hvdprof run --dashboard``)."""
+
+    def __init__(self, settings: DashboardSettings) -> None:
+        self._sock = bind(settings)
+        self.port = self._sock.getsockname()[1]
+        self.url = settings.url(self.port)
+        self._server = _server(settings)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, name="hvdprof-dashboard",
+            daemon=True,
+        )  # fmt: skip
+
+    def start(self, wait_s: float = 10.0) -> DashboardThread:
+        self._thread.start()
+        deadline = time.monotonic() + wait_s
+        while not self._server.started and time.monotonic() < deadline:
+            if not self._thread.is_alive():
+                raise HvdprofError("dashboard: the server stopped while starting")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, wait_s: float = 5.0) -> None:
+        self._server.should_exit = True
+        self._thread.join(wait_s)
+        self._sock.close()
+
+
+def print_url(url: str) -> None:
+    print(f"hvdprof dashboard: {url}", file=sys.stderr, flush=True)
