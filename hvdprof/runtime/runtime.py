@@ -214,21 +214,16 @@ class Runtime:
                     "HVDPROF_CONTROLLER_PORT is not set for a multi-rank job: start it with `hvdprof run -np N`"
                 )
             port = _free_port()
-        timeout = datetime.timedelta(seconds=cfg.start_timeout_s)
         try:
-            store = dist.TCPStore(
-                cfg.controller_addr,
-                port,
-                self.size,
-                self.rank == 0,
-                timeout=timeout,
-                wait_for_workers=True,
-            )
+            root, generation = _rendezvous_store(cfg, port, self.rank, self.size)
         except Exception as exc:
             raise HvdprofError(
                 f"hvdprof rank {self.rank}: rendezvous at {cfg.controller_addr}:{port} failed "
                 f"within HVDPROF_START_TIMEOUT_SECONDS={cfg.start_timeout_s:g}: {_first_line(exc)}"
             ) from None
+        # Every key of this incarnation lives under its own prefix: a rank whose previous
+        # incarnation left addresses in the store can never read (and connect to) them.
+        store = dist.PrefixStore(f"hvdprof/init{generation}/", root)
         op_timeout = datetime.timedelta(seconds=cfg.collective_timeout_s)
         try:
             control = ControlChannel.connect(
@@ -383,6 +378,38 @@ class Runtime:
             cache_entries=len(self.cycle.cache),
         )
         return out
+
+
+#: (address, port, rank, size) -> the TCPStore this process keeps for that job, and how
+#: many times ``init()`` has used it. The store outlives ``shutdown()``: Horovod's own tests
+#: call ``barrier(); shutdown()`` then ``init()`` in a loop, and when rank 0 re-created its
+#: store on the same port, a fast peer could reach the old store, read the address of the
+#: old control channel and fail with "Connection refused". With one store per process and
+#: one key prefix per incarnation, the k-th ``init()`` of every rank meets under
+#: ``hvdprof/init<k>/``, and rank 0 binds the port once.
+_stores: dict[tuple[str, int, int, int], list[Any]] = {}
+
+
+def _rendezvous_store(cfg: Config, port: int, rank: int, size: int) -> tuple[Any, int]:
+    """The job's store (created on the first ``init()``) and this incarnation's number."""
+    key = (cfg.controller_addr, port, rank, size)
+    entry = _stores.get(key) if cfg.controller_port is not None else None
+    if entry is None:
+        store = dist.TCPStore(
+            cfg.controller_addr,
+            port,
+            size,
+            rank == 0,
+            timeout=datetime.timedelta(seconds=cfg.start_timeout_s),
+            wait_for_workers=True,
+        )
+        entry = [store, 0]
+        if cfg.controller_port is not None:  # (a single process picks a new port each time)
+            _stores[key] = entry
+    else:
+        entry[0].set_timeout(datetime.timedelta(seconds=cfg.start_timeout_s))
+    entry[1] += 1
+    return entry[0], entry[1]
 
 
 def _free_port() -> int:
