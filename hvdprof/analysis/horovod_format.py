@@ -1,0 +1,298 @@
+"""Parser of Horovod's own timeline (``HOROVOD_TIMELINE``) into the same columns.
+
+Horovod's format differs from ours in every way that matters to a reader: only rank 0
+writes, covering every rank; one ``pid`` per tensor (named by a ``process_name``
+record); ``B``/``E`` pairs whose ``E`` has no name; readiness as zero-length ``X``
+events named by the rank (``"0"``, ``"1"``) inside the ``NEGOTIATE_*`` pair; cycle marks
+as ``i`` events with no ``pid``. A killed file still ends in ``}]`` but leaves ``B``
+events open. Fusion is not recorded: ops whose backend call started at the same
+instant are taken as one fused group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+
+from hvdprof.analysis.hvdprof_format import Columns, Tables
+from hvdprof.analysis.model import (
+    MARK_COLUMNS,
+    PHASE_COLLECTIVE,
+    PHASE_MEMCPY_IN,
+    PHASE_NEGOTIATE,
+    PHASE_OP,
+    SLICE_COLUMNS,
+    Problem,
+    classify,
+)
+from hvdprof.timeline.reader import parse_trace_text
+
+#: bytes per element of the dtype names Horovod writes
+ITEMSIZE = {
+    "uint8": 1,
+    "int8": 1,
+    "bool": 1,
+    "uint16": 2,
+    "int16": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "float32": 4,
+    "int64": 8,
+    "float64": 8,
+}
+
+
+def looks_like_horovod(head: bytes) -> bool:
+    """True when the first bytes of a file look like a Horovod timeline."""
+    return b"start_time_since_epoch_in_micros" in head or (
+        head.lstrip().startswith(b"[") and b'"ph": "B"' in head
+    )
+
+
+def _shape_elements(shape: Any) -> int | None:
+    if isinstance(shape, str):
+        text = shape.strip().strip("[]()")
+        try:
+            dims = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            return None
+    elif isinstance(shape, list):
+        dims = [int(x) for x in shape]
+    else:
+        return None
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+class _Open:
+    """A ``B`` waiting for its ``E``."""
+
+    __slots__ = ("children", "marks", "name", "occurrence", "ts")
+
+    def __init__(self, name: str, ts: float, occurrence: int) -> None:
+        self.name = name
+        self.ts = ts
+        self.occurrence = occurrence
+        self.marks: list[tuple[float, int]] = []
+        self.children: list[int] = []
+
+
+def parse_horovod(
+    path: str, data: bytes, tables: Tables
+) -> tuple[Columns, list[Problem], bool, int, set[int]]:
+    """``(columns, problems, complete, events read, ranks seen)`` of one Horovod timeline."""
+    problems: list[Problem] = []
+    complete = True
+    try:
+        events = orjson.loads(data)
+        if isinstance(events, dict):
+            events = events.get("traceEvents", [])
+    except orjson.JSONDecodeError:
+        trace = parse_trace_text(data.decode("utf-8", errors="replace"), path)
+        events = trace.events
+        complete = trace.complete
+        problems += [
+            Problem(path, f"line {s.line}" if s.line else "", s.reason) for s in trace.skipped
+        ]
+        if not complete:
+            problems.append(Problem(path, "", "no closing ']': the file was cut"))
+    if not isinstance(events, list):
+        return Columns(), [Problem(path, "", "not a Chrome trace array")], False, 0, set()
+
+    s: dict[str, list[Any]] = {k: [] for k in SLICE_COLUMNS}
+    m: dict[str, list[Any]] = {k: [] for k in MARK_COLUMNS}
+    pid_tensor: dict[int, int] = {}
+    stacks: dict[int, list[_Open]] = {}
+    occ: dict[int, int] = {}
+    after_negotiate: dict[int, bool] = {}
+    info_of: dict[str, tuple[int, int, int]] = {}
+    ranks: set[int] = {0}
+    n_events = 0
+    last_ts = 0.0
+
+    def info(name: str) -> tuple[int, int, int]:
+        found = info_of.get(name)
+        if found is None:
+            phase, op = classify(name)
+            found = info_of[name] = (phase, op, tables.names.code(name))
+        return found
+
+    for index, e in enumerate(events):
+        try:
+            ph = e["ph"]
+            if ph == "M":
+                args = e.get("args") or {}
+                if e.get("name") == "process_name" and isinstance(args.get("name"), str):
+                    pid_tensor[int(e["pid"])] = tables.tensors.code(args["name"])
+            elif ph == "B":
+                pid = int(e["pid"])
+                name = e["name"]
+                ts = float(e["ts"])
+                tensor = pid_tensor.get(pid, -1)
+                phase = info(name)[0]
+                stack = stacks.setdefault(pid, [])
+                if phase == PHASE_NEGOTIATE:
+                    occ[tensor] = occ.get(tensor, 0) + 1
+                    after_negotiate[pid] = True
+                elif phase == PHASE_OP and not stack:
+                    if not after_negotiate.pop(pid, False):
+                        occ[tensor] = occ.get(tensor, 0) + 1
+                    after_negotiate.pop(pid, None)
+                stack.append(_Open(name, ts, occ.get(tensor, 1) - 1))
+                last_ts = max(last_ts, ts)
+            elif ph == "E":
+                pid = int(e["pid"])
+                ts = float(e["ts"])
+                stack = stacks.get(pid)
+                if not stack:
+                    raise ValueError("'E' without an open 'B' on its pid")
+                opened = stack.pop()
+                phase, op, code = info(opened.name)
+                tensor = pid_tensor.get(pid, -1)
+                row = len(s["rank"])
+                nbytes, dtype = -1, -1
+                args = e.get("args") or {}
+                if phase == PHASE_OP and args:
+                    elements = _shape_elements(args.get("shape"))
+                    dname = args.get("dtype")
+                    if isinstance(dname, str):
+                        dtype = tables.dtypes.code(dname)
+                        if elements is not None and dname in ITEMSIZE:
+                            nbytes = elements * ITEMSIZE[dname]
+                if stack:
+                    stack[-1].children.append(row)
+                    if op < 0:
+                        op = info(stack[-1].name)[1]
+                for k, v in (
+                    ("rank", 0),
+                    ("tensor", tensor),
+                    ("name", code),
+                    ("phase", phase),
+                    ("op", op),
+                    ("start_us", opened.ts),
+                    ("dur_us", ts - opened.ts),
+                    ("bytes", nbytes),
+                    ("group", -1),
+                    ("group_tensors", 0),
+                    ("group_bytes", -1),
+                    ("buffer_bytes", -1),
+                    ("backend", -1),
+                    ("dtype", dtype),
+                    ("cached", -1),
+                    ("occurrence", opened.occurrence),
+                ):
+                    s[k].append(v)
+                if phase == PHASE_OP:
+                    for child in opened.children:
+                        s["bytes"][child] = nbytes
+                        s["dtype"][child] = dtype
+                        if s["op"][child] < 0:
+                            s["op"][child] = op
+                for mts, mrank in opened.marks:
+                    m["observer"].append(0)
+                    m["tensor"].append(tensor)
+                    m["ts_us"].append(mts)
+                    m["ready_rank"].append(mrank)
+                    m["slice"].append(row)
+                last_ts = max(last_ts, ts)
+            elif ph == "X":
+                pid = int(e["pid"])
+                name = str(e["name"])
+                ts = float(e["ts"])
+                stack = stacks.get(pid)
+                if name.isdigit() and stack and info(stack[-1].name)[0] == PHASE_NEGOTIATE:
+                    stack[-1].marks.append((ts, int(name)))
+                    ranks.add(int(name))
+                last_ts = max(last_ts, ts)
+            n_events += 1
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            problems.append(Problem(path, f"element {index}", f"unusable event ({exc})"))
+
+    still_open: dict[str, int] = {}
+    for stack in stacks.values():
+        for opened in stack:
+            still_open[opened.name] = still_open.get(opened.name, 0) + 1
+    if still_open:
+        complete = False
+        what = ", ".join(f"{n} {name}" for name, n in sorted(still_open.items()))
+        problems.append(
+            Problem(
+                path,
+                "end of file",
+                f"{sum(still_open.values())} slices never ended ({what}): the recording was "
+                "cut (killed?); they are left out",
+            )
+        )
+
+    cols = Columns()
+    arrays = {k: np.asarray(v, dtype=SLICE_COLUMNS[k]) for k, v in s.items()}
+    _infer_groups(arrays, tables)
+    cols.slice_chunks.append(arrays)
+    cols.rows = len(arrays["rank"])
+    cols.mark_chunks.append({k: np.asarray(v, dtype=MARK_COLUMNS[k]) for k, v in m.items()})
+    return cols, problems, complete, n_events, ranks
+
+
+def _infer_groups(a: dict[str, np.ndarray], tables: Tables) -> None:
+    """Fusion groups: ops whose backend call began at the same instant with the same name."""
+    coll = np.flatnonzero(a["phase"] == PHASE_COLLECTIVE)
+    if not len(coll):
+        return
+    keys = np.stack([a["start_us"][coll], a["name"][coll].astype(np.float64)], axis=1)
+    _, group_of = np.unique(keys, axis=0, return_inverse=True)
+    group_of = group_of.reshape(-1)
+    # each op row (and its children) gets the group of its collective child: the op row
+    # of a child is the nearest earlier-starting OP row of the same tensor containing it
+    op_rows = np.flatnonzero(a["phase"] == PHASE_OP)
+    by_tensor: dict[int, np.ndarray] = {}
+    for t in np.unique(a["tensor"][op_rows]):
+        rows = op_rows[a["tensor"][op_rows] == t]
+        by_tensor[int(t)] = rows[np.argsort(a["start_us"][rows], kind="stable")]
+    op_group: dict[int, int] = {}
+    for c, g in zip(coll.tolist(), group_of.tolist(), strict=True):
+        rows = by_tensor.get(int(a["tensor"][c]))
+        if rows is None:
+            continue
+        k = int(np.searchsorted(a["start_us"][rows], a["start_us"][c], side="right")) - 1
+        if k >= 0:
+            op_group[int(rows[k])] = g
+    members: dict[int, list[int]] = {}
+    for row, g in op_group.items():
+        members.setdefault(g, []).append(row)
+    memcpy_groups: set[int] = set()
+    for row in np.flatnonzero(a["phase"] == PHASE_MEMCPY_IN).tolist():
+        rows = by_tensor.get(int(a["tensor"][row]))
+        if rows is None:
+            continue
+        k = int(np.searchsorted(a["start_us"][rows], a["start_us"][row], side="right")) - 1
+        if k >= 0 and int(rows[k]) in op_group:
+            memcpy_groups.add(op_group[int(rows[k])])
+    for g, rows in members.items():
+        total = int(sum(max(int(a["bytes"][r]), 0) for r in rows))
+        for r in rows:
+            a["group"][r] = g
+            a["group_tensors"][r] = len(rows)
+            a["group_bytes"][r] = total
+            a["buffer_bytes"][r] = total if g in memcpy_groups else 0
+    # children inherit from their op
+    for t, rows in by_tensor.items():
+        kids = np.flatnonzero((a["tensor"] == t) & (a["phase"] > PHASE_OP) & (a["phase"] < 7))
+        if not len(kids):
+            continue
+        k = np.searchsorted(a["start_us"][rows], a["start_us"][kids], side="right") - 1
+        ok = k >= 0
+        parents = rows[k[ok]]
+        for col in ("group", "group_tensors", "group_bytes", "buffer_bytes"):
+            a[col][kids[ok]] = a[col][parents]
+    backend = tables.backends.code("GLOO")  # Horovod names its backend in the slice names
+    names = tables.names.items
+    for code in np.unique(a["name"][coll]).tolist():
+        prefix = names[code].partition("_")[0]
+        b = tables.backends.code(prefix) if prefix else backend
+        sel = (a["name"] == code) & (a["phase"] == PHASE_COLLECTIVE)
+        a["backend"][sel] = b

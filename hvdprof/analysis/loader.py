@@ -1,0 +1,541 @@
+"""``load_run``: a directory (or one file) of timelines into a columnar :class:`Run`.
+
+What it accepts: hvdprof's ``rank.<r>.json`` / ``.json.gz`` with their manifests (complete,
+cut by a crash, or still being written) and Horovod's ``HOROVOD_TIMELINE`` files. Every
+block it could not use becomes a :class:`Problem` (file, line or byte, reason).
+
+Plain ``.json`` files are read in blocks of whole lines and the byte offset of the last
+whole line is kept, so :meth:`Run.refresh` reads only what was appended. Each parsed file
+can be kept in a columnar cache beside the trace (``.hvdprof-cache/<file>.npz``, keyed by
+the file's size and modification time); a directory we cannot write to just goes
+uncached.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import zlib
+from collections.abc import Callable
+import numpy as np
+import orjson
+
+from hvdprof.analysis.hvdprof_format import Columns, HvdprofFileParser, Tables
+from hvdprof.analysis.horovod_format import looks_like_horovod, parse_horovod
+from hvdprof.analysis.model import (
+    MARK_COLUMNS,
+    SLICE_COLUMNS,
+    MarkTable,
+    Problem,
+    Run,
+    SliceTable,
+)
+from hvdprof.timeline.manifest import MANIFEST_RE, TRACE_RE, read_manifest
+
+#: bytes read per block (whole lines are cut from it)
+BLOCK_BYTES = 8 << 20
+CACHE_DIR = ".hvdprof-cache"
+#: bumped when the cached columns change meaning
+CACHE_VERSION = 1
+_RANK_IN_NAME = re.compile(r"rank[._-]?(\d+)")
+
+
+class LoadError(Exception):
+    """Nothing readable at the path given (the CLI's exit code 2)."""
+
+
+class _Source:
+    """One trace file and how far it has been read."""
+
+    def __init__(self, path: str, rank: int, kind: str, tables: Tables) -> None:
+        self.path = path
+        self.rank = rank
+        self.kind = kind  # "hvdprof" | "hvdprof-gz" | "horovod"
+        self.size = -1
+        self.mtime_ns = -1
+        self.offset = 0  # bytes consumed (plain hvdprof files)
+        self.lines = 1  # 1-based number of the next line to read
+        self.parser: HvdprofFileParser | None = None
+        self.columns = Columns()
+        self.problems: list[Problem] = []
+        self.complete = False
+        self.events = 0
+        self.ranks_seen: set[int] = {rank}
+        self.host: str | None = None
+        self.tables = tables
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def read(self, progress: Callable[[int], None] | None = None) -> bool:
+        """Read what is new; True when anything changed."""
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            if self.size == -1:
+                self.problems = [Problem(self.path, "", f"cannot read ({exc.strerror})")]
+                self.size = -2
+                return True
+            return False
+        if st.st_size == self.size and st.st_mtime_ns == self.mtime_ns:
+            return False
+        grown = (
+            self.kind == "hvdprof"
+            and self.parser is not None
+            and st.st_size >= self.offset
+            and not self.parser.closed
+            and self.size >= 0
+        )
+        if not grown:
+            self._reset()
+        self.size, self.mtime_ns = st.st_size, st.st_mtime_ns
+        try:
+            if self.kind == "horovod":
+                with open(self.path, "rb") as f:
+                    data = f.read()
+                cols, problems, complete, events, ranks = parse_horovod(
+                    self.path, data, self.tables
+                )
+                self.columns, self.complete, self.events = cols, complete, events
+                self.problems = problems
+                self.ranks_seen = ranks
+                if progress:
+                    progress(len(data))
+            elif self.kind == "hvdprof-gz":
+                self._read_gzip(progress)
+            else:
+                self._read_plain(progress)
+        except OSError as exc:
+            self.problems.append(Problem(self.path, "", f"cannot read ({exc.strerror or exc})"))
+        return True
+
+    def _reset(self) -> None:
+        self.offset = 0
+        self.lines = 1
+        self.parser = HvdprofFileParser(self.path, self.rank, self.tables)
+        self.columns = self.parser.cols
+        self.problems = self.parser.problems
+        self.complete = False
+        self.events = 0
+
+    def _feed(self, data: bytes) -> None:
+        parser = self.parser
+        assert parser is not None
+        parser.feed(data, self.lines)
+        self.lines += data.count(b"\n")
+        self.events = parser.events
+        self.host = parser.host or self.host
+
+    def _read_plain(self, progress: Callable[[int], None] | None) -> None:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            tail = b""
+            while True:
+                block = f.read(BLOCK_BYTES)
+                if not block:
+                    break
+                block = tail + block
+                cut = block.rfind(b"\n") + 1
+                tail = block[cut:]
+                if cut:
+                    self._feed(block[:cut])
+                    self.offset += cut
+                if progress:
+                    progress(len(block) - len(tail))
+        if tail.strip() == b"]":  # a closing bracket without its newline
+            self._feed(tail)
+            self.offset += len(tail)
+            tail = b""
+        self._finish(tail)
+
+    def _read_gzip(self, progress: Callable[[int], None] | None) -> None:
+        tail = b""
+        with open(self.path, "rb") as f:
+            raw_pos = 0
+            d = zlib.decompressobj(31)
+            while True:
+                raw = f.read(BLOCK_BYTES // 4)
+                if not raw:
+                    if not d.eof:
+                        self.problems.append(
+                            Problem(
+                                self.path,
+                                f"byte {raw_pos}",
+                                "gzip stream is cut (no end marker): read up to the last whole line",
+                            )
+                        )
+                    break
+                try:
+                    out = d.decompress(raw)
+                except zlib.error as exc:
+                    self.problems.append(
+                        Problem(
+                            self.path,
+                            f"byte {raw_pos}",
+                            f"gzip data is corrupt ({exc}); only the data before it was read",
+                        )
+                    )
+                    break
+                raw_pos += len(raw)
+                if d.eof and d.unused_data.strip(b"\0"):
+                    rest = d.unused_data
+                    d = zlib.decompressobj(31)
+                    out += d.decompress(rest)
+                block = tail + out
+                cut = block.rfind(b"\n") + 1
+                tail = block[cut:]
+                if cut:
+                    self._feed(block[:cut])
+                if progress:
+                    progress(len(raw))
+        if tail.strip() == b"]":
+            self._feed(tail)
+            tail = b""
+        self._finish(tail)
+
+    def _finish(self, tail: bytes) -> None:
+        parser = self.parser
+        assert parser is not None
+        self.complete = parser.closed
+        # problems that describe the end of the file are recomputed on each read
+        self.problems[:] = [p for p in self.problems if not p.where.startswith("end")]
+        if tail.strip():
+            self.problems.append(
+                Problem(
+                    self.path,
+                    f"end (line {self.lines})",
+                    f"incomplete last event ({len(tail)} bytes cut off): still being written, or cut",
+                )
+            )
+        elif not parser.closed and parser.started:
+            self.problems.append(
+                Problem(
+                    self.path,
+                    "end",
+                    "no closing ']' (recording interrupted or still running); read up to its "
+                    "last complete event",
+                )
+            )
+        elif not parser.started:
+            self.problems.append(Problem(self.path, "end", "empty file: no events"))
+
+    # --- cache ------------------------------------------------------------------------------
+
+    def cache_path(self) -> str:
+        directory, name = os.path.split(self.path)
+        return os.path.join(directory, CACHE_DIR, name + ".npz")
+
+    def load_cache(self) -> bool:
+        """Take the columns from the cache when it matches the file; True on success."""
+        if self.kind == "horovod":
+            return False
+        try:
+            st = os.stat(self.path)
+            with np.load(self.cache_path(), allow_pickle=False) as z:
+                meta = orjson.loads(bytes(z["meta"]))
+                if (
+                    meta.get("version") != CACHE_VERSION
+                    or meta["size"] != st.st_size
+                    or meta["mtime_ns"] != st.st_mtime_ns
+                    or not meta["complete"]
+                ):
+                    return False
+                arrays = {k: z["s_" + k] for k in SLICE_COLUMNS}
+                marks = {k: z["m_" + k] for k in MARK_COLUMNS}
+        except (OSError, KeyError, ValueError, orjson.JSONDecodeError):
+            return False
+        t = self.tables
+        for col, table, strings in (
+            ("tensor", t.tensors, meta["tensors"]),
+            ("name", t.names, meta["names"]),
+            ("backend", t.backends, meta["backends"]),
+            ("dtype", t.dtypes, meta["dtypes"]),
+        ):
+            remap = np.array([table.code(x) for x in strings] + [-1], dtype=np.int64)
+            arrays[col] = remap[arrays[col].astype(np.int64)].astype(SLICE_COLUMNS[col])
+        remap = np.array([t.tensors.code(x) for x in meta["tensors"]] + [-1], dtype=np.int64)
+        marks["tensor"] = remap[marks["tensor"].astype(np.int64)].astype(np.int32)
+        from hvdprof.analysis.model import AutotuneSample, ParamsChange
+
+        cols = Columns()
+        cols.slice_chunks = [arrays]
+        cols.mark_chunks = [marks]
+        cols.rows = len(arrays["rank"])
+        cols.samples = [AutotuneSample(**x) for x in meta["samples"]]
+        cols.params = [ParamsChange(**x) for x in meta["params"]]
+        cols.counters = {k: [tuple(r) for r in v] for k, v in meta["counters"].items()}
+        self.columns = cols
+        self.problems = [Problem(**p) for p in meta["problems"]]
+        self.complete = True
+        self.events = int(meta["events"])
+        self.host = meta.get("host")
+        self.size, self.mtime_ns = st.st_size, st.st_mtime_ns
+        self.parser = None
+        return True
+
+    def save_cache(self) -> None:
+        """Write the columns beside the trace; silently skipped where that is not possible."""
+        if self.kind == "horovod" or not self.complete or self.size < 0:
+            return
+        from dataclasses import asdict
+
+        t = self.tables
+        slices = self.columns.slices()
+        meta = {
+            "version": CACHE_VERSION,
+            "size": self.size,
+            "mtime_ns": self.mtime_ns,
+            "complete": self.complete,
+            "events": self.events,
+            "host": self.host,
+            "tensors": t.tensors.items,
+            "names": t.names.items,
+            "backends": t.backends.items,
+            "dtypes": t.dtypes.items,
+            "samples": [asdict(x) for x in self.columns.samples],
+            "params": [asdict(x) for x in self.columns.params],
+            "counters": self.columns.counters,
+            "problems": [p.to_dict() for p in self.problems],
+        }
+        arrays = {"s_" + k: v for k, v in slices.items()}
+        arrays.update({"m_" + k: v for k, v in self.columns.marks().items()})
+        path = self.cache_path()
+        tmp = f"{path}.tmp.{os.getpid()}.npz"
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            np.savez(tmp, meta=np.frombuffer(orjson.dumps(meta), dtype=np.uint8), **arrays)
+            os.replace(tmp, path)
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+class RunLoader:
+    """Finds the files of a run, reads them, and (re)assembles the :class:`Run`."""
+
+    def __init__(self, path: str, *, cache: bool = True, progress: bool = False) -> None:
+        self.path = path
+        self.cache = cache
+        self.progress = progress
+        self.tables = Tables()
+        self.sources: list[_Source] = []
+        self.manifest_paths: dict[int, str] = {}
+        self.fmt = "hvdprof"
+        self.find_problems: list[Problem] = []
+        self._discover()
+
+    def _discover(self) -> None:
+        path = self.path
+        if os.path.isdir(path):
+            names = sorted(os.listdir(path))
+            traces: dict[int, str] = {}
+            for name in names:
+                full = os.path.join(path, name)
+                if m := TRACE_RE.match(name):
+                    rank = int(m.group(1))
+                    if rank in traces:
+                        older, newer = sorted((traces[rank], full), key=os.path.getmtime)
+                        self.find_problems.append(
+                            Problem(
+                                older,
+                                "",
+                                f"rank {rank} also has {os.path.basename(newer)}; using the newer",
+                            )
+                        )
+                        full = newer
+                    traces[rank] = full
+                elif m := MANIFEST_RE.match(name):
+                    self.manifest_paths[int(m.group(1))] = full
+            if traces:
+                for rank, full in sorted(traces.items()):
+                    kind = "hvdprof-gz" if full.endswith(".gz") else "hvdprof"
+                    self.sources.append(_Source(full, rank, kind, self.tables))
+                return
+            for name in names:  # no hvdprof files: Horovod timelines?
+                full = os.path.join(path, name)
+                if name.endswith(".json") and os.path.isfile(full) and _is_horovod(full):
+                    self.sources.append(_Source(full, 0, "horovod", self.tables))
+            if self.sources:
+                self.fmt = "horovod"
+                return
+            raise LoadError(f"no timeline files (rank.<r>.json or a Horovod timeline) in {path}")
+        if not os.path.isfile(path):
+            raise LoadError(f"{path}: no such file or directory")
+        name = os.path.basename(path)
+        if _is_horovod(path):
+            self.fmt = "horovod"
+            self.sources.append(_Source(path, 0, "horovod", self.tables))
+            return
+        m = TRACE_RE.match(name) or _RANK_IN_NAME.search(name)
+        rank = int(m.group(1)) if m else 0
+        kind = "hvdprof-gz" if name.endswith(".gz") else "hvdprof"
+        self.sources.append(_Source(path, rank, kind, self.tables))
+        manifest = os.path.join(os.path.dirname(path) or ".", f"manifest.rank.{rank}.json")
+        if os.path.exists(manifest):
+            self.manifest_paths[rank] = manifest
+
+    def load(self) -> Run:
+        total = sum(_size(s.path) for s in self.sources)
+        advance, stop = _progress_bar(total if self.progress else 0)
+        try:
+            for source in self.sources:
+                if self.cache and source.load_cache():
+                    advance(max(source.size, 0))
+                    continue
+                source.read(advance)
+                if self.cache:
+                    source.save_cache()
+        finally:
+            stop()
+        run = Run(path=self.path, format=self.fmt, _loader=self)
+        self.assemble(run)
+        return run
+
+    def refresh(self, run: Run) -> bool:
+        changed = False
+        for source in self.sources:
+            if source.kind != "horovod" and source.parser is None and source.columns.rows:
+                # came from the cache: it can only change by being rewritten
+                try:
+                    st = os.stat(source.path)
+                except OSError:
+                    continue
+                if (st.st_size, st.st_mtime_ns) == (source.size, source.mtime_ns):
+                    continue
+                source.size = -1
+            changed |= source.read()
+        if changed:
+            self.assemble(run)
+        return changed
+
+    def assemble(self, run: Run) -> None:
+        """(Re)build the run's columns and descriptions from every source."""
+        run.problems = list(self.find_problems)
+        run.manifests = {}
+        for rank, mpath in sorted(self.manifest_paths.items()):
+            try:
+                run.manifests[rank] = read_manifest(mpath)
+            except (OSError, ValueError) as exc:
+                run.problems.append(Problem(mpath, "", f"unreadable manifest: {exc}"))
+        slice_tables, mark_tables = [], []
+        offset = 0
+        ranks: set[int] = set()
+        run.complete = {}
+        run.files = {}
+        run.events = 0
+        run.autotune_samples, run.params_changes = [], []
+        counters: dict[str, list[tuple[int, float, float]]] = {}
+        for source in self.sources:
+            cols = source.columns
+            slices = cols.slices()
+            marks = cols.marks()
+            marks = dict(marks)
+            marks["slice"] = np.where(marks["slice"] >= 0, marks["slice"] + offset, -1)
+            offset += len(slices["rank"])
+            slice_tables.append(SliceTable(**slices))
+            mark_tables.append(MarkTable(**marks))
+            run.problems += source.problems
+            run.complete[source.path] = source.complete
+            run.files[source.rank] = source.path
+            run.events += source.events
+            ranks |= source.ranks_seen
+            if source.host:
+                run.hosts[source.rank] = source.host
+            run.autotune_samples += cols.samples
+            run.params_changes += cols.params
+            for k, v in cols.counters.items():
+                counters.setdefault(k, []).extend(v)
+        for rank, manifest in run.manifests.items():
+            if isinstance(manifest.get("hostname"), str):
+                run.hosts.setdefault(rank, manifest["hostname"])
+            dropped = int(manifest.get("events_dropped", 0) or 0)
+            if dropped:
+                run.problems.append(
+                    Problem(
+                        self.manifest_paths[rank],
+                        "",
+                        f"rank {rank}: {dropped} events were dropped while recording (queue full)",
+                    )
+                )
+        for rank in sorted(set(self.manifest_paths) - {s.rank for s in self.sources}):
+            run.problems.append(
+                Problem(
+                    self.manifest_paths[rank], "", f"rank {rank}: manifest without a trace file"
+                )
+            )
+        run.slices = SliceTable.concat(slice_tables)  # type: ignore[assignment]
+        run.marks = MarkTable.concat(mark_tables)  # type: ignore[assignment]
+        run.tensors = self.tables.tensors.items
+        run.names = self.tables.names.items
+        run.backends = self.tables.backends.items
+        run.dtypes = self.tables.dtypes.items
+        run.ranks = sorted(ranks)
+        sizes = {int(m["size"]) for m in run.manifests.values() if "size" in m}
+        run.size = max(sizes) if sizes else (max(ranks) + 1 if ranks else 0)
+        run.counters = {
+            k: (
+                np.array([r for r, _, _ in v], dtype=np.int32),
+                np.array([t for _, t, _ in v], dtype=np.float64),
+                np.array([x for _, _, x in v], dtype=np.float64),
+            )
+            for k, v in counters.items()
+        }
+        run.autotune_samples.sort(key=lambda x: x.ts_us)
+        run.params_changes.sort(key=lambda x: x.ts_us)
+        s = run.slices
+        if len(s):
+            run.t0_us = float(s.start_us.min())
+            run.t1_us = float((s.start_us + s.dur_us).max())
+        else:
+            run.t0_us = run.t1_us = 0.0
+
+
+def _is_horovod(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return looks_like_horovod(head)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _progress_bar(total: int) -> tuple[Callable[[int], None], Callable[[], None]]:
+    """A rich progress bar on stderr for large inputs when stderr is a terminal."""
+    if total < (64 << 20) or not sys.stderr.isatty():
+        return (lambda n: None), (lambda: None)
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+    progress = Progress(
+        "reading timelines",
+        BarColumn(),
+        DownloadColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    task = progress.add_task("read", total=total)
+    progress.start()
+    return (lambda n: progress.advance(task, n)), progress.stop
+
+
+def load_run(path: str | os.PathLike[str], *, cache: bool = True, progress: bool = False) -> Run:
+    """Read a run directory (or one timeline file) into a columnar :class:`Run`.
+
+    ``cache``: reuse/write ``.hvdprof-cache/`` beside the trace. ``progress``: show a
+    progress bar on stderr for large inputs (only when stderr is a terminal). Raises
+    :class:`LoadError` when there is nothing to read at ``path``.
+    """
+    return RunLoader(os.fspath(path), cache=cache, progress=progress).load()
+
+
+__all__ = ["LoadError", "RunLoader", "load_run"]

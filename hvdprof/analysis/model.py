@@ -1,0 +1,290 @@
+"""The columnar model of a parsed run: what every analysis, the CLI and the dashboard read.
+
+A trace of a million events as a million Python dicts costs gigabytes and seconds to walk,
+so a run is held as numpy arrays, one row per slice (and one row per readiness mark).
+Strings (tensor names, slice names, backends, dtypes) are interned into small tables and
+the rows hold their index. numpy was chosen over Arrow or Polars because the analyses are
+a few vectorised group-bys and interval sweeps that numpy does directly, numpy is already
+installed with torch, and ``np.savez`` gives a cache file with no extra dependency.
+
+Phase codes (:data:`PHASES`) classify each slice name once, by the names in
+:mod:`hvdprof.timeline.activities`, so Horovod's ``GLOO_BCAST`` and our ``SHM_ALLREDUCE``
+both read as the backend collective.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hvdprof.timeline import activities as act
+
+#: Phase of a slice, by code. ``op`` is the whole ``<OP>`` slice (it contains the
+#: queue/memcpy/collective children); ``other`` is a child we do not classify
+#: (Horovod's ``INIT_FUSION_BUFFER``, ``ALLOCATE_OUTPUT``).
+PHASES: tuple[str, ...] = (
+    "negotiate",
+    "op",
+    "queue",
+    "memcpy_in",
+    "collective",
+    "memcpy_out",
+    "other",
+    "cycle",
+)
+PHASE_NEGOTIATE, PHASE_OP, PHASE_QUEUE, PHASE_MEMCPY_IN = 0, 1, 2, 3
+PHASE_COLLECTIVE, PHASE_MEMCPY_OUT, PHASE_OTHER, PHASE_CYCLE = 4, 5, 6, 7
+#: Child phases of an op, in the order they run.
+CHILD_PHASES: tuple[int, ...] = (
+    PHASE_QUEUE,
+    PHASE_MEMCPY_IN,
+    PHASE_COLLECTIVE,
+    PHASE_MEMCPY_OUT,
+    PHASE_OTHER,
+)
+
+#: Op names by code (``Run.slices.op``); -1 is "not an op slice / unknown".
+OPS: tuple[str, ...] = act.OPS
+_OP_CODE = {name: i for i, name in enumerate(OPS)}
+#: Horovod's backend names for ops whose word differs from the op's (``GLOO_BCAST``).
+_OP_ALIASES = {"BCAST": "BROADCAST"}
+
+
+def classify(name: str) -> tuple[int, int]:
+    """``(phase code, op code)`` of a slice name; op code -1 when the name carries none."""
+    if name.startswith(act.NEGOTIATE_PREFIX):
+        return PHASE_NEGOTIATE, _OP_CODE.get(name[len(act.NEGOTIATE_PREFIX) :], -1)
+    if name in _OP_CODE:
+        return PHASE_OP, _OP_CODE[name]
+    if name == act.QUEUE:
+        return PHASE_QUEUE, -1
+    if name == act.MEMCPY_IN_FUSION_BUFFER:
+        return PHASE_MEMCPY_IN, -1
+    if name == act.MEMCPY_OUT_FUSION_BUFFER:
+        return PHASE_MEMCPY_OUT, -1
+    if name.startswith(act.CYCLE_PREFIX):
+        return PHASE_CYCLE, -1
+    backend, _, word = name.partition("_")
+    word = _OP_ALIASES.get(word, word)
+    if backend and word in _OP_CODE:
+        return PHASE_COLLECTIVE, _OP_CODE[word]
+    return PHASE_OTHER, -1
+
+
+#: Columns of :class:`SliceTable` and their dtypes (one source for parser, cache, merge).
+SLICE_COLUMNS: dict[str, Any] = {
+    "rank": np.int32,  # the rank whose timeline the slice is on
+    "tensor": np.int32,  # index into Run.tensors (-1: not on a tensor lane)
+    "name": np.int32,  # index into Run.names (the slice's name as written)
+    "phase": np.int8,  # index into PHASES
+    "op": np.int8,  # index into OPS, -1 unknown
+    "start_us": np.float64,  # aligned to rank 0's clock
+    "dur_us": np.float64,
+    "bytes": np.int64,  # the tensor's bytes, -1 unknown
+    "group": np.int64,  # fusion group id (per rank), -1 none
+    "group_tensors": np.int32,  # tensors in the fusion group, 0 unknown
+    "group_bytes": np.int64,  # bytes of the whole group, -1 unknown
+    "buffer_bytes": np.int64,  # fusion buffer bytes used (0: reduced in place), -1 unknown
+    "backend": np.int16,  # index into Run.backends, -1 unknown
+    "dtype": np.int16,  # index into Run.dtypes, -1 unknown
+    "cached": np.int8,  # response-cache hit: 1, miss: 0, unknown: -1
+    "occurrence": np.int32,  # n-th op of this tensor on this rank (0-based); children inherit
+}
+#: Columns of :class:`MarkTable` (readiness marks: when ``observer`` learned that
+#: ``ready_rank`` was ready for the op whose negotiate slice is row ``slice``).
+MARK_COLUMNS: dict[str, Any] = {
+    "observer": np.int32,
+    "tensor": np.int32,
+    "ts_us": np.float64,
+    "ready_rank": np.int32,
+    "slice": np.int64,  # row in Run.slices of the NEGOTIATE slice (-1 unknown)
+}
+
+
+class _Table:
+    """A bundle of equally long numpy columns."""
+
+    COLUMNS: dict[str, Any] = {}
+
+    def __init__(self, **columns: np.ndarray) -> None:
+        n = None
+        for name, dtype in self.COLUMNS.items():
+            col = columns.get(name)
+            col = np.zeros(0, dtype) if col is None else np.asarray(col, dtype)
+            setattr(self, name, col)
+            if n is None:
+                n = len(col)
+            elif len(col) != n:
+                raise ValueError(f"column {name} has {len(col)} rows, expected {n}")
+
+    def __len__(self) -> int:
+        first = next(iter(self.COLUMNS))
+        return len(getattr(self, first))
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in self.COLUMNS}
+
+    def take(self, index: np.ndarray) -> _Table:
+        return type(self)(**{k: v[index] for k, v in self.columns().items()})
+
+    @classmethod
+    def concat(cls, tables: list[_Table]) -> _Table:
+        if not tables:
+            return cls()
+        return cls(**{k: np.concatenate([getattr(t, k) for t in tables]) for k in cls.COLUMNS})
+
+
+class SliceTable(_Table):
+    """One row per slice; see :data:`SLICE_COLUMNS` for the columns and units."""
+
+    COLUMNS = SLICE_COLUMNS
+    rank: np.ndarray
+    tensor: np.ndarray
+    name: np.ndarray
+    phase: np.ndarray
+    op: np.ndarray
+    start_us: np.ndarray
+    dur_us: np.ndarray
+    bytes: np.ndarray
+    group: np.ndarray
+    group_tensors: np.ndarray
+    group_bytes: np.ndarray
+    buffer_bytes: np.ndarray
+    backend: np.ndarray
+    dtype: np.ndarray
+    cached: np.ndarray
+    occurrence: np.ndarray
+
+    @property
+    def end_us(self) -> np.ndarray:
+        return self.start_us + self.dur_us
+
+
+class MarkTable(_Table):
+    """One row per readiness mark; see :data:`MARK_COLUMNS`."""
+
+    COLUMNS = MARK_COLUMNS
+    observer: np.ndarray
+    tensor: np.ndarray
+    ts_us: np.ndarray
+    ready_rank: np.ndarray
+    slice: np.ndarray
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something that could not be read: which file, where in it, and why."""
+
+    file: str
+    where: str  # "line 12", "byte 4096", "" when it concerns the whole file
+    reason: str
+
+    def __str__(self) -> str:
+        where = f" ({self.where})" if self.where else ""
+        return f"{os.path.basename(self.file) or self.file}{where}: {self.reason}"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"file": self.file, "where": self.where, "reason": self.reason}
+
+
+@dataclass
+class AutotuneSample:
+    """One scored autotune sample as the timeline recorded it (rank 0's autotune lane)."""
+
+    ts_us: float  # when it was scored (end of its window)
+    fusion_threshold_bytes: int
+    cycle_time_ms: float
+    cache_enabled: bool
+    score_bytes_per_s: float
+    first_step: int = -1
+    last_step: int = -1
+    is_best: bool = False
+    phase: str = ""
+    rank: int = 0
+
+
+@dataclass
+class ParamsChange:
+    """The autotuner applied new parameters at this instant (``AUTOTUNE_PARAMS``)."""
+
+    ts_us: float
+    fusion_threshold_bytes: int
+    cycle_time_ms: float
+    cache_enabled: bool
+    rank: int = 0
+
+
+@dataclass
+class Run:
+    """A parsed run: every rank's timeline as columns, with what could not be read.
+
+    Build one with :func:`hvdprof.analysis.load_run`; :meth:`refresh` re-reads only what
+    was appended to files still being written.
+    """
+
+    path: str
+    format: str  # "hvdprof" | "horovod"
+    ranks: list[int] = field(default_factory=list)
+    hosts: dict[int, str] = field(default_factory=dict)
+    manifests: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: lane (tensor) names; ``slices.tensor`` indexes this
+    tensors: list[str] = field(default_factory=list)
+    #: slice names as written; ``slices.name`` indexes this
+    names: list[str] = field(default_factory=list)
+    backends: list[str] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    #: per trace file: True when it ended properly (closing ``]``, nothing left open)
+    complete: dict[str, bool] = field(default_factory=dict)
+    files: dict[int, str] = field(default_factory=dict)
+    t0_us: float = 0.0
+    t1_us: float = 0.0
+    size: int = 0  # ranks in the job (manifest, else ranks seen)
+    slices: SliceTable = field(default_factory=SliceTable)
+    marks: MarkTable = field(default_factory=MarkTable)
+    autotune_samples: list[AutotuneSample] = field(default_factory=list)
+    params_changes: list[ParamsChange] = field(default_factory=list)
+    #: counter tracks: name -> (rank, ts_us, value) arrays
+    counters: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+    events: int = 0  # events read, all files
+    _loader: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def clean(self) -> bool:
+        """Nothing skipped, every file complete."""
+        return not self.problems and all(self.complete.values())
+
+    def refresh(self) -> bool:
+        """Read what was appended since the last read; True when anything changed."""
+        if self._loader is None:
+            return False
+        return bool(self._loader.refresh(self))
+
+    def fusion_threshold_bytes(self) -> int | None:
+        """The fusion threshold the run started with (manifest), None when unknown."""
+        for rank in sorted(self.manifests):
+            value = (self.manifests[rank].get("config") or {}).get("fusion_threshold_bytes")
+            if isinstance(value, int):
+                return value
+        return None
+
+    def summary(self) -> dict[str, Any]:
+        """Small JSON-safe description of the run (for reports and the dashboard)."""
+        return {
+            "path": self.path,
+            "format": self.format,
+            "ranks": list(self.ranks),
+            "size": self.size,
+            "hosts": {str(k): v for k, v in sorted(self.hosts.items())},
+            "events": int(self.events),
+            "slices": len(self.slices),
+            "tensors": len(self.tensors),
+            "t0_us": float(self.t0_us),
+            "t1_us": float(self.t1_us),
+            "duration_ms": float(self.t1_us - self.t0_us) / 1000.0,
+            "complete": {os.path.basename(k): v for k, v in sorted(self.complete.items())},
+            "problems": [p.to_dict() for p in self.problems],
+        }
