@@ -273,6 +273,15 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "At init, freeze the objects that exist (torch's import-time objects) out of Python's cyclic GC: otherwise every full collection rescans them, costing tens of ms per step of small ops.",
     ),
     EnvVar(
+        "HVDPROF_THREADS_DEFAULT",
+        "threads_default",
+        _bool,
+        True,
+        "`hvdprof run`: when neither `OMP_NUM_THREADS` nor `MKL_NUM_THREADS` is set, give "
+        "each rank `OMP_NUM_THREADS` = max(1, cores // ranks), as torchrun does, and say so "
+        "once. 0 leaves them unset, as `mpirun` and `srun` do.",
+    ),
+    EnvVar(
         "HVDPROF_LOG_LEVEL",
         "log_level",
         _choice("debug", "info", "warning", "error"),
@@ -446,6 +455,7 @@ class Config:
     stall_check_time_s: float = 60.0
     stall_shutdown_time_s: float = 0.0
     gc_freeze: bool = True
+    threads_default: bool = True
     log_level: str = "warning"
     timeline_dir: str = ""
     timeline_mark_cycles: bool = False

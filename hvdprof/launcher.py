@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, BinaryIO, TextIO
 
+from hvdprof.config import env_var
 from hvdprof.errors import ConfigError
+from hvdprof.runtime.threads import per_rank_threads, usable_cores, user_thread_setting
 
 #: Address of the rendezvous store; ranks are local, so it is always the loopback.
 CONTROLLER_ADDR = "127.0.0.1"
@@ -551,6 +553,14 @@ def launch(
     base = dict(os.environ)
     if env is not None:
         base.update(env)
+    threads = default_threads(base, num_proc)
+    if threads is not None:
+        base["OMP_NUM_THREADS"] = str(threads)
+        sink.message(
+            f"OMP_NUM_THREADS is not set: each of the {num_proc} ranks gets OMP_NUM_THREADS="
+            f"{threads} ({usable_cores()} cores / {num_proc} ranks, at least 1); set "
+            "OMP_NUM_THREADS to choose, or HVDPROF_THREADS_DEFAULT=0 to leave it unset"
+        )
     job = Job(
         command,
         num_proc,
@@ -562,6 +572,30 @@ def launch(
         grace=grace,
     )
     return job.run()
+
+
+def default_threads(environ: Mapping[str, str], num_proc: int) -> int | None:
+    """The ``OMP_NUM_THREADS`` every rank gets when the user chose none, else None.
+
+    As ``torchrun`` does: a rank's torch otherwise starts one thread per core, so N ranks
+    oversubscribe the host N times (see :mod:`hvdprof.runtime.threads`). A user's
+    ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` is left alone, and so is a single rank;
+    ``HVDPROF_THREADS_DEFAULT=0`` turns the default off.
+    """
+    raw = environ.get("HVDPROF_THREADS_DEFAULT")
+    if raw is not None:
+        var = env_var("HVDPROF_THREADS_DEFAULT")
+        try:
+            enabled = var.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(
+                f"HVDPROF_THREADS_DEFAULT={raw!r} is malformed: it accepts {exc}"
+            ) from None
+        if not enabled:
+            return None
+    if num_proc < 2 or user_thread_setting(environ) is not None:
+        return None
+    return per_rank_threads(num_proc)
 
 
 def _validate(command: Sequence[str], num_proc: int, timeout: float | None, grace: float) -> None:

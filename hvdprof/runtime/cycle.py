@@ -39,6 +39,7 @@ from hvdprof.runtime.records import NO_TIME, CycleObserver, CycleRecord, OpBatch
 from hvdprof.runtime.requests import Request
 from hvdprof.runtime.stall import StallInspector
 from hvdprof.runtime.steps import StepCounter
+from hvdprof.runtime.threads import limit_this_thread
 from hvdprof.timeline.activities import NVTX_NEGOTIATE
 
 log = logging.getLogger("hvdprof")
@@ -119,6 +120,10 @@ class CycleLoop:
             "ops_completed": 0,
         }
         self.failure: BaseException | None = None
+        #: the cycle thread's cap on its own intra-op threads (its share of the host's
+        #: cores: see hvdprof/runtime/threads.py), and what it ended up using
+        self.thread_share = 1
+        self.intra_op_threads = 0
         self.thread = threading.Thread(target=self._run, name="hvdprof-cycle", daemon=True)
 
     # ---------------------------------------------------------------- thread control
@@ -131,6 +136,10 @@ class CycleLoop:
 
     def _run(self) -> None:
         idle_since = 0.0
+        try:
+            self.intra_op_threads = limit_this_thread(self.thread_share)
+        except Exception:  # never worth failing the job over: reductions just run wider
+            log.debug("hvdprof: could not limit the cycle thread's threads", exc_info=True)
         try:
             while True:
                 t0 = time.monotonic()

@@ -36,6 +36,7 @@ from hvdprof.runtime.executor import Executor
 from hvdprof.runtime.handles import Handle
 from hvdprof.runtime.records import TunableParams
 from hvdprof.runtime.requests import OpType, Request, Signature
+from hvdprof.runtime.threads import per_rank_threads
 
 log = logging.getLogger("hvdprof")
 
@@ -159,6 +160,7 @@ class Runtime:
             self.executor,
             params,
         )
+        self.cycle.thread_share = per_rank_threads(t.local_size)
         self.started_at = time.time()
         timebase.set_skew_us(config.clock_skew_us)
         self.timeline: Any = None
