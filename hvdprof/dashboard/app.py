@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import hmac
 from collections.abc import AsyncIterator
+from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -24,6 +25,9 @@ from hvdprof.dashboard.paths import OutsideRootError
 from hvdprof.dashboard.routes import analyses, compare, live, page, runs, timeline
 from hvdprof.dashboard.settings import TOKEN_HEADER, TOKEN_QUERY, DashboardSettings
 
+#: Cookie that carries the token once a page was opened with ``?token=``.
+TOKEN_COOKIE = "hvdprof_token"
+
 _DESCRIPTION = """\
 The JSON API behind hvdprof's dashboard. Every analysis is one call into
 `hvdprof.analysis`, returned as its `to_dict()` in `data`, with `notices` saying what
@@ -35,7 +39,8 @@ When the server was started with `--token`, send it as the `X-Hvdprof-Token` hea
 
 
 class TokenCheck:
-    """ASGI middleware: every HTTP request must carry the token (header or query)."""
+    """ASGI middleware: every HTTP request must carry the token (header, query or the
+    cookie set when it came as a query parameter)."""
 
     def __init__(self, app: Any, token: str) -> None:
         self.app = app
@@ -45,10 +50,15 @@ class TokenCheck:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = dict(scope.get("headers") or []).get(TOKEN_HEADER.lower().encode())
+        headers = dict(scope.get("headers") or [])
+        given = headers.get(TOKEN_HEADER.lower().encode())
+        from_query = False
         if given is None:
             values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get(TOKEN_QUERY)
-            given = values[0].encode() if values else b""
+            given, from_query = (values[0].encode(), True) if values else (b"", False)
+        if not given:
+            cookies = SimpleCookie(headers.get(b"cookie", b"").decode("latin-1"))
+            given = cookies[TOKEN_COOKIE].value.encode() if TOKEN_COOKIE in cookies else b""
         if not hmac.compare_digest(given, self.token):
             response = JSONResponse(
                 {"detail": f"missing or wrong token: pass ?{TOKEN_QUERY}=... or {TOKEN_HEADER}"},
@@ -56,7 +66,18 @@ class TokenCheck:
             )
             await response(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        if not from_query:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_cookie(message: dict[str, Any]) -> None:
+            # /docs fetches /openapi.json by itself: a cookie carries the token there.
+            if message["type"] == "http.response.start":
+                cookie = f"{TOKEN_COOKIE}={self.token.decode()}; Path=/; HttpOnly; SameSite=Strict"
+                message["headers"] = [*message.get("headers", []), (b"set-cookie", cookie.encode())]
+            await send(message)
+
+        await self.app(scope, receive, send_with_cookie)
 
 
 def create_app(settings: DashboardSettings) -> FastAPI:

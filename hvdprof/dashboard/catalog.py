@@ -151,12 +151,15 @@ class RunCatalog:
         if current is not None:
             return current
         entry = self.entry(run_id)
-        from hvdprof.analysis import load_run  # the one reader of runs
+        try:
+            from hvdprof.analysis import LoadError, load_run  # the one reader of runs
+        except ImportError as exc:
+            raise RunLoadError(f"the analysis library is not available: {exc}") from None
 
         signature = entry.signature()
         try:
             run = load_run(str(entry.path))
-        except (OSError, ValueError, RuntimeError) as exc:
+        except (LoadError, OSError, ValueError, RuntimeError) as exc:
             raise RunLoadError(f"run {run_id!r} could not be read: {exc}") from None
         fresh = LoadedRun(entry, run, signature)
         with self._lock:

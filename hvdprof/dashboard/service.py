@@ -57,7 +57,11 @@ def run_info(catalog: RunCatalog, run_id: str) -> RunInfo:
     ranks = [int(r) for r in getattr(run, "ranks", [])]
     if not ranks:
         notices.append("no rank has written an event yet")
-    if not getattr(run, "complete", True):
+    complete = getattr(run, "complete", False)
+    complete = (
+        bool(complete) and all(complete.values()) if isinstance(complete, dict) else bool(complete)
+    )
+    if not complete:
         notices.append("the run is still being written (or was cut off): showing what is there")
     if problems:
         notices.append(f"{len(problems)} problem(s) reading the files: see the list below")
@@ -71,7 +75,7 @@ def run_info(catalog: RunCatalog, run_id: str) -> RunInfo:
         format=str(getattr(run, "format", "hvdprof")),
         ranks=ranks,
         hosts={str(k): str(v) for k, v in hosts.items()},
-        complete=bool(getattr(run, "complete", False)),
+        complete=complete,
         t0_us=_finite(getattr(run, "t0_us", None)),
         t1_us=_finite(getattr(run, "t1_us", None)),
         tensors=len(tensors),

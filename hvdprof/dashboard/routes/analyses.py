@@ -39,6 +39,7 @@ def _endpoint(name: str, function: str) -> Callable[..., Section]:
     def analysis(run: RunId, catalog: Annotated[RunCatalog, Depends(get_catalog)]) -> Section:
         import hvdprof.analysis as library
 
+        catalog.entry(run)  # 403 / 404 before anything else
         compute = getattr(library, function, None)
         if compute is None:
             return Section(

@@ -43,11 +43,17 @@ def timeline(
     expand_rank: Annotated[int | None, Query(description="show this rank's tensor lanes")] = None,
     max_items: Annotated[int, Query(ge=10, le=MAX_ITEMS_LIMIT)] = 4000,
 ) -> TimelineWindowResponse:
-    from hvdprof.analysis import timeline_window
-
+    catalog.entry(run)  # 403 / 404 before anything else
     if t0_us is not None and t1_us is not None and not t1_us > t0_us:
         raise HTTPException(422, f"t1_us ({t1_us}) must be greater than t0_us ({t0_us})")
     selected = _ranks(ranks)
+    try:
+        from hvdprof.analysis import timeline_window
+    except ImportError:
+        return TimelineWindowResponse(
+            run=run, version=0, t0_us=t0_us or 0.0, t1_us=t1_us or 0.0, data=None,
+            notices=["this installation's analysis library has no timeline_window()"],
+        )  # fmt: skip
     result = section(
         catalog,
         run,

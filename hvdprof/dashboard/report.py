@@ -1,0 +1,119 @@
+"""``hvdprof report DIR -o report.html``: the dashboard's page as one offline HTML file.
+
+The report is the same page (``web/``) with Plotly, the stylesheet and the script inlined,
+plus the API responses it would have fetched, embedded as JSON under the keys the page's
+``api()`` looks up. So the charts are the dashboard's charts, drawn by the same code from
+the same analysis results, and the file opens with no server and no network. The timeline
+is embedded for the whole run (aggregated as the server would) and per expanded rank;
+zooming in the report magnifies that data instead of asking a server for finer events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from hvdprof.dashboard.catalog import RunCatalog, RunLoadError, RunNotFoundError
+from hvdprof.dashboard.paths import OutsideRootError
+from hvdprof.dashboard.routes.analyses import ANALYSES
+from hvdprof.dashboard.routes.page import plotly_js_path
+from hvdprof.dashboard.service import run_info, section
+from hvdprof.dashboard.settings import web_directory
+from hvdprof.errors import HvdprofError
+
+#: Timeline items embedded per view: enough detail to read, small enough to open fast.
+REPORT_TIMELINE_ITEMS = 6000
+
+_PLOTLY_TAG = '<script src="static/plotly.min.js"></script>'
+_STYLE_TAG = '<link rel="stylesheet" href="static/style.css">'
+_APP_TAG = '<script src="static/app.js"></script>'
+
+
+def _script(text: str) -> str:
+    # Inside <script>, only "</" can end the element early; JSON and JS survive "<\/".
+    return "<script>" + text.replace("</", "<\\/") + "</script>"
+
+
+def embedded_responses(catalog: RunCatalog, run_id: str) -> dict[str, Any]:
+    """The API responses the page needs for ``run_id``, keyed as the page's ``api()`` asks."""
+    import hvdprof.analysis as library
+    from hvdprof.analysis import timeline_window
+
+    entry = catalog.entry(run_id)
+    info = run_info(catalog, run_id)
+    out: dict[str, Any] = {
+        "api/runs": {"root": str(catalog.root), "runs": [{"id": entry.id, "kind": entry.kind}],
+                     "notices": []},
+        f"api/run?run={run_id}": info.model_dump(),
+    }  # fmt: skip
+    for name, (function, _summary) in ANALYSES.items():
+        compute = getattr(library, function, None)
+        if compute is None:
+            body = {"run": run_id, "version": 0, "data": None,
+                    "notices": [f"this installation's analysis library has no {function}()"]}  # fmt: skip
+        else:
+            body = section(catalog, run_id, name, compute).model_dump()
+        out[f"api/analysis/{name}?run={run_id}"] = body
+    for expand in [None, *info.ranks]:
+        window = section(
+            catalog, run_id, "timeline",
+            lambda r, e=expand: timeline_window(
+                r, r.t0_us, r.t1_us, expand_rank=e, max_items=REPORT_TIMELINE_ITEMS
+            ),
+            None, None, None, expand, REPORT_TIMELINE_ITEMS,
+        ).model_dump()  # fmt: skip
+        data = window.get("data") or {}
+        window.update(t0_us=data.get("t0_us", info.t0_us), t1_us=data.get("t1_us", info.t1_us))
+        key = "api/timeline?" + (f"expand_rank={expand}&" if expand is not None else "")
+        out[key + f"run={run_id}"] = window
+    return out
+
+
+def render_report(responses: dict[str, Any], web_dir: Path | None = None) -> str:
+    """The page with every asset inlined and ``responses`` embedded."""
+    web = web_dir or web_directory()
+    html = (web / "index.html").read_text(encoding="utf-8")
+    data = json.dumps(responses, separators=(",", ":"), allow_nan=False, default=str)
+    parts = {
+        _STYLE_TAG: "<style>" + (web / "style.css").read_text(encoding="utf-8") + "</style>",
+        _PLOTLY_TAG: _script(plotly_js_path().read_text(encoding="utf-8")),
+        _APP_TAG: _script("window.HVDPROF_EMBEDDED = " + data + ";")
+        + _script((web / "app.js").read_text(encoding="utf-8")),
+    }
+    for tag, inline in parts.items():
+        if tag not in html:
+            raise HvdprofError(f"report: web/index.html no longer contains {tag}")
+        html = html.replace(tag, inline)
+    return html
+
+
+def write_report(
+    directory: str | os.PathLike[str], output: str | os.PathLike[str], run_id: str | None = None
+) -> Path:
+    """Write the report of one run under ``directory`` (the first found by default)."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise HvdprofError(f"report: {root} is not a directory")
+    catalog = RunCatalog(root)
+    if run_id is not None:
+        try:
+            catalog.entry(run_id)
+        except (OutsideRootError, RunNotFoundError) as exc:
+            raise HvdprofError(f"report: {exc}") from None
+    else:
+        entries = catalog.entries()
+        if not entries:
+            raise HvdprofError(f"report: no timeline found under {root}")
+        run_id = entries[0].id
+    try:
+        catalog.loaded(run_id)
+    except RunLoadError as exc:
+        raise HvdprofError(f"report: {exc}") from None
+    html = render_report(embedded_responses(catalog, run_id))
+    out = Path(output)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(html, encoding="utf-8")
+    os.replace(tmp, out)
+    return out

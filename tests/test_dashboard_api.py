@@ -1,0 +1,247 @@
+"""The dashboard's JSON API through FastAPI's test client, on a real 2-rank run.
+
+Security (path traversal, symlinks out, the token), robustness (empty, truncated,
+corrupt, growing files never answer 500) and that each endpoint returns the analysis
+library's own result for the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+from dashboard_support import HOROVOD_TIMELINE, shared_real_run
+from fastapi.testclient import TestClient
+
+from hvdprof.dashboard.app import create_app
+from hvdprof.dashboard.settings import DashboardSettings
+from hvdprof.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return shared_real_run(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def served(real_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A served directory with the real run, a Horovod timeline and a secret next door."""
+    base = tmp_path_factory.mktemp("served")
+    root = base / "root"
+    root.mkdir()
+    shutil.copytree(real_run, root / "demo")
+    (root / "horovod").mkdir()
+    shutil.copy(HOROVOD_TIMELINE, root / "horovod" / "timeline.json")
+    (base / "secret.txt").write_text("not for the dashboard")
+    (base / "outside").mkdir()
+    shutil.copy(real_run / "rank.0.json", base / "outside" / "rank.0.json")
+    os.symlink(base / "outside", root / "link-out")
+    return root
+
+
+@pytest.fixture(scope="module")
+def client(served: Path):
+    with TestClient(create_app(DashboardSettings(served)), raise_server_exceptions=False) as c:
+        yield c
+
+
+def test_runs_lists_hvdprof_and_horovod_runs_but_not_links_out(client: TestClient) -> None:
+    body = client.get("/api/runs").json()
+    ids = {r["id"]: r["kind"] for r in body["runs"]}
+    assert ids == {"demo": "directory", "horovod/timeline.json": "file"}
+
+
+def test_run_info_of_the_real_run(client: TestClient, real_run: Path) -> None:
+    from hvdprof.analysis import load_run
+
+    info = client.get("/api/run", params={"run": "demo"}).json()
+    expected = load_run(str(real_run), cache=False)
+    assert info["ranks"] == [0, 1]
+    assert info["format"] == "hvdprof"
+    assert info["complete"] is True
+    assert info["t0_us"] == pytest.approx(expected.t0_us)
+    assert info["t1_us"] == pytest.approx(expected.t1_us)
+    assert info["tensors"] == len(expected.tensors)
+
+
+def test_horovod_timeline_opens(client: TestClient) -> None:
+    info = client.get("/api/run", params={"run": "horovod/timeline.json"}).json()
+    assert info["format"] == "horovod"
+    assert info["ranks"] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "run",
+    ["..", "../secret.txt", "demo/../../secret.txt", "/etc", "link-out", "link-out/rank.0.json"],
+)
+def test_paths_outside_the_root_are_refused(client: TestClient, run: str) -> None:
+    response = client.get("/api/run", params={"run": run})
+    assert response.status_code == 403, response.text
+    assert "outside" in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/api/run?run=%2e%2e%2fsecret.txt",
+        "/api/run?run=..%2F..%2Fetc%2Fpasswd",
+        "/api/timeline?run=%2E%2E",
+        "/api/analysis/breakdown?run=..%2fsecret.txt",
+        "/api/compare?a=demo&b=..%2fsecret.txt",
+    ],
+)
+def test_percent_encoded_traversal_is_refused(client: TestClient, url: str) -> None:
+    response = client.get(url)
+    assert response.status_code == 403, response.text
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/static/..%2f..%2fhvdprof%2fcli.py", "/static/%2e%2e/%2e%2e/README.md", "/static/../app.js"],
+)
+def test_static_files_stay_inside_web(client: TestClient, path: str) -> None:
+    response = client.get(path)
+    assert response.status_code in (403, 404), response.text
+    assert b"import argparse" not in response.content and b"## Two commands" not in response.content
+
+
+def test_page_and_plotly_are_served_locally(client: TestClient) -> None:
+    page = client.get("/")
+    assert page.status_code == 200 and "static/plotly.min.js" in page.text
+    plotly = client.get("/static/plotly.min.js")
+    assert plotly.status_code == 200 and len(plotly.content) > 1_000_000
+    assert b"plotly" in plotly.content[:2000].lower()
+    assert client.get("/static/app.js").status_code == 200
+
+
+def test_openapi_documents_typed_routes(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    for path in ("/api/runs", "/api/run", "/api/timeline", "/api/analysis/stragglers",
+                 "/api/analysis/autotune", "/api/compare", "/api/events"):  # fmt: skip
+        assert path in spec["paths"], path
+    tags = {t for p in spec["paths"].values() for op in p.values() for t in op.get("tags", [])}
+    assert {"runs", "timeline", "analyses", "compare", "live"} <= tags
+    assert "RunInfo" in spec["components"]["schemas"]
+    assert client.get("/docs").status_code == 200
+
+
+def test_unknown_run_is_404_not_500(client: TestClient) -> None:
+    response = client.get("/api/run", params={"run": "nope"})
+    assert response.status_code == 404
+    assert "nope" in response.json()["detail"]
+
+
+def test_bad_window_is_a_clear_422(client: TestClient) -> None:
+    response = client.get("/api/timeline", params={"run": "demo", "t0_us": 5, "t1_us": 1})
+    assert response.status_code == 422
+    assert "t1_us" in response.text
+
+
+# ------------------------------------------------------------------------ token
+
+
+def test_non_loopback_without_token_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"0\.0\.0\.0.*--token"):
+        DashboardSettings(tmp_path, host="0.0.0.0")
+    DashboardSettings(tmp_path, host="::1")  # loopback needs none
+    DashboardSettings(tmp_path, host="0.0.0.0", token="s3cret")
+
+
+def test_token_checked_on_every_request(served: Path) -> None:
+    app = create_app(DashboardSettings(served, host="0.0.0.0", token="s3cret"))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        for path in ("/", "/api/runs", "/static/plotly.min.js", "/openapi.json", "/api/events"):
+            assert c.get(path).status_code == 401, path
+        assert c.get("/api/runs", params={"token": "wrong"}).status_code == 401
+        assert c.get("/api/runs", headers={"X-Hvdprof-Token": "s3cret"}).status_code == 200
+        page = c.get("/", params={"token": "s3cret"})
+        assert page.status_code == 200
+        # the page opened with ?token= works further on: /docs fetches /openapi.json itself
+        assert "hvdprof_token" in page.headers.get("set-cookie", "")
+        assert c.get("/openapi.json").status_code == 200
+
+
+def test_cli_refuses_public_bind_without_token(tmp_path: Path, capsys) -> None:
+    from hvdprof.cli import main
+
+    assert main(["dashboard", str(tmp_path), "--host", "0.0.0.0", "--no-browser"]) == 2
+    err = capsys.readouterr().err
+    assert "--token" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------ robustness
+
+
+def _check_never_500(c: TestClient, run: str) -> list[str]:
+    notices = []
+    for path in ("/api/run", "/api/timeline", "/api/analysis/report", "/api/analysis/breakdown",
+                 "/api/analysis/stragglers", "/api/analysis/autotune"):  # fmt: skip
+        response = c.get(path, params={"run": run})
+        assert response.status_code < 500, (path, response.status_code, response.text)
+        notices += response.json().get("notices", []) if response.status_code == 200 else []
+    return notices
+
+
+def test_empty_directory(tmp_path: Path) -> None:
+    with TestClient(create_app(DashboardSettings(tmp_path)), raise_server_exceptions=False) as c:
+        body = c.get("/api/runs").json()
+        assert body["runs"] == [] and "no timeline" in body["notices"][0]
+        assert c.get("/").status_code == 200
+
+
+def test_truncated_corrupt_and_missing_rank(tmp_path: Path, real_run: Path) -> None:
+    run = tmp_path / "broken"
+    run.mkdir()
+    data = (real_run / "rank.0.json").read_bytes()
+    (run / "rank.0.json").write_bytes(data[: len(data) // 2])  # cut mid-event
+    (run / "manifest.rank.0.json").write_bytes((real_run / "manifest.rank.0.json").read_bytes())
+    (run / "manifest.rank.1.json").write_bytes((real_run / "manifest.rank.1.json").read_bytes())
+    # rank 1's trace is missing; a third file is garbage
+    (tmp_path / "garbage.json").write_bytes(b'[{"ph": "X", \x00\xff garbage')
+    with TestClient(create_app(DashboardSettings(tmp_path)), raise_server_exceptions=False) as c:
+        ids = [r["id"] for r in c.get("/api/runs").json()["runs"]]
+        assert "broken" in ids
+        info = c.get("/api/run", params={"run": "broken"}).json()
+        assert info["complete"] is False
+        assert any("still being written" in n or "cut off" in n for n in info["notices"])
+        _check_never_500(c, "broken")
+        for run_id in ids:
+            _check_never_500(c, run_id)
+
+
+def test_growing_file_refreshes(tmp_path: Path, real_run: Path) -> None:
+    """A run read while half written grows on refresh (what the live watcher relies on)."""
+    run = tmp_path / "live"
+    run.mkdir()
+    full = (real_run / "rank.0.json").read_bytes()
+    cut = full.index(b"\n", len(full) // 3) + 1
+    (run / "rank.0.json").write_bytes(full[:cut])
+    app = create_app(DashboardSettings(tmp_path))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        before = c.get("/api/run", params={"run": "live"}).json()
+        with (run / "rank.0.json").open("ab") as f:
+            f.write(full[cut:])
+        catalog = app.state.catalog
+        loaded = catalog.loaded("live")
+        assert catalog.refresh(loaded) is True
+        after = c.get("/api/run", params={"run": "live"}).json()
+        assert after["version"] == before["version"] + 1
+        assert after["t1_us"] > before["t1_us"]
+
+
+def test_sections_carry_the_library_results(client: TestClient, real_run: Path) -> None:
+    import hvdprof.analysis as library
+    from hvdprof.dashboard.routes.analyses import ANALYSES
+
+    run = library.load_run(str(real_run), cache=False)
+    for name, (function, _) in ANALYSES.items():
+        if not hasattr(library, function):
+            continue
+        body = client.get(f"/api/analysis/{name}", params={"run": "demo"}).json()
+        expected = json.loads(json.dumps(getattr(library, function)(run).to_dict()))
+        assert body["data"] == expected, name

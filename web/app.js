@@ -1,0 +1,502 @@
+// hvdprof dashboard page: a client of the JSON API (/docs) and nothing more.
+// Every number drawn here comes from an /api/* response (or, in a report written by
+// `hvdprof report`, from the same responses embedded in the file); nothing is computed
+// beyond unit conversion for display.
+"use strict";
+
+(function () {
+  const EMBEDDED = window.HVDPROF_EMBEDDED || null; // set in a self-contained report
+  const params = new URLSearchParams(window.location.search);
+  const TOKEN = params.get("token");
+  const PHASE_COLORS = {
+    negotiate: "#f4a261", op: "#cbd5e1", queue: "#a3b1c6", memcpy_in: "#2a9d8f",
+    collective: "#3a6ea5", memcpy_out: "#8ecae6", other: "#b8b8b8", cycle: "#e9c46a",
+    autotune: "#9d4edd", aggregated: "#64748b",
+  };
+  const state = {
+    runs: [], run: null, info: null, expand: "", view: null, version: 0,
+    timelineRequest: 0, lanes: [], live: false, updates: 0,
+  };
+  window.HVD_STATE = state; // for the browser tests and the curious
+
+  // ------------------------------------------------------------------ data access
+  function apiUrl(path, query) {
+    const q = new URLSearchParams();
+    for (const [k, v] of Object.entries(query || {})) {
+      if (v !== null && v !== undefined && v !== "") q.set(k, v);
+    }
+    if (TOKEN) q.set("token", TOKEN);
+    const s = q.toString();
+    return path + (s ? "?" + s : "");
+  }
+
+  function embeddedKey(path, query) {
+    const q = Object.entries(query || {})
+      .filter(([k, v]) => v !== null && v !== undefined && v !== "" && !["t0_us", "t1_us", "max_items"].includes(k))
+      .sort(([a], [b]) => (a < b ? -1 : 1))
+      .map(([k, v]) => k + "=" + v).join("&");
+    return path + (q ? "?" + q : "");
+  }
+
+  async function api(path, query) {
+    if (EMBEDDED) {
+      const hit = EMBEDDED[embeddedKey(path, query)];
+      if (hit === undefined) throw new Error("not included in this report: " + embeddedKey(path, query));
+      return hit;
+    }
+    const response = await fetch(apiUrl(path, query));
+    let body = null;
+    try { body = await response.json(); } catch (e) { body = null; }
+    if (!response.ok) {
+      throw new Error((body && body.detail ? (typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail)) : response.statusText) + " (HTTP " + response.status + ")");
+    }
+    return body;
+  }
+
+  // ------------------------------------------------------------------ helpers
+  const $ = (id) => document.getElementById(id);
+  function text(el, s) { el.textContent = s == null ? "" : String(s); }
+  function fmtBytes(b) {
+    if (b == null || b < 0) return "?";
+    const u = ["B", "KiB", "MiB", "GiB"]; let i = 0; let v = Number(b);
+    while (v >= 1024 && i < u.length - 1) { v /= 1024; i++; }
+    return (i ? v.toFixed(1) : v.toFixed(0)) + " " + u[i];
+  }
+  function fmtUs(us) {
+    if (us == null) return "?";
+    if (Math.abs(us) >= 1e6) return (us / 1e6).toFixed(2) + " s";
+    if (Math.abs(us) >= 1e3) return (us / 1e3).toFixed(2) + " ms";
+    return Number(us).toFixed(1) + " us";
+  }
+  function empty(el, message) {
+    Plotly.purge(el);
+    el.innerHTML = "";
+    const p = document.createElement("p");
+    p.className = "empty";
+    p.textContent = message;
+    el.appendChild(p);
+  }
+  // Rows of a to_dict() table: a list of objects, or {column: [values]} turned into one.
+  function rows(x) {
+    if (!x) return [];
+    if (Array.isArray(x)) return x;
+    if (typeof x === "object") {
+      const keys = Object.keys(x);
+      const n = keys.length ? (Array.isArray(x[keys[0]]) ? x[keys[0]].length : 0) : 0;
+      const out = [];
+      for (let i = 0; i < n; i++) {
+        const r = {};
+        for (const k of keys) r[k] = Array.isArray(x[k]) ? x[k][i] : x[k];
+        out.push(r);
+      }
+      return out;
+    }
+    return [];
+  }
+  function pick(obj, names, fallback) {
+    for (const n of names) if (obj && obj[n] !== undefined && obj[n] !== null) return obj[n];
+    return fallback;
+  }
+  const baseLayout = () => ({
+    margin: { l: 60, r: 16, t: 24, b: 44 }, font: { size: 12 },
+    paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "#fff", legend: { orientation: "h", y: -0.2 },
+  });
+  const plotConfig = { displaylogo: false, responsive: true };
+
+  const noticeSet = new Map();
+  function setNotices(source, list) {
+    noticeSet.set(source, (list || []).filter(Boolean));
+    const box = $("notices");
+    box.innerHTML = "";
+    const seen = new Set();
+    for (const items of noticeSet.values()) {
+      for (const n of items) {
+        if (seen.has(n)) continue;
+        seen.add(n);
+        const div = document.createElement("div");
+        div.className = "notice";
+        div.textContent = n;
+        box.appendChild(div);
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------ timeline
+  function runT0() { return state.info && state.info.t0_us != null ? state.info.t0_us : 0; }
+
+  async function loadTimeline() {
+    if (!state.run) return;
+    const ticket = ++state.timelineRequest;
+    const el = $("timeline");
+    const width = Math.max(400, el.clientWidth || 1000);
+    const query = { run: state.run, expand_rank: state.expand, max_items: Math.min(20000, width * 4) };
+    if (state.view) { query.t0_us = state.view[0]; query.t1_us = state.view[1]; }
+    let body;
+    try {
+      body = await api("api/timeline", query);
+    } catch (err) {
+      if (ticket === state.timelineRequest) empty(el, "timeline unavailable: " + err.message);
+      return;
+    }
+    if (ticket !== state.timelineRequest) return; // a newer query already went out
+    setNotices("timeline", body.notices);
+    drawTimeline(body.data);
+  }
+
+  function drawTimeline(data) {
+    const el = $("timeline");
+    if (!data) { empty(el, "no events to show yet"); return; }
+    const lanes = rows(data.lanes);
+    const items = rows(data.items);
+    const t0 = runT0();
+    const laneLabel = new Map();
+    lanes.forEach((lane, i) => laneLabel.set(pick(lane, ["id", "lane"], i), pick(lane, ["label", "name"], "lane " + i)));
+    const byPhase = new Map();
+    for (const it of items) {
+      const phase = it.phase || "other";
+      if (!byPhase.has(phase)) byPhase.set(phase, { y: [], base: [], x: [], text: [], custom: [] });
+      const g = byPhase.get(phase);
+      const lane = laneLabel.has(it.lane) ? laneLabel.get(it.lane) : String(it.lane);
+      g.y.push(lane);
+      g.base.push((it.start_us - t0) / 1000);
+      g.x.push(Math.max(it.dur_us, 0) / 1000);
+      g.custom.push(it.rank != null ? it.rank : null);
+      const lines = [];
+      if (it.count && it.count > 1) lines.push("<b>" + it.count + " events</b> (aggregated)");
+      lines.push("<b>" + (it.name || phase) + "</b>  " + fmtUs(it.dur_us));
+      if (it.tensor) lines.push("tensor: " + it.tensor);
+      if (it.bytes != null && it.bytes >= 0) lines.push("bytes: " + fmtBytes(it.bytes));
+      if (it.group != null && it.group >= 0) {
+        lines.push("fusion group: " + it.group + (it.group_tensors ? " (" + it.group_tensors + " tensors, " + fmtBytes(it.group_bytes) + ")" : ""));
+      }
+      if (it.backend) lines.push("backend: " + it.backend);
+      if (it.dtype) lines.push("dtype: " + it.dtype);
+      g.text.push(lines.join("<br>"));
+    }
+    const traces = [];
+    for (const [phase, g] of byPhase) {
+      traces.push({
+        type: "bar", orientation: "h", name: phase, y: g.y, base: g.base, x: g.x,
+        customdata: g.custom, hovertext: g.text, hoverinfo: "text",
+        marker: { color: PHASE_COLORS[phase] || "#888", line: { width: 0 } },
+      });
+    }
+    const categories = lanes.map((l, i) => pick(l, ["label", "name"], "lane " + i));
+    state.lanes = categories;
+    el.dataset.lanes = String(categories.length);
+    el.dataset.items = String(items.length);
+    const layout = Object.assign(baseLayout(), {
+      barmode: "overlay", bargap: 0.25, showlegend: true,
+      margin: { l: 150, r: 16, t: 10, b: 44 },
+      xaxis: { title: "ms since the run started (rank 0's clock)", zeroline: false },
+      yaxis: { type: "category", categoryorder: "array", categoryarray: categories.slice().reverse(), automargin: true, fixedrange: true },
+      uirevision: state.run + "|" + state.expand,
+      height: Math.max(260, 70 + 34 * Math.max(categories.length, 2)),
+    });
+    if (state.view) layout.xaxis.range = [(state.view[0] - t0) / 1000, (state.view[1] - t0) / 1000];
+    else layout.xaxis.autorange = true;
+    Plotly.react(el, traces, layout, plotConfig);
+    const agg = data.aggregated ? " (aggregated: zoom in for single events)" : "";
+    const span = state.view ? state.view : [data.t0_us, data.t1_us];
+    text($("timeline-status"), items.length + " items in " + fmtUs(span[1] - span[0]) + agg);
+    if (!el.dataset.bound) {
+      el.dataset.bound = "1";
+      el.on("plotly_relayout", onRelayout);
+      el.on("plotly_click", onTimelineClick);
+    }
+  }
+
+  let relayoutTimer = null;
+  function onRelayout(ev) {
+    let view = state.view;
+    if (ev["xaxis.autorange"]) view = null;
+    else if (ev["xaxis.range[0]"] !== undefined) view = [ev["xaxis.range[0]"], ev["xaxis.range[1]"]];
+    else if (ev["xaxis.range"]) view = ev["xaxis.range"];
+    else return;
+    const t0 = runT0();
+    state.view = view ? [t0 + view[0] * 1000, t0 + view[1] * 1000] : null;
+    clearTimeout(relayoutTimer);
+    relayoutTimer = setTimeout(loadTimeline, 120);
+  }
+
+  function onTimelineClick(ev) {
+    if (state.expand !== "" || !ev.points || !ev.points.length) return;
+    const rank = ev.points[0].customdata;
+    if (rank === null || rank === undefined) return;
+    $("expand-select").value = String(rank);
+    state.expand = String(rank);
+    loadTimeline();
+  }
+
+  function showWindow(t0us, t1us) {
+    state.view = [t0us, t1us];
+    loadTimeline();
+    $("timeline-card").scrollIntoView({ behavior: "smooth" });
+  }
+
+  // ------------------------------------------------------------------ sections
+  async function loadSection(name, draw) {
+    try {
+      const body = await api("api/analysis/" + name, { run: state.run });
+      setNotices(name, body.notices);
+      draw(body.data);
+    } catch (err) {
+      setNotices(name, [name + " unavailable: " + err.message]);
+    }
+  }
+
+  function drawVerdicts(data) {
+    const box = $("verdicts");
+    box.innerHTML = "";
+    const verdicts = (data && data.verdicts) || [];
+    if (!verdicts.length) return;
+    const ul = document.createElement("ul");
+    for (const v of verdicts) { const li = document.createElement("li"); li.textContent = v; ul.appendChild(li); }
+    box.appendChild(ul);
+  }
+
+  function drawBreakdown(data) {
+    const el = $("breakdown");
+    const table = rows(data && pick(data, ["ranks", "rows", "per_rank"], null));
+    if (!table.length) { empty(el, "no time breakdown for this run"); return; }
+    const phases = (data && data.phases) || Object.keys(table[0].phases_us || table[0].phases || {});
+    const traces = phases.map((phase) => ({
+      type: "bar", name: phase,
+      x: table.map((r) => "rank " + r.rank),
+      y: table.map((r) => ((r.phases_us || r.phases || {})[phase] || 0) / 1000),
+      marker: { color: PHASE_COLORS[phase] || undefined },
+    }));
+    Plotly.react(el, traces, Object.assign(baseLayout(), { barmode: "stack", yaxis: { title: "ms" } }), plotConfig);
+  }
+
+  function drawStragglers(data) {
+    const el = $("stragglers");
+    text($("straggler-verdict"), data ? pick(data, ["verdict", "sentence"], "") : "");
+    const heat = data && pick(data, ["heatmap", "wait_matrix"], null);
+    if (!heat || !heat.z || !heat.z.length) { empty(el, "no negotiation waits recorded"); return; }
+    Plotly.react(el, [{
+      type: "heatmap", z: heat.z.map((row) => row.map((v) => (v == null ? null : v / 1000))),
+      x: heat.steps || heat.x, y: (heat.ranks || heat.y).map((r) => "rank " + r),
+      colorscale: "YlOrRd", colorbar: { title: "wait ms" },
+      hovertemplate: "%{y}, step %{x}: waited %{z:.2f} ms<extra></extra>",
+    }], Object.assign(baseLayout(), { xaxis: { title: "step" }, yaxis: { autorange: "reversed" } }), plotConfig);
+  }
+
+  function drawFusion(data) {
+    const el = $("fusion");
+    const groups = rows(data && pick(data, ["histogram", "tensors_per_op"], null));
+    if (!groups.length) { empty(el, "no fused operations recorded"); return; }
+    const traces = [{
+      type: "bar", name: "fused ops", x: groups.map((g) => g.tensors), y: groups.map((g) => g.count),
+      marker: { color: PHASE_COLORS.memcpy_in }, hovertemplate: "%{y} ops of %{x} tensors<extra></extra>",
+    }];
+    const layout = Object.assign(baseLayout(), { xaxis: { title: "tensors per fused op" }, yaxis: { title: "ops" } });
+    if (data.buffer_fill_mean != null) {
+      layout.title = { text: "mean buffer fill " + (100 * data.buffer_fill_mean).toFixed(0) + "%", font: { size: 12 } };
+    }
+    Plotly.react(el, traces, layout, plotConfig);
+  }
+
+  function drawBandwidth(data) {
+    const el = $("bandwidth");
+    const bins = rows(data && pick(data, ["by_size", "bins", "rows"], null));
+    if (!bins.length) { empty(el, "no collectives with known sizes"); return; }
+    Plotly.react(el, [{
+      type: "scatter", mode: "lines+markers", name: "bus bandwidth",
+      x: bins.map((b) => b.bytes || b.size_bytes || b.message_bytes),
+      y: bins.map((b) => (b.busbw_bytes_per_s || b.bus_bandwidth || 0) / 1e6),
+      text: bins.map((b) => (b.count || 0) + " ops"),
+      hovertemplate: "%{x} B: %{y:.1f} MB/s (%{text})<extra></extra>", marker: { color: PHASE_COLORS.collective },
+    }], Object.assign(baseLayout(), { xaxis: { title: "message size (bytes)", type: "log" }, yaxis: { title: "bus bandwidth (MB/s)" } }), plotConfig);
+  }
+
+  let autotuneSamples = [];
+  function drawAutotune(data) {
+    const samples = rows(data && data.samples);
+    autotuneSamples = samples;
+    text($("autotune-summary"), data ? pick(data, ["verdict", "summary"], samples.length ? "" : "") : "");
+    const scoreEl = $("autotune-score"), paramEl = $("autotune-params");
+    if (!samples.length) {
+      empty(scoreEl, "no autotune samples in this run (run with --autotune)");
+      empty(paramEl, "");
+      empty($("autotune-surface"), "");
+      return;
+    }
+    const idx = samples.map((_, i) => i + 1);
+    const score = samples.map((s) => pick(s, ["score_bytes_per_s", "score"], 0) / 1e6);
+    const best = [];
+    score.forEach((v, i) => best.push(i ? Math.max(best[i - 1], v) : v));
+    const hover = samples.map((s) =>
+      "threshold " + fmtBytes(s.fusion_threshold_bytes) + "<br>cycle " + s.cycle_time_ms + " ms<br>cache " + (s.cache_enabled ? "on" : "off"));
+    Plotly.react(scoreEl, [
+      { type: "scatter", mode: "markers", name: "sample score", x: idx, y: score, text: hover,
+        hovertemplate: "sample %{x}: %{y:.2f} MB/s<br>%{text}<extra>click: show on timeline</extra>", marker: { size: 9, color: PHASE_COLORS.autotune } },
+      { type: "scatter", mode: "lines", name: "best so far", x: idx, y: best, line: { shape: "hv", color: "#1a7f37" } },
+    ], Object.assign(baseLayout(), { title: { text: "score per sample", font: { size: 12 } }, xaxis: { title: "sample" }, yaxis: { title: "MB/s reduced" } }), plotConfig);
+    Plotly.react(paramEl, [
+      { type: "scatter", mode: "lines+markers", name: "fusion threshold (MiB)", x: idx, y: samples.map((s) => s.fusion_threshold_bytes / 1048576) },
+      { type: "scatter", mode: "lines+markers", name: "cycle time (ms)", x: idx, y: samples.map((s) => s.cycle_time_ms), yaxis: "y2" },
+    ], Object.assign(baseLayout(), {
+      title: { text: "parameter trajectory", font: { size: 12 } }, xaxis: { title: "sample" },
+      yaxis: { title: "MiB", type: "log" }, yaxis2: { title: "ms", type: "log", overlaying: "y", side: "right" },
+      margin: { l: 60, r: 50, t: 24, b: 44 },
+    }), plotConfig);
+    if (!scoreEl.dataset.bound) {
+      scoreEl.dataset.bound = "1";
+      scoreEl.on("plotly_click", (ev) => {
+        const s = autotuneSamples[ev.points[0].pointIndex];
+        const t0 = pick(s, ["t0_us", "window_t0_us"], null), t1 = pick(s, ["t1_us", "window_t1_us", "ts_us"], null);
+        if (t0 != null && t1 != null && t1 > t0) showWindow(t0, t1);
+      });
+    }
+  }
+
+  function drawSurface(data) {
+    const el = $("autotune-surface");
+    if (!data || !data.z || !data.z.length) { empty(el, (data && data.reason) || "no surrogate surface (too few samples)"); return; }
+    const traces = [{
+      type: "contour", x: data.x || data.fusion_threshold_bytes, y: data.y || data.cycle_time_ms, z: data.z.map((r) => r.map((v) => v / 1e6)),
+      colorscale: "Viridis", colorbar: { title: "MB/s" }, contours: { coloring: "heatmap" },
+      hovertemplate: "threshold %{x:.3s} B, cycle %{y:.2f} ms: %{z:.2f} MB/s<extra>surrogate</extra>",
+    }];
+    const pts = rows(data.samples);
+    if (pts.length) {
+      traces.push({ type: "scatter", mode: "markers", name: "samples", x: pts.map((s) => s.fusion_threshold_bytes), y: pts.map((s) => s.cycle_time_ms), marker: { color: "#fff", line: { color: "#000", width: 1 }, size: 7 } });
+    }
+    Plotly.react(el, traces, Object.assign(baseLayout(), {
+      title: { text: "surrogate: threshold x cycle time", font: { size: 12 } }, showlegend: false,
+      xaxis: { title: "fusion threshold (bytes)", type: "log" }, yaxis: { title: "cycle time (ms)", type: "log" },
+    }), plotConfig);
+  }
+
+  async function compareRuns() {
+    const a = $("compare-a").value, b = $("compare-b").value;
+    const el = $("compare");
+    if (!a || !b) { empty(el, "choose two runs"); return; }
+    try {
+      const body = await api("api/compare", { a: a, b: b });
+      setNotices("compare", body.notices);
+      drawCompare(body.data);
+    } catch (err) { empty(el, "comparison unavailable: " + err.message); }
+  }
+
+  function drawCompare(data) {
+    const el = $("compare");
+    const box = $("compare-verdicts");
+    box.innerHTML = "";
+    for (const v of (data && data.verdicts) || []) { const p = document.createElement("p"); p.textContent = v; box.appendChild(p); }
+    const metrics = rows(data && pick(data, ["metrics", "rows"], null));
+    if (!metrics.length) { empty(el, "nothing to compare"); return; }
+    Plotly.react(el, [
+      { type: "bar", name: "baseline", x: metrics.map((m) => m.name || m.metric), y: metrics.map((m) => m.a) },
+      { type: "bar", name: "compared", x: metrics.map((m) => m.name || m.metric), y: metrics.map((m) => m.b) },
+    ], Object.assign(baseLayout(), { barmode: "group" }), plotConfig);
+  }
+
+  // ------------------------------------------------------------------ run selection
+  function fillSelect(el, options, value) {
+    el.innerHTML = "";
+    for (const [v, label] of options) {
+      const o = document.createElement("option"); o.value = v; o.textContent = label; el.appendChild(o);
+    }
+    if (value !== undefined) el.value = value;
+  }
+
+  async function loadRuns() {
+    try {
+      const body = await api("api/runs");
+      state.runs = body.runs || [];
+      setNotices("runs", body.notices);
+    } catch (err) {
+      setNotices("runs", ["cannot list runs: " + err.message]);
+      return;
+    }
+    const options = state.runs.map((r) => [r.id, r.id === "." ? "(this directory)" : r.id]);
+    if (!state.run || !state.runs.some((r) => r.id === state.run)) {
+      state.run = state.runs.length ? (params.get("run") && state.runs.some((r) => r.id === params.get("run")) ? params.get("run") : state.runs[0].id) : null;
+    }
+    fillSelect($("run-select"), options, state.run || undefined);
+    fillSelect($("compare-a"), options, state.runs[0] ? state.runs[0].id : undefined);
+    fillSelect($("compare-b"), options, state.runs[1] ? state.runs[1].id : state.runs[0] ? state.runs[0].id : undefined);
+    $("compare-card").hidden = state.runs.length < 2;
+  }
+
+  async function loadInfo() {
+    const info = await api("api/run", { run: state.run });
+    state.info = info;
+    state.version = info.version;
+    setNotices("run", info.notices);
+    const hosts = [...new Set(Object.values(info.hosts || {}))];
+    text($("run-meta"), info.format + " timeline \u00b7 " + info.ranks.length + " ranks" +
+      (hosts.length ? " on " + hosts.join(", ") : "") + " \u00b7 " + info.tensors + " tensors" +
+      (info.t1_us != null && info.t0_us != null ? " \u00b7 " + fmtUs(info.t1_us - info.t0_us) : "") +
+      (info.complete ? "" : " \u00b7 still being written") + " \u00b7 v" + info.version);
+    fillSelect($("expand-select"), [["", "one row per rank"]].concat(info.ranks.map((r) => [String(r), "rank " + r + ": tensor lanes"])), state.expand);
+    const list = $("problems");
+    list.innerHTML = "";
+    for (const p of info.problems || []) {
+      const li = document.createElement("li");
+      li.textContent = p.file + (p.where ? " (" + p.where + ")" : "") + ": " + p.reason;
+      list.appendChild(li);
+    }
+    $("problems-card").hidden = !(info.problems || []).length;
+  }
+
+  async function loadSections() {
+    await Promise.all([
+      loadSection("report", drawVerdicts),
+      loadSection("breakdown", drawBreakdown),
+      loadSection("stragglers", drawStragglers),
+      loadSection("fusion", drawFusion),
+      loadSection("bandwidth", drawBandwidth),
+      loadSection("autotune", drawAutotune),
+      loadSection("surrogate", drawSurface),
+    ]);
+  }
+
+  async function selectRun(runId) {
+    state.run = runId; state.view = null; state.expand = "";
+    if (!runId) { empty($("timeline"), "no runs under this directory yet"); return; }
+    try { await loadInfo(); } catch (err) { setNotices("run", [err.message]); return; }
+    await Promise.all([loadTimeline(), loadSections()]);
+    document.body.dataset.ready = "1";
+  }
+
+  // ------------------------------------------------------------------ live updates
+  let sectionsTimer = null;
+  function onChanged(event) {
+    if (event.run !== state.run) return;
+    state.updates += 1;
+    loadInfo().then(loadTimeline).catch(() => {});
+    if (!sectionsTimer) sectionsTimer = setTimeout(() => { sectionsTimer = null; loadSections(); }, 1000);
+  }
+
+  function connectLive() {
+    if (EMBEDDED || !window.EventSource) {
+      text($("live-text"), EMBEDDED ? "report (offline)" : "no live updates");
+      return;
+    }
+    const source = new EventSource(apiUrl("api/events"));
+    source.addEventListener("hello", () => { $("live").classList.add("on"); text($("live-text"), "live"); state.live = true; });
+    source.addEventListener("changed", (e) => onChanged(JSON.parse(e.data)));
+    source.addEventListener("runs", async () => {
+      const had = state.run;
+      await loadRuns();
+      if (!had && state.run) selectRun(state.run);
+    });
+    source.onerror = () => { $("live").classList.remove("on"); text($("live-text"), "reconnecting"); state.live = false; };
+  }
+
+  // ------------------------------------------------------------------ start
+  document.addEventListener("DOMContentLoaded", async () => {
+    if (TOKEN) $("docs-link").href = "docs?token=" + encodeURIComponent(TOKEN);
+    if (EMBEDDED) $("docs-link").hidden = true;
+    $("run-select").addEventListener("change", (e) => selectRun(e.target.value));
+    $("expand-select").addEventListener("change", (e) => { state.expand = e.target.value; loadTimeline(); });
+    $("reset-zoom").addEventListener("click", () => { state.view = null; loadTimeline(); });
+    $("compare-go").addEventListener("click", compareRuns);
+    connectLive();
+    await loadRuns();
+    await selectRun(state.run);
+  });
+})();
