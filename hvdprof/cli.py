@@ -104,7 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
     env = commands.add_parser("env", help="print the table of every HVDPROF_* variable")
     env.set_defaults(handler=_cmd_env)
     _add_dashboard(commands)
+    _add_analysis(commands)
     return parser
+
+
+def _add_analysis(commands: Any) -> None:
+    """``analyze`` and ``diff`` (implemented in :mod:`hvdprof.analysis.cli`)."""
+    from hvdprof.analysis.cli import add_analyze_parser, add_diff_parser
+
+    add_analyze_parser(commands)
+    add_diff_parser(commands)
 
 
 def _add_dashboard(commands: Any) -> None:

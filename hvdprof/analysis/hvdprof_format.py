@@ -203,7 +203,7 @@ class HvdprofFileParser:
                     tid = e.get("tid", 0)
                     start = float(e["ts"])
                     dur = float(e.get("dur", 0.0))
-                    if phase == PHASE_OP or phase == PHASE_NEGOTIATE:
+                    if phase in (PHASE_OP, PHASE_NEGOTIATE):
                         ctx = self._op_slice(e, tid, phase, info[1], start)
                     elif phase == PHASE_CYCLE:
                         ctx = _NO_CTX

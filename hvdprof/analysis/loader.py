@@ -13,16 +13,18 @@ uncached.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 import zlib
 from collections.abc import Callable
+
 import numpy as np
 import orjson
 
-from hvdprof.analysis.hvdprof_format import Columns, HvdprofFileParser, Tables
 from hvdprof.analysis.horovod_format import looks_like_horovod, parse_horovod
+from hvdprof.analysis.hvdprof_format import Columns, HvdprofFileParser, Tables
 from hvdprof.analysis.model import (
     MARK_COLUMNS,
     SLICE_COLUMNS,
@@ -31,6 +33,7 @@ from hvdprof.analysis.model import (
     Run,
     SliceTable,
 )
+from hvdprof.errors import HvdprofError
 from hvdprof.timeline.manifest import MANIFEST_RE, TRACE_RE, read_manifest
 
 #: bytes read per block (whole lines are cut from it)
@@ -41,7 +44,7 @@ CACHE_VERSION = 1
 _RANK_IN_NAME = re.compile(r"rank[._-]?(\d+)")
 
 
-class LoadError(Exception):
+class LoadError(HvdprofError):
     """Nothing readable at the path given (the CLI's exit code 2)."""
 
 
@@ -306,10 +309,8 @@ class _Source:
             np.savez(tmp, meta=np.frombuffer(orjson.dumps(meta), dtype=np.uint8), **arrays)
             os.replace(tmp, path)
         except OSError:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
 
 
 class RunLoader:

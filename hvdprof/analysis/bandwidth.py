@@ -1,0 +1,156 @@
+"""Q4: how fast is the communication? Algorithm and bus bandwidth by message size.
+
+Definitions follow NCCL-tests: ``algbw = bytes / time`` with ``bytes`` the message
+(a fusion group's bytes, as one rank contributes them) and ``time`` the backend call
+(``<BACKEND>_<OP>`` slice); ``busbw = algbw x factor`` with factor ``2(n-1)/n`` for
+allreduce, ``(n-1)/n`` for allgather, reducescatter and alltoall, and 1 for broadcast,
+so that bus bandwidth is comparable with the link speed whatever the op. Units: GB/s
+(10^9 bytes per second). Messages are binned by powers of two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hvdprof.analysis.model import OPS, PHASE_COLLECTIVE, Run
+
+
+def bus_factor(op: str, n: int) -> float:
+    """NCCL-tests' bus bandwidth factor for ``op`` at ``n`` ranks."""
+    if n <= 1:
+        return 1.0
+    if op == "ALLREDUCE":
+        return 2.0 * (n - 1) / n
+    if op in ("ALLGATHER", "REDUCESCATTER", "ALLTOALL"):
+        return (n - 1) / n
+    return 1.0
+
+
+@dataclass
+class SizeBin:
+    op: str
+    min_bytes: int  # bin is [min_bytes, 2 * min_bytes)
+    count: int
+    median_bytes: float
+    median_ms: float
+    algbw_gbps: float  # median
+    busbw_gbps: float  # median
+    best_busbw_gbps: float
+    vs_best: float  # median busbw / best busbw of this op in the run
+
+
+@dataclass
+class BandwidthReport:
+    ranks: int = 0
+    bins: list[SizeBin] = field(default_factory=list)
+    best_busbw_gbps: dict[str, float] = field(default_factory=dict)
+    # one entry per collective call: rank, op, bytes, ms, algbw, busbw
+    calls: dict[str, list[Any]] = field(default_factory=dict)
+    verdict: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ranks": self.ranks,
+            "bins": [b.__dict__ for b in self.bins],
+            "best_busbw_gbps": self.best_busbw_gbps,
+            "calls": self.calls,
+            "verdict": self.verdict,
+        }
+
+
+def collective_calls(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Unique backend calls: ``(rank, op code, bytes, duration us)``.
+
+    Every tensor of a fused group draws the group's backend call on its own lane; one
+    call is one (rank, start, name).
+    """
+    s = run.slices
+    rows = np.flatnonzero((s.phase == PHASE_COLLECTIVE) & (s.dur_us > 0))
+    if not len(rows):
+        z = np.zeros(0)
+        return z.astype(np.int32), z.astype(np.int8), z.astype(np.int64), z
+    keys = np.stack(
+        [s.rank[rows].astype(np.float64), s.start_us[rows], s.name[rows].astype(np.float64)],
+        axis=1,
+    )
+    _, first = np.unique(keys, axis=0, return_index=True)
+    rows = rows[first]
+    nbytes = np.where(s.group_bytes[rows] > 0, s.group_bytes[rows], s.bytes[rows])
+    ok = nbytes > 0
+    rows = rows[ok]
+    return s.rank[rows], s.op[rows], nbytes[ok], s.dur_us[rows]
+
+
+def bandwidth_report(run: Run) -> BandwidthReport:
+    """algbw/busbw of every backend call, binned by message size per op."""
+    n = run.size or len(run.ranks)
+    rank, op, nbytes, dur = collective_calls(run)
+    out = BandwidthReport(ranks=n)
+    if not len(dur):
+        out.verdict = "No backend calls with known sizes: bandwidth cannot be measured."
+        return out
+    algbw = nbytes / dur / 1e3  # bytes/us = MB/s; /1e3 -> GB/s
+    factor = np.array([bus_factor(OPS[c] if c >= 0 else "", n) for c in range(-1, len(OPS))])
+    busbw = algbw * factor[op.astype(np.int64) + 1]
+    out.calls = {
+        "rank": rank.tolist(),
+        "op": [OPS[c] if c >= 0 else "" for c in op.tolist()],
+        "bytes": nbytes.tolist(),
+        "ms": (dur / 1000.0).round(6).tolist(),
+        "algbw_gbps": algbw.round(6).tolist(),
+        "busbw_gbps": busbw.round(6).tolist(),
+    }
+    size_bin = np.floor(np.log2(nbytes)).astype(np.int64)
+    for c in np.unique(op).tolist():
+        name = OPS[c] if c >= 0 else "UNKNOWN"
+        of_op = op == c
+        best = float(busbw[of_op].max())
+        out.best_busbw_gbps[name] = best
+        for b in np.unique(size_bin[of_op]).tolist():
+            sel = of_op & (size_bin == b)
+            med_bus = float(np.median(busbw[sel]))
+            out.bins.append(
+                SizeBin(
+                    op=name,
+                    min_bytes=1 << b,
+                    count=int(sel.sum()),
+                    median_bytes=float(np.median(nbytes[sel])),
+                    median_ms=float(np.median(dur[sel])) / 1000.0,
+                    algbw_gbps=float(np.median(algbw[sel])),
+                    busbw_gbps=med_bus,
+                    best_busbw_gbps=float(busbw[sel].max()),
+                    vs_best=med_bus / best if best > 0 else 0.0,
+                )
+            )
+    out.verdict = _verdict(out)
+    return out
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def _verdict(report: BandwidthReport) -> str:
+    parts = []
+    for op, best in sorted(report.best_busbw_gbps.items(), key=lambda kv: -kv[1]):
+        bins = [b for b in report.bins if b.op == op]
+        top = max(bins, key=lambda b: b.busbw_gbps)
+        low = min(bins, key=lambda b: b.min_bytes)
+        text = (
+            f"{op.lower()} reached {top.busbw_gbps:.3g} GB/s bus bandwidth (median) for "
+            f"{_size(top.min_bytes)}-{_size(2 * top.min_bytes)} messages (best single call "
+            f"{best:.3g} GB/s)"
+        )
+        if low is not top and top.busbw_gbps > 0 and low.busbw_gbps < 0.5 * top.busbw_gbps:
+            text += (
+                f"; messages under {_size(2 * low.min_bytes)} ran at "
+                f"{low.busbw_gbps / top.busbw_gbps:.0%} of that (latency-bound: fuse them)"
+            )
+        parts.append(text)
+    return "; ".join(parts) + "."

@@ -1,0 +1,208 @@
+"""Q1: where does the time go, per rank? Wall time by phase, totals and per step.
+
+Phases overlap (many tensors negotiate at once; a fused group's children appear on each
+of its tensors' lanes), so this counts wall time, not summed durations: at each instant
+a rank is in the highest-priority phase that any of its slices is in (backend collective
+first, then the fusion-buffer copies, queue, other work, negotiation) or idle when none.
+Idle is time with no collective activity: computing, or waiting on the data loader.
+The phases of a rank therefore add up to its wall time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hvdprof.analysis.model import (
+    PHASE_COLLECTIVE,
+    PHASE_MEMCPY_IN,
+    PHASE_MEMCPY_OUT,
+    PHASE_NEGOTIATE,
+    PHASE_OTHER,
+    PHASE_QUEUE,
+    Run,
+)
+from hvdprof.analysis.steps import step_of, step_starts
+
+#: Categories of the breakdown, in priority order, then idle.
+CATEGORIES: tuple[str, ...] = (
+    "collective",
+    "memcpy_in",
+    "memcpy_out",
+    "queue",
+    "other",
+    "negotiate",
+    "idle",
+)
+_PRIORITY = (
+    PHASE_COLLECTIVE,
+    PHASE_MEMCPY_IN,
+    PHASE_MEMCPY_OUT,
+    PHASE_QUEUE,
+    PHASE_OTHER,
+    PHASE_NEGOTIATE,
+)
+#: Plain words for each category (tables, verdicts).
+LABELS = {
+    "collective": "backend collective",
+    "memcpy_in": "copy into fusion buffer",
+    "memcpy_out": "copy out of fusion buffer",
+    "queue": "queued after negotiation",
+    "other": "other runtime work",
+    "negotiate": "negotiation wait (ranks waiting for each other)",
+    "idle": "no collective activity (compute)",
+}
+
+#: Column headers for tables (short forms of LABELS).
+SHORT_LABELS = {
+    "collective": "backend call",
+    "memcpy_in": "copy in",
+    "memcpy_out": "copy out",
+    "queue": "queue",
+    "other": "other",
+    "negotiate": "negotiation wait",
+    "idle": "idle (compute)",
+}
+
+
+@dataclass
+class RankBreakdown:
+    rank: int
+    wall_ms: float
+    total_ms: dict[str, float]  # category -> ms over the whole run
+    steps: int
+    per_step_ms: dict[str, list[float]]  # category -> ms in each step
+
+    def share(self, category: str) -> float:
+        return self.total_ms[category] / self.wall_ms if self.wall_ms > 0 else 0.0
+
+    def mean_step_ms(self, category: str) -> float:
+        values = self.per_step_ms.get(category) or []
+        return float(np.mean(values)) if values else 0.0
+
+
+@dataclass
+class Breakdown:
+    """Wall time by phase per rank (ms); ``per_step_ms`` lists one value per step."""
+
+    categories: tuple[str, ...] = CATEGORIES
+    ranks: list[RankBreakdown] = field(default_factory=list)
+    verdict: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "categories": list(self.categories),
+            "labels": dict(LABELS),
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "wall_ms": r.wall_ms,
+                    "steps": r.steps,
+                    "total_ms": r.total_ms,
+                    "share": {c: r.share(c) for c in self.categories},
+                    "mean_step_ms": {c: r.mean_step_ms(c) for c in self.categories},
+                    "per_step_ms": r.per_step_ms,
+                }
+                for r in self.ranks
+            ],
+            "verdict": self.verdict,
+        }
+
+
+def _segments(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Exclusive segments ``(rank, start, length, category index)`` of busy time."""
+    s = run.slices
+    keep = np.isin(s.phase, _PRIORITY) & (s.dur_us > 0)
+    if not keep.any():
+        z = np.zeros(0)
+        return z.astype(np.int32), z, z, z.astype(np.int8)
+    rank = s.rank[keep]
+    start = s.start_us[keep]
+    end = start + s.dur_us[keep]
+    prio = np.zeros(len(_PRIORITY) + 8, dtype=np.int8)
+    for i, p in enumerate(_PRIORITY):
+        prio[p] = i
+    cat = prio[s.phase[keep]]
+    n = len(start)
+    t = np.concatenate([start, end])
+    r = np.concatenate([rank, rank])
+    c = np.concatenate([cat, cat])
+    d = np.concatenate([np.ones(n, np.int32), -np.ones(n, np.int32)])
+    order = np.lexsort((t, r))
+    t, r, c, d = t[order], r[order], c[order], d[order]
+    k = len(_PRIORITY)
+    # active count of every category after each point (each rank's counts return to 0)
+    active = np.zeros((k, len(t)), dtype=np.int32)
+    for i in range(k):
+        active[i] = np.cumsum(np.where(c == i, d, 0))
+    busy = active > 0
+    has_any = busy.any(axis=0)
+    dominant = np.argmax(busy, axis=0).astype(np.int8)  # first category active = priority
+    length = np.zeros(len(t))
+    same = r[1:] == r[:-1]
+    length[:-1] = np.where(same, t[1:] - t[:-1], 0.0)
+    sel = has_any & (length > 0)
+    return r[sel], t[sel], length[sel], dominant[sel]
+
+
+def time_breakdown(run: Run) -> Breakdown:
+    """Wall time per rank in each phase and idle, over the run and per step."""
+    seg_rank, seg_start, seg_len, seg_cat = _segments(run)
+    starts = step_starts(run)
+    s = run.slices
+    out = Breakdown()
+    k = len(_PRIORITY)
+    for rank in run.ranks:
+        mask_r = s.rank == rank
+        if not mask_r.any():
+            continue
+        r0 = float(s.start_us[mask_r].min())
+        r1 = float((s.start_us[mask_r] + s.dur_us[mask_r]).max())
+        sel = seg_rank == rank
+        cat = seg_cat[sel].astype(np.int64)
+        lengths = seg_len[sel]
+        totals = np.bincount(cat, weights=lengths, minlength=k)[:k] / 1000.0
+        wall = (r1 - r0) / 1000.0
+        total_ms = {CATEGORIES[i]: float(totals[i]) for i in range(k)}
+        total_ms["idle"] = max(wall - float(totals.sum()), 0.0)
+        bounds = starts.get(rank, np.zeros(0))
+        per_step: dict[str, list[float]] = {c: [] for c in CATEGORIES}
+        n_steps = len(bounds)
+        if n_steps:
+            step = step_of(bounds, seg_start[sel])
+            ok = step >= 0
+            flat = step[ok] * k + cat[ok]
+            table = np.bincount(flat, weights=lengths[ok], minlength=n_steps * k)
+            table = table[: n_steps * k].reshape(n_steps, k) / 1000.0
+            ends = np.append(bounds[1:], r1)
+            spans = (ends - bounds) / 1000.0
+            for i in range(k):
+                per_step[CATEGORIES[i]] = [round(float(x), 6) for x in table[:, i]]
+            idle = np.maximum(spans - table.sum(axis=1), 0.0)
+            per_step["idle"] = [round(float(x), 6) for x in idle]
+        out.ranks.append(RankBreakdown(rank, wall, total_ms, n_steps, per_step))
+    out.verdict = _verdict(out)
+    return out
+
+
+def _verdict(b: Breakdown) -> str | None:
+    if not b.ranks:
+        return None
+    busy = [c for c in CATEGORIES if c != "idle"]
+    mean_share = {c: float(np.mean([r.share(c) for r in b.ranks])) for c in CATEGORIES}
+    top = max(busy, key=lambda c: mean_share[c])
+    comm = sum(mean_share[c] for c in busy)
+    text = (
+        f"Collective work covers {comm:.0%} of the wall time on average across "
+        f"{len(b.ranks)} ranks; the largest part is {LABELS[top]} ({mean_share[top]:.0%})."
+    )
+    if top == "negotiate" and len(b.ranks) > 1:
+        worst = max(b.ranks, key=lambda r: r.share("negotiate"))
+        least = min(b.ranks, key=lambda r: r.share("negotiate"))
+        text += (
+            f" Rank {worst.rank} waits longest in negotiation ({worst.share('negotiate'):.0%}),"
+            f" rank {least.rank} least ({least.share('negotiate'):.0%}): the others wait for it."
+        )
+    return text

@@ -1,0 +1,305 @@
+"""``hvdprof analyze`` and ``hvdprof diff``: the analyses in the terminal or as JSON.
+
+:mod:`hvdprof.cli` only registers these; the work is here. Exit codes of ``analyze``:
+0 when everything was read, 1 when something was skipped (the report covers the rest),
+2 for usage errors or when nothing at all could be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import orjson
+
+from hvdprof.analysis.breakdown import CATEGORIES, LABELS, SHORT_LABELS
+from hvdprof.analysis.diff import diff_runs
+from hvdprof.analysis.fusion import REASON_WORDS
+from hvdprof.analysis.loader import LoadError, load_run
+from hvdprof.analysis.model import Run
+from hvdprof.analysis.report import Report, analyze
+
+EXIT_CLEAN = 0
+EXIT_SKIPPED = 1
+EXIT_UNREADABLE = 2
+
+
+def add_analyze_parser(commands: Any) -> None:
+    """``hvdprof analyze DIR [--json] [--kineto F ...] [--no-cache]``."""
+    parser = commands.add_parser(
+        "analyze",
+        help="answer 'why is my step slow?' from a run's timelines",
+        description="Analyse the timelines in DIR (hvdprof's per-rank files or a Horovod "
+        "timeline): where the time goes, the straggler, fusion, bandwidth, overlap with "
+        "compute (given torch.profiler traces) and autotune. Exit code 0: everything read; "
+        "1: something was skipped (listed); 2: usage error or nothing readable.",
+    )
+    parser.add_argument("directory", metavar="DIR", help="timeline directory or one trace file")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--kineto",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="TRACE",
+        help="torch.profiler (Kineto) trace(s) of the same run, for the overlap question "
+        "(RANK=PATH when the rank is not in the file)",
+    )
+    parser.add_argument(
+        "--no-cache", action="store_true", help="neither read nor write .hvdprof-cache/"
+    )
+    parser.set_defaults(handler=cmd_analyze)
+
+
+def add_diff_parser(commands: Any) -> None:
+    """``hvdprof diff DIR_A DIR_B [--json]``."""
+    parser = commands.add_parser(
+        "diff",
+        help="what changed between two runs (biggest regressions first)",
+        description="Compare run B with run A per step: per phase, per rank and per tensor.",
+    )
+    parser.add_argument("run_a", metavar="DIR_A", help="the reference run")
+    parser.add_argument("run_b", metavar="DIR_B", help="the run to compare")
+    parser.add_argument("--json", action="store_true", help="print the diff as JSON")
+    parser.add_argument("--top", type=int, default=20, help="rows to show (default 20)")
+    parser.add_argument(
+        "--no-cache", action="store_true", help="neither read nor write .hvdprof-cache/"
+    )
+    parser.set_defaults(handler=cmd_diff)
+
+
+def _load(path: str, cache: bool) -> Run:
+    run = load_run(path, cache=cache, progress=True)
+    if run.events == 0 and not len(run.slices):
+        reasons = "; ".join(str(p) for p in run.problems[:3]) or "no events"
+        raise LoadError(f"nothing readable in {path}: {reasons}")
+    return run
+
+
+def _dumps(data: dict[str, Any]) -> str:
+    return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    run = _load(args.directory, not args.no_cache)
+    report = analyze(run, kineto_paths=list(args.kineto))
+    if args.json:
+        print(_dumps(report.to_dict()))
+    else:
+        print_report(report)
+    return EXIT_SKIPPED if report.skipped else EXIT_CLEAN
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    run_a = _load(args.run_a, not args.no_cache)
+    run_b = _load(args.run_b, not args.no_cache)
+    diff = diff_runs(run_a, run_b)
+    if args.json:
+        print(_dumps(diff.to_dict()))
+        return EXIT_SKIPPED if run_a.problems or run_b.problems else EXIT_CLEAN
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{diff.verdict}[/bold]")
+    table = Table(title=f"Per step, B ({run_b.path}) against A ({run_a.path}); slowest first")
+    for col in ("what", "A (ms/step)", "B (ms/step)", "change (ms)", "B / A"):
+        table.add_column(col, justify="left" if col == "what" else "right")
+    for row in diff.rows[: args.top]:
+        what = row.key if row.kind == "rank" else f"{row.kind}: {LABELS.get(row.key, row.key)}"
+        ratio = f"{row.ratio:.2f}x" if row.ratio is not None else "new"
+        table.add_row(what, f"{row.a_ms:.3f}", f"{row.b_ms:.3f}", f"{row.delta_ms:+.3f}", ratio)
+    console.print(table)
+    for run in (run_a, run_b):
+        for p in run.problems:
+            console.print(f"[yellow]skipped[/yellow] {p}")
+    return EXIT_SKIPPED if run_a.problems or run_b.problems else EXIT_CLEAN
+
+
+def _ms(x: float) -> str:
+    return f"{x:,.2f}"
+
+
+def print_report(report: Report) -> None:
+    """Verdicts first, then one table per question (rich)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    r = report.run
+    console.print(
+        f"[bold]{r['path']}[/bold]: {r['format']} timeline, {len(r['ranks'])} rank(s), "
+        f"{r['events']:,} events, {r['duration_ms'] / 1000.0:.2f} s"
+    )
+    console.print("[bold]Verdicts[/bold]")
+    for i, verdict in enumerate(report.verdicts, 1):
+        console.print(f" {i}. {verdict}", highlight=False)
+
+    b = report.breakdown
+    if b.ranks:
+        table = Table(
+            title="1. Where the time goes, per rank (mean ms per step, share of wall time)"
+        )
+        table.add_column("rank", justify="right")
+        table.add_column("steps", justify="right")
+        for c in CATEGORIES:
+            table.add_column(SHORT_LABELS[c], justify="right")
+        for rb in b.ranks:
+            table.add_row(
+                str(rb.rank),
+                str(rb.steps),
+                *[f"{rb.mean_step_ms(c):.2f} ms ({rb.share(c):.0%})" for c in CATEGORIES],
+            )
+        console.print(table)
+        console.print(
+            "  idle = no collective activity on the rank (compute, data loading);"
+            " negotiation wait = submitted, waiting for the other ranks",
+            highlight=False,
+        )
+
+    s = report.stragglers
+    if s.ranks:
+        table = Table(
+            title=f"2. Who is late ({s.ops_with_marks:,} ops with every rank's readiness, seen by rank {s.observer})"
+        )
+        for col in (
+            "rank",
+            "ready last in",
+            "waiting it caused (ms, all ranks)",
+            "cost per step (ms, per other rank)",
+        ):
+            table.add_column(col, justify="right")
+        for x in s.ranks:
+            table.add_row(
+                str(x.rank),
+                f"{x.last_share:.0%} ({x.last_count:,} ops)",
+                _ms(x.wait_caused_ms),
+                _ms(x.cost_per_step_ms),
+            )
+        console.print(table)
+
+    f = report.fusion
+    if f.ranks:
+        thr = f"{f.threshold_bytes / 1048576:g} MiB" if f.threshold_bytes else "unknown"
+        table = Table(title=f"3. Fusion (threshold {thr})")
+        for col in (
+            "rank",
+            "collectives",
+            "fused",
+            "tensors per fused op",
+            "buffer fill",
+            "unfused",
+            "why unfused",
+        ):
+            table.add_column(col, justify="left" if col == "why unfused" else "right")
+        for x in f.ranks:
+            why = ", ".join(f"{k} {n}" for k, n in x.unfused_reasons.items())
+            table.add_row(
+                str(x.rank),
+                f"{x.groups:,}",
+                f"{x.fused:,}",
+                f"{x.tensors_per_fused_op:.1f}",
+                f"{x.fill_mean:.1%}",
+                f"{x.unfused:,}",
+                why or "-",
+            )
+        console.print(table)
+        used = sorted({k for x in f.ranks for k in x.unfused_reasons})
+        for k in used:
+            console.print(f"  {k}: {REASON_WORDS[k]}", highlight=False)
+
+    bw = report.bandwidth
+    if bw.bins:
+        table = Table(
+            title=f"4. Bandwidth by message size ({bw.ranks} ranks; NCCL-tests algbw/busbw, GB/s = 10^9 B/s)"
+        )
+        for col in (
+            "op",
+            "message size",
+            "calls",
+            "median time (ms)",
+            "algbw (GB/s)",
+            "busbw (GB/s)",
+            "of best busbw",
+        ):
+            table.add_column(col, justify="right")
+        for x in bw.bins:
+            table.add_row(
+                x.op.lower(),
+                f"{_bytes(x.min_bytes)} - {_bytes(2 * x.min_bytes)}",
+                f"{x.count:,}",
+                f"{x.median_ms:.3f}",
+                f"{x.algbw_gbps:.4g}",
+                f"{x.busbw_gbps:.4g}",
+                f"{x.vs_best:.0%}",
+            )
+        console.print(table)
+
+    o = report.overlap
+    if o is not None and o.ranks:
+        table = Table(title="5. Communication overlapped by backward compute")
+        for col in (
+            "rank",
+            "communication (ms)",
+            "backward compute (ms)",
+            "overlapped (ms)",
+            "share overlapped",
+        ):
+            table.add_column(col, justify="right")
+        for x in o.ranks:
+            table.add_row(
+                str(x.rank),
+                _ms(x.comm_ms),
+                _ms(x.compute_ms),
+                _ms(x.overlap_ms),
+                f"{x.fraction:.0%}",
+            )
+        console.print(table)
+
+    a = report.autotune
+    if a.samples:
+        t0 = report.run["t0_us"]
+        table = Table(title="6. Autotune samples (window in seconds from the start of the trace)")
+        for col in (
+            "#",
+            "fusion threshold",
+            "cycle time (ms)",
+            "cache",
+            "score (MB/s)",
+            "steps",
+            "window (s)",
+            "best",
+        ):
+            table.add_column(col, justify="right")
+        for x in a.samples:
+            table.add_row(
+                str(x.index),
+                _bytes(x.fusion_threshold_bytes),
+                f"{x.cycle_time_ms:.3g}",
+                "on" if x.cache_enabled else "off",
+                f"{x.score_mb_per_s:.3g}",
+                f"{x.first_step}-{x.last_step}",
+                f"{(x.t0_us - t0) / 1e6:.3f} - {(x.t1_us - t0) / 1e6:.3f}",
+                "*" if a.best == x.index else "",
+            )
+        console.print(table)
+
+    if report.problems:
+        table = Table(title="What could not be read (skipped)")
+        for col in ("file", "where", "reason"):
+            table.add_column(col)
+        for p in report.problems[:50]:
+            table.add_row(os.path.basename(p.file), p.where or "-", p.reason)
+        console.print(table)
+        if len(report.problems) > 50:
+            console.print(f"... and {len(report.problems) - 50} more (see --json)")
+    sys.stdout.flush()
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.4g} {unit}"
+    return f"{int(n)} B"

@@ -1,0 +1,163 @@
+"""Q3: is fusion working? Tensors per fused op, buffer fill, and why ops ran unfused.
+
+A fused op is a fusion group (``group`` in the op's args) of more than one tensor. An op
+alone in its group ran unfused; the reason is read from what else was negotiated in the
+same cycle on that rank (ops negotiated together start their ``<OP>`` slice at the same
+instant): nothing else (``alone``), only tensors of another dtype (``dtype``) or another
+collective (``op``), or same-kind tensors that would not fit under the threshold
+(``threshold``). Broadcasts, allgathers and the like are never fused (``not_fusable``).
+Horovod timelines do not record groups; ops whose backend call began at the same instant
+are taken as one group, and the threshold is Horovod's default (64 MiB) unless known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hvdprof.analysis.model import OPS, PHASE_OP, Run
+
+REASONS: tuple[str, ...] = ("alone", "dtype", "op", "threshold", "not_fusable", "unknown")
+REASON_WORDS = {
+    "alone": "nothing else was ready in the same cycle",
+    "dtype": "the others ready had another dtype",
+    "op": "the others ready were another collective",
+    "threshold": "it would not fit in the fusion buffer with the others (threshold)",
+    "not_fusable": "this collective is never fused",
+    "unknown": "reason not recorded",
+}
+#: Horovod's default HOROVOD_FUSION_THRESHOLD, for Horovod timelines.
+HOROVOD_DEFAULT_THRESHOLD = 64 << 20
+_ALLREDUCE = OPS.index("ALLREDUCE")
+
+
+@dataclass
+class RankFusion:
+    rank: int
+    groups: int  # collectives run (fusion groups)
+    fused: int  # groups of more than one tensor
+    unfused: int
+    tensors: int  # ops (tensors) in all groups
+    tensors_per_fused_op: float
+    fill_mean: float  # fused groups' bytes / threshold
+    unfused_reasons: dict[str, int] = field(default_factory=dict)
+    group_size_histogram: dict[str, int] = field(default_factory=dict)  # tensors -> groups
+
+
+@dataclass
+class FusionReport:
+    threshold_bytes: int | None = None
+    ranks: list[RankFusion] = field(default_factory=list)
+    verdict: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "threshold_bytes": self.threshold_bytes,
+            "reason_words": dict(REASON_WORDS),
+            "ranks": [r.__dict__ | {} for r in self.ranks],
+            "verdict": self.verdict,
+        }
+
+
+def fusion_report(run: Run) -> FusionReport:
+    """Fusion groups per rank: sizes, fill against the threshold, and unfused reasons."""
+    s = run.slices
+    threshold = run.fusion_threshold_bytes()
+    if threshold is None and run.format == "horovod":
+        threshold = HOROVOD_DEFAULT_THRESHOLD
+    out = FusionReport(threshold_bytes=threshold)
+    ops_mask = (s.phase == PHASE_OP) & (s.group >= 0)
+    for rank in run.ranks:
+        rows = np.flatnonzero(ops_mask & (s.rank == rank))
+        if not len(rows):
+            continue
+        group = s.group[rows]
+        # a group id can come back after a restart: key on (group, op start)
+        keys = np.stack([group.astype(np.float64), s.start_us[rows]], axis=1)
+        _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        n_in_group = np.bincount(inverse)
+        g_rows = rows[first]
+        sizes = np.maximum(s.group_tensors[g_rows], n_in_group)
+        fused = sizes > 1
+        gbytes = np.where(s.group_bytes[g_rows] >= 0, s.group_bytes[g_rows], 0)
+        fill = float(np.mean(gbytes[fused] / threshold)) if threshold and fused.any() else 0.0
+        hist = {
+            str(int(k)): int(v) for k, v in zip(*np.unique(sizes, return_counts=True), strict=True)
+        }
+        reasons = _unfused_reasons(run, rows, g_rows[~fused], threshold)
+        out.ranks.append(
+            RankFusion(
+                rank=rank,
+                groups=len(g_rows),
+                fused=int(fused.sum()),
+                unfused=int((~fused).sum()),
+                tensors=len(rows),
+                tensors_per_fused_op=float(sizes[fused].mean()) if fused.any() else 0.0,
+                fill_mean=fill,
+                unfused_reasons=reasons,
+                group_size_histogram=hist,
+            )
+        )
+    out.verdict = _verdict(out)
+    return out
+
+
+def _unfused_reasons(
+    run: Run, rows: np.ndarray, singles: np.ndarray, threshold: int | None
+) -> dict[str, int]:
+    s = run.slices
+    reasons = dict.fromkeys(REASONS, 0)
+    if not len(singles):
+        return reasons
+    # ops negotiated in the same cycle start their <OP> slice at the same instant
+    starts = s.start_us[rows]
+    order = np.argsort(starts, kind="stable")
+    sorted_starts = starts[order]
+    lo = np.searchsorted(sorted_starts, s.start_us[singles], side="left")
+    hi = np.searchsorted(sorted_starts, s.start_us[singles], side="right")
+    for row, a, b in zip(singles.tolist(), lo.tolist(), hi.tolist(), strict=True):
+        if s.op[row] != _ALLREDUCE:
+            reasons["not_fusable"] += 1
+            continue
+        peers = rows[order[a:b]]
+        peers = peers[peers != row]
+        if not len(peers):
+            reasons["alone"] += 1
+            continue
+        same_op = s.op[peers] == s.op[row]
+        same_dtype = s.dtype[peers] == s.dtype[row]
+        if not same_op.any():
+            reasons["op"] += 1
+        elif not (same_op & same_dtype).any():
+            reasons["dtype"] += 1
+        elif threshold is not None and threshold > 0:
+            peers_bytes = s.bytes[peers[same_op & same_dtype]]
+            if int(s.bytes[row]) + int(peers_bytes.min()) > threshold:
+                reasons["threshold"] += 1
+            else:
+                reasons["unknown"] += 1
+        else:
+            reasons["threshold"] += 1  # threshold 0: fusion off
+    return {k: v for k, v in reasons.items() if v}
+
+
+def _verdict(report: FusionReport) -> str | None:
+    if not report.ranks:
+        return "No fusion groups recorded."
+    r = report.ranks[0]
+    text = (
+        f"Rank {r.rank} ran {r.groups} collectives for {r.tensors} tensors: {r.fused} fused "
+        f"({r.tensors_per_fused_op:.1f} tensors each on average"
+    )
+    if report.threshold_bytes:
+        text += (
+            f", filling {r.fill_mean:.0%} of the {report.threshold_bytes / 1048576:g} MiB threshold"
+        )
+    text += f"), {r.unfused} unfused"
+    if r.unfused_reasons:
+        top = max(r.unfused_reasons, key=lambda k: r.unfused_reasons[k])
+        text += f" (mostly because {REASON_WORDS[top]}: {r.unfused_reasons[top]})"
+    return text + "."

@@ -1,0 +1,164 @@
+"""Q5: does communication overlap computation? From a torch.profiler (Kineto) trace.
+
+Communication is the union of a rank's backend calls (``<BACKEND>_<OP>`` slices);
+backward compute is the union of the Kineto trace's complete events whose name mentions
+``backward`` (autograd's ``...Backward0`` functions) plus GPU kernels (``cat: kernel``).
+The Kineto trace is put on the run's clock the way ``hvdprof timeline merge`` does
+(its ``baseTimeNanoseconds`` against the rank's manifest). The answer per rank is the
+share of communication time during which backward compute was running.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hvdprof.analysis.intervals import intersection_length, merge
+from hvdprof.analysis.model import PHASE_COLLECTIVE, Problem, Run
+from hvdprof.timeline.merge import kineto_shift_us
+from hvdprof.timeline.reader import load_trace
+
+_RANK_IN_NAME = re.compile(r"rank[._-]?(\d+)", re.IGNORECASE)
+_EXPLICIT = re.compile(r"^(\d+)=(.+)$")
+
+
+@dataclass
+class RankOverlap:
+    rank: int
+    kineto_path: str
+    comm_ms: float
+    compute_ms: float
+    overlap_ms: float
+
+    @property
+    def fraction(self) -> float:
+        return self.overlap_ms / self.comm_ms if self.comm_ms > 0 else 0.0
+
+
+@dataclass
+class OverlapReport:
+    ranks: list[RankOverlap] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    verdict: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "kineto_path": r.kineto_path,
+                    "comm_ms": r.comm_ms,
+                    "compute_ms": r.compute_ms,
+                    "overlap_ms": r.overlap_ms,
+                    "fraction": r.fraction,
+                }
+                for r in self.ranks
+            ],
+            "problems": [p.to_dict() for p in self.problems],
+            "verdict": self.verdict,
+        }
+
+
+def _compute_spans(events: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    starts, ends = [], []
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        name = str(e.get("name", ""))
+        if "backward" not in name.lower() and e.get("cat") != "kernel":
+            continue
+        ts, dur = e.get("ts"), e.get("dur", 0)
+        if isinstance(ts, (int, float)) and isinstance(dur, (int, float)):
+            starts.append(float(ts))
+            ends.append(float(ts) + float(dur))
+    return np.array(starts, dtype=np.float64), np.array(ends, dtype=np.float64)
+
+
+def overlap_report(run: Run, kineto_paths: Sequence[str]) -> OverlapReport:
+    """Per rank, the share of communication time overlapped by backward compute."""
+    out = OverlapReport()
+    s = run.slices
+    for spec in kineto_paths:
+        spec = os.fspath(spec)
+        explicit = _EXPLICIT.match(spec)
+        path = explicit.group(2) if explicit and not os.path.exists(spec) else spec
+        try:
+            trace = load_trace(path)
+        except OSError as exc:
+            out.problems.append(Problem(path, "", f"cannot read ({exc.strerror or exc})"))
+            continue
+        out.problems += [
+            Problem(path, f"line {k.line}" if k.line else "", k.reason) for k in trace.skipped
+        ]
+        rank = _rank_of(path, trace.metadata, run, explicit if path != spec else None)
+        if rank is None:
+            out.problems.append(
+                Problem(
+                    path,
+                    "",
+                    "cannot tell its rank (no distributedInfo, no 'rank<r>' in the "
+                    "file name); pass it as RANK=PATH",
+                )
+            )
+            continue
+        manifest = run.manifests.get(rank)
+        if manifest is None:
+            out.problems.append(
+                Problem(path, "", f"rank {rank} has no timeline manifest to align it with; skipped")
+            )
+            continue
+        shift = kineto_shift_us(trace, manifest)
+        c_start, c_end = _compute_spans(trace.events)
+        c_start += shift
+        c_end += shift
+        mask = (s.rank == rank) & (s.phase == PHASE_COLLECTIVE)
+        a_start = s.start_us[mask]
+        a_end = a_start + s.dur_us[mask]
+        m_start, m_end = merge(a_start, a_end)
+        k_start, k_end = merge(c_start, c_end)
+        out.ranks.append(
+            RankOverlap(
+                rank=rank,
+                kineto_path=path,
+                comm_ms=float((m_end - m_start).sum()) / 1000.0,
+                compute_ms=float((k_end - k_start).sum()) / 1000.0,
+                overlap_ms=intersection_length(a_start, a_end, c_start, c_end) / 1000.0,
+            )
+        )
+    out.ranks.sort(key=lambda r: r.rank)
+    if out.ranks:
+        fractions = [r.fraction for r in out.ranks]
+        worst = min(out.ranks, key=lambda r: r.fraction)
+        out.verdict = (
+            f"{np.mean(fractions):.0%} of communication time overlaps backward compute on "
+            f"average; least on rank {worst.rank} ({worst.fraction:.0%})."
+        )
+        if np.mean(fractions) < 0.3:
+            out.verdict += (
+                " Most communication runs after backward: gradients are submitted late"
+                " or the cycle time delays them."
+            )
+    elif kineto_paths:
+        out.verdict = "No torch.profiler trace could be aligned with the run."
+    return out
+
+
+def _rank_of(
+    path: str, metadata: dict[str, Any], run: Run, explicit: re.Match[str] | None
+) -> int | None:
+    if explicit is not None:
+        return int(explicit.group(1))
+    info = metadata.get("distributedInfo")
+    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+        return int(info["rank"])
+    match = _RANK_IN_NAME.search(os.path.basename(path))
+    if match:
+        return int(match.group(1))
+    if len(run.ranks) == 1:
+        return run.ranks[0]
+    return None

@@ -1,0 +1,103 @@
+"""The autotuner's view of the search space, rebuilt from the samples a timeline recorded.
+
+The live tuner fits a Gaussian process to its measurements and proposes where expected
+improvement is highest; the timeline keeps every scored sample (``AUTOTUNE_SAMPLE``) but
+not the tuner's model. This fits the same kind of model (a Matern-5/2 GP on the log of
+fusion threshold and cycle time, scaled to the tuner's unit box, on the log of the score)
+to those samples and evaluates it on a grid, so a person can see which region the samples
+favoured. It is a picture of the evidence, not the tuner's exact internal state (which
+also pooled paired comparisons and the cache axis).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hvdprof.analysis.model import Run
+from hvdprof.autotune.space import (
+    CYCLE_TIME_MAX_MS,
+    CYCLE_TIME_MIN_MS,
+    FUSION_THRESHOLD_MAX_BYTES,
+    FUSION_THRESHOLD_MIN_BYTES,
+)
+
+#: Fewest distinct samples a surface is fitted to (fewer says nothing about a 2-D space).
+MIN_SAMPLES = 3
+
+
+@dataclass
+class SurrogateSurface:
+    """Predicted score (MB/s) over fusion threshold (``x``, bytes) x cycle time (``y``, ms)."""
+
+    x: list[float] = field(default_factory=list)
+    y: list[float] = field(default_factory=list)
+    z: list[list[float]] = field(default_factory=list)  # z[i][j]: y[i], x[j]
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, float] | None = None  # grid point of the highest prediction
+    reason: str | None = None  # why there is no surface
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"x": self.x, "y": self.y, "z": self.z, "samples": self.samples,
+                "best": self.best, "reason": self.reason}  # fmt: skip
+
+
+def _unit(threshold: np.ndarray, cycle: np.ndarray) -> np.ndarray:
+    lo_t, hi_t = math.log(FUSION_THRESHOLD_MIN_BYTES), math.log(FUSION_THRESHOLD_MAX_BYTES)
+    lo_c, hi_c = math.log(CYCLE_TIME_MIN_MS), math.log(CYCLE_TIME_MAX_MS)
+    return np.stack(
+        [(np.log(threshold) - lo_t) / (hi_t - lo_t), (np.log(cycle) - lo_c) / (hi_c - lo_c)],
+        axis=-1,
+    )
+
+
+def autotune_surface(run: Run, grid: int = 40) -> SurrogateSurface:
+    """A GP over (threshold, cycle time) fitted to the run's scored autotune samples."""
+    rank = min((s.rank for s in run.autotune_samples), default=0)
+    samples = [
+        s for s in run.autotune_samples
+        if s.rank == rank and s.score_bytes_per_s > 0 and s.fusion_threshold_bytes > 0
+        and s.cycle_time_ms > 0
+    ]  # fmt: skip
+    out = SurrogateSurface(
+        samples=[
+            {"fusion_threshold_bytes": s.fusion_threshold_bytes, "cycle_time_ms": s.cycle_time_ms,
+             "score_mb_per_s": s.score_bytes_per_s / 1e6, "cache_enabled": s.cache_enabled}
+            for s in samples
+        ]
+    )  # fmt: skip
+    distinct = {(s.fusion_threshold_bytes, s.cycle_time_ms) for s in samples}
+    if len(distinct) < MIN_SAMPLES:
+        out.reason = (
+            f"{len(distinct)} distinct autotune configuration(s) recorded; "
+            f"a surface needs at least {MIN_SAMPLES}"
+        )
+        return out
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import ConstantKernel, Matern, WhiteKernel
+
+    thr = np.asarray([s.fusion_threshold_bytes for s in samples], dtype=np.float64)
+    cyc = np.asarray([s.cycle_time_ms for s in samples], dtype=np.float64)
+    y = np.log(np.asarray([s.score_bytes_per_s for s in samples], dtype=np.float64) / 1e6)
+    mean = float(y.mean())
+    kernel = ConstantKernel(1.0, (1e-3, 1e2)) * Matern(
+        length_scale=[0.3, 0.3], length_scale_bounds=(0.05, 3.0), nu=2.5
+    ) + WhiteKernel(0.05, (1e-4, 1.0))
+    model = GaussianProcessRegressor(kernel=kernel, normalize_y=False, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(_unit(thr, cyc), y - mean)
+    xs = np.geomspace(FUSION_THRESHOLD_MIN_BYTES, FUSION_THRESHOLD_MAX_BYTES, grid)
+    ys = np.geomspace(CYCLE_TIME_MIN_MS, CYCLE_TIME_MAX_MS, grid)
+    gx, gy = np.meshgrid(xs, ys)
+    pred = np.exp(model.predict(_unit(gx.ravel(), gy.ravel())) + mean).reshape(gx.shape)
+    i, j = np.unravel_index(int(np.argmax(pred)), pred.shape)
+    out.x, out.y = xs.tolist(), ys.tolist()
+    out.z = np.round(pred, 6).tolist()
+    out.best = {"fusion_threshold_bytes": float(xs[j]), "cycle_time_ms": float(ys[i]),
+                "score_mb_per_s": float(pred[i, j])}  # fmt: skip
+    return out

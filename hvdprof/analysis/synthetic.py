@@ -1,0 +1,266 @@
+"""Synthetic hvdprof runs with known answers, for the tests and the analysis benchmark.
+
+:func:`write_synthetic_run` writes ``rank.<r>.json`` and ``manifest.rank.<r>.json`` in the
+exact line format of hvdprof's renderer (one event per line), with a straggler late by a
+known amount, a known fusion pattern, collectives at a known bandwidth and, optionally,
+torch.profiler (Kineto) traces whose backward compute overlaps a known fraction of the
+communication. Everything about the run is chosen here, so a test can compare an
+analysis with the truth instead of with a recorded number.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import orjson
+
+from hvdprof.timeline import activities as act
+from hvdprof.timeline.manifest import (
+    MANIFEST_FORMAT,
+    MANIFEST_VERSION,
+    manifest_filename,
+    trace_filename,
+)
+
+#: A fixed wall-clock instant for the synthetic manifests (ns since the epoch).
+START_UNIX_NS = 1_790_000_000_000_000_000
+#: The synthetic ranks' local clock at that instant (ns).
+START_LOCAL_NS = 1_000_000_000
+
+
+@dataclass
+class SyntheticSpec:
+    """What the synthetic run looks like (all times in microseconds)."""
+
+    ranks: int = 4
+    steps: int = 20
+    tensors: int = 10  # float32 gradients per step, fused in order
+    tensor_bytes: int = 1 << 20
+    group_size: int = 4  # tensors per fused group (the last group may be smaller)
+    odd_dtype_tensor: bool = False  # one float16 tensor per step, alone in its group
+    step_us: float = 20_000.0
+    submit_gap_us: float = 20.0  # between consecutive tensors' submissions
+    late_rank: int | None = None
+    late_us: float = 0.0  # late_rank becomes ready this much after the others
+    cycle_us: float = 50.0  # from the last rank ready to negotiated
+    queue_us: float = 10.0
+    memcpy_us: float = 30.0
+    algbw_gbps: float = 2.0  # collective time = group bytes / this
+    backend: str = "SHM"
+    threshold_bytes: int = 64 << 20
+    autotune_samples: int = 0  # AUTOTUNE_PARAMS + AUTOTUNE_SAMPLE pairs on rank 0
+    kineto_overlap: float | None = None  # write Kineto traces with this overlap fraction
+    host: str = "synth"
+
+
+@dataclass
+class SyntheticTruth:
+    """What an analysis should find in the run written."""
+
+    directory: str
+    events: int = 0
+    groups_per_step: list[int] = field(default_factory=list)  # tensors in each group
+    kineto_paths: list[str] = field(default_factory=list)
+    sample_windows: list[tuple[float, float]] = field(default_factory=list)
+
+
+def _groups(spec: SyntheticSpec) -> list[list[int]]:
+    idx = list(range(spec.tensors))
+    groups = [idx[i : i + spec.group_size] for i in range(0, len(idx), spec.group_size)]
+    if spec.odd_dtype_tensor:
+        groups.append([spec.tensors])
+    return groups
+
+
+def _f(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def write_synthetic_run(directory: str, spec: SyntheticSpec) -> SyntheticTruth:
+    """Write the run into ``directory`` (created); return what is known about it."""
+    os.makedirs(directory, exist_ok=True)
+    truth = SyntheticTruth(directory)
+    groups = _groups(spec)
+    truth.groups_per_step = [len(g) for g in groups]
+    n_tensors = spec.tensors + (1 if spec.odd_dtype_tensor else 0)
+    names = [f"allreduce.layer{i}.grad" for i in range(n_tensors)]
+    t_origin = START_LOCAL_NS / 1000.0 + 1000.0
+    for rank in range(spec.ranks):
+        lines: list[str] = [
+            f'{{"name":"process_name","ph":"M","pid":{rank},"tid":0,'
+            f'"args":{{"name":"rank {rank} ({spec.host})"}}}}'
+        ]
+        for tid, lane in act.LANE_NAMES.items():
+            lines.append(
+                f'{{"name":"thread_name","ph":"M","pid":{rank},"tid":{tid},"args":{{"name":"{lane}"}}}}'
+            )
+        for i, name in enumerate(names):
+            lines.append(
+                f'{{"name":"thread_name","ph":"M","pid":{rank},"tid":{act.FIRST_TENSOR_LANE + i},"args":{{"name":"{name}"}}}}'
+            )
+        lines.append(
+            f'{{"name":"{act.COUNTER_FUSION_THRESHOLD}","ph":"C","ts":{_f(t_origin)},"pid":{rank},"tid":0,'
+            f'"args":{{"value":{spec.threshold_bytes / 1048576:.6g}}}}}'
+        )
+        group_id = 0
+        kineto: list[dict[str, object]] = []
+        sample = 0
+        for step in range(spec.steps):
+            t_step = t_origin + step * spec.step_us
+            if (
+                rank == 0
+                and spec.autotune_samples
+                and step % max(spec.steps // spec.autotune_samples, 1) == 0
+                and sample < spec.autotune_samples
+            ):
+                threshold = (1 << 20) << sample
+                lines.append(
+                    f'{{"name":"{act.AUTOTUNE_PARAMS}","ph":"i","s":"p","ts":{_f(t_step - 1)},"pid":0,"tid":0,'
+                    f'"args":{{"cycle":{step},"fusion_threshold_bytes":{threshold},"cycle_time_ms":1.0,"cache_enabled":true}}}}'
+                )
+                t_end = t_step + spec.step_us * max(spec.steps // spec.autotune_samples, 1) - 2
+                lines.append(
+                    f'{{"name":"{act.AUTOTUNE_SAMPLE}","ph":"i","s":"t","ts":{_f(t_end)},"pid":0,"tid":{act.LANE_AUTOTUNE},'
+                    f'"args":{{"fusion_threshold_bytes":{threshold},"cycle_time_ms":1.0,"cache_enabled":true,'
+                    f'"score":{1e6 * (sample + 1):.1f},"first_step":{step},"last_step":{step + 1},"is_best":false,"phase":"tune"}}}}'
+                )
+                truth.sample_windows.append((t_step - 1, t_end))
+                sample += 1
+            submit = [t_step + i * spec.submit_gap_us for i in range(n_tensors)]
+            ready_all = [
+                [
+                    submit[i] + (spec.late_us if r == spec.late_rank else 0.0)
+                    for r in range(spec.ranks)
+                ]
+                for i in range(n_tensors)
+            ]
+            negotiated = max(max(x) for x in ready_all) + spec.cycle_us
+            cursor = negotiated
+            for group in groups:
+                gbytes = sum(
+                    spec.tensor_bytes // 2 if t == spec.tensors else spec.tensor_bytes
+                    for t in group
+                )
+                fused = len(group) > 1
+                q0, q1 = negotiated, cursor + spec.queue_us
+                m_in = (q1, q1 + spec.memcpy_us) if fused else None
+                c0 = m_in[1] if m_in else q1
+                c1 = c0 + gbytes / (spec.algbw_gbps * 1e3)
+                m_out = (c1, c1 + spec.memcpy_us) if fused else None
+                end = m_out[1] if m_out else c1
+                cursor = end
+                if spec.kineto_overlap is not None:
+                    kineto.append({"ts": c0, "dur": (c1 - c0) * spec.kineto_overlap})
+                for t in group:
+                    tid = act.FIRST_TENSOR_LANE + t
+                    name = names[t]
+                    dtype = "float16" if t == spec.tensors else "float32"
+                    nbytes = spec.tensor_bytes // 2 if t == spec.tensors else spec.tensor_bytes
+                    tail = f'"pid":{rank},"tid":{tid}}}'
+                    ready = ready_all[t]
+                    own = ready[rank]
+                    for r in range(spec.ranks):
+                        lines.append(
+                            f'{{"name":"{act.READY_PREFIX}{r}","ph":"i","s":"t","ts":{_f(max(ready[r], own))},{tail}'
+                        )
+                    stamps = ",".join(f'"{r}":{_f(ready[r])}' for r in range(spec.ranks))
+                    last = max(range(spec.ranks), key=lambda r, ready=ready: ready[r])
+                    lines.append(
+                        f'{{"name":"NEGOTIATE_ALLREDUCE","ph":"X","ts":{_f(own)},"dur":{_f(negotiated - own)},'
+                        f'"args":{{"tensor":"{name}","cached":true,"ready_us":{{{stamps}}},"last_ready_rank":{last}}},{tail}'
+                    )
+                    lines.append(
+                        f'{{"name":"ALLREDUCE","ph":"X","ts":{_f(negotiated)},"dur":{_f(end - negotiated)},'
+                        f'"args":{{"tensor":"{name}","dtype":"{dtype}","shape":[{nbytes // 4}],"bytes":{nbytes},"cached":true,'
+                        f'"group":{group_id},"group_tensors":{len(group)},"group_bytes":{gbytes},'
+                        f'"group_buffer_bytes":{gbytes if fused else 0},"backend":"{spec.backend}"}},{tail}'
+                    )
+                    lines.append(
+                        f'{{"name":"QUEUE","ph":"X","ts":{_f(q0)},"dur":{_f(q1 - q0)},{tail}'
+                    )
+                    if m_in:
+                        lines.append(
+                            f'{{"name":"MEMCPY_IN_FUSION_BUFFER","ph":"X","ts":{_f(m_in[0])},"dur":{_f(m_in[1] - m_in[0])},{tail}'
+                        )
+                    lines.append(
+                        f'{{"name":"{spec.backend}_ALLREDUCE","ph":"X","ts":{_f(c0)},"dur":{_f(c1 - c0)},{tail}'
+                    )
+                    if m_out:
+                        lines.append(
+                            f'{{"name":"MEMCPY_OUT_FUSION_BUFFER","ph":"X","ts":{_f(m_out[0])},"dur":{_f(m_out[1] - m_out[0])},{tail}'
+                        )
+                group_id += 1
+        lines.append(
+            f'{{"name":"{act.TRACE_END}","ph":"M","pid":{rank},"tid":0,"args":{{"events_written":{len(lines)},"events_dropped":0}}}}'
+        )
+        truth.events += len(lines)
+        path = os.path.join(directory, trace_filename(rank))
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("[\n")
+            f.write(",\n".join(lines))
+            f.write("\n]\n")
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "version": MANIFEST_VERSION,
+            "run_id": "synthetic",
+            "rank": rank,
+            "size": spec.ranks,
+            "hostname": spec.host,
+            "start_unix_ns": START_UNIX_NS,
+            "start_local_ns": START_LOCAL_NS,
+            "clock": {"offset_ns": 0, "origin_ns": 0, "error_ns": 0, "samples": 1},
+            "config": {"fusion_threshold_bytes": spec.threshold_bytes, "cycle_time_ms": 1.0},
+            "events_written": len(lines),
+            "events_dropped": 0,
+            "closed": True,
+            "trace_file": trace_filename(rank),
+        }
+        with open(os.path.join(directory, manifest_filename(rank)), "wb") as f:
+            f.write(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+        if spec.kineto_overlap is not None:
+            truth.kineto_paths.append(_write_kineto(directory, rank, kineto))
+    return truth
+
+
+def _write_kineto(directory: str, rank: int, compute: list[dict[str, object]]) -> str:
+    """A torch.profiler-style trace whose backward ops cover the given spans."""
+    shift = START_LOCAL_NS / 1000.0  # timeline us = kineto ts + shift (see merge.kineto_shift_us)
+    events: list[dict[str, object]] = [
+        {"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "python"}}
+    ]
+    for i, span in enumerate(compute):
+        ts = float(span["ts"]) - shift  # type: ignore[arg-type]
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": f"autograd::engine::evaluate_function: AddmmBackward0 #{i}",
+                "pid": 1,
+                "tid": 1,
+                "ts": round(ts, 3),
+                "dur": round(float(span["dur"]), 3),  # type: ignore[arg-type]
+            }
+        )
+        # forward work that must not count: placed right before the collective
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": "aten::addmm",
+                "pid": 1,
+                "tid": 1,
+                "ts": round(ts - 5.0, 3),
+                "dur": 4.0,
+            }
+        )
+    trace = {
+        "schemaVersion": 1,
+        "distributedInfo": {"rank": rank, "world_size": 0},
+        "baseTimeNanoseconds": START_UNIX_NS,
+        "traceEvents": events,
+    }
+    path = os.path.join(directory, f"kineto.rank{rank}.pt.trace.json")
+    with open(path, "wb") as f:
+        f.write(orjson.dumps(trace))
+    return path
