@@ -13,6 +13,8 @@
     collective: "#3a6ea5", memcpy_out: "#8ecae6", other: "#b8b8b8", cycle: "#e9c46a",
     autotune: "#9d4edd", aggregated: "#64748b",
   };
+  // The breakdown's categories (hvdprof.analysis.breakdown); idle is compute, drawn quiet.
+  const CATEGORY_COLORS = { idle: "#e5e7eb" };
   const state = {
     runs: [], run: null, info: null, expand: "", view: null, version: 0,
     timelineRequest: 0, lanes: [], live: false, updates: 0,
@@ -146,23 +148,31 @@
   function drawTimeline(data) {
     const el = $("timeline");
     if (!data) { empty(el, "no events to show yet"); return; }
-    const lanes = rows(data.lanes);
-    const items = rows(data.items);
+    // timeline_window().to_dict(): rows (one per rank, or per tensor of the expanded rank)
+    // and either slices or, when too many for the screen, buckets (columns of lists).
+    const lanes = data.rows || [];
+    const items = rows(data.aggregated ? data.buckets : data.slices);
     const t0 = runT0();
     const laneLabel = new Map();
-    lanes.forEach((lane, i) => laneLabel.set(pick(lane, ["id", "lane"], i), pick(lane, ["label", "name"], "lane " + i)));
+    const laneRank = new Map();
+    lanes.forEach((lane) => { laneLabel.set(lane.row, lane.label); laneRank.set(lane.row, lane.rank); });
     const byPhase = new Map();
     for (const it of items) {
       const phase = it.phase || "other";
       if (!byPhase.has(phase)) byPhase.set(phase, { y: [], base: [], x: [], text: [], custom: [] });
       const g = byPhase.get(phase);
-      const lane = laneLabel.has(it.lane) ? laneLabel.get(it.lane) : String(it.lane);
+      const lane = laneLabel.has(it.row) ? laneLabel.get(it.row) : String(it.row);
       g.y.push(lane);
       g.base.push((it.start_us - t0) / 1000);
       g.x.push(Math.max(it.dur_us, 0) / 1000);
-      g.custom.push(it.rank != null ? it.rank : null);
+      g.custom.push(laneRank.has(it.row) ? laneRank.get(it.row) : null);
       const lines = [];
-      if (it.count && it.count > 1) lines.push("<b>" + it.count + " events</b> (aggregated)");
+      if (it.count !== undefined) {
+        lines.push("<b>" + it.count + " slices</b>, mostly " + phase + ", busy " + fmtUs(it.busy_us) + " of " + fmtUs(it.dur_us));
+        lines.push("zoom in to see each one");
+        g.text.push(lines.join("<br>"));
+        continue;
+      }
       lines.push("<b>" + (it.name || phase) + "</b>  " + fmtUs(it.dur_us));
       if (it.tensor) lines.push("tensor: " + it.tensor);
       if (it.bytes != null && it.bytes >= 0) lines.push("bytes: " + fmtBytes(it.bytes));
@@ -181,7 +191,7 @@
         marker: { color: PHASE_COLORS[phase] || "#888", line: { width: 0 } },
       });
     }
-    const categories = lanes.map((l, i) => pick(l, ["label", "name"], "lane " + i));
+    const categories = lanes.map((l) => l.label);
     state.lanes = categories;
     el.dataset.lanes = String(categories.length);
     el.dataset.items = String(items.length);
@@ -196,9 +206,9 @@
     if (state.view) layout.xaxis.range = [(state.view[0] - t0) / 1000, (state.view[1] - t0) / 1000];
     else layout.xaxis.autorange = true;
     Plotly.react(el, traces, layout, plotConfig);
-    const agg = data.aggregated ? " (aggregated: zoom in for single events)" : "";
+    const agg = data.aggregated ? " (" + data.total + " slices aggregated into time bins: zoom in for single events)" : "";
     const span = state.view ? state.view : [data.t0_us, data.t1_us];
-    text($("timeline-status"), items.length + " items in " + fmtUs(span[1] - span[0]) + agg);
+    text($("timeline-status"), (data.aggregated ? items.length + " bins" : items.length + " slices") + " in " + fmtUs(span[1] - span[0]) + agg);
     if (!el.dataset.bound) {
       el.dataset.bound = "1";
       el.on("plotly_relayout", onRelayout);
@@ -255,117 +265,161 @@
     box.appendChild(ul);
   }
 
+  let breakdownData = null;
   function drawBreakdown(data) {
+    breakdownData = data;
     const el = $("breakdown");
-    const table = rows(data && pick(data, ["ranks", "rows", "per_rank"], null));
-    if (!table.length) { empty(el, "no time breakdown for this run"); return; }
-    const phases = (data && data.phases) || Object.keys(table[0].phases_us || table[0].phases || {});
-    const traces = phases.map((phase) => ({
-      type: "bar", name: phase,
-      x: table.map((r) => "rank " + r.rank),
-      y: table.map((r) => ((r.phases_us || r.phases || {})[phase] || 0) / 1000),
-      marker: { color: PHASE_COLORS[phase] || undefined },
+    text($("breakdown-verdict"), data && data.verdict);
+    const ranks = (data && data.ranks) || [];
+    if (!ranks.length) { empty(el, "no time breakdown for this run"); drawWaitHeatmap(null); return; }
+    const labels = data.labels || {};
+    const traces = (data.categories || []).map((cat) => ({
+      type: "bar", name: labels[cat] || cat,
+      x: ranks.map((r) => "rank " + r.rank),
+      y: ranks.map((r) => (r.total_ms || {})[cat] || 0),
+      marker: { color: CATEGORY_COLORS[cat] || PHASE_COLORS[cat] },
+      hovertemplate: "%{x}: %{y:.1f} ms<extra>" + (labels[cat] || cat) + "</extra>",
     }));
-    Plotly.react(el, traces, Object.assign(baseLayout(), { barmode: "stack", yaxis: { title: "ms" } }), plotConfig);
+    Plotly.react(el, traces, Object.assign(baseLayout(), {
+      barmode: "stack", yaxis: { title: "ms over the run" }, legend: { orientation: "h", y: -0.15, font: { size: 11 } },
+      margin: { l: 60, r: 16, t: 10, b: 30 }, height: 360,
+    }), plotConfig);
+    drawWaitHeatmap(data);
+  }
+
+  // Stragglers: the breakdown's per-step negotiation wait of each rank, as a heatmap.
+  function drawWaitHeatmap(data) {
+    const el = $("stragglers");
+    const ranks = (data && data.ranks) || [];
+    const z = ranks.map((r) => ((r.per_step_ms || {}).negotiate) || []);
+    if (!ranks.length || !z.some((row) => row.length)) { empty(el, "no negotiation waits recorded"); return; }
+    const steps = Math.max(...z.map((row) => row.length));
+    Plotly.react(el, [{
+      type: "heatmap", z: z, x: Array.from({ length: steps }, (_, i) => i), y: ranks.map((r) => "rank " + r.rank),
+      colorscale: [[0, "#fff7ec"], [0.5, "#fc8d59"], [1, "#7f0000"]], colorbar: { title: { text: "wait ms" } },
+      zmin: 0, zmax: colourCap(z),
+      hovertemplate: "%{y}, step %{x}: waited %{z:.2f} ms for the others<extra></extra>",
+    }], Object.assign(baseLayout(), {
+      xaxis: { title: "step" }, yaxis: { autorange: "reversed", type: "category" }, height: 340,
+      margin: { l: 60, r: 16, t: 10, b: 44 },
+    }), plotConfig);
+  }
+
+  // Colour scale top: the 95th percentile, so one slow first step does not wash out the rest.
+  function colourCap(z) {
+    const all = z.flat().filter((v) => v != null).sort((a, b) => a - b);
+    return all.length ? Math.max(all[Math.floor(0.95 * (all.length - 1))], 1e-3) : 1;
   }
 
   function drawStragglers(data) {
-    const el = $("stragglers");
-    text($("straggler-verdict"), data ? pick(data, ["verdict", "sentence"], "") : "");
-    const heat = data && pick(data, ["heatmap", "wait_matrix"], null);
-    if (!heat || !heat.z || !heat.z.length) { empty(el, "no negotiation waits recorded"); return; }
-    Plotly.react(el, [{
-      type: "heatmap", z: heat.z.map((row) => row.map((v) => (v == null ? null : v / 1000))),
-      x: heat.steps || heat.x, y: (heat.ranks || heat.y).map((r) => "rank " + r),
-      colorscale: "YlOrRd", colorbar: { title: "wait ms" },
-      hovertemplate: "%{y}, step %{x}: waited %{z:.2f} ms<extra></extra>",
-    }], Object.assign(baseLayout(), { xaxis: { title: "step" }, yaxis: { autorange: "reversed" } }), plotConfig);
+    text($("straggler-verdict"), data && data.verdict);
   }
 
   function drawFusion(data) {
     const el = $("fusion");
-    const groups = rows(data && pick(data, ["histogram", "tensors_per_op"], null));
-    if (!groups.length) { empty(el, "no fused operations recorded"); return; }
-    const traces = [{
-      type: "bar", name: "fused ops", x: groups.map((g) => g.tensors), y: groups.map((g) => g.count),
-      marker: { color: PHASE_COLORS.memcpy_in }, hovertemplate: "%{y} ops of %{x} tensors<extra></extra>",
-    }];
-    const layout = Object.assign(baseLayout(), { xaxis: { title: "tensors per fused op" }, yaxis: { title: "ops" } });
-    if (data.buffer_fill_mean != null) {
-      layout.title = { text: "mean buffer fill " + (100 * data.buffer_fill_mean).toFixed(0) + "%", font: { size: 12 } };
-    }
-    Plotly.react(el, traces, layout, plotConfig);
+    text($("fusion-verdict"), data && data.verdict);
+    const ranks = (data && data.ranks) || [];
+    if (!ranks.length) { empty(el, "no fused operations recorded"); return; }
+    const traces = ranks.map((r) => {
+      const hist = r.group_size_histogram || {};
+      const sizes = Object.keys(hist).map(Number).sort((a, b) => a - b);
+      return {
+        type: "bar", name: "rank " + r.rank + " (fill " + (100 * (r.fill_mean || 0)).toFixed(1) + "%)",
+        x: sizes, y: sizes.map((k) => hist[String(k)]),
+        hovertemplate: "%{y} collectives of %{x} tensors<extra>rank " + r.rank + "</extra>",
+      };
+    });
+    Plotly.react(el, traces, Object.assign(baseLayout(), {
+      barmode: "group", xaxis: { title: "tensors per collective (fusion group size)", type: "category" },
+      yaxis: { title: "collectives" },
+      title: { text: "buffer fill (fused groups' bytes / threshold " + fmtBytes(data.threshold_bytes) + ")", font: { size: 11 } },
+    }), plotConfig);
   }
 
   function drawBandwidth(data) {
     const el = $("bandwidth");
-    const bins = rows(data && pick(data, ["by_size", "bins", "rows"], null));
+    text($("bandwidth-verdict"), data && data.verdict);
+    const bins = (data && data.bins) || [];
     if (!bins.length) { empty(el, "no collectives with known sizes"); return; }
-    Plotly.react(el, [{
-      type: "scatter", mode: "lines+markers", name: "bus bandwidth",
-      x: bins.map((b) => b.bytes || b.size_bytes || b.message_bytes),
-      y: bins.map((b) => (b.busbw_bytes_per_s || b.bus_bandwidth || 0) / 1e6),
-      text: bins.map((b) => (b.count || 0) + " ops"),
-      hovertemplate: "%{x} B: %{y:.1f} MB/s (%{text})<extra></extra>", marker: { color: PHASE_COLORS.collective },
-    }], Object.assign(baseLayout(), { xaxis: { title: "message size (bytes)", type: "log" }, yaxis: { title: "bus bandwidth (MB/s)" } }), plotConfig);
+    const ops = [...new Set(bins.map((b) => b.op))];
+    const traces = ops.map((op) => {
+      const mine = bins.filter((b) => b.op === op);
+      return {
+        type: "scatter", mode: "lines+markers", name: op.toLowerCase(),
+        x: mine.map((b) => b.median_bytes), y: mine.map((b) => b.busbw_gbps * 1000),
+        text: mine.map((b) => b.count + " calls, median " + b.median_ms.toFixed(3) + " ms"),
+        hovertemplate: "%{x:.3s}B: %{y:.2f} MB/s<br>%{text}<extra>" + op.toLowerCase() + "</extra>",
+      };
+    });
+    Plotly.react(el, traces, Object.assign(baseLayout(), {
+      xaxis: { title: "message size (bytes)", type: "log" }, yaxis: { title: "bus bandwidth (MB/s)", type: "log" },
+    }), plotConfig);
   }
 
   let autotuneSamples = [];
   function drawAutotune(data) {
-    const samples = rows(data && data.samples);
+    const samples = (data && data.samples) || [];
     autotuneSamples = samples;
-    text($("autotune-summary"), data ? pick(data, ["verdict", "summary"], samples.length ? "" : "") : "");
+    text($("autotune-summary"), data && data.verdict);
     const scoreEl = $("autotune-score"), paramEl = $("autotune-params");
     if (!samples.length) {
       empty(scoreEl, "no autotune samples in this run (run with --autotune)");
       empty(paramEl, "");
-      empty($("autotune-surface"), "");
       return;
     }
-    const idx = samples.map((_, i) => i + 1);
-    const score = samples.map((s) => pick(s, ["score_bytes_per_s", "score"], 0) / 1e6);
+    const idx = samples.map((s) => s.index);
+    const score = samples.map((s) => s.score_mb_per_s);
     const best = [];
     score.forEach((v, i) => best.push(i ? Math.max(best[i - 1], v) : v));
     const hover = samples.map((s) =>
-      "threshold " + fmtBytes(s.fusion_threshold_bytes) + "<br>cycle " + s.cycle_time_ms + " ms<br>cache " + (s.cache_enabled ? "on" : "off"));
+      "threshold " + fmtBytes(s.fusion_threshold_bytes) + ", cycle " + s.cycle_time_ms + " ms, cache " +
+      (s.cache_enabled ? "on" : "off") + "<br>steps " + s.first_step + "-" + s.last_step + " (" + s.phase + ")");
     Plotly.react(scoreEl, [
-      { type: "scatter", mode: "markers", name: "sample score", x: idx, y: score, text: hover,
-        hovertemplate: "sample %{x}: %{y:.2f} MB/s<br>%{text}<extra>click: show on timeline</extra>", marker: { size: 9, color: PHASE_COLORS.autotune } },
-      { type: "scatter", mode: "lines", name: "best so far", x: idx, y: best, line: { shape: "hv", color: "#1a7f37" } },
-    ], Object.assign(baseLayout(), { title: { text: "score per sample", font: { size: 12 } }, xaxis: { title: "sample" }, yaxis: { title: "MB/s reduced" } }), plotConfig);
+      { type: "scatter", mode: "markers", name: "sample", x: idx, y: score, text: hover,
+        hovertemplate: "sample %{x}: %{y:.2f} MB/s<br>%{text}<extra>click: show on the timeline</extra>",
+        marker: { size: 10, color: samples.map((s) => (s.is_best ? "#1a7f37" : PHASE_COLORS.autotune)) } },
+      { type: "scatter", mode: "lines", name: "best so far", x: idx, y: best, hoverinfo: "skip", line: { shape: "hv", color: "#1a7f37" } },
+    ], Object.assign(baseLayout(), {
+      title: { text: "score per sample (click one)", font: { size: 12 } }, xaxis: { title: "sample" },
+      yaxis: { title: "MB/s reduced" }, margin: { l: 55, r: 10, t: 30, b: 44 },
+    }), plotConfig);
     Plotly.react(paramEl, [
       { type: "scatter", mode: "lines+markers", name: "fusion threshold (MiB)", x: idx, y: samples.map((s) => s.fusion_threshold_bytes / 1048576) },
       { type: "scatter", mode: "lines+markers", name: "cycle time (ms)", x: idx, y: samples.map((s) => s.cycle_time_ms), yaxis: "y2" },
     ], Object.assign(baseLayout(), {
       title: { text: "parameter trajectory", font: { size: 12 } }, xaxis: { title: "sample" },
-      yaxis: { title: "MiB", type: "log" }, yaxis2: { title: "ms", type: "log", overlaying: "y", side: "right" },
-      margin: { l: 60, r: 50, t: 24, b: 44 },
+      yaxis: { title: "threshold MiB", type: "log" }, yaxis2: { title: "cycle ms", type: "log", overlaying: "y", side: "right" },
+      margin: { l: 55, r: 50, t: 30, b: 44 },
     }), plotConfig);
     if (!scoreEl.dataset.bound) {
       scoreEl.dataset.bound = "1";
       scoreEl.on("plotly_click", (ev) => {
-        const s = autotuneSamples[ev.points[0].pointIndex];
-        const t0 = pick(s, ["t0_us", "window_t0_us"], null), t1 = pick(s, ["t1_us", "window_t1_us", "ts_us"], null);
-        if (t0 != null && t1 != null && t1 > t0) showWindow(t0, t1);
+        const point = ev.points.find((p) => p.curveNumber === 0);
+        if (!point) return;
+        const s = autotuneSamples[point.pointIndex];
+        if (s && s.t1_us > s.t0_us) { state.selectedSample = s.index; showWindow(s.t0_us, s.t1_us); }
       });
     }
   }
 
   function drawSurface(data) {
     const el = $("autotune-surface");
-    if (!data || !data.z || !data.z.length) { empty(el, (data && data.reason) || "no surrogate surface (too few samples)"); return; }
+    if (!data || !data.z || !data.z.length) { empty(el, (data && data.reason) || "no surrogate surface"); return; }
     const traces = [{
-      type: "contour", x: data.x || data.fusion_threshold_bytes, y: data.y || data.cycle_time_ms, z: data.z.map((r) => r.map((v) => v / 1e6)),
-      colorscale: "Viridis", colorbar: { title: "MB/s" }, contours: { coloring: "heatmap" },
-      hovertemplate: "threshold %{x:.3s} B, cycle %{y:.2f} ms: %{z:.2f} MB/s<extra>surrogate</extra>",
+      type: "contour", x: data.x, y: data.y, z: data.z, colorscale: "Viridis",
+      colorbar: { title: { text: "MB/s" } }, contours: { coloring: "heatmap" },
+      hovertemplate: "threshold %{x:.3s}B, cycle %{y:.2f} ms: %{z:.2f} MB/s<extra>surrogate</extra>",
     }];
-    const pts = rows(data.samples);
-    if (pts.length) {
-      traces.push({ type: "scatter", mode: "markers", name: "samples", x: pts.map((s) => s.fusion_threshold_bytes), y: pts.map((s) => s.cycle_time_ms), marker: { color: "#fff", line: { color: "#000", width: 1 }, size: 7 } });
-    }
+    const pts = data.samples || [];
+    traces.push({
+      type: "scatter", mode: "markers", name: "samples", x: pts.map((s) => s.fusion_threshold_bytes),
+      y: pts.map((s) => s.cycle_time_ms), text: pts.map((s) => s.score_mb_per_s.toFixed(2) + " MB/s"),
+      hovertemplate: "sample: %{text}<extra></extra>", marker: { color: "#fff", line: { color: "#000", width: 1 }, size: 7 },
+    });
     Plotly.react(el, traces, Object.assign(baseLayout(), {
-      title: { text: "surrogate: threshold x cycle time", font: { size: 12 } }, showlegend: false,
+      title: { text: "surrogate over threshold x cycle time", font: { size: 12 } }, showlegend: false,
       xaxis: { title: "fusion threshold (bytes)", type: "log" }, yaxis: { title: "cycle time (ms)", type: "log" },
+      margin: { l: 55, r: 10, t: 30, b: 44 },
     }), plotConfig);
   }
 
@@ -382,15 +436,19 @@
 
   function drawCompare(data) {
     const el = $("compare");
-    const box = $("compare-verdicts");
-    box.innerHTML = "";
-    for (const v of (data && data.verdicts) || []) { const p = document.createElement("p"); p.textContent = v; box.appendChild(p); }
-    const metrics = rows(data && pick(data, ["metrics", "rows"], null));
-    if (!metrics.length) { empty(el, "nothing to compare"); return; }
+    text($("compare-verdicts"), data && data.verdict);
+    const rowsAll = (data && data.rows) || [];
+    const phases = rowsAll.filter((r) => r.kind === "phase");
+    const shown = phases.length ? phases : rowsAll.slice(0, 12);
+    if (!shown.length) { empty(el, "nothing to compare"); return; }
+    const keys = shown.map((r) => r.kind + ": " + r.key);
     Plotly.react(el, [
-      { type: "bar", name: "baseline", x: metrics.map((m) => m.name || m.metric), y: metrics.map((m) => m.a) },
-      { type: "bar", name: "compared", x: metrics.map((m) => m.name || m.metric), y: metrics.map((m) => m.b) },
-    ], Object.assign(baseLayout(), { barmode: "group" }), plotConfig);
+      { type: "bar", name: "baseline (" + data.a + ")", x: keys, y: shown.map((r) => r.a_ms) },
+      { type: "bar", name: "compared (" + data.b + ")", x: keys, y: shown.map((r) => r.b_ms) },
+    ], Object.assign(baseLayout(), {
+      barmode: "group", yaxis: { title: "ms per step" },
+      title: { text: "step " + (data.step_ms_a || 0).toFixed(2) + " ms vs " + (data.step_ms_b || 0).toFixed(2) + " ms", font: { size: 12 } },
+    }), plotConfig);
   }
 
   // ------------------------------------------------------------------ run selection

@@ -17,7 +17,7 @@ from typing import Any
 
 from hvdprof.dashboard.catalog import RunCatalog, RunLoadError, RunNotFoundError
 from hvdprof.dashboard.paths import OutsideRootError
-from hvdprof.dashboard.routes.analyses import ANALYSES
+from hvdprof.dashboard.routes.analyses import ANALYSES, analysis_function
 from hvdprof.dashboard.routes.page import plotly_js_path
 from hvdprof.dashboard.service import run_info, section
 from hvdprof.dashboard.settings import web_directory
@@ -38,7 +38,6 @@ def _script(text: str) -> str:
 
 def embedded_responses(catalog: RunCatalog, run_id: str) -> dict[str, Any]:
     """The API responses the page needs for ``run_id``, keyed as the page's ``api()`` asks."""
-    import hvdprof.analysis as library
     from hvdprof.analysis import timeline_window
 
     entry = catalog.entry(run_id)
@@ -49,7 +48,7 @@ def embedded_responses(catalog: RunCatalog, run_id: str) -> dict[str, Any]:
         f"api/run?run={run_id}": info.model_dump(),
     }  # fmt: skip
     for name, (function, _summary) in ANALYSES.items():
-        compute = getattr(library, function, None)
+        compute = analysis_function(function)
         if compute is None:
             body = {"run": run_id, "version": 0, "data": None,
                     "notices": [f"this installation's analysis library has no {function}()"]}  # fmt: skip

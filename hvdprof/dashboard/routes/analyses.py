@@ -7,7 +7,7 @@ whole mapping from URL to library; nothing is computed here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
 
@@ -35,12 +35,22 @@ ANALYSES: dict[str, tuple[str, str]] = {
 }
 
 
+def analysis_function(function: str) -> Callable[[Any], Any] | None:
+    """``hvdprof.analysis.<function>`` (or from its ``surrogate`` module), None if absent."""
+    import hvdprof.analysis as library
+
+    found = getattr(library, function, None)
+    if found is None:
+        from hvdprof.analysis import surrogate
+
+        found = getattr(surrogate, function, None)
+    return found
+
+
 def _endpoint(name: str, function: str) -> Callable[..., Section]:
     def analysis(run: RunId, catalog: Annotated[RunCatalog, Depends(get_catalog)]) -> Section:
-        import hvdprof.analysis as library
-
         catalog.entry(run)  # 403 / 404 before anything else
-        compute = getattr(library, function, None)
+        compute = analysis_function(function)
         if compute is None:
             return Section(
                 run=run, version=0, data=None,
