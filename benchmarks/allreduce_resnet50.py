@@ -57,6 +57,15 @@ SWEEP = [
 ]
 QUICK_SWEEP = [(64 * MiB, 4, "gloo")]
 
+#: The default-threads case (see ``run_threads``): launched as mpirun or srun would, with
+#: no thread variable and no launcher default, so torch starts one thread per core. The
+#: variants differ only in intra-op threads, switched between steps in one process, so
+#: they are interleaved: the user's thread at 1 (the best setting), the user's thread at
+#: torch's default (what a user gets), and that plus the cycle thread uncapped (the
+#: runtime before it capped its own team: the cost the cap removes).
+THREAD_VARIANTS = ("hvdprof_threads_1", "hvdprof_threads_default", "hvdprof_cycle_uncapped")
+THREADS_GOAL = 1.10
+
 
 def resnet50_param_shapes() -> list[tuple[str, tuple[int, ...]]]:
     """Weights and biases of torchvision's ResNet-50 (v1.5), in ``named_parameters`` order.
@@ -153,7 +162,8 @@ def worker(args: Any) -> None:
 
     import hvdprof.torch as hvd
 
-    torch.set_num_threads(args.threads)
+    if args.threads > 0:  # 0: torch's own default (the thread comparison's launches)
+        torch.set_num_threads(args.threads)
     hvd.init()
     h.init_baseline_group()
     rank, size = hvd.rank(), hvd.size()
@@ -187,7 +197,30 @@ def worker(args: Any) -> None:
     def run_hvdprof_flat() -> None:
         hvd.allreduce_(flat_hv, name="flat", op=hvd.Sum)
 
+    # The thread variants (``--threads 0`` launches): torch's default is what the user's
+    # thread has now; the cycle thread capped itself at init.
+    from hvdprof.runtime import runtime as hv_runtime
+    from hvdprof.runtime.threads import openmp_set_num_threads
+
+    default_threads = torch.get_num_threads()
+    cycle_cap = hv_runtime.get().cycle.intra_op_threads
+    set_omp = openmp_set_num_threads()
+    cycle_now = [cycle_cap]
+
+    def threads_variant(user: int, cycle: int) -> Any:
+        def run() -> None:
+            torch.set_num_threads(user)  # the user's thread only (and threads started later)
+            if cycle_now[0] != cycle and set_omp is not None:  # same order on every rank
+                hv_runtime.get().run_collectively(lambda: set_omp(cycle))
+                cycle_now[0] = cycle
+            run_hvdprof()
+
+        return run
+
     fns = {
+        "hvdprof_threads_1": threads_variant(1, cycle_cap),
+        "hvdprof_threads_default": threads_variant(default_threads, cycle_cap),
+        "hvdprof_cycle_uncapped": threads_variant(default_threads, default_threads),
         "hvdprof_flat": run_hvdprof_flat,
         "flat": run_flat,
         "flat_cat": run_flat_cat,
@@ -254,6 +287,10 @@ def main() -> None:
     p = h.parser(__doc__.splitlines()[0], steps=40, warmup=5)
     p.add_argument("--variants", default=",".join(VARIANTS), help=argparse_help())
     p.add_argument("--no-sweep", action="store_true", help="skip the threshold/in-flight sweep")
+    p.add_argument("--no-threads", action="store_true", help="skip the default-threads comparison")
+    p.add_argument(
+        "--threads-repeats", type=int, default=2, help="launches of the thread comparison"
+    )
     p.add_argument("--sweep-steps", type=int, default=12, help="timed rounds per sweep launch")
     p.add_argument("--sweep-warmup", type=int, default=2, help="untimed rounds per sweep launch")
     p.add_argument(
@@ -265,8 +302,8 @@ def main() -> None:
         return
     if args.quick:
         args.steps, args.warmup, args.sweep_steps, args.sweep_warmup = 4, 1, 3, 1
-        args.sweep_repeats = 1
-    unknown = set(args.variants.split(",")) - set(VARIANTS)
+        args.sweep_repeats = args.threads_repeats = 1
+    unknown = set(args.variants.split(",")) - set(VARIANTS) - set(THREAD_VARIANTS)
     if unknown:
         p.error(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
     check_shapes(resnet50_param_shapes())
@@ -311,6 +348,7 @@ def main() -> None:
         print(f"hvdprof per step: {hv_stats}")
     print(f"DDP buckets (tensors per bucket): {data['ddp_buckets']}")
 
+    thread_result = {} if args.no_threads else run_threads(args, timeout)
     sweep_rows = [] if args.no_sweep else run_sweep(args, timeout)
 
     path = h.write_results(
@@ -338,6 +376,16 @@ def main() -> None:
             "ratios": ratios,
             "hvdprof_backend": data["hvdprof_backend"],
             "hvdprof_per_step": hv_stats,
+            "threads": {
+                "what": "launches with no thread variable and no launcher default "
+                "(HVDPROF_THREADS_DEFAULT=0, as under mpirun/srun), torch's default thread "
+                "count; variants switch the user's and the cycle thread's intra-op threads "
+                "between steps, interleaved; samples pooled over the launches",
+                "goal": f"hvdprof_threads_default / hvdprof_threads_1 <= {THREADS_GOAL}",
+                "launches": args.threads_repeats,
+                "steps_per_launch": args.sweep_steps,
+                **thread_result,
+            },
             "sweep": {
                 "interleaved": "within each launch only (flat vs hvdprof); not across launches. "
                 "Configs take turns over the repeats; samples pooled per config.",
@@ -352,6 +400,55 @@ def main() -> None:
         args.quick,
     )
     print(f"\nwrote {path}")
+
+
+def run_threads(args: Any, timeout: float) -> dict[str, Any]:
+    """The default-threads case, so that it cannot hide behind the benchmarks' one thread
+    per rank: ``--threads-repeats`` launches without any thread variable or launcher
+    default, each timing ``flat`` and THREAD_VARIANTS interleaved; samples pooled.
+    """
+    import os
+
+    variants = ("flat", *THREAD_VARIANTS)
+    print()
+    print(
+        f"threads: {args.threads_repeats} launch(es) with no thread variable and "
+        "HVDPROF_THREADS_DEFAULT=0 (as under mpirun), torch's default thread count; "
+        f"{', '.join(variants)} interleaved ({args.sweep_steps} rounds per launch)"
+    )
+    saved = {
+        k: os.environ.pop(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ
+    }
+    pooled: dict[str, list[Any]] = {v: [] for v in variants}
+    try:
+        for rep in range(args.threads_repeats):
+            targv = [
+                "--np", str(args.np), "--steps", str(args.sweep_steps),
+                "--warmup", str(args.sweep_warmup), "--threads", "0",
+                "--variants", ",".join(variants),
+            ]  # fmt: skip
+            env = {"HVDPROF_THREADS_DEFAULT": "0"}
+            tdata = h.run_job(__file__, targv, args.np, env=env, timeout=timeout)
+            offset = rep * args.sweep_steps  # keep rounds of different launches apart
+            for v in variants:
+                pooled[v] += [(r + offset, dt) for r, dt in tdata["samples"][v]]
+    finally:
+        os.environ.update(saved)
+    summary = h.summarise(pooled)
+    ratios: dict[str, Any] = {}
+    for num, den, bound in (
+        ("hvdprof_threads_default", "hvdprof_threads_1", THREADS_GOAL),
+        ("hvdprof_cycle_uncapped", "hvdprof_threads_1", None),
+        ("hvdprof_threads_1", "flat", None),
+    ):
+        r = h.ratio(pooled, num, den)
+        r["goal"] = "" if bound is None else f"<= {bound}"
+        r["met"] = None if bound is None else r["of_medians"] <= bound
+        ratios[f"{num} / {den}"] = r
+    print(h.variant_table(summary))
+    print()
+    print(h.ratio_table(ratios))
+    return {"variants": summary, "ratios": ratios}
 
 
 def run_sweep(args: Any, timeout: float) -> list[dict[str, Any]]:

@@ -47,7 +47,7 @@ def user_thread_setting(environ: Mapping[str, str]) -> str | None:
     return next((name for name in THREAD_VARS if environ.get(name, "").strip()), None)
 
 
-def _omp_set_num_threads() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+def openmp_set_num_threads() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     """``omp_set_num_threads`` of the OpenMP runtime already loaded in this process."""
     try:
         with open("/proc/self/maps") as maps:
@@ -78,7 +78,7 @@ def limit_this_thread(share: int) -> int:
     current = torch.get_num_threads()
     if current <= share or "parallel backend: OpenMP" not in torch.__config__.parallel_info():
         return current
-    set_threads = _omp_set_num_threads()
+    set_threads = openmp_set_num_threads()
     if set_threads is None:
         return current
     set_threads(share)
