@@ -7,6 +7,7 @@ is reduced in place, with no copy at all.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any
 
@@ -14,6 +15,7 @@ import torch
 
 from hvdprof.errors import TensorMismatchError
 from hvdprof.runtime import timebase
+from hvdprof.runtime.adasum import combine_tree
 from hvdprof.runtime.backends.base import DONE, CollectiveBackend
 from hvdprof.runtime.backends.shm import SharedMemoryAllreduce
 from hvdprof.runtime.dtypes import ITEMSIZE, torch_attr
@@ -380,6 +382,9 @@ class Executor:
         sig = op.signature
         if sig.op == OpType.BARRIER:
             return None
+        if sig.op == OpType.ALLREDUCE:  # the only allreduce that is not fusable: Adasum
+            self.backend_calls += 1
+            return self._adasum(req, sig)
         assert req is not None, f"{sig.op.name} ran on a rank that has joined"
         self.backend_calls += 1
         if sig.op == OpType.BROADCAST:
@@ -395,6 +400,26 @@ class Executor:
         if sig.op == OpType.REDUCESCATTER:
             return self._reducescatter(req, sig)
         raise AssertionError(f"unknown op {sig.op}")
+
+    def _adasum(self, req: Request | None, sig: Signature) -> torch.Tensor | None:
+        """Gather every rank's tensor and fold them as Horovod's recursive halving pairs
+        them (``adasum.py``). A joined rank contributes zeros, which Adasum leaves out."""
+        dtype = torch_dtype(sig.dtype)
+        if req is None:
+            mine = torch.zeros(math.prod(sig.shape), dtype=dtype)
+        else:
+            mine = req.tensor.reshape(-1).clone()
+        if sig.prescale != 1.0:
+            _scale(mine, sig.prescale)
+        gathered = [torch.empty_like(mine) for _ in range(self.size)]
+        self.backend.allgather(gathered, mine)
+        combined = combine_tree([g.double() for g in gathered]).to(dtype)
+        _postscale(combined, sig, self.size)
+        if req is None:
+            return None
+        out = req.output
+        out.copy_(combined.view(out.shape))
+        return out
 
     def _allgather(self, req: Request, first_dims: tuple[int, ...]) -> torch.Tensor:
         t = req.tensor
@@ -514,19 +539,24 @@ def _unpack_targets(run: _Running, dtype: torch.dtype) -> list[torch.Tensor]:
 
 
 def _scale(t: torch.Tensor, factor: float) -> None:
+    """Multiply in place. Integers as Horovod's ScaleBuffer does: the product in double,
+    truncated toward zero on the way back."""
     if t.is_floating_point():
         t.mul_(factor)
     else:
-        t.copy_(t * factor)
+        t.copy_(t.double().mul_(factor))
 
 
 def _postscale(t: torch.Tensor, sig: Signature, size: int) -> None:
+    """Postscale and, for Average, divide by the number of ranks (Horovod folds the
+    division into the postscale factor; an integer quotient truncates toward zero:
+    -75 / 2 = -37)."""
     factor = sig.postscale
     if sig.reduce_op == ReduceOp.AVERAGE:
-        if t.is_floating_point():
-            factor = factor / size
-        else:
-            t.copy_(torch.div(t, size, rounding_mode="floor"))
+        if not t.is_floating_point() and factor == 1.0:
+            t.copy_(torch.div(t, size, rounding_mode="trunc"))
+            return
+        factor = factor / size
     if factor != 1.0:
         _scale(t, factor)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from hvdprof.runtime.dtypes import torch_attr
 from hvdprof.runtime.fusion import fusion_key, signature_nbytes
-from hvdprof.runtime.requests import NEVER_CACHED, OpType, Signature
+from hvdprof.runtime.requests import NEVER_CACHED, OpType, ReduceOp, Signature
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +79,9 @@ class AgreedOp:
         self.key = fusion_key(signature)
         self.nbytes = signature_nbytes(signature)
         self.numel = math.prod(signature.shape)
-        #: an allreduce that may share a fusion buffer (a failed op never runs)
-        self.fusable = signature.op == OpType.ALLREDUCE
+        #: an allreduce that may share a fusion buffer (a failed op never runs; Adasum
+        #: combines whole tensors, one at a time)
+        self.fusable = signature.op == OpType.ALLREDUCE and signature.reduce_op != ReduceOp.ADASUM
         #: (op, dtype, shape, nbytes) as the timeline shows them, made once per name
         self.description = (
             signature.op.name,

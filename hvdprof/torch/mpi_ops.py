@@ -15,9 +15,11 @@ from typing import Any
 import torch
 
 from hvdprof.config import Config
-from hvdprof.errors import HvdprofInternalError
+from hvdprof.errors import HvdprofError, HvdprofInternalError
 from hvdprof.runtime import runtime as _rt
+from hvdprof.runtime.adasum import AdasumUnsupportedError, is_power_of_two
 from hvdprof.runtime.backends.gloo import SUPPORTED_DTYPES
+from hvdprof.runtime.dtypes import ADASUM_DTYPES
 from hvdprof.runtime.handles import Handle
 from hvdprof.runtime.requests import OpType, ReduceOp, Signature
 from hvdprof.torch.compression import Compression
@@ -32,16 +34,64 @@ Max = int(ReduceOp.MAX)
 Product = int(ReduceOp.PRODUCT)
 
 
+class ProcessSetUnsupportedError(HvdprofError, NotImplementedError):
+    """A process set other than the global one (every rank): hvdprof has only that one."""
+
+
 class ProcessSet:
-    """Only the global process set exists; accepted for signature compatibility."""
+    """Horovod's process set, of which hvdprof has only the global one: every rank.
+
+    ``process_set=`` is accepted wherever Horovod takes it, with ``global_process_set``
+    or a ``ProcessSet`` of every rank; any other set is a clear error.
+    """
 
     process_set_id = 0
 
+    def __init__(self, ranks: Sequence[int] | None = None) -> None:
+        self.ranks = None if ranks is None else sorted(int(r) for r in ranks)
+
+    def _is_global(self) -> bool:
+        return self.ranks is None or self.ranks == list(range(_rt.get().size))
+
+    def size(self) -> int:
+        return _rt.get().size
+
+    def rank(self) -> int:
+        return _rt.get().rank
+
+    def included(self) -> bool:
+        return True
+
     def __repr__(self) -> str:
-        return "ProcessSet(global)"
+        return "ProcessSet(global)" if self.ranks is None else f"ProcessSet(ranks={self.ranks})"
 
 
 global_process_set = ProcessSet()
+
+
+def _check_process_set(process_set: Any, what: str) -> None:
+    """Nothing to do for the global set (the only one); anything else fails clearly."""
+    if process_set is global_process_set:
+        return
+    if isinstance(process_set, ProcessSet) and process_set._is_global():
+        return
+    raise ProcessSetUnsupportedError(
+        f"hvdprof rank {_rt.get().rank}: {what} got process_set={process_set!r}; hvdprof "
+        "supports only the global process set (every rank)"
+    )
+
+
+def add_process_set(process_set: Any) -> ProcessSet:
+    """Horovod registers a new process set here; hvdprof has only the global one."""
+    ranks = getattr(process_set, "ranks", process_set)
+    raise ProcessSetUnsupportedError(
+        f"add_process_set({ranks!r}): hvdprof supports only the global process set"
+    )
+
+
+def remove_process_set(process_set: Any) -> bool:
+    """The global process set cannot be removed (Horovod returns False too)."""
+    return False
 
 
 # ------------------------------------------------------------------ set-up and topology
@@ -52,6 +102,8 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
             "hvdprof.torch.init(comm=...) is not supported: ranks come from `hvdprof run`"
         )
     _rt.init(Config.from_env())
+    for process_set in process_sets or ():
+        _check_process_set(process_set, "init(process_sets=...)")
 
 
 def shutdown() -> None:
@@ -200,8 +252,8 @@ def _single(outputs: list[Any]) -> Any:
     return outputs[0]
 
 
-def _as_list(outputs: list[Any]) -> Any:
-    return outputs
+def _as_tuple(outputs: list[Any]) -> Any:
+    return tuple(outputs)
 
 
 # ------------------------------------------------------------------ validation
@@ -212,7 +264,7 @@ _DTYPE_NAMES = {d: str(d) for d in SUPPORTED_DTYPES}
 def _resolve_op(op: int | None, average: bool | None) -> ReduceOp:
     if average is None and op is not None:
         resolved = _OPS_BY_VALUE.get(op)
-        if resolved is not None and resolved != ReduceOp.ADASUM:
+        if resolved is not None:
             return resolved
     if op is not None and average is not None:
         raise ValueError("The op parameter supersedes average. Please provide only one of them.")
@@ -229,11 +281,23 @@ def _resolve_op(op: int | None, average: bool | None) -> ReduceOp:
         resolved = ReduceOp(int(op))
     except ValueError:
         raise ValueError(
-            f"unknown reduction op {op!r}; use hvd.Average, Sum, Min, Max or Product"
+            f"unknown reduction op {op!r}; use hvd.Average, Sum, Adasum, Min, Max or Product"
         ) from None
-    if resolved == ReduceOp.ADASUM:
-        raise NotImplementedError("Adasum is not supported by hvdprof; use Average or Sum")
     return resolved
+
+
+def _check_adasum(tensor: torch.Tensor, runtime: _rt.Runtime, what: str) -> None:
+    """What Horovod requires of an Adasum allreduce on CPU, checked before submitting."""
+    if not is_power_of_two(runtime.size):
+        raise AdasumUnsupportedError(
+            f"hvdprof rank {runtime.rank}: {what} with op=Adasum needs a power-of-two number "
+            f"of ranks (as Horovod's), this job has {runtime.size}"
+        )
+    if _DTYPE_NAMES[tensor.dtype] not in ADASUM_DTYPES:
+        raise ValueError(
+            f"hvdprof rank {runtime.rank}: {what} with op=Adasum needs a floating-point tensor, "
+            f"got {tensor.dtype}"
+        )
 
 
 def _check_tensor(tensor: Any, what: str, runtime: _rt.Runtime, in_place: bool) -> torch.Tensor:
@@ -333,6 +397,8 @@ def _allreduce_async(
     runtime = _rt.get()
     if not checked:
         tensor = _check_tensor(tensor, what, runtime, in_place)
+        if op is ReduceOp.ADASUM:
+            _check_adasum(tensor, runtime, what)
     output = tensor if in_place else torch.empty_like(tensor)
     # the per-op path: _signature and _check_name inlined (a few hundred ns per op)
     try:
@@ -356,6 +422,8 @@ def allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start an allreduce; the input is not modified. Returns a handle."""
+    if process_set is not global_process_set:
+        _check_process_set(process_set, "allreduce_async")
     reduce_op = _resolve_op(op, average)
     h = _allreduce_async(
         tensor, False, name, reduce_op, prescale_factor, postscale_factor, "allreduce"
@@ -373,6 +441,8 @@ def allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start an in-place allreduce. Returns a handle."""
+    if process_set is not global_process_set:
+        _check_process_set(process_set, "allreduce_async_")
     reduce_op = _resolve_op(op, average)
     h = _allreduce_async(
         tensor, True, name, reduce_op, prescale_factor, postscale_factor, "allreduce_"
@@ -401,6 +471,7 @@ class _AllreduceFunction(torch.autograd.Function):
             op=ctx.op,
             prescale_factor=ctx.scales[0],
             postscale_factor=ctx.scales[1],
+            process_set=ctx.process_set,
         )
         return grad, None, None, None, None, None, None
 
@@ -445,13 +516,19 @@ def _grouped_async(
     op: ReduceOp,
     prescale_factor: float,
     postscale_factor: float,
+    process_set: Any,
 ) -> int:
+    if process_set is not global_process_set:
+        _check_process_set(process_set, "grouped_allreduce")
     if not tensors:
         raise ValueError("grouped_allreduce needs at least one tensor")
     name = _check_name(name)
     runtime = _rt.get()
     # Validate every member before submitting any: a bad member fails the whole group.
     checked = [_check_tensor(t, "grouped_allreduce", runtime, in_place) for t in tensors]
+    if op is ReduceOp.ADASUM:
+        for t in checked:
+            _check_adasum(t, runtime, "grouped_allreduce")
     names = [None if name is None else f"{name}.{i}" for i in range(len(checked))]
     busy = [n for n in names if n is not None and runtime.is_in_flight(n)]
     if busy:
@@ -464,7 +541,7 @@ def _grouped_async(
         )
         for t, n in zip(checked, names, strict=True)
     ]
-    return _handles.add(handles, _as_list)
+    return _handles.add(handles, _as_tuple)
 
 
 def grouped_allreduce_async(
@@ -476,9 +553,18 @@ def grouped_allreduce_async(
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
 ) -> int:
-    """One handle for a list of tensors reduced together (fused when they fit)."""
+    """One handle for a list of tensors reduced together (fused when they fit).
+
+    ``synchronize`` returns a tuple of outputs, as Horovod's.
+    """
     return _grouped_async(
-        tensors, False, name, _resolve_op(op, average), prescale_factor, postscale_factor
+        tensors,
+        False,
+        name,
+        _resolve_op(op, average),
+        prescale_factor,
+        postscale_factor,
+        process_set,
     )
 
 
@@ -492,8 +578,42 @@ def grouped_allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     return _grouped_async(
-        tensors, True, name, _resolve_op(op, average), prescale_factor, postscale_factor
+        tensors,
+        True,
+        name,
+        _resolve_op(op, average),
+        prescale_factor,
+        postscale_factor,
+        process_set,
     )
+
+
+class _GroupedAllreduceFunction(torch.autograd.Function):
+    """Differentiable like ``allreduce``: the gradient of a grouped allreduce is a grouped
+    allreduce of the gradients, with the same op and scale factors (as Horovod's)."""
+
+    @staticmethod
+    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set, *tensors):  # type: ignore[override]
+        ctx.average = average
+        ctx.op = op
+        ctx.scales = (prescale_factor, postscale_factor)
+        ctx.process_set = process_set
+        handle = grouped_allreduce_async(
+            list(tensors), average, name, op, prescale_factor, postscale_factor, process_set
+        )
+        return synchronize(handle)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):  # type: ignore[override]
+        grads = grouped_allreduce(
+            [g.contiguous() for g in grad_outputs],
+            average=ctx.average,
+            op=ctx.op,
+            prescale_factor=ctx.scales[0],
+            postscale_factor=ctx.scales[1],
+            process_set=ctx.process_set,
+        )
+        return (None, None, None, None, None, None, *grads)
 
 
 def grouped_allreduce(
@@ -506,11 +626,18 @@ def grouped_allreduce(
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
 ) -> list[torch.Tensor]:
+    """Reduce a list of tensors together; a list of outputs. Differentiable."""
+    if not tensors:
+        raise ValueError("grouped_allreduce needs at least one tensor")
     compressed = [compression.compress(t) for t in tensors]
-    outputs = synchronize(
-        grouped_allreduce_async(
-            [c for c, _ in compressed], average, name, op, prescale_factor, postscale_factor
-        )
+    outputs = _GroupedAllreduceFunction.apply(
+        average,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        *[c for c, _ in compressed],
     )
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outputs, compressed, strict=True)]
 
@@ -523,35 +650,49 @@ def grouped_allreduce_(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
-) -> list[torch.Tensor]:
+) -> tuple[torch.Tensor, ...]:
+    """In place; returns the tuple that ``synchronize`` gives, as Horovod's."""
     return synchronize(
-        grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor)
+        grouped_allreduce_async_(
+            tensors, average, name, op, prescale_factor, postscale_factor, process_set
+        )
     )
 
 
 # ------------------------------------------------------------------ allgather
+def _allgather_submit(tensor: torch.Tensor, name: str | None, what: str) -> Handle:
+    runtime = _rt.get()
+    tensor = _check_tensor(tensor, what, runtime, False)
+    sig = _signature(OpType.ALLGATHER, tensor)
+    return runtime.submit(_check_name(name), "allgather", sig, tensor, None)
+
+
 def allgather_async(
     tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> int:
     """Concatenate every rank's tensor along the first dimension (which may differ)."""
-    runtime = _rt.get()
-    tensor = _check_tensor(tensor, "allgather", runtime, False)
-    sig = _signature(OpType.ALLGATHER, tensor)
-    h = runtime.submit(_check_name(name), "allgather", sig, tensor, None)
-    return _handles.add_single(h)
+    _check_process_set(process_set, "allgather_async")
+    return _handles.add_single(_allgather_submit(tensor, name, "allgather"))
+
+
+def _gather_first_dims(dims: list[int], process_set: Any) -> torch.Tensor:
+    """(ranks, len(dims)): every rank's first dimensions, one allgather for all."""
+    mine = torch.tensor([dims], dtype=torch.int64)
+    return synchronize(allgather_async(mine, process_set=process_set))
 
 
 class _AllgatherFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):  # type: ignore[override]
         ctx.dim = tensor.shape[0] if tensor.dim() else 1
-        output = synchronize(allgather_async(tensor, name))
-        return output
+        ctx.process_set = process_set
+        return synchronize(allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):  # type: ignore[override]
-        reduced = allreduce(grad_output, op=Average)
-        dims = synchronize(allgather_async(torch.tensor([ctx.dim], dtype=torch.int64)))
+        # as Horovod's: the average of the gradients, this rank's rows of it
+        reduced = allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
+        dims = _gather_first_dims([ctx.dim], ctx.process_set)[:, 0]
         offset = int(dims[: rank()].sum())
         return reduced.narrow(0, offset, ctx.dim), None, None
 
@@ -559,13 +700,66 @@ class _AllgatherFunction(torch.autograd.Function):
 def allgather(
     tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> torch.Tensor:
+    """Blocking allgather; differentiable."""
     return _AllgatherFunction.apply(tensor, name, process_set)
 
 
-# ------------------------------------------------------------------ broadcast
-def _broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None, in_place: bool) -> int:
+def grouped_allgather_async(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> int:
+    """Allgather each tensor of the list; ``synchronize`` gives a tuple of outputs."""
+    _check_process_set(process_set, "grouped_allgather_async")
+    if not tensors:
+        raise ValueError("grouped_allgather needs at least one tensor")
+    name = _check_name(name)
+    names = [None if name is None else f"{name}.{i}" for i in range(len(tensors))]
     runtime = _rt.get()
+    checked = [_check_tensor(t, "grouped_allgather", runtime, False) for t in tensors]
+    handles = [
+        _allgather_submit(t, n, "grouped_allgather") for t, n in zip(checked, names, strict=True)
+    ]
+    return _handles.add(handles, _as_tuple)
+
+
+class _GroupedAllgatherFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):  # type: ignore[override]
+        ctx.dims = [t.shape[0] if t.dim() else 1 for t in tensors]
+        ctx.process_set = process_set
+        return synchronize(grouped_allgather_async(list(tensors), name, process_set))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):  # type: ignore[override]
+        reduced = grouped_allreduce(
+            [g.contiguous() for g in grad_outputs], op=Average, process_set=ctx.process_set
+        )
+        dims = _gather_first_dims(ctx.dims, ctx.process_set)
+        offsets = dims[: rank()].sum(0).tolist() if rank() else [0] * len(ctx.dims)
+        grads = [g.narrow(0, int(o), d) for g, o, d in zip(reduced, offsets, ctx.dims, strict=True)]
+        return (None, None, *grads)
+
+
+def grouped_allgather(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
+    """Allgather each tensor of the list; a list of outputs. Differentiable."""
+    if not tensors:
+        raise ValueError("grouped_allgather needs at least one tensor")
+    return list(_GroupedAllgatherFunction.apply(name, process_set, *tensors))
+
+
+# ------------------------------------------------------------------ broadcast
+def _broadcast_async(
+    tensor: torch.Tensor, root_rank: int, name: str | None, in_place: bool, process_set: Any
+) -> int:
     what = "broadcast_" if in_place else "broadcast"
+    if process_set is not global_process_set:
+        _check_process_set(process_set, what)
+    runtime = _rt.get()
     tensor = _check_tensor(tensor, what, runtime, in_place)
     if not isinstance(root_rank, int) or not 0 <= root_rank < runtime.size:
         raise ValueError(
@@ -583,7 +777,7 @@ def broadcast_async(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> int:
-    return _broadcast_async(tensor, root_rank, name, False)
+    return _broadcast_async(tensor, root_rank, name, False, process_set)
 
 
 def broadcast_async_(
@@ -592,18 +786,20 @@ def broadcast_async_(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> int:
-    return _broadcast_async(tensor, root_rank, name, True)
+    return _broadcast_async(tensor, root_rank, name, True, process_set)
 
 
 class _BroadcastFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):  # type: ignore[override]
         ctx.root_rank = root_rank
-        return synchronize(broadcast_async(tensor, root_rank, name))
+        ctx.process_set = process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx, grad_output):  # type: ignore[override]
-        grad = allreduce(grad_output, op=Average)
+        # as Horovod's: the average of the gradients on the root, zero elsewhere
+        grad = allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
         if rank() != ctx.root_rank:
             grad = grad * 0
         return grad, None, None, None
@@ -615,6 +811,7 @@ def broadcast(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
+    """Blocking broadcast from ``root_rank``; differentiable."""
     return _BroadcastFunction.apply(tensor, root_rank, name, process_set)
 
 
@@ -624,27 +821,37 @@ def broadcast_(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
-    return synchronize(broadcast_async_(tensor, root_rank, name))
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 # ------------------------------------------------------------------ alltoall
+def _even_splits(tensor: torch.Tensor, runtime: _rt.Runtime) -> tuple[int, ...]:
+    rows = tensor.shape[0] if tensor.dim() else 1
+    if rows % runtime.size:
+        raise ValueError(
+            f"hvdprof rank {runtime.rank}: alltoall without splits needs the first dimension "
+            f"({rows}) divisible by the number of ranks ({runtime.size})"
+        )
+    return (rows // runtime.size,) * runtime.size
+
+
 def alltoall_async(
     tensor: torch.Tensor,
     splits: Any = None,
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> int:
-    """Send ``splits[r]`` rows to rank r; receive from each. Returns a handle."""
+    """Send ``splits[r]`` rows to rank r; receive from each. Returns a handle.
+
+    As Horovod's, ``synchronize`` gives ``(output, received_splits)`` with or without
+    ``splits``; the received splits are int32, or ``splits``' dtype when it is a tensor.
+    """
+    _check_process_set(process_set, "alltoall_async")
     runtime = _rt.get()
     tensor = _check_tensor(tensor, "alltoall", runtime, False)
     rows = tensor.shape[0] if tensor.dim() else 1
     if splits is None:
-        if rows % runtime.size:
-            raise ValueError(
-                f"hvdprof rank {runtime.rank}: alltoall without splits needs the first dimension "
-                f"({rows}) divisible by the number of ranks ({runtime.size})"
-            )
-        split_list = (rows // runtime.size,) * runtime.size
+        split_list = _even_splits(tensor, runtime)
     else:
         values = splits.tolist() if isinstance(splits, torch.Tensor) else list(splits)
         split_list = tuple(int(v) for v in values)
@@ -659,22 +866,27 @@ def alltoall_async(
             )
     sig = _signature(OpType.ALLTOALL, tensor)
     h = runtime.submit(_check_name(name), "alltoall", sig, tensor, None, split_list)
-    finish = _single if splits is not None else (lambda outputs: outputs[0][0])
-    return _handles.add([h], finish)
+    if isinstance(splits, torch.Tensor) and splits.dtype != torch.int32:
+        dtype = splits.dtype
+        return _handles.add([h], lambda outputs: (outputs[0][0], outputs[0][1].to(dtype)))
+    return _handles.add_single(h)
 
 
 class _AlltoallFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):  # type: ignore[override]
-        output, received = synchronize(alltoall_async(tensor, splits, name))
+        output, received = synchronize(alltoall_async(tensor, splits, name, process_set))
         ctx.received = received
+        ctx.process_set = process_set
         ctx.mark_non_differentiable(received)
         return output, received
 
     @staticmethod
     def backward(ctx, grad_output, _grad_splits):  # type: ignore[override]
         # what each rank received is what it sends back
-        grad, _ = synchronize(alltoall_async(grad_output.contiguous(), ctx.received))
+        grad, _ = synchronize(
+            alltoall_async(grad_output.contiguous(), ctx.received, process_set=ctx.process_set)
+        )
         return grad, None, None, None
 
 
@@ -689,20 +901,34 @@ def alltoall(
     Differentiable: the gradient flows back through the inverse alltoall.
     """
     if splits is None:
-        runtime = _rt.get()
-        rows = tensor.shape[0] if tensor.dim() else 1
-        if rows % runtime.size:
-            raise ValueError(
-                f"hvdprof rank {runtime.rank}: alltoall without splits needs the first dimension "
-                f"({rows}) divisible by the number of ranks ({runtime.size})"
-            )
-        even = [rows // runtime.size] * runtime.size
-        output, _ = _AlltoallFunction.apply(tensor, even, name, process_set)
+        output, _ = _AlltoallFunction.apply(
+            tensor, list(_even_splits(tensor, _rt.get())), name, process_set
+        )
         return output
     return _AlltoallFunction.apply(tensor, splits, name, process_set)
 
 
 # ------------------------------------------------------------------ reducescatter
+def _reducescatter_submit(
+    tensor: torch.Tensor,
+    name: str | None,
+    reduce_op: ReduceOp,
+    prescale_factor: float,
+    postscale_factor: float,
+    what: str,
+) -> Handle:
+    runtime = _rt.get()
+    if reduce_op is ReduceOp.ADASUM:
+        raise ValueError(f"hvdprof rank {runtime.rank}: {what} does not support op=Adasum")
+    tensor = _check_tensor(tensor, what, runtime, False)
+    if tensor.dim() == 0:
+        raise ValueError(
+            f"hvdprof rank {runtime.rank}: {what} needs a tensor with at least one dimension"
+        )
+    sig = _signature(OpType.REDUCESCATTER, tensor, reduce_op, -1, prescale_factor, postscale_factor)
+    return runtime.submit(_check_name(name), "reducescatter", sig, tensor, None)
+
+
 def reducescatter_async(
     tensor: torch.Tensor,
     name: str | None = None,
@@ -712,16 +938,37 @@ def reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> int:
     """Reduce, then give rank r its share of the first dimension (extra rows to low ranks)."""
-    runtime = _rt.get()
-    reduce_op = _resolve_op(op, None)
-    tensor = _check_tensor(tensor, "reducescatter", runtime, False)
-    if tensor.dim() == 0:
-        raise ValueError(
-            f"hvdprof rank {runtime.rank}: reducescatter needs a tensor with at least one dimension"
-        )
-    sig = _signature(OpType.REDUCESCATTER, tensor, reduce_op, -1, prescale_factor, postscale_factor)
-    h = runtime.submit(_check_name(name), "reducescatter", sig, tensor, None)
+    _check_process_set(process_set, "reducescatter_async")
+    h = _reducescatter_submit(
+        tensor, name, _resolve_op(op, None), prescale_factor, postscale_factor, "reducescatter"
+    )
     return _handles.add_single(h)
+
+
+def _reducescatter_grad(grad: torch.Tensor, op: ReduceOp, scales: tuple[float, float]) -> Any:
+    """Horovod's gradient of a reducescatter, before the allgather: Sum scales by the
+    number of ranks, and both scale factors apply."""
+    if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        raise ValueError(f"reducescatter with op={op.name.title()} has no gradient")
+    factor = float(size()) if op == ReduceOp.SUM else 1.0
+    factor *= scales[0] * scales[1]
+    return grad.contiguous() * factor if factor != 1.0 else grad.contiguous()
+
+
+class _ReducescatterFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale_factor, postscale_factor):  # type: ignore[override]
+        ctx.op = _resolve_op(op, None)
+        ctx.scales = (prescale_factor, postscale_factor)
+        ctx.process_set = process_set
+        return synchronize(
+            reducescatter_async(tensor, name, op, process_set, prescale_factor, postscale_factor)
+        )
+
+    @staticmethod
+    def backward(ctx, grad_output):  # type: ignore[override]
+        grad = _reducescatter_grad(grad_output, ctx.op, ctx.scales)
+        return allgather(grad, process_set=ctx.process_set), None, None, None, None, None
 
 
 def reducescatter(
@@ -733,16 +980,87 @@ def reducescatter(
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> torch.Tensor:
+    """Blocking reducescatter; differentiable (Sum and Average)."""
     compressed, ctx = compression.compress(tensor)
-    out = synchronize(
-        reducescatter_async(compressed, name, op, process_set, prescale_factor, postscale_factor)
+    out = _ReducescatterFunction.apply(
+        compressed, name, op, process_set, prescale_factor, postscale_factor
     )
     return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter_async(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    op: int = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> int:
+    """Reducescatter each tensor of the list; ``synchronize`` gives a tuple of outputs."""
+    _check_process_set(process_set, "grouped_reducescatter_async")
+    if not tensors:
+        raise ValueError("grouped_reducescatter needs at least one tensor")
+    reduce_op = _resolve_op(op, None)
+    name = _check_name(name)
+    names = [None if name is None else f"{name}.{i}" for i in range(len(tensors))]
+    runtime = _rt.get()
+    checked = [_check_tensor(t, "grouped_reducescatter", runtime, False) for t in tensors]
+    handles = [
+        _reducescatter_submit(
+            t, n, reduce_op, prescale_factor, postscale_factor, "grouped_reducescatter"
+        )
+        for t, n in zip(checked, names, strict=True)
+    ]
+    return _handles.add(handles, _as_tuple)
+
+
+class _GroupedReducescatterFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale_factor, postscale_factor, *tensors):  # type: ignore[override]
+        ctx.op = _resolve_op(op, None)
+        ctx.scales = (prescale_factor, postscale_factor)
+        ctx.process_set = process_set
+        handle = grouped_reducescatter_async(
+            list(tensors), name, op, process_set, prescale_factor, postscale_factor
+        )
+        return synchronize(handle)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):  # type: ignore[override]
+        grads = [_reducescatter_grad(g, ctx.op, ctx.scales) for g in grad_outputs]
+        return (
+            None,
+            None,
+            None,
+            None,
+            None,
+            *grouped_allgather(grads, process_set=ctx.process_set),
+        )
+
+
+def grouped_reducescatter(
+    tensors: Sequence[torch.Tensor],
+    name: str | None = None,
+    compression: Any = Compression.none,
+    op: int = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> list[torch.Tensor]:
+    """Reducescatter each tensor of the list; a list of outputs. Differentiable."""
+    if not tensors:
+        raise ValueError("grouped_reducescatter needs at least one tensor")
+    compressed = [compression.compress(t) for t in tensors]
+    outputs = _GroupedReducescatterFunction.apply(
+        name, op, process_set, prescale_factor, postscale_factor, *[c for c, _ in compressed]
+    )
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outputs, compressed, strict=True)]
 
 
 # ------------------------------------------------------------------ barrier and join
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Return once every rank has called barrier."""
+    _check_process_set(process_set, "barrier")
     runtime = _rt.get()
     sig = Signature(OpType.BARRIER, "none", (), ReduceOp.SUM, -1, 1.0, 1.0, "cpu")
     h = runtime.submit(None, "barrier", sig, None, None)

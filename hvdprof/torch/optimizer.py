@@ -1,7 +1,9 @@
 """``DistributedOptimizer``: allreduce gradients as backward produces them.
 
 Hooks fire per parameter once its gradient is accumulated, so communication of the
-last layers' gradients overlaps computation of the first layers'.
+last layers' gradients overlaps computation of the first layers'. With ``op=Adasum``
+(and more than one rank) it is Horovod's delta optimizer instead: each rank steps its
+own optimizer on its own gradient, and the parameter updates are combined with Adasum.
 """
 
 from __future__ import annotations
@@ -13,15 +15,50 @@ from typing import Any
 
 import torch
 
+from hvdprof.runtime.adasum import AdasumUnsupportedError, is_power_of_two
 from hvdprof.torch.compression import Compression
 from hvdprof.torch.mpi_ops import (
     Adasum,
     Average,
+    _check_process_set,
     allreduce_async_,
     global_process_set,
     size,
     synchronize,
 )
+
+
+def _named_parameters(param_groups: list[dict[str, Any]], named_parameters: Any) -> list[Any]:
+    """(name, parameter) pairs, checked as Horovod checks them; generated names without."""
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+    else:
+        named_parameters = [
+            (f"allreduce.noname.{i}.{j}", v)
+            for i, group in enumerate(param_groups)
+            for j, v in enumerate(group["params"])
+        ]
+    if any(not isinstance(p, tuple) for p in named_parameters):
+        raise ValueError(
+            "named_parameters should be a sequence of tuples (name, parameter), usually "
+            "produced by model.named_parameters()."
+        )
+    names = [k for k, _ in named_parameters]
+    duplicates = sorted({k for k in names if names.count(k) > 1})
+    if duplicates:
+        raise ValueError(
+            "Parameter names in named_parameters must be unique. Found duplicates: "
+            + ", ".join(duplicates)
+        )
+    all_ids = {id(v) for group in param_groups for v in group["params"]}
+    named_ids = {id(v) for _, v in named_parameters}
+    unnamed = all_ids - named_ids
+    if unnamed:
+        raise ValueError(
+            "named_parameters was specified, but one or more model parameters were not "
+            f"named. Python object ids: {', '.join(str(i) for i in sorted(unnamed))}"
+        )
+    return named_parameters
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -38,36 +75,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     ) -> None:
         super(self.__class__, self).__init__(params)
         self._compression = compression
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [
-                (f"allreduce.noname.{i}.{j}", v)
-                for i, group in enumerate(self.param_groups)
-                for j, v in enumerate(group["params"])
-            ]
-        if any(not isinstance(p, tuple) for p in named_parameters):
-            raise ValueError(
-                "named_parameters should be a sequence of tuples (name, parameter), usually "
-                "produced by model.named_parameters()."
-            )
-        names = [k for k, _ in named_parameters]
-        duplicates = sorted({k for k in names if names.count(k) > 1})
-        if duplicates:
-            raise ValueError(
-                "Parameter names in named_parameters must be unique. Found duplicates: "
-                + ", ".join(duplicates)
-            )
-        all_ids = {id(v) for group in self.param_groups for v in group["params"]}
-        named_ids = {id(v) for _, v in named_parameters}
-        unnamed = all_ids - named_ids
-        if unnamed:
-            raise ValueError(
-                "named_parameters was specified, but one or more model parameters were not "
-                f"named. Python object ids: {', '.join(str(i) for i in sorted(unnamed))}"
-            )
-        if op == Adasum:
-            raise NotImplementedError("Adasum is not supported by hvdprof")
+        named_parameters = _named_parameters(self.param_groups, named_parameters)
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
         if backward_passes_per_step < 1:
@@ -185,6 +193,115 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(set_to_none)
 
 
+class _DistributedAdasumOptimizer(torch.optim.Optimizer):
+    """Horovod's delta optimizer for ``op=Adasum``: when a parameter's gradient is ready,
+    this rank steps the wrapped optimizer on that parameter alone, and the change it made
+    (the delta) is allreduced with Adasum; ``step()`` applies the combined delta to the
+    parameter as it was before the local step."""
+
+    def __init__(
+        self,
+        params: Any,
+        named_parameters: Any,
+        compression: Any,
+        backward_passes_per_step: int,
+    ) -> None:
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        named_parameters = _named_parameters(self.param_groups, named_parameters)
+        if backward_passes_per_step < 1:
+            raise ValueError("backward_passes_per_step must be >= 1")
+        self._parameter_names = {v: k for k, v in named_parameters}
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay = {v: backward_passes_per_step for _, v in named_parameters}
+        self._handles: dict[torch.Tensor, tuple[int | None, Any]] = {}
+        self._starting_models = {
+            p: torch.zeros_like(p, requires_grad=False) for _, p in named_parameters
+        }
+        self._requires_update: list[torch.Tensor] = []
+        self._hook_handles: list[Any] = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    self._requires_update.append(p)
+                    self._hook_handles.append(p.register_post_accumulate_grad_hook(self._hook))
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+    def _allreduce_grad_async(self, p: torch.Tensor) -> tuple[int, Any]:
+        """Step the wrapped optimizer on ``p`` alone; start an Adasum of the change."""
+        start = self._starting_models[p]
+        stashed = [group["params"] for group in self.param_groups]
+        for group in self.param_groups:
+            group["params"] = [p] if any(p is v for v in group["params"]) else []
+        try:
+            start.copy_(p.detach())
+            super(self.__class__, self).step()
+        finally:
+            for group, kept in zip(self.param_groups, stashed, strict=True):
+                group["params"] = kept
+        with torch.no_grad():
+            p.sub_(start)  # p now holds this rank's delta
+        compressed, ctx = self._compression.compress(p.detach())
+        handle = allreduce_async_(
+            compressed, name=f"allreduce.{self._parameter_names.get(p)}", op=Adasum
+        )
+        return handle, (ctx, compressed)
+
+    def _hook(self, p: torch.Tensor) -> None:
+        if self._handles.get(p, (None,))[0] is not None and self._allreduce_delay[p] <= 0:
+            raise AssertionError(
+                "Gradients were computed more than backward_passes_per_step times before call "
+                "to step(). Increase backward_passes_per_step to accumulate gradients locally."
+            )
+        handle, ctx = None, None
+        self._allreduce_delay[p] -= 1
+        if self._allreduce_delay[p] == 0:
+            handle, ctx = self._allreduce_grad_async(p)
+        self._handles[p] = (handle, ctx)
+
+    def synchronize(self) -> None:
+        """Nothing to wait for before ``step()``: the deltas are applied there."""
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        raise AssertionError(
+            "Skipping synchronization is not supported when using Adasum optimizer."
+        )
+        yield  # pragma: no cover (a generator, for contextmanager)
+
+    def step(self, closure: Any = None) -> Any:
+        loss = closure() if closure is not None else None
+        for p in self._requires_update:
+            if p not in self._handles:
+                self._handles[p] = self._allreduce_grad_async(p)
+        for p, (handle, ctx) in list(self._handles.items()):
+            if handle is None:  # fewer backward passes than backward_passes_per_step
+                handle, ctx = self._allreduce_grad_async(p)
+            delta = self._compression.decompress(synchronize(handle), ctx[0])
+            start = self._starting_models[p]
+            start.add_(delta.to(start.dtype))
+            with torch.no_grad():
+                p.copy_(start)
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        self._handles.clear()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._handles:
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
+                "cause a race condition."
+            )
+        return super(self.__class__, self).zero_grad(set_to_none)
+
+
 def DistributedOptimizer(
     optimizer: torch.optim.Optimizer,
     named_parameters: Any = None,
@@ -200,8 +317,27 @@ def DistributedOptimizer(
     """Wrap ``optimizer`` so that ``step()`` applies gradients averaged over all ranks.
 
     Returns an instance of a subclass of the optimizer's own class, as Horovod does, so
-    ``isinstance`` checks and LR schedulers keep working.
+    ``isinstance`` checks and LR schedulers keep working. ``op=Adasum`` on more than one
+    rank gives Horovod's delta optimizer (see ``_DistributedAdasumOptimizer``).
     """
+    if process_set is not global_process_set:
+        _check_process_set(process_set, "DistributedOptimizer")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if op == Adasum and size() > 1:
+        if not is_power_of_two(size()):
+            raise AdasumUnsupportedError(
+                f"DistributedOptimizer(op=Adasum) needs a power-of-two number of ranks (as "
+                f"Horovod's), this job has {size()}"
+            )
+        adasum_cls = type(
+            optimizer.__class__.__name__,
+            (optimizer.__class__,),
+            dict(_DistributedAdasumOptimizer.__dict__),
+        )
+        return adasum_cls(
+            optimizer.param_groups, named_parameters, compression, backward_passes_per_step
+        )
     cls = type(
         optimizer.__class__.__name__,
         (optimizer.__class__,),

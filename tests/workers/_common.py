@@ -41,14 +41,15 @@ def start_watchdog() -> None:
 
 def expected_allreduce(values: Any, op: str, dtype: Any) -> Any:
     """What allreduce with Horovod's ``op`` gives for ``values`` (ranks first, float64):
-    the reference every worker checks its results against. Integer Average floors."""
+    the reference every worker checks its results against. Integer Average truncates
+    toward zero, as Horovod's does (-75 / 2 = -37)."""
     import torch
 
     ranks = values.shape[0]
     if op in ("Sum", "Average"):
         out = values.sum(0)
         if op == "Average":
-            out = out / ranks if dtype.is_floating_point else torch.floor(out / ranks)
+            out = out / ranks if dtype.is_floating_point else torch.trunc(out / ranks)
     elif op == "Min":
         out = values.min(0).values
     elif op == "Max":

@@ -23,6 +23,7 @@ import torch  # noqa: E402
 import hvdprof.torch as hvd  # noqa: E402
 from hvdprof.errors import HvdprofInternalError  # noqa: E402
 from hvdprof.runtime import runtime as rt  # noqa: E402
+from hvdprof.runtime.dtypes import ITEMSIZE, torch_attr  # noqa: E402
 
 SHARED = Path(sys.argv[1])
 FUSION_ON = os.environ.get("HVDPROF_FUSION_THRESHOLD", "1") != "0"
@@ -36,16 +37,8 @@ SMALL_BYTES = int(os.environ.get("HVDPROF_SMALL_ALLREDUCE_BYTES", str(256 * 1024
 #: bigger allreduce buffers go through shared memory (all ranks share this host)
 SHM_ON = os.environ.get("HVDPROF_BACKEND", "auto") != "gloo"
 
-DTYPES = [
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.int8,
-    torch.uint8,
-    torch.int32,
-    torch.int64,
-]
+#: every dtype the runtime supports, from its own table (a dtype added there is tested here)
+DTYPES = [getattr(torch, torch_attr(name)) for name in ITEMSIZE]
 OPS = {
     "Average": hvd.Average,
     "Sum": hvd.Sum,
@@ -318,8 +311,10 @@ def check_alltoall() -> None:
         out = hvd.alltoall(t)
         ck.true(isinstance(out, torch.Tensor), "alltoall without splits returns a tensor")
         ck.tensor(out, expected, f"alltoall without splits {dtype}")
-        out = hvd.synchronize(hvd.alltoall_async(t, name=f"a2a.nosplit.{dtype}"))
+        # as Horovod's: synchronize gives (output, received splits) even without splits
+        out, received = hvd.synchronize(hvd.alltoall_async(t, name=f"a2a.nosplit.{dtype}"))
         ck.tensor(out, expected, f"alltoall_async without splits {dtype}")
+        ck.eq([int(v) for v in received], [2] * N, "alltoall_async without splits: received")
 
 
 # ------------------------------------------------------------------ reducescatter

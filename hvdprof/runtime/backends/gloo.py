@@ -22,6 +22,19 @@ _OPS = {
 }
 
 SUPPORTED_DTYPES = frozenset(getattr(torch, torch_attr(name)) for name in ITEMSIZE)
+#: dtypes in our table that Gloo itself refuses ("Invalid scalar type"): reductions go
+#: through a wider integer (every op gives the same result modulo 2**16), data movement
+#: through a byte view of the same memory.
+_WIDENED = {torch.int16: torch.int32}
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (contiguous) as uint8 rows: same first dimension, same memory."""
+    rows = t.shape[0] if t.dim() else 1
+    per_row = 1
+    for d in t.shape[1:]:
+        per_row *= d
+    return t.view(rows, per_row).view(torch.uint8)
 
 
 class GlooBackend:
@@ -43,17 +56,28 @@ class GlooBackend:
     def allreduce_async(self, tensor: torch.Tensor, op: ReduceOp):
         if self.size == 1:
             return DONE
+        wide = _WIDENED.get(tensor.dtype)
+        if wide is not None:
+            work = tensor.to(wide)
+            self.pg.allreduce([work], self._options[op]).wait()
+            tensor.copy_(work)
+            return DONE
         return self.pg.allreduce([tensor], self._options[op])
 
     def allgather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> None:
         if self.size == 1:
             outputs[0].copy_(tensor)
             return
+        if tensor.dtype in _WIDENED:
+            outputs = [_as_bytes(o) for o in outputs]
+            tensor = _as_bytes(tensor)
         self.pg.allgather([outputs], [tensor]).wait()
 
     def broadcast(self, tensor: torch.Tensor, root_rank: int) -> None:
         if self.size == 1:
             return
+        if tensor.dtype in _WIDENED:
+            tensor = _as_bytes(tensor)
         options = dist.BroadcastOptions()
         options.rootRank = root_rank
         self.pg.broadcast([tensor], options).wait()
@@ -68,6 +92,8 @@ class GlooBackend:
         if self.size == 1:
             output.copy_(tensor)
             return
+        if tensor.dtype in _WIDENED:  # splits count rows: byte rows keep them
+            output, tensor = _as_bytes(output), _as_bytes(tensor)
         self.pg.alltoall_base(
             output, tensor, output_splits, input_splits, dist.AllToAllOptions()
         ).wait()
