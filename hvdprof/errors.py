@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import traceback
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
 
 class HvdprofError(RuntimeError):
     """Base class of every error raised by hvdprof."""
@@ -32,17 +39,76 @@ class StallAbortError(HvdprofInternalError):
     """Some ranks stopped submitting a tensor for longer than HVDPROF_STALL_SHUTDOWN_TIME_SECONDS."""
 
 
-def _user_frame(tb: object) -> str:
-    """``file:line`` of the innermost frame outside hvdprof (where the user called us)."""
-    import os
-    import traceback
+def _under(path: str, folders: Iterable[str]) -> bool:
+    return any(path == folder or path.startswith(folder + os.sep) for folder in folders)
 
-    package_dir = os.path.dirname(os.path.abspath(__file__))
-    where = ""
-    for frame in traceback.extract_tb(tb):  # type: ignore[arg-type]
-        if not os.path.abspath(frame.filename).startswith(package_dir):
-            where = f"{frame.filename}:{frame.lineno}"
-    return where
+
+@dataclass(frozen=True)
+class _FrameFolders:
+    """Where the frames between the user's call and our ``raise`` live."""
+
+    #: hvdprof and torch (autograd and optimizer wrappers sit between the user and us)
+    runtime: tuple[str, ...]
+    #: installed libraries (site-packages), a better answer than torch but worse than the user
+    libraries: tuple[str, ...]
+    #: the standard library (threading, runpy); site-packages may lie inside it
+    stdlib: tuple[str, ...]
+
+    @classmethod
+    def of_this_process(cls) -> _FrameFolders:
+        import site
+        import sysconfig
+
+        runtime = [os.path.dirname(os.path.abspath(__file__))]
+        torch_file = getattr(sys.modules.get("torch"), "__file__", None)
+        if torch_file:
+            runtime.append(os.path.dirname(os.path.abspath(torch_file)))
+        paths = sysconfig.get_paths()
+        libraries = {paths.get("purelib", ""), paths.get("platlib", "")}
+        with contextlib.suppress(AttributeError):  # some virtualenvs' site.py lack these
+            libraries.update(site.getsitepackages())
+            libraries.add(site.getusersitepackages())
+        stdlib = {paths.get("stdlib", ""), paths.get("platstdlib", "")}
+        return cls(
+            tuple(runtime),
+            tuple(sorted(os.path.abspath(f) for f in libraries if f)),
+            tuple(sorted(os.path.abspath(f) for f in stdlib if f)),
+        )
+
+    def kind(self, filename: str) -> str:
+        """``user``, ``library`` or ``skip`` (hvdprof, torch, stdlib, frozen modules)."""
+        if filename in ("<string>", "<stdin>"):
+            return "user"  # python -c / python - : the user's own code
+        if filename.startswith("<"):
+            return "skip"  # <frozen runpy> and the like
+        path = os.path.abspath(filename)
+        if _under(path, self.runtime):
+            return "skip"
+        if _under(path, self.libraries):
+            return "library"
+        if _under(path, self.stdlib):
+            return "skip"
+        return "user"
+
+
+def user_frame(frames: Sequence[traceback.FrameSummary]) -> str:
+    """``file:line`` of the innermost frame that is the user's code ("" when none is).
+
+    Walks from the raise outwards, past hvdprof, torch and the standard library: a
+    mismatch raised inside ``loss.backward()`` or ``optimizer.step()`` should point at that
+    line of the user's script, not at ``torch/autograd/function.py``. A frame in another
+    installed library (site-packages) is the answer only when no frame is the user's.
+    """
+    folders = _FrameFolders.of_this_process()
+    library = ""
+    for frame in reversed(frames):
+        kind = folders.kind(frame.filename)
+        where = f"{frame.filename}:{frame.lineno}"
+        if kind == "user":
+            return where
+        if kind == "library" and not library:
+            library = where
+    return library
 
 
 def install_excepthook() -> None:
@@ -52,9 +118,6 @@ def install_excepthook() -> None:
     runtime's internals only buries that. HVDPROF_LOG_LEVEL=debug keeps the full traceback.
     Other exceptions go to the previous hook untouched.
     """
-    import os
-    import sys
-
     previous = sys.excepthook
     if getattr(previous, "_hvdprof", False):
         return
@@ -64,7 +127,7 @@ def install_excepthook() -> None:
         if not issubclass(exc_type, HvdprofError) or debug:
             previous(exc_type, exc, tb)  # type: ignore[arg-type]
             return
-        where = _user_frame(tb)
+        where = user_frame(traceback.extract_tb(tb))  # type: ignore[arg-type]
         suffix = (
             f" (raised at {where}; HVDPROF_LOG_LEVEL=debug shows the traceback)" if where else ""
         )
@@ -72,3 +135,11 @@ def install_excepthook() -> None:
 
     hook._hvdprof = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+# Every entry point (hvdprof.torch, the CLI, the timeline and analysis modules) imports
+# this module first, so this is where a folder that hides the package is noticed, even
+# when hvdprof/__init__.py never ran (see hvdprof/shadowing.py).
+from hvdprof.shadowing import repair_if_shadowed  # noqa: E402
+
+repair_if_shadowed()
