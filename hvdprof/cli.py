@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hvdprof import __version__
-from hvdprof.config import Config, MiB, env_var, markdown_table
-from hvdprof.errors import HvdprofError
+from hvdprof.config import Config, MiB, env_var, markdown_table, timeline_path_problem
+from hvdprof.errors import ConfigError, HvdprofError
 from hvdprof.launcher import TOPOLOGY_VARS, launch
 
 #: Exit code for bad usage and handled errors, as argparse uses.
@@ -231,7 +231,11 @@ def _check_environment(overrides: dict[str, str]) -> None:
     env = {**os.environ, **overrides}
     for name in TOPOLOGY_VARS:
         env.pop(name, None)
-    Config.from_env(env)
+    config = Config.from_env(env)
+    problem = timeline_path_problem(config.timeline_dir)
+    if problem is not None:
+        given = "--timeline" if "HVDPROF_TIMELINE" in overrides else "HVDPROF_TIMELINE"
+        raise ConfigError(f"{given}: {problem}; no rank was started")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ import os
 import socket
 from typing import Any
 
+from hvdprof.config import timeline_path_problem
 from hvdprof.errors import HvdprofError
 from hvdprof.runtime import timebase
 from hvdprof.timeline.clock import ClockCorrection, estimate_offset
@@ -72,6 +73,12 @@ class TimelineSession:
 
 
 def _check_writable(directory: str, rank: int) -> None:
+    problem = timeline_path_problem(directory)
+    if problem is not None:
+        raise HvdprofError(
+            f"hvdprof rank {rank}: {problem}; set HVDPROF_TIMELINE (or start_timeline's "
+            "path) to a directory"
+        )
     try:
         os.makedirs(directory, exist_ok=True)
         probe = os.path.join(directory, f".write-test.rank.{rank}")
