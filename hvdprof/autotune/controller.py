@@ -317,11 +317,21 @@ class AutotuneController:
             initial_points=initial_points,
         )
 
+    def _job_exiting(self) -> bool:
+        """True once the job is ending: closed, or the main thread has finished.
+
+        A script may exit right after ``init()`` while this thread is still importing the
+        optimizer; imports then fail ("can't register atexit after shutdown"). Exiting
+        early is normal, so such a failure is not worth a traceback.
+        """
+        return self._closed or not threading.main_thread().is_alive()
+
     def _run(self, warm: list[tuple[TunableParams, float]]) -> None:
         try:
             self._tuner = self._new_tuner(warm=warm)
         except Exception:
-            _log.exception("autotune disabled: the optimizer could not start")
+            if not self._job_exiting():
+                _log.exception("autotune disabled: the optimizer could not start")
             self._tuner = None
         while True:
             item = self._queue.get()
@@ -331,7 +341,8 @@ class AutotuneController:
                 if self._tuner is not None and isinstance(item, _Sample):
                     self._handle(item)
             except Exception:
-                _log.exception("autotune: failed to process a sample; keeping current parameters")
+                if not self._job_exiting():
+                    _log.exception("autotune: failed to process a sample; keeping parameters")
             finally:
                 with self._idle:
                     self._processed += 1

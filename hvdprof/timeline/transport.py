@@ -78,8 +78,8 @@ from collections.abc import Callable, Iterator, Mapping
 from operator import attrgetter
 from typing import Any
 
-import hvdprof
 from hvdprof.runtime.records import CycleRecord, GroupRecord, OpBatch, OpRecord, TunableParams
+from hvdprof.shadowing import PACKAGE_DIR
 from hvdprof.timeline.event_queue import EventQueue
 from hvdprof.timeline.render import (
     ITEM_COUNTER,
@@ -338,9 +338,13 @@ def set_autogroup_nice(pid: int, nice: int) -> bool:
 
 
 def _child_env() -> dict[str, str]:
-    """The rank's environment, with this hvdprof first on the path (wherever it came from)."""
+    """The rank's environment, with this hvdprof first on the path (wherever it came from).
+
+    The folder comes from the package's own spec, not ``hvdprof.__file__``: that is None
+    when a folder named ``hvdprof`` beside the script shadowed the package.
+    """
     env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(hvdprof.__file__)))
+    root = os.path.dirname(PACKAGE_DIR)
     old = env.get("PYTHONPATH")
     env["PYTHONPATH"] = root if not old else root + os.pathsep + old
     return env
