@@ -360,7 +360,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "autotune",
         _bool,
         False,
-        "Tune cycle time, the response cache and (through Gloo) the fusion threshold live, by paired comparisons with the starting configuration.",
+        "Tune fusion threshold, cycle time and the response cache live with Bayesian optimization.",
     ),
     EnvVar(
         "HVDPROF_AUTOTUNE_LOG",
@@ -375,7 +375,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "autotune_warm_start",
         _str,
         "",
-        "An earlier autotune log whose recommendation is measured first.",
+        "An earlier autotune log whose samples seed the optimizer.",
         "unset",
     ),
     EnvVar(
@@ -389,22 +389,22 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE",
         "autotune_steps_per_sample",
         _int(1),
-        3,
-        "Runtime steps measured in each autotune window (scored by the median of up to 5 sub-windows); windows alternate between the incumbent and a candidate.",
+        5,
+        "Runtime steps measured for each scored sample (scored by the median of up to 5 sub-windows).",
     ),
     EnvVar(
         "HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
         "autotune_max_samples",
         _int(1),
-        64,
-        "Scored windows before tuning settles (the last third races the finalists against the starting configuration).",
+        24,
+        "Scored samples before tuning settles on the best configuration (the last few re-measure the leaders).",
     ),
     EnvVar(
         "HVDPROF_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
         "autotune_gp_noise",
         _float(0),
         0.3,
-        "Relative noise of one window's score assumed until measured (0.3 = about +-30%).",
+        "Relative noise of one sample's score assumed by the Gaussian process (0.3 = about +-30%).",
     ),
     EnvVar(
         "HVDPROF_AUTOTUNE_CONTINUOUS",
@@ -470,8 +470,8 @@ class Config:
     autotune_log: str = ""
     autotune_warm_start: str = ""
     autotune_warmup_samples: int = 3
-    autotune_steps_per_sample: int = 3
-    autotune_max_samples: int = 64
+    autotune_steps_per_sample: int = 5
+    autotune_max_samples: int = 24
     autotune_gp_noise: float = 0.3
     autotune_continuous: bool = True
     autotune_drift_fraction: float = 0.2
