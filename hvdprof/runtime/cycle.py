@@ -1,12 +1,14 @@
 """The background cycle: drain the queue, negotiate, fuse, run, complete. Every cycle.
 
 Each cycle every rank contributes one small vector to an allgather on the control group:
-an 8-byte header (slow-path message length and flags) followed by one byte per response
+a 9-byte header (slow-path message length and flags) followed by one byte per response
 cache entry. From that one exchange every rank knows, identically:
 - which cached names are ready on every rank (the fast path: no coordinator);
 - whether anyone has new names (then rank 0 gathers them and broadcasts responses);
 - whether any rank asked to shut down, has joined, or wants the timeline switched;
-- which rank is late, for the stall inspector and the timeline's readiness marks.
+- which rank is late, for the stall inspector and the timeline's readiness marks;
+- whether every rank's user thread is blocked waiting on an op (a deadlock, when the ops
+  they wait on are ones other ranks have not submitted).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from hvdprof.errors import HvdprofInternalError, StallAbortError
 from hvdprof.runtime import timebase
 from hvdprof.runtime.control import ControlChannel
 from hvdprof.runtime.executor import Executor
-from hvdprof.runtime.handles import notify_waiters
+from hvdprof.runtime.handles import notify_waiters, user_thread_blocked
 from hvdprof.runtime.negotiation import (
     AgreedOp,
     Coordinator,
@@ -37,15 +39,15 @@ from hvdprof.runtime.negotiation import (
 )
 from hvdprof.runtime.records import NO_TIME, CycleObserver, CycleRecord, OpBatch, TunableParams
 from hvdprof.runtime.requests import Request
-from hvdprof.runtime.stall import StallInspector
+from hvdprof.runtime.stall import DeadlockDetector, StallInspector, describe_deadlock
 from hvdprof.runtime.steps import StepCounter
 from hvdprof.runtime.threads import limit_this_thread
 from hvdprof.timeline.activities import NVTX_NEGOTIATE
 
 log = logging.getLogger("hvdprof")
 
-HEADER = 8
-_SHUTDOWN, _JOINED, _COMMAND, _DIRECTIVE = 4, 5, 6, 7
+HEADER = 9
+_SHUTDOWN, _JOINED, _COMMAND, _DIRECTIVE, _BLOCKED = 4, 5, 6, 7, 8
 _RING = 1 << 16  # cycles of start times kept for readiness marks
 _IDLE_SLEEP_MAX_S = 0.01  # idle back-off: a quiet job ticks every 10 ms
 _IDLE_BEFORE_BACKOFF_S = 0.02  # (orders such as shutdown or new parameters wait that long)
@@ -87,7 +89,13 @@ class CycleLoop:
         # owned by the cycle thread
         self.cache = ResponseCache(config.cache_capacity if params.cache_enabled else 0)
         self.coordinator = Coordinator(size) if rank == 0 else None
-        self.stall = StallInspector(size, config.stall_check_time_s, config.stall_shutdown_time_s)
+        check_s = config.stall_check_time_s
+        self.stall = StallInspector(size, check_s, config.stall_shutdown_time_s)
+        # A deadlock is reported well within the stall check time: confirmed over half of
+        # it (at most 2 s), inspected every quarter of it (at most every second).
+        self.deadlock = DeadlockDetector(size, confirm_s=min(2.0, check_s / 2))
+        self._stall_every_s = min(_STALL_EVERY_S, max(check_s / 4, 0.05))
+        self._deadlock_reported = False
         self._cached_waiting: dict[int, Request] = {}
         self._outbox: list[Request] = []
         self._sent: dict[str, Request] = {}
@@ -234,6 +242,9 @@ class CycleLoop:
         cycle = self.cycle
         t_start = timebase.now_ns()
         self._cycle_start[cycle % _RING] = t_start
+        # Before draining: a thread submits, then waits, so what a blocked thread waits on
+        # is always in this cycle's messages (rank 0 never sees the flag before the name).
+        blocked = user_thread_blocked()
         self._drain_queue()
 
         detailed = any(o.detailed for o in self.observers)
@@ -259,6 +270,8 @@ class CycleLoop:
             header[_JOINED] = 1
         if self.commands:
             header[_COMMAND] = 1
+        if blocked:
+            header[_BLOCKED] = 1
         if self.rank == 0:
             interval = self.config.clock_sync_interval_s
             if detailed and interval > 0 and time.monotonic() - self._last_clock_sync >= interval:
@@ -276,14 +289,16 @@ class CycleLoop:
             nvtx.push(NVTX_NEGOTIATE)
         matrix = self.control.allgather_sent()
         if not self._prev_joined:
-            if not matrix.any():
+            # (A rank blocked waiting changes nothing by itself: the flag is only read
+            # by rank 0's stall inspector, from the last matrix.)
+            if not matrix.any() or not (matrix[:, :_BLOCKED].any() or matrix[:, HEADER:].any()):
                 return self._quiet_cycle(cycle, t_start, busy=False)
             # Waiting on a peer: the same bits as last cycle, which ran nothing, and no
             # header flags. Nothing can be ready that was not ready then.
             if (
                 self._last_ran_nothing
                 and matrix.shape == self._last_matrix.shape
-                and not matrix[:, :HEADER].any()
+                and not matrix[:, :_BLOCKED].any()
                 and np.array_equal(matrix, self._last_matrix)
             ):
                 return self._quiet_cycle(cycle, t_start, busy=True, matrix=matrix)
@@ -547,11 +562,13 @@ class CycleLoop:
 
     def _inspect_stalls(self) -> None:
         now = time.monotonic()
-        if self.config.stall_check_time_s <= 0 or now - self._last_stall_check < _STALL_EVERY_S:
+        check_s = self.config.stall_check_time_s
+        if check_s <= 0 or now - self._last_stall_check < self._stall_every_s:
             return
         self._last_stall_check = now
         assert self.coordinator is not None
         waiting = self.coordinator.pending()
+        kinds = self.coordinator.pending_kinds()
         if self._partial_since:
             matrix_bits = self._last_bits_snapshot()
             for bit, since in self._partial_since.items():
@@ -561,9 +578,29 @@ class CycleLoop:
                 name = entries[bit].name
                 ready = frozenset(int(r) for r in np.flatnonzero(matrix_bits[:, bit]))
                 waiting[name] = (ready, since)
+                kinds[name] = entries[bit].signature.op.name
+        self._inspect_deadlock(now, waiting, kinds)
         abort = self.stall.inspect(now, waiting)
         if abort is not None:
             self._directives.append(("abort", abort))
+
+    def _inspect_deadlock(
+        self, now: float, waiting: dict[str, tuple[frozenset[int], float]], kinds: dict[str, str]
+    ) -> None:
+        """Rank 0: every rank blocked on names another blocked rank lacks is an error on
+        every rank (through the ``abort`` directive), where a slow rank only warns."""
+        matrix = self.control.last_matrix
+        if self._deadlock_reported or matrix.shape[1] < HEADER:
+            return
+        blocked = matrix[:, _BLOCKED].astype(bool).tolist()
+        joined = frozenset(int(r) for r in np.flatnonzero(matrix[:, _JOINED]))
+        if self.deadlock.observe(now, blocked, joined, waiting, self.counters["ops_completed"]):
+            self._deadlock_reported = True
+            message = describe_deadlock(
+                self.size, joined, waiting, kinds, self.config.stall_check_time_s
+            )
+            log.error("%s", message)
+            self._directives.append(("abort", message))
 
     def _last_bits_snapshot(self) -> np.ndarray:
         return self.control.last_matrix[:, HEADER:]

@@ -11,6 +11,23 @@ from typing import Any
 
 _cond = threading.Condition(threading.Lock())
 
+#: thread id -> the handle that thread is blocked on in ``Handle.wait``. The cycle thread
+#: reads it to tell the other ranks whether this rank's user thread is stuck (see
+#: :func:`user_thread_blocked`): rank 0 tells a deadlock from a slow rank with it.
+_blocked_on: dict[int, Handle] = {}
+
+
+def user_thread_blocked() -> bool:
+    """Whether a thread waits on an op that has not completed, and none on one that has.
+
+    A thread whose op has completed is about to wake up and may submit more, so it
+    counts as running; a rank whose threads are all computing has nobody here at all.
+    Called on the cycle thread *before* it drains the submission queue: a thread submits
+    before it waits, so what it waits on is then always in the queue being drained.
+    """
+    handles = list(_blocked_on.values())
+    return bool(handles) and not any(h.done_flag for h in handles)
+
 
 def notify_waiters() -> None:
     """Wake every thread blocked in ``Handle.wait``; called after a batch of completions."""
@@ -56,10 +73,15 @@ class Handle:
 
     def wait(self) -> Any:
         if not self.done_flag:
-            with _cond:
-                # the timeout lets a KeyboardInterrupt reach the user promptly
-                while not self.done_flag:
-                    _cond.wait(0.5)
+            me = threading.get_ident()
+            _blocked_on[me] = self
+            try:
+                with _cond:
+                    # the timeout lets a KeyboardInterrupt reach the user promptly
+                    while not self.done_flag:
+                        _cond.wait(0.5)
+            finally:
+                _blocked_on.pop(me, None)
         if self.release is not None:
             release, self.release = self.release, None
             release()

@@ -209,6 +209,10 @@ class Coordinator:
         """name -> (ranks that submitted it, when the first one did): for the stall inspector."""
         return {n: (frozenset(p.metas), p.first_seen) for n, p in self._table.items()}
 
+    def pending_kinds(self) -> dict[str, str]:
+        """name -> op type (``ALLREDUCE``...) of every pending name, as its first rank sent it."""
+        return {n: next(iter(p.metas.values())).signature.op.name for n, p in self._table.items()}
+
     def handle(
         self,
         cycle: int,

@@ -7,7 +7,9 @@ job must go on once the late rank submits.
 
 ``stall_worker.py abort``: the last rank submits a different tensor from the others, so
 both wait forever; with HVDPROF_STALL_SHUTDOWN_TIME_SECONDS set, every rank must get a
-StallAbortError instead of hanging, and the runtime stays failed afterwards.
+StallAbortError instead of hanging, and the runtime stays failed afterwards. The last rank
+polls its handle instead of blocking in synchronize (as a rank that keeps computing
+would), so this is a stall the deadlock detection cannot prove (see test_deadlock.py).
 """
 
 from __future__ import annotations
@@ -59,7 +61,14 @@ def abort() -> None:
         ck.tensor(out, torch.full((2,), float(N)), "before the stall")
         name = "stall.other" if R == LATE else "stall.never"
         started = time.monotonic()
-        exc = ck.raises(StallAbortError, lambda: hvd.allreduce(torch.ones(2), name=name))
+
+        def submit_and_wait() -> object:
+            handle = hvd.allreduce_async(torch.ones(2), name=name)
+            while R == LATE and not hvd.poll(handle):  # busy, never blocked in a wait
+                time.sleep(0.01)
+            return hvd.synchronize(handle)
+
+        exc = ck.raises(StallAbortError, submit_and_wait)
         print(f"ABORTED_AFTER {time.monotonic() - started:.2f}", flush=True)
         if exc is not None:
             text = str(exc)
