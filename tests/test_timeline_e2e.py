@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 from conftest import REPO, JobResult, child_env, run_job
+from test_timeline_kill import wait_gone
 
 from hvdprof.config import Config
 from hvdprof.timeline import activities as act
@@ -687,6 +688,9 @@ def test_sigkilled_rank_leaves_a_readable_trace(tmp_path: Path) -> None:
     killed = info(result, 1, "killing")
     assert killed, f"rank 1 never got to kill itself; {result.describe()}"
 
+    # the killed rank's renderer outlives it to write what it was handed: wait for it
+    renderer = json.loads((directory / "manifest.rank.1.json").read_text())["renderer_pid"]
+    wait_gone(renderer)
     path = directory / "rank.1.json"
     raw = path.read_text(encoding="utf-8")
     with pytest.raises(json.JSONDecodeError):

@@ -961,20 +961,32 @@ def test_renderer_process_gzip(tmp_path: Path) -> None:
 
 
 def test_process_sink_counts_drops_of_a_full_queue(tmp_path: Path) -> None:
-    # each cycle weighs 3 * (6 + 3) + 6 = 33 events: the queue holds three
+    # A stopped renderer stops reading: the pipe fills, then the backlog in the rank (each
+    # cycle weighs 3 * (6 + 3) + 6 = 33 events: the backlog holds three), then puts drop.
     sink = TimelineSink(config_for(tmp_path, timeline_queue_size=100), 0, SIZE, "h")
-    records = [make_cycle(c, weird=False) for c in range(300)]
-    for record in records:
-        sink.on_cycle(record)
+    os.kill(sink.writer.pid, signal.SIGSTOP)
+    put = 0
+    try:
+        record = make_cycle(0, weird=False)
+        while sink.events_dropped < 5 * 33 and put < 200_000:
+            assert sink.writer.pending <= 100 or put == 0
+            sink.on_cycle(dataclasses.replace(record, cycle=put, bytes_reduced=put))
+            put += 1
+    finally:
+        os.kill(sink.writer.pid, signal.SIGCONT)
     sink.close()
     events = json.loads(Path(sink.path).read_text())
     manifest = json.loads(Path(sink.manifest_path).read_text())
     rendered = len([e for e in events if e["name"] == "ALLREDUCE"]) // 3
-    assert sink.events_dropped > 0 and sink.writer.items_dropped == 300 - rendered
+    assert sink.events_dropped > 0 and sink.writer.items_dropped == put - rendered
+    assert sink.events_dropped == 33 * (put - rendered)
     assert manifest["events_dropped"] == sink.events_dropped
     assert events[-1]["args"]["events_dropped"] == sink.events_dropped
     assert manifest["events_written"] == sink.events_written == len(events) - 1
     assert manifest["closed"] is True
+    # what was kept is the oldest, in order: the drops are the newest cycles
+    kept = [e["args"]["value"] for e in events if e["name"] == act.COUNTER_BYTES_REDUCED]
+    assert kept == list(range(rendered))
 
 
 _KILLED_RANK_SCRIPT = textwrap.dedent(
@@ -1068,7 +1080,7 @@ def test_renderer_ignores_sigint_and_a_killed_renderer_does_not_hang_close(
     sink.on_cycle(make_cycle(0))
     _wait_for_size(sink.path, 1000)
     os.kill(sink.writer.pid, signal.SIGKILL)
-    time.sleep(0.1)
+    sink.writer._proc.wait(60)  # gone, its end of the pipe closed (SCHED_IDLE: may take a while)
     for c in range(1, 5):
         sink.on_cycle(make_cycle(c))
     t0 = time.monotonic()

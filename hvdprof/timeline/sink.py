@@ -6,14 +6,15 @@ runtime builds one :class:`TimelineSink` per rank; it writes ``DIR/rank.<r>.json
 the shared :class:`~hvdprof.timeline.clock.ClockCorrection`, so ``hvdprof timeline merge``
 only has to concatenate.
 
-:meth:`TimelineSink.on_cycle` runs on the cycle thread and only filters and enqueues a
-reference to the record. Rendering (about 11 µs of JSON per op) happens outside the rank:
-the sink starts a renderer child process (:mod:`hvdprof.timeline.render_process`) when it
-opens, and a feeder thread ships compact records to it through a pipe
-(:mod:`hvdprof.timeline.transport`, well under 1 µs per op in the rank). The child writes
-the trace file and keeps the manifest current; the rank keeps what only it knows (the
-clock correction, sent with every cycle and in the manifest, start and end instants, drops
-in its own queue). :meth:`TimelineSink.close` sends the end mark and waits (bounded) for the
+:meth:`TimelineSink.on_cycle` runs on the cycle thread: it filters the record and writes
+it, as compact column frames, straight into the pipe to a renderer child process
+(:mod:`hvdprof.timeline.render_process`, started when the sink opens; see
+:mod:`hvdprof.timeline.transport`). Rendering (several µs of JSON per op) happens outside
+the rank, and what is in the pipe outlives the rank: a rank killed with SIGKILL keeps
+every event it recorded unless the child lagged by more than the pipe holds. The child
+writes the trace file and keeps the manifest current; the rank keeps what only it knows
+(the clock correction, sent with every cycle and in the manifest, start and end instants,
+its own drops). :meth:`TimelineSink.close` sends the end mark and waits (bounded) for the
 child, so when it returns the file is strict JSON and the manifest final.
 
 If the child cannot be started, the sink says so in a warning and renders on an
@@ -331,6 +332,9 @@ class TimelineSink:
             "size": self.size,
             "hostname": self.hostname,
             "os_pid": os.getpid(),
+            # the process writing the trace file: until it exits, the file may still grow
+            # (after a SIGKILL of the rank it drains what the rank handed over, then exits)
+            "renderer_pid": self._process.pid if self._process is not None else None,
             "trace_file": os.path.basename(self.path),
             "start_unix_ns": self._start_unix_ns,
             "start_local_ns": self._start_local_ns,

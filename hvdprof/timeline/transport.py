@@ -22,22 +22,22 @@ keeps terminal signals away from it; it ends on end of input, never by a group s
 
 Rank side (:class:`RenderProcess`):
 
-* :meth:`RenderProcess.put` (the cycle thread, or any producer) appends a reference to a
-  bounded deque, accounted in events exactly like :meth:`TimelineWriter.put`; when the
-  queue is full the item is dropped and counted. It never blocks and never encodes.
-* A feeder thread wakes when a batch is queued (or every flush interval), encodes the
-  items and writes them to the child's stdin with plain blocking writes, which release the
-  GIL while they wait. A child that lags (under load it does, by design) first fills the
-  pipe (enlarged to 1 MiB, ~13,000 ops), then makes the feeder wait, then fills the queue:
-  the backpressure ends in counted drops, never in the cycle thread.
-* Encoding: every op becomes one tuple of its fields (one C-level ``attrgetter``), and
-  the tuples are pickled :data:`OPS_PER_FRAME` at a time, one frame and one write each, so
-  the feeder hands the GIL back between frames. Measured at 0.7-1 µs per op of feeder CPU
-  in a rank (~76 bytes per op on the wire); columnar ``array`` packing of the same fields
-  measured ~2x slower in CPython (each column is another pass converting Python ints).
-  The child spends ~2 µs per op decoding and ~6-11 µs rendering and writing. Rare items (instants, counters, header lines) are pickled
-  after their arguments are reduced to plain JSON-able values, so unpickling them can
-  never import torch or user code in the child.
+* :meth:`RenderProcess.put` (the cycle thread, or any producer) encodes the item and
+  writes its frames into the pipe at once, on the calling thread, with a non-blocking
+  write. What is in the pipe belongs to the kernel and outlives the rank, so a rank killed
+  with SIGKILL loses none of the events it recorded: the child reads them after the
+  rank's death, renders them and then ends the file (the goal: every op that completed at
+  least 50 ms before the kill is in the file; here it is every op whose cycle ended).
+* Only when the child lags by more than the pipe holds (enlarged to 1 MiB, ~13,000 ops;
+  under load it does lag, by design) do frames wait in the rank, in a backlog bounded in
+  events (``HVDPROF_TIMELINE_QUEUE_SIZE``): beyond it, items are dropped and counted. A
+  feeder thread writes the backlog as the child makes room, and sends the rank's state
+  (clock estimate, drop counts) when it changed. Events in the backlog are the only ones
+  a SIGKILL can take with it.
+* Encoding: ops travel by column (a few lists and byte strings per frame, pickled at C
+  speed), :data:`OPS_PER_FRAME` at a time. Rare items (instants, counters, header lines)
+  are pickled after their arguments are reduced to plain JSON-able values, so unpickling
+  them can never import torch or user code in the child.
 
 Wire format: frames ``<u32 little-endian length><pickle>``; each pickle is a tuple tagged
 by a ``MSG_*`` constant:
@@ -56,7 +56,8 @@ by a ``MSG_*`` constant:
 A stream that ends without ``MSG_END`` means the rank died (SIGKILL, crash): the child
 renders and writes everything it received, then (by default) leaves the file without its
 closing bracket, which is how readers tell a crashed rank (see
-:data:`TERMINATE_ON_PRODUCER_LOSS`).
+:data:`TERMINATE_ON_PRODUCER_LOSS`), rewrites the manifest (``closed: false``) and exits.
+The manifest's ``renderer_pid`` says which process to wait for before reading the file.
 """
 
 from __future__ import annotations
@@ -68,19 +69,20 @@ import json
 import logging
 import os
 import pickle
+import select
 import struct
 import subprocess
 import sys
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from operator import attrgetter
 from typing import Any
 
 from hvdprof.runtime.records import CycleRecord, GroupRecord, OpBatch, OpRecord, TunableParams
 from hvdprof.shadowing import PACKAGE_DIR
-from hvdprof.timeline.event_queue import EventQueue
 from hvdprof.timeline.render import (
     ITEM_COUNTER,
     ITEM_CYCLE,
@@ -213,15 +215,12 @@ def encode_item(item: tuple[Any, ...], weight: int) -> Iterator[bytes]:
     return iter((_dumps((MSG_ITEM, portable_item(item), weight)),))
 
 
-def write_frame(fd: int, payload: bytes) -> None:
-    """Write one frame (header + payload) to ``fd``, completing short writes."""
-    header = FRAME_HEADER.pack(len(payload))
-    done = os.writev(fd, (header, payload))
-    total = len(header) + len(payload)
-    if done < total:
-        rest = memoryview(header + payload)[done:]
-        while rest:
-            rest = rest[os.write(fd, rest) :]
+def frames(payloads: list[bytes]) -> bytes:
+    """``payloads`` as consecutive frames, ready to write in one call."""
+    if len(payloads) == 1:
+        payload = payloads[0]
+        return FRAME_HEADER.pack(len(payload)) + payload
+    return b"".join(part for p in payloads for part in (FRAME_HEADER.pack(len(p)), p))
 
 
 # --- decoding (child) ---------------------------------------------------------------------
@@ -351,7 +350,7 @@ def _child_env() -> dict[str, str]:
 
 
 class RenderProcess:
-    """A started renderer child for one trace file, with the queue and thread that feed it.
+    """A started renderer child for one trace file, and the pipe that feeds it.
 
     ``fd`` is the trace file, open for writing; on success the child owns it (the rank's
     copy is closed). ``init`` (JSON-able) tells the child who it renders for: ``rank``,
@@ -359,9 +358,19 @@ class RenderProcess:
     ``manifest()`` and ``manifest_version()`` give the rank's manifest and a number that
     changes when it should be sent again (the clock estimate's version).
 
+    :meth:`put` encodes an item and writes its frames into the pipe at once, from the
+    calling thread (the cycle thread, for cycles), without blocking: the pipe is
+    non-blocking on this side. Bytes in the pipe belong to the kernel, so they outlive
+    the rank: a rank killed with SIGKILL loses nothing it handed over, as long as the
+    pipe had room. Only when the child lags by more than the pipe holds (1 MiB, about
+    13,000 ops) do frames wait in this process (the *backlog*, bounded by ``queue_size``
+    events, beyond which items are dropped and counted) for a feeder thread that writes
+    them as the child catches up. The feeder also sends the rank's state (clock
+    estimate, drop counts) every ``flush_interval_s`` when it changed.
+
     Raises ``OSError`` (or ``ValueError``/``SubprocessError``) when the child cannot be
     started; ``fd`` is then still the caller's. Call :meth:`start` once the caller is
-    ready for the child to write the manifest.
+    ready for the child to write the manifest: it sends the first state at once.
 
     Counters mirror :class:`TimelineWriter`'s; those the child keeps (events written,
     lanes clamped) are known once :meth:`close` returns.
@@ -375,7 +384,6 @@ class RenderProcess:
         *,
         queue_size: int = 200_000,
         flush_interval_s: float = 0.2,
-        batch_events: int = 8192,
         manifest: Callable[[], dict[str, Any]] | None = None,
         manifest_version: Callable[[], int] | None = None,
         terminate_on_eof: bool | None = None,
@@ -387,10 +395,18 @@ class RenderProcess:
         self._flush_interval_s = flush_interval_s
         self._manifest = manifest
         self._manifest_version = manifest_version
-        self._queue = EventQueue(queue_size, batch_events)
-        self._lock = self._queue.lock  # also guards the pipe fd at close
+        self._capacity = max(1, int(queue_size))
+        self._lock = threading.Lock()  # the pipe, the backlog, the counters, ``_closed``
+        self._wake = threading.Event()
+        #: encoded bytes waiting for room in the pipe, oldest first, with the events each
+        #: completes (an item's weight sits on its last chunk)
+        self._backlog: deque[tuple[memoryview, int]] = deque()
+        self._backlog_events = 0
+        self._dropped_events = 0
+        self._dropped_items = 0
         self._encode_failures = 0
         self._sent_events = 0
+        self._closed = False
         self._broken = False
         self._stopping = False
         self._final: dict[str, Any] | None = None
@@ -425,6 +441,7 @@ class RenderProcess:
         finally:
             os.close(read_end)
         os.close(fd)  # the child has its own copy
+        os.set_blocking(write_end, False)  # this end only: the child's reads still block
         self.pid = self._proc.pid
         # Set here rather than in the child, so that close() cannot race it.
         self.background = set_autogroup_nice(self.pid, BACKGROUND_NICE)
@@ -437,14 +454,69 @@ class RenderProcess:
         _CLIENTS.add(self)
 
     def start(self) -> None:
-        """Start the feeder thread (items put before are kept and sent first)."""
+        """Send the rank's first state (the child can write the manifest from now on) and
+        start the feeder thread."""
+        self._send_state()
         self._thread.start()
 
     # --- producers ------------------------------------------------------------------
 
     def put(self, item: Any, weight: int = 1) -> bool:
-        """Queue ``item`` (``weight`` events); False when it was dropped. Never blocks."""
-        return self._queue.put(item, weight)
+        """Encode ``item`` (``weight`` events) and write it to the child now; False when it
+        was dropped. Never blocks (see the class docstring)."""
+        if self._closed:
+            self._count_dropped(weight)
+            return False
+        try:
+            payloads = list(encode_item(item, weight))
+        except Exception:
+            self._count_dropped(weight)
+            self._encode_failures += 1
+            if self._encode_failures <= 3:
+                log.exception("timeline: could not encode an item; it is dropped")
+            return False
+        data = frames(payloads)
+        with self._lock:
+            if self._closed or self._broken:
+                self._dropped_events += weight
+                self._dropped_items += 1
+                return False
+            if self._backlog and self._backlog_events + weight > self._capacity:
+                self._dropped_events += weight
+                self._dropped_items += 1
+                return False
+            return self._write_locked(data, weight)
+
+    def _write_locked(self, data: bytes, weight: int) -> bool:
+        """Write ``data`` now, or queue it (whole, or its unwritten rest) in the backlog."""
+        view = memoryview(data)
+        if not self._backlog:
+            try:
+                done = os.write(self._pipe, view)
+            except BlockingIOError:
+                done = 0
+            except OSError as exc:
+                self._lost_pipe(exc)
+                self._dropped_events += weight
+                self._dropped_items += 1
+                return False
+            if done == len(view):
+                self._sent_events += weight
+                return True
+            view = view[done:]
+        self._backlog.append((view, weight))
+        self._backlog_events += weight
+        self._wake.set()
+        return True
+
+    def _count_dropped(self, events: int, items: int = 1) -> None:
+        with self._lock:
+            self._dropped_events += events
+            self._dropped_items += items
+
+    def _drops(self) -> tuple[int, int]:
+        with self._lock:
+            return self._dropped_events, self._dropped_items
 
     # --- counters --------------------------------------------------------------------
 
@@ -455,12 +527,12 @@ class RenderProcess:
 
     @property
     def events_dropped(self) -> int:
-        """Dropped in this rank (queue full, after close, lost pipe) plus in the child."""
-        return self._queue.dropped_events + int(self._status.get("child_events_dropped", 0))
+        """Dropped in this rank (backlog full, after close, lost pipe) plus in the child."""
+        return self._dropped_events + int(self._status.get("child_events_dropped", 0))
 
     @property
     def items_dropped(self) -> int:
-        return self._queue.dropped_items + int(self._status.get("child_items_dropped", 0))
+        return self._dropped_items + int(self._status.get("child_items_dropped", 0))
 
     @property
     def lanes_clamped(self) -> int:
@@ -472,8 +544,8 @@ class RenderProcess:
 
     @property
     def pending(self) -> int:
-        """Events queued in this rank and not yet taken by the feeder."""
-        return self._queue.pending
+        """Events held in this rank, waiting for room in the pipe (what a SIGKILL loses)."""
+        return self._backlog_events
 
     @property
     def sent_events(self) -> int:
@@ -483,7 +555,7 @@ class RenderProcess:
     @property
     def closed(self) -> bool:
         """Whether the child finished the file with its closing bracket."""
-        return self._queue.closed and bool(self._status.get("closed"))
+        return self._closed and bool(self._status.get("closed"))
 
     @property
     def returncode(self) -> int | None:
@@ -494,42 +566,63 @@ class RenderProcess:
     def _run(self) -> None:
         try:
             while True:
-                self._queue.wake.wait(self._flush_interval_s)
-                self._queue.wake.clear()
+                self._wake.wait(self._flush_interval_s)
+                self._wake.clear()
                 stopping = self._stopping
-                self._drain()
+                self._flush_backlog()
                 self._send_state()
                 if stopping:
                     break
+            self._flush_backlog()
             if self._final is not None:
-                drops = self._queue.drops()
-                self._send(_dumps((MSG_END, self._final, *drops)))
+                self._send_frames([_dumps((MSG_END, self._final, *self._drops()))])
+                self._flush_backlog()
         except Exception:
             log.exception("timeline: the feeder of %s failed", self.path)
         finally:
             self._close_pipe()
 
-    def _drain(self) -> None:
-        queue = self._queue
-        for _ in range(len(queue)):
-            item, weight = queue.take()
-            try:
-                for payload in encode_item(item, weight):
-                    if not self._send(payload):
-                        raise _PipeLost
-            except _PipeLost:
-                queue.count_dropped(weight)
-            except Exception:
-                queue.count_dropped(weight)
-                self._encode_failures += 1
-                if self._encode_failures <= 3:
-                    log.exception("timeline: could not encode an item; it is dropped")
-            else:
-                self._sent_events += weight
+    def _flush_backlog(self) -> None:
+        """Write the backlog, waiting for the child to make room (the feeder's job)."""
+        poller = None
+        while True:
+            with self._lock:
+                while self._backlog and not self._broken:
+                    view, weight = self._backlog[0]
+                    try:
+                        done = os.write(self._pipe, view)
+                    except BlockingIOError:
+                        break
+                    except OSError as exc:
+                        self._lost_pipe(exc)
+                        break
+                    if done < len(view):
+                        self._backlog[0] = (view[done:], weight)
+                        break
+                    self._backlog.popleft()
+                    self._backlog_events -= weight
+                    self._sent_events += weight
+                if self._broken:  # nothing will ever take the rest
+                    lost = self._backlog_events
+                    self._dropped_events += lost
+                    self._dropped_items += sum(1 for _, w in self._backlog if w)
+                    self._backlog.clear()
+                    self._backlog_events = 0
+                if not self._backlog:
+                    return
+            if poller is None:
+                poller = select.poll()
+                poller.register(self._pipe, select.POLLOUT)
+            poller.poll(100)  # ms; the child reads, or is gone (POLLERR)
+
+    def _send_frames(self, payloads: list[bytes]) -> None:
+        with self._lock:
+            if not self._broken and self._pipe >= 0:
+                self._write_locked(frames(payloads), 0)
 
     def _send_state(self) -> None:
         version = self._manifest_version() if self._manifest_version else 0
-        drops = self._queue.drops()
+        drops = self._drops()
         sent = self._sent_state
         if sent is not None and sent == (version, *drops):
             return
@@ -537,24 +630,20 @@ class RenderProcess:
         if self._manifest is not None and (sent is None or sent[0] != version):
             manifest = self._manifest()
         self._sent_state = (version, *drops)
-        self._send(_dumps((MSG_STATE, manifest, *drops)))
+        self._send_frames([_dumps((MSG_STATE, manifest, *drops))])
 
-    def _send(self, payload: bytes) -> bool:
+    def _lost_pipe(self, exc: OSError) -> None:
+        """The child is gone (called with the lock held)."""
         if self._broken:
-            return False
-        try:
-            write_frame(self._pipe, payload)
-        except OSError as exc:
-            self._broken = True
-            code = self._proc.poll()
-            log.error(
-                "timeline: the renderer process of %s is gone (%s%s); further events are dropped",
-                self.path,
-                exc.strerror or exc,
-                "" if code is None else f", exit code {code}",
-            )
-            return False
-        return True
+            return
+        self._broken = True
+        code = self._proc.poll()
+        log.error(
+            "timeline: the renderer process of %s is gone (%s%s); further events are dropped",
+            self.path,
+            exc.strerror or exc,
+            "" if code is None else f", exit code {code}",
+        )
 
     def _close_pipe(self) -> None:
         with self._lock:
@@ -568,14 +657,16 @@ class RenderProcess:
     def close(
         self, final_manifest: Mapping[str, Any] | None = None, timeout_s: float = CLOSE_TIMEOUT_S
     ) -> None:
-        """Send what is queued and the end mark, then wait (bounded) for the child to finish.
+        """Send the backlog and the end mark, then wait (bounded) for the child to finish.
 
         ``final_manifest`` is the rank's manifest at close (end instant, last clock
         estimate). After ``timeout_s`` the child is killed: the file then keeps what it had
         written, without the closing bracket. Idempotent; a no-op in a forked child.
         """
-        if not self._queue.close():
-            return
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         if os.getpid() != self._owner_pid:
             return
         deadline = time.monotonic() + timeout_s
@@ -585,7 +676,7 @@ class RenderProcess:
             set_autogroup_nice(self.pid, 0)
         self._final = dict(final_manifest) if final_manifest is not None else {}
         self._stopping = True
-        self._queue.wake.set()
+        self._wake.set()
         if self._thread.ident is None:  # never started: send from here
             self._run()
         else:
@@ -653,8 +744,10 @@ class RenderProcess:
 
     def _after_fork_in_child(self) -> None:
         """A forked copy of the rank must not hold the pipe open (the child waits for EOF)."""
-        self._queue.closed = True
+        self._lock = threading.Lock()  # another thread may have held it at the fork
+        self._closed = True
         self._broken = True
+        self._backlog.clear()
         if self._pipe >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._pipe)
@@ -674,10 +767,6 @@ def count_events(path: str) -> int:
             count += chunk.count(b"\n{") + (previous == b"\n" and chunk[:1] == b"{")
             previous = chunk[-1:]
     return count
-
-
-class _PipeLost(Exception):
-    pass
 
 
 _CLIENTS: weakref.WeakSet[RenderProcess] = weakref.WeakSet()
