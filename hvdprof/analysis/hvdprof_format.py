@@ -10,6 +10,8 @@ occurrence count of every tensor) between blocks, which is what lets
 
 from __future__ import annotations
 
+import operator
+import re
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,7 @@ from hvdprof.analysis.model import (
     PHASE_CYCLE,
     PHASE_NEGOTIATE,
     PHASE_OP,
+    PHASE_OTHER,
     SLICE_COLUMNS,
     AutotuneSample,
     ParamsChange,
@@ -29,6 +32,15 @@ from hvdprof.analysis.model import (
 from hvdprof.timeline import activities as act
 
 _NO_CTX = (-1, -1, -1, -1, 0, -1, -1, -1, -1, -1)
+_READY_LINE = b'{"name":"' + act.READY_PREFIX.encode()
+#: a whole READY instant line as hvdprof's renderer writes it (no args)
+_READY_RE = re.compile(
+    rb'\{"name":"' + re.escape(act.READY_PREFIX.encode()) + rb'\d+","ph":"i"[^\n]*\n'
+)
+_NAME = operator.itemgetter("name")
+_TID = operator.itemgetter("tid")
+_TS = operator.itemgetter("ts")
+_DUR = operator.itemgetter("dur")
 
 
 class Interner:
@@ -152,12 +164,15 @@ class HvdprofFileParser:
             body = body[:-1].rstrip()
             closing = True
         body = body.rstrip(b",")
+        # READY instants repeat the negotiate slice's ready_us args: drop them unparsed
+        ready_lines = body.count(_READY_LINE)
+        lean = _READY_RE.sub(b"", body + b"\n") if ready_lines else body
         try:
-            events = orjson.loads(b"[" + body + b"]") if body else []
+            events = orjson.loads(b"[" + lean.rstrip().rstrip(b",") + b"]") if lean else []
         except orjson.JSONDecodeError:
             events = None
-        if events is not None:
-            self._events(events, line)
+        if events is not None and self._events_fast(events):
+            self.events += len(events) + ready_lines
         else:
             self._lines(body, line)
         self._flush_block()
@@ -177,7 +192,7 @@ class HvdprofFileParser:
                     Problem(self.path, f"line {line + offset}", f"invalid JSON ({exc}); skipped")
                 )
                 continue
-            self._events([event], line + offset)
+            self._events_slow([event], line + offset)
 
     # --- events ---------------------------------------------------------------------------
 
@@ -188,7 +203,247 @@ class HvdprofFileParser:
             info = self._name_info[name] = (phase, op, self.t.names.code(name))
         return info
 
-    def _events(self, events: list[Any], line: int) -> None:
+    def _events_fast(self, events: list[Any]) -> bool:
+        """Columns of a whole block at once; False (nothing changed) if anything is odd.
+
+        Only ``<OP>`` and ``NEGOTIATE_*`` slices are looked at one by one (for their
+        args); the phases inside an op take the op's tensor, sizes and group from the
+        last op slice on their lane, filled forward with numpy.
+        """
+        try:
+            xs = [e for e in events if e["ph"] == "X"]
+            rest = [e for e in events if e["ph"] != "X"]
+            n = len(xs)
+            names = list(map(_NAME, xs))
+            for name in set(names):
+                if name not in self._name_info:
+                    self._info(name)
+            info = self._name_info
+            code_of = {k: v[2] for k, v in info.items()}
+            name_code = np.fromiter(map(code_of.__getitem__, names), np.int32, n)
+            tid = np.fromiter(map(_TID, xs), np.int64, n)
+            start = np.fromiter(map(_TS, xs), np.float64, n)
+            dur = np.fromiter(map(_DUR, xs), np.float64, n)
+            phase_tab = np.full(len(self.t.names.items), PHASE_OTHER, np.int8)
+            op_tab = np.full(len(self.t.names.items), -1, np.int8)
+            for ph_, op_, code_ in info.values():
+                phase_tab[code_] = ph_
+                op_tab[code_] = op_
+            phase = phase_tab[name_code]
+            op = op_tab[name_code]
+            heads = np.flatnonzero((phase == PHASE_OP) | (phase == PHASE_NEGOTIATE))
+            head_ev = [xs[i] for i in heads.tolist()]
+            args = [e.get("args") or {} for e in head_ev]
+            tnames = [a.get("tensor") for a in args]
+            lane_tensor = self._lane_tensor
+            tensors = self.t.tensors
+            head_tensor = np.array(
+                [
+                    tensors.code(t) if isinstance(t, str) else lane_tensor.get(int(k), -1)
+                    for t, k in zip(tnames, tid[heads].tolist(), strict=True)
+                ],
+                dtype=np.int64,
+            )
+            backends, dtypes = self.t.backends, self.t.dtypes
+            h_bytes = np.array([a.get("bytes", -1) for a in args], np.int64)
+            h_group = np.array([a.get("group", -1) for a in args], np.int64)
+            h_gt = np.array([a.get("group_tensors", 0) for a in args], np.int64)
+            h_gb = np.array([a.get("group_bytes", -1) for a in args], np.int64)
+            h_bb = np.array([a.get("group_buffer_bytes", -1) for a in args], np.int64)
+            h_backend = np.array(
+                [
+                    backends.code(b) if isinstance(b, str) else -1
+                    for b in (a.get("backend") for a in args)
+                ],
+                np.int64,
+            )
+            h_dtype = np.array(
+                [
+                    dtypes.code(d) if isinstance(d, str) else -1
+                    for d in (a.get("dtype") for a in args)
+                ],
+                np.int64,
+            )
+            h_cached = np.array(
+                [-1 if c is None else int(bool(c)) for c in (a.get("cached") for a in args)],
+                np.int64,
+            )
+            ready = [a.get("ready_us") for a in args]
+            marks = [
+                (j, int(r), float(t))
+                for j, d in enumerate(ready)
+                if isinstance(d, dict)
+                for r, t in d.items()
+            ]
+            for e in rest:
+                ph = e["ph"]
+                if ph == "C":
+                    a = e.get("args") or {}
+                    value = a.get("value")
+                    if value is None and a:
+                        value = next(iter(a.values()))
+                    self.cols.counters.setdefault(e["name"], []).append(
+                        (self.rank, float(e["ts"]), float(value))
+                    )
+                elif ph == "i" or ph == "I":
+                    self._instant(e)
+                elif ph == "M":
+                    self._meta(e)
+                elif not isinstance(ph, str):
+                    return False
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return False
+        self._commit_fast(
+            tid,
+            name_code,
+            phase,
+            op,
+            start,
+            dur,
+            heads,
+            head_tensor,
+            (h_bytes, h_group, h_gt, h_gb, h_bb, h_backend, h_dtype, h_cached),
+            marks,
+        )
+        return True
+
+    def _commit_fast(
+        self,
+        tid: np.ndarray,
+        name_code: np.ndarray,
+        phase: np.ndarray,
+        op: np.ndarray,
+        start: np.ndarray,
+        dur: np.ndarray,
+        heads: np.ndarray,
+        head_tensor: np.ndarray,
+        head_cols: tuple[np.ndarray, ...],
+        marks: list[tuple[int, int, float]],
+    ) -> None:
+        n = len(tid)
+        if n == 0:
+            return
+        # context columns: tensor, op, bytes, group, gt, gb, bb, backend, dtype, cached, occ
+        k = 11
+        ctx = np.full((n, k), -1, dtype=np.int64)
+        ctx[:, 4] = 0
+        is_neg = phase[heads] == PHASE_NEGOTIATE
+        hc = np.empty((len(heads), k), dtype=np.int64)
+        hc[:, 0] = head_tensor
+        hc[:, 1] = op[heads]
+        for j, col in enumerate(head_cols):
+            hc[:, 2 + j] = col
+        # negotiation rows carry no sizes; occurrence is counted per tensor below
+        hc[is_neg, 2:9] = np.array([-1, -1, 0, -1, -1, -1, -1])
+        # an op starts a new occurrence unless it directly follows its negotiation
+        prev_neg = np.zeros(len(heads), dtype=bool)
+        order_h = np.lexsort((heads, tid[heads]))
+        same_tid = tid[heads][order_h][1:] == tid[heads][order_h][:-1]
+        follows = np.zeros(len(heads), dtype=bool)
+        follows[1:] = same_tid & is_neg[order_h][:-1]
+        prev_neg[order_h] = follows
+        for lane, was_neg in self._after_negotiate.items():  # carried from the last block
+            if was_neg:
+                first = np.flatnonzero(tid[heads] == lane)
+                if len(first) and not is_neg[first[0]]:
+                    prev_neg[first[0]] = True
+        starts_occ = is_neg | ~prev_neg
+        occ = np.full(len(heads), -1, dtype=np.int64)
+        carried = np.flatnonzero(prev_neg & ~follows[np.argsort(order_h)])
+        for i in carried.tolist():  # an op whose negotiation was in the previous block
+            occ[i] = self._occ.get(int(head_tensor[i]), 0) - 1
+        st = np.flatnonzero(starts_occ)
+        if len(st):
+            t_of = head_tensor[st]
+            order = np.lexsort((heads[st], t_of))
+            t_sorted = t_of[order]
+            new_group = np.ones(len(st), dtype=bool)
+            new_group[1:] = t_sorted[1:] != t_sorted[:-1]
+            group_start = np.flatnonzero(new_group)
+            counts = np.arange(len(st)) - np.repeat(
+                group_start, np.diff(np.append(group_start, len(st)))
+            )
+            carry = np.array([self._occ.get(int(t), 0) for t in t_sorted], dtype=np.int64)
+            occ_sorted = carry + counts
+            occ[st[order]] = occ_sorted
+            last = np.append(new_group[1:], True)
+            for t, value in zip(t_sorted[last].tolist(), occ_sorted[last].tolist(), strict=True):
+                self._occ[int(t)] = int(value) + 1
+        chained = np.flatnonzero(follows)  # an op takes its negotiation's occurrence
+        occ[order_h[chained]] = occ[order_h[chained - 1]]
+        hc[:, 10] = occ
+        ctx[heads] = hc
+        # forward fill per lane: each row takes the context of the last head on its lane
+        src = np.full(n, -1, dtype=np.int64)
+        src[heads] = heads
+        order = np.lexsort((np.arange(n), tid))
+        t_sorted = tid[order]
+        s_sorted = src[order]
+        new_lane = np.ones(n, dtype=bool)
+        new_lane[1:] = t_sorted[1:] != t_sorted[:-1]
+        lane_id = np.cumsum(new_lane) - 1
+        shifted = np.where(s_sorted >= 0, s_sorted, -1) + lane_id * (n + 1) + 1
+        shifted = np.maximum.accumulate(np.where(s_sorted >= 0, shifted, lane_id * (n + 1)))
+        filled = shifted - lane_id * (n + 1) - 1  # -1: no head yet in this block
+        src[order] = filled
+        rows = np.flatnonzero((src >= 0) & (src != np.arange(n)))
+        ctx[rows] = ctx[src[rows]]
+        # rows before any head on their lane: carry from the previous block
+        orphans = np.flatnonzero(src < 0)
+        cycle = phase == PHASE_CYCLE
+        for i in orphans.tolist():
+            if cycle[i]:
+                continue
+            lane = int(tid[i])
+            carried = self._ctx.get(lane)
+            if carried is not None:
+                ctx[i, :10] = carried
+                ctx[i, 10] = self._occ.get(carried[0], 0) - 1
+            else:
+                ctx[i, 0] = self._lane_tensor.get(lane, -1)
+        ctx[cycle] = np.array([-1, -1, -1, -1, 0, -1, -1, -1, -1, -1, -1])
+        # remember the last op context per lane for the next block
+        last_rows = order[np.append(new_lane[1:], True)]
+        for i in last_rows.tolist():
+            if src[i] >= 0 and not cycle[i]:
+                self._ctx[int(tid[i])] = tuple(int(x) for x in ctx[i, :10])
+            self._after_negotiate[int(tid[i])] = bool(phase[i] == PHASE_NEGOTIATE)
+        op_col = np.where(op >= 0, op, ctx[:, 1])
+        row0 = self.cols.rows
+        self.cols.slice_chunks.append(
+            {
+                "rank": np.full(n, self.rank, np.int32),
+                "tensor": ctx[:, 0].astype(np.int32),
+                "name": name_code,
+                "phase": phase,
+                "op": op_col.astype(np.int8),
+                "start_us": start,
+                "dur_us": dur,
+                "bytes": ctx[:, 2],
+                "group": ctx[:, 3],
+                "group_tensors": ctx[:, 4].astype(np.int32),
+                "group_bytes": ctx[:, 5],
+                "buffer_bytes": ctx[:, 6],
+                "backend": ctx[:, 7].astype(np.int16),
+                "dtype": ctx[:, 8].astype(np.int16),
+                "cached": ctx[:, 9].astype(np.int8),
+                "occurrence": ctx[:, 10].astype(np.int32),
+            }
+        )
+        self.cols.rows += n
+        if marks:
+            j = np.fromiter((m[0] for m in marks), np.int64, len(marks))
+            self.cols.mark_chunks.append(
+                {
+                    "observer": np.full(len(marks), self.rank, np.int32),
+                    "tensor": head_tensor[j].astype(np.int32),
+                    "ts_us": np.fromiter((m[2] for m in marks), np.float64, len(marks)),
+                    "ready_rank": np.fromiter((m[1] for m in marks), np.int32, len(marks)),
+                    "slice": heads[j] + row0,
+                }
+            )
+
+    def _events_slow(self, events: list[Any], line: int) -> None:
         s = self._s
         rank = self.rank
         info_of = self._name_info
@@ -271,10 +526,6 @@ class HvdprofFileParser:
                     m["ts_us"].append(float(ts))
                     m["ready_rank"].append(int(r))
                     m["slice"].append(row)
-            prev = self._ctx.get(tid)
-            # negotiation rows carry the tensor's last known size for hover
-            if prev is not None and prev[0] == tensor:
-                return (tensor, op, prev[2], -1, 0, -1, -1, -1, prev[8], cached_code)
             return (tensor, op, -1, -1, 0, -1, -1, -1, -1, cached_code)
         if not self._after_negotiate.pop(tid, False):
             self._occ[tensor] = self._occ.get(tensor, 0) + 1

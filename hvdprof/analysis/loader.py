@@ -14,11 +14,15 @@ uncached.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import sys
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from typing import Any
 
 import numpy as np
 import orjson
@@ -28,7 +32,9 @@ from hvdprof.analysis.hvdprof_format import Columns, HvdprofFileParser, Tables
 from hvdprof.analysis.model import (
     MARK_COLUMNS,
     SLICE_COLUMNS,
+    AutotuneSample,
     MarkTable,
+    ParamsChange,
     Problem,
     Run,
     SliceTable,
@@ -36,9 +42,13 @@ from hvdprof.analysis.model import (
 from hvdprof.errors import HvdprofError
 from hvdprof.timeline.manifest import MANIFEST_RE, TRACE_RE, read_manifest
 
+_log = logging.getLogger("hvdprof.analysis")
+
 #: bytes read per block (whole lines are cut from it)
 BLOCK_BYTES = 8 << 20
 CACHE_DIR = ".hvdprof-cache"
+#: inputs larger than this (bytes, all files) are parsed by a pool of processes
+PARALLEL_MIN_BYTES = 32 << 20
 #: bumped when the cached columns change meaning
 CACHE_VERSION = 1
 _RANK_IN_NAME = re.compile(r"rank[._-]?(\d+)")
@@ -243,10 +253,17 @@ class _Source:
                     or not meta["complete"]
                 ):
                     return False
-                arrays = {k: z["s_" + k] for k in SLICE_COLUMNS}
-                marks = {k: z["m_" + k] for k in MARK_COLUMNS}
-        except (OSError, KeyError, ValueError, orjson.JSONDecodeError):
+                arrays = {k: z[k] for k in z.files if k != "meta"}
+            self.import_columns(meta, arrays)
+        except (OSError, KeyError, ValueError, TypeError, orjson.JSONDecodeError):
             return False
+        return True
+
+    def import_columns(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        """Adopt columns exported by :meth:`export_columns` (cache file or worker process),
+        re-coding their strings into this run's tables."""
+        slices = {k: arrays["s_" + k] for k in SLICE_COLUMNS}
+        marks = {k: arrays["m_" + k] for k in MARK_COLUMNS}
         t = self.tables
         for col, table, strings in (
             ("tensor", t.tensors, meta["tensors"]),
@@ -255,35 +272,27 @@ class _Source:
             ("dtype", t.dtypes, meta["dtypes"]),
         ):
             remap = np.array([table.code(x) for x in strings] + [-1], dtype=np.int64)
-            arrays[col] = remap[arrays[col].astype(np.int64)].astype(SLICE_COLUMNS[col])
+            slices[col] = remap[slices[col].astype(np.int64)].astype(SLICE_COLUMNS[col])
         remap = np.array([t.tensors.code(x) for x in meta["tensors"]] + [-1], dtype=np.int64)
         marks["tensor"] = remap[marks["tensor"].astype(np.int64)].astype(np.int32)
-        from hvdprof.analysis.model import AutotuneSample, ParamsChange
-
         cols = Columns()
-        cols.slice_chunks = [arrays]
+        cols.slice_chunks = [slices]
         cols.mark_chunks = [marks]
-        cols.rows = len(arrays["rank"])
+        cols.rows = len(slices["rank"])
         cols.samples = [AutotuneSample(**x) for x in meta["samples"]]
         cols.params = [ParamsChange(**x) for x in meta["params"]]
         cols.counters = {k: [tuple(r) for r in v] for k, v in meta["counters"].items()}
         self.columns = cols
         self.problems = [Problem(**p) for p in meta["problems"]]
-        self.complete = True
+        self.complete = bool(meta["complete"])
         self.events = int(meta["events"])
         self.host = meta.get("host")
-        self.size, self.mtime_ns = st.st_size, st.st_mtime_ns
-        self.parser = None
-        return True
+        self.size, self.mtime_ns = int(meta["size"]), int(meta["mtime_ns"])
+        self.parser = None  # re-read in full if the file changes
 
-    def save_cache(self) -> None:
-        """Write the columns beside the trace; silently skipped where that is not possible."""
-        if self.kind == "horovod" or not self.complete or self.size < 0:
-            return
-        from dataclasses import asdict
-
+    def export_columns(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """Everything read from this file, as plain data (see :meth:`import_columns`)."""
         t = self.tables
-        slices = self.columns.slices()
         meta = {
             "version": CACHE_VERSION,
             "size": self.size,
@@ -300,8 +309,15 @@ class _Source:
             "counters": self.columns.counters,
             "problems": [p.to_dict() for p in self.problems],
         }
-        arrays = {"s_" + k: v for k, v in slices.items()}
+        arrays = {"s_" + k: v for k, v in self.columns.slices().items()}
         arrays.update({"m_" + k: v for k, v in self.columns.marks().items()})
+        return meta, arrays
+
+    def save_cache(self) -> None:
+        """Write the columns beside the trace; silently skipped where that is not possible."""
+        if self.kind == "horovod" or not self.complete or self.size < 0:
+            return
+        meta, arrays = self.export_columns()
         path = self.cache_path()
         tmp = f"{path}.tmp.{os.getpid()}.npz"
         try:
@@ -313,13 +329,25 @@ class _Source:
                 os.unlink(tmp)
 
 
+def _read_in_worker(
+    path: str, rank: int, kind: str
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Parse one file in a worker process; the result crosses back as plain data."""
+    source = _Source(path, rank, kind, Tables())
+    source.read()
+    return source.export_columns()
+
+
 class RunLoader:
     """Finds the files of a run, reads them, and (re)assembles the :class:`Run`."""
 
-    def __init__(self, path: str, *, cache: bool = True, progress: bool = False) -> None:
+    def __init__(
+        self, path: str, *, cache: bool = True, progress: bool = False, workers: int | None = None
+    ) -> None:
         self.path = path
         self.cache = cache
         self.progress = progress
+        self.workers = workers
         self.tables = Tables()
         self.sources: list[_Source] = []
         self.manifest_paths: dict[int, str] = {}
@@ -381,18 +409,49 @@ class RunLoader:
         total = sum(_size(s.path) for s in self.sources)
         advance, stop = _progress_bar(total if self.progress else 0)
         try:
+            todo = []
             for source in self.sources:
                 if self.cache and source.load_cache():
                     advance(max(source.size, 0))
-                    continue
-                source.read(advance)
-                if self.cache:
+                else:
+                    todo.append(source)
+            workers = min(len(todo), self.workers or os.cpu_count() or 1)
+            big = sum(_size(s.path) for s in todo) >= PARALLEL_MIN_BYTES
+            if workers > 1 and big and all(s.kind != "horovod" for s in todo):
+                self._read_parallel(todo, workers, advance)
+            else:
+                for source in todo:
+                    source.read(advance)
+            if self.cache:
+                for source in todo:
                     source.save_cache()
         finally:
             stop()
         run = Run(path=self.path, format=self.fmt, _loader=self)
         self.assemble(run)
         return run
+
+    def _read_parallel(
+        self, sources: list[_Source], workers: int, advance: Callable[[int], None]
+    ) -> None:
+        """Parse files in worker processes (one file each); fall back to this process."""
+        import multiprocessing
+
+        try:
+            context = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(workers, mp_context=context) as pool:
+                futures = [
+                    (s, pool.submit(_read_in_worker, s.path, s.rank, s.kind)) for s in sources
+                ]
+                for source, future in futures:
+                    meta, arrays = future.result()
+                    source.import_columns(meta, arrays)
+                    advance(max(source.size, 0))
+        except (OSError, ValueError, RuntimeError) as exc:  # no fork, a broken pool
+            _log.debug("parallel read failed (%s); reading in this process", exc)
+            for source in sources:
+                if source.parser is None and not source.columns.rows:
+                    source.read(advance)
 
     def refresh(self, run: Run) -> bool:
         changed = False
@@ -529,14 +588,22 @@ def _progress_bar(total: int) -> tuple[Callable[[int], None], Callable[[], None]
     return (lambda n: progress.advance(task, n)), progress.stop
 
 
-def load_run(path: str | os.PathLike[str], *, cache: bool = True, progress: bool = False) -> Run:
+def load_run(
+    path: str | os.PathLike[str],
+    *,
+    cache: bool = True,
+    progress: bool = False,
+    workers: int | None = None,
+) -> Run:
     """Read a run directory (or one timeline file) into a columnar :class:`Run`.
 
     ``cache``: reuse/write ``.hvdprof-cache/`` beside the trace. ``progress``: show a
-    progress bar on stderr for large inputs (only when stderr is a terminal). Raises
-    :class:`LoadError` when there is nothing to read at ``path``.
+    progress bar on stderr for large inputs (only when stderr is a terminal).
+    ``workers``: processes that parse large inputs, one file each (default: one per CPU;
+    1: all in this process). Raises :class:`LoadError` when there is nothing to read at
+    ``path``.
     """
-    return RunLoader(os.fspath(path), cache=cache, progress=progress).load()
+    return RunLoader(os.fspath(path), cache=cache, progress=progress, workers=workers).load()
 
 
 __all__ = ["LoadError", "RunLoader", "load_run"]

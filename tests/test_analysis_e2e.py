@@ -1,0 +1,126 @@
+"""``hvdprof analyze`` on real runs: a 3-rank job with a sleeping rank, and a 2-rank job
+with the timeline and autotune on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, child_env, run_job
+
+from hvdprof.analysis import analyze, autotune_report, find_stragglers, load_run
+from hvdprof.autotune.log import read_autotune_log
+
+
+def hvdprof_cli(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hvdprof", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env(),
+        cwd=REPO,
+    )
+
+
+@pytest.fixture(scope="module")
+def straggler_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tl = tmp_path_factory.mktemp("straggler") / "tl"
+    job = run_job(
+        "analysis_worker.py",
+        3,
+        "--steps",
+        "25",
+        "--sleep-rank",
+        "2",
+        "--sleep-ms",
+        "40",
+        launcher_args=("--timeline", str(tl)),
+    )
+    job.assert_section("run", 3)
+    job.assert_done(3)
+    return tl
+
+
+def test_sleeping_rank_is_named_by_analyze(straggler_run: Path) -> None:
+    proc = hvdprof_cli("analyze", str(straggler_run))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    verdicts = proc.stdout.split("Verdicts", 1)[1]
+    first = verdicts.strip().splitlines()[0]
+    assert "rank 2 is the straggler" in first, proc.stdout
+
+
+def test_sleeping_rank_cost_is_about_its_sleep(straggler_run: Path) -> None:
+    proc = hvdprof_cli("analyze", "--json", str(straggler_run))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    s = report["stragglers"]
+    assert s["straggler"] == 2
+    top = s["ranks"][0]
+    assert top["rank"] == 2 and top["last_share"] > 0.8
+    # rank 2 sleeps 40 ms before each step; the others wait for it (minus their own
+    # submission work, plus cycle latency): well above 20 ms and not above 2 x 40 ms
+    assert 20.0 < top["cost_per_step_ms"] < 80.0, top
+    assert report["verdicts"][0].startswith("rank 2 is the straggler")
+
+
+@pytest.fixture(scope="module")
+def autotune_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    base = tmp_path_factory.mktemp("autotune")
+    tl, log = base / "tl", base / "autotune.csv"
+    job = run_job(
+        "analysis_worker.py",
+        2,
+        "--steps",
+        "80",
+        env={
+            "HVDPROF_AUTOTUNE_WARMUP_SAMPLES": "1",
+            "HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE": "3",
+        },
+        launcher_args=("--timeline", str(tl), "--autotune", "--autotune-log", str(log)),
+    )
+    job.assert_section("run", 2)
+    job.assert_done(2)
+    return tl, log
+
+
+def test_autotune_samples_and_windows_listed(autotune_run: tuple[Path, Path]) -> None:
+    tl, log = autotune_run
+    rows = read_autotune_log(log)
+    assert len(rows) >= 2, "the job scored too few samples to test with"
+    run = load_run(tl, cache=False)
+    report = autotune_report(run)
+    assert len(report.samples) == len(rows)
+    for sample, row in zip(report.samples, rows, strict=True):
+        assert sample.fusion_threshold_bytes == row.params.fusion_threshold_bytes
+        assert sample.cycle_time_ms == pytest.approx(row.params.cycle_time_ms)
+        assert sample.score_mb_per_s == pytest.approx(row.score_bytes_per_s / 1e6, rel=1e-5)
+        assert run.t0_us <= sample.t0_us < sample.t1_us <= run.t1_us + 1.0
+    # windows follow each other
+    for a, b in zip(report.samples, report.samples[1:], strict=False):
+        assert a.t1_us <= b.t0_us
+    best = max(rows, key=lambda r: r.score_bytes_per_s)
+    assert report.samples[report.best].score_mb_per_s == pytest.approx(
+        best.score_bytes_per_s / 1e6, rel=1e-5
+    )
+
+
+def test_autotune_table_in_cli(autotune_run: tuple[Path, Path]) -> None:
+    tl, log = autotune_run
+    proc = hvdprof_cli("analyze", str(tl))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Autotune samples" in proc.stdout
+    assert f"Autotune scored {len(read_autotune_log(log))} samples" in proc.stdout.replace(
+        "\n", " "
+    )
+
+
+def test_real_run_report_is_json_safe(autotune_run: tuple[Path, Path]) -> None:
+    tl, _ = autotune_run
+    report = analyze(load_run(tl, cache=False))
+    text = json.dumps(report.to_dict(), allow_nan=False)
+    assert json.loads(text)["run"]["ranks"] == [0, 1]
+    assert find_stragglers(load_run(tl)).ops_with_marks > 0
