@@ -255,7 +255,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "stall_check_time_s",
         _float(0),
         60.0,
-        "Warn when some ranks have submitted a tensor and others have not for this long. 0 disables the check.",
+        "Warn when some ranks have submitted a tensor and others have not for this long; a "
+        "deadlock (every rank blocked waiting on names another blocked rank has not "
+        "submitted) is an error on every rank well within it. 0 disables both checks.",
     ),
     EnvVar(
         "HVDPROF_STALL_SHUTDOWN_TIME_SECONDS",
