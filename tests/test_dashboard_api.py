@@ -234,11 +234,11 @@ def test_growing_file_refreshes(tmp_path: Path, real_run: Path) -> None:
         assert after["t1_us"] > before["t1_us"]
 
 
-def test_sections_carry_the_library_results(client: TestClient, real_run: Path) -> None:
+def test_sections_carry_the_library_results(client: TestClient, served: Path) -> None:
     import hvdprof.analysis as library
     from hvdprof.dashboard.routes.analyses import ANALYSES, analysis_function
 
-    run = library.load_run(str(real_run), cache=False)
+    run = library.load_run(str(served / "demo"), cache=False)
     checked = []
     for name, (function, _) in ANALYSES.items():
         compute = analysis_function(function)
@@ -249,3 +249,19 @@ def test_sections_carry_the_library_results(client: TestClient, real_run: Path) 
         assert body["data"] == expected, name
         checked.append(name)
     assert {"breakdown", "stragglers", "autotune", "surrogate"} <= set(checked)
+
+
+def test_rank_appearing_later_is_picked_up(tmp_path: Path, real_run: Path) -> None:
+    """A rank whose file appears after the first read is in the run after the next change."""
+    run = tmp_path / "late"
+    run.mkdir()
+    shutil.copy(real_run / "rank.0.json", run / "rank.0.json")
+    app = create_app(DashboardSettings(tmp_path))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        assert c.get("/api/run", params={"run": "late"}).json()["ranks"] == [0]
+        shutil.copy(real_run / "rank.1.json", run / "rank.1.json")
+        catalog = app.state.catalog
+        assert catalog.refresh(catalog.loaded("late")) is True
+        assert c.get("/api/run", params={"run": "late"}).json()["ranks"] == [0, 1]
+        window = c.get("/api/timeline", params={"run": "late"}).json()["data"]
+        assert [row["rank"] for row in window["rows"]] == [0, 1]

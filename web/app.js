@@ -177,14 +177,16 @@
       if (it.tensor) lines.push("tensor: " + it.tensor);
       if (it.bytes != null && it.bytes >= 0) lines.push("bytes: " + fmtBytes(it.bytes));
       if (it.group != null && it.group >= 0) {
-        lines.push("fusion group: " + it.group + (it.group_tensors ? " (" + it.group_tensors + " tensors, " + fmtBytes(it.group_bytes) + ")" : ""));
+        lines.push("fusion group: " + it.group + (it.group_tensors ? " (" + it.group_tensors + " tensors)" : ""));
       }
       if (it.backend) lines.push("backend: " + it.backend);
       if (it.dtype) lines.push("dtype: " + it.dtype);
       g.text.push(lines.join("<br>"));
     }
     const traces = [];
-    for (const [phase, g] of byPhase) {
+    // enclosing op slices first, so the phases inside them are drawn on top
+    const order = (p) => (p === "op" ? -1 : Object.keys(PHASE_COLORS).indexOf(p));
+    for (const [phase, g] of [...byPhase].sort((x, y) => order(x[0]) - order(y[0]))) {
       traces.push({
         type: "bar", orientation: "h", name: phase, y: g.y, base: g.base, x: g.x,
         customdata: g.custom, hovertext: g.text, hoverinfo: "text",
@@ -203,6 +205,7 @@
       uirevision: state.run + "|" + state.expand,
       height: Math.max(260, 70 + 34 * Math.max(categories.length, 2)),
     });
+    el.style.height = layout.height + "px";
     if (state.view) layout.xaxis.range = [(state.view[0] - t0) / 1000, (state.view[1] - t0) / 1000];
     else layout.xaxis.autorange = true;
     Plotly.react(el, traces, layout, plotConfig);
@@ -260,6 +263,9 @@
     box.innerHTML = "";
     const verdicts = (data && data.verdicts) || [];
     if (!verdicts.length) return;
+    const h = document.createElement("h2");
+    h.textContent = "What the analysis found";
+    box.appendChild(h);
     const ul = document.createElement("ul");
     for (const v of verdicts) { const li = document.createElement("li"); li.textContent = v; ul.appendChild(li); }
     box.appendChild(ul);

@@ -174,11 +174,21 @@ class RunCatalog:
         signature = loaded.entry.signature()
         if signature == loaded.signature:
             return False
+        old = {name: size for name, size, _ in loaded.signature}
+        new = {name: size for name, size, _ in signature}
+        # Run.refresh() reads what was appended to the files it knows; a rank whose file
+        # appeared (or was rewritten shorter) since needs the run read again from scratch.
+        reload = set(new) != set(old) or any(new[n] < old[n] for n in new)
         with loaded.lock:
             loaded.signature = signature
             try:
-                grew = bool(loaded.run.refresh())
-            except (OSError, ValueError, RuntimeError):
+                if reload:
+                    from hvdprof.analysis import load_run
+
+                    loaded.run, grew = load_run(str(loaded.entry.path)), True
+                else:
+                    grew = bool(loaded.run.refresh())
+            except Exception:  # a file caught mid-write: the next change retries
                 return False
             if grew:
                 loaded.version += 1

@@ -1,0 +1,226 @@
+"""The dashboard in a real browser: Playwright driving Debian's Chromium.
+
+A real uvicorn server (``hvdprof dashboard``, or ``hvdprof run --dashboard``) on a free
+loopback port serves a real 2-rank run; the tests load the page, read what it drew, zoom,
+expand a rank, click an autotune sample, and watch it update while a job writes. Each
+test saves screenshots under its temporary directory. Without chromium the tests skip
+with the reason, except under CI=true, where .ci/setup installs it and they must run.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from dashboard_support import (
+    HOROVOD_TIMELINE,
+    REPO,
+    child_env,
+    chromium_or_skip,
+    dashboard_server,
+    free_port,
+    shared_real_run,
+)
+
+pytest.importorskip("fastapi")
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+#: Playwright's own limit on any one wait (ms): a broken page fails instead of hanging.
+WAIT_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    executable = chromium_or_skip()
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, timeout=WAIT_MS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("browser-served")
+    shutil.copytree(shared_real_run(tmp_path_factory), root / "demo")
+    (root / "horovod").mkdir()
+    shutil.copy(HOROVOD_TIMELINE, root / "horovod" / "timeline.json")
+    return root
+
+
+def open_page(browser: object, url: str):
+    page = browser.new_page(viewport={"width": 1400, "height": 950})
+    page.set_default_timeout(WAIT_MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(url)
+    page.wait_for_selector("body[data-ready='1']")
+    return page, errors
+
+
+def lanes(page) -> list[str]:
+    return page.evaluate("window.HVD_STATE.lanes")
+
+
+def wait_for_timeline(page, predicate: str) -> None:
+    page.wait_for_function(predicate)
+    page.wait_for_timeout(300)  # let Plotly finish drawing before a screenshot
+
+
+def test_page_timeline_zoom_expand_stragglers_autotune(
+    browser: object, served: Path, tmp_path: Path
+) -> None:
+    from hvdprof.analysis import autotune_report, find_stragglers, load_run
+
+    run = load_run(str(served / "demo"), cache=False)
+    with dashboard_server(served) as base:
+        page, errors = open_page(browser, base + "?run=demo")
+        page.screenshot(path=str(tmp_path / "1-loaded.png"), full_page=True)
+
+        # one row per rank, labelled, drawn by Plotly as y tick labels
+        assert lanes(page) == [f"rank {r} ({run.hosts[r]})" for r in run.ranks]
+        ticks = page.locator("#timeline .ytick text").all_text_contents()
+        assert sorted(ticks) == sorted(lanes(page))
+        status = page.locator("#timeline-status").text_content()
+        assert "aggregated" in status  # the whole run is more than the screen shows
+
+        # zoom by dragging across the plot: the page re-queries a narrower window
+        box = page.locator("#timeline .nsewdrag").first.bounding_box()
+        y = box["y"] + box["height"] / 2
+        x0 = box["x"] + box["width"] * 0.40
+        page.mouse.move(x0, y)
+        page.mouse.down()
+        page.mouse.move(x0 + box["width"] * 0.02, y, steps=5)
+        page.mouse.up()
+        wait_for_timeline(page, "window.HVD_STATE.view !== null")
+        view = page.evaluate("window.HVD_STATE.view")
+        assert run.t0_us < view[0] < view[1] < run.t1_us
+        assert view[1] - view[0] < 0.05 * (run.t1_us - run.t0_us)
+        page.wait_for_function(
+            "!/aggregated/.test(document.getElementById('timeline-status').textContent)"
+        )
+        page.screenshot(path=str(tmp_path / "2-zoomed.png"), full_page=False)
+
+        # expand rank 1 into its tensor lanes
+        page.select_option("#expand-select", "1")
+        wait_for_timeline(page, "window.HVD_STATE.lanes.length > 2")
+        tensor_lanes = lanes(page)
+        assert set(tensor_lanes) <= set(run.tensors) | {"(runtime)"}
+        assert any(name.startswith("allreduce.") for name in tensor_lanes)
+        page.screenshot(path=str(tmp_path / "3-expanded.png"), full_page=False)
+
+        # the straggler verdict, word for word from the analysis library
+        verdict = page.locator("#straggler-verdict").text_content()
+        assert verdict == find_stragglers(run).verdict and verdict
+        assert page.locator("#stragglers .heatmaplayer").count() == 1
+
+        # autotune: one marker per sample; clicking one moves the timeline to its window
+        samples = autotune_report(run).samples
+        assert samples, "the demo run was made with --autotune"
+        points = page.locator("#autotune-score .scatterlayer .trace").first.locator(".point")
+        assert points.count() == len(samples)
+        assert page.locator("#autotune-params .scatterlayer .trace").count() == 2
+        assert (
+            page.locator("#autotune-surface .contourlayer, #autotune-surface .empty").count() >= 1
+        )
+        page.select_option("#expand-select", "")
+        target = samples[len(samples) // 2]
+        points.nth(len(samples) // 2).click(force=True)
+        page.wait_for_function(
+            f"window.HVD_STATE.view && Math.abs(window.HVD_STATE.view[0] - {target.t0_us}) < 1"
+        )
+        page.screenshot(path=str(tmp_path / "4-autotune.png"), full_page=True)
+        assert errors == []
+
+
+def test_horovod_timeline_and_compare(browser: object, served: Path, tmp_path: Path) -> None:
+    with dashboard_server(served) as base:
+        page, errors = open_page(browser, base + "?run=horovod/timeline.json")
+        assert lanes(page) == ["rank 0", "rank 1"] or all(
+            re.match(r"rank \d", lane) for lane in lanes(page)
+        )
+        meta = page.locator("#run-meta").text_content()
+        assert meta.startswith("horovod timeline")
+        page.select_option("#compare-a", "demo")
+        page.select_option("#compare-b", "horovod/timeline.json")
+        page.click("#compare-go")
+        page.wait_for_selector("#compare .barlayer, #compare .empty")
+        page.screenshot(path=str(tmp_path / "compare.png"), full_page=True)
+        assert errors == []
+
+
+def test_token_page_keeps_working(browser: object, served: Path, tmp_path: Path) -> None:
+    with dashboard_server(served, "--token", "tok3n") as base:
+        page, errors = open_page(browser, base + "?token=tok3n&run=demo")
+        assert len(lanes(page)) == 2
+        page.wait_for_function("window.HVD_STATE.live === true")  # SSE carries the token too
+        page.screenshot(path=str(tmp_path / "token.png"))
+        denied = browser.new_page()
+        response = denied.goto(base + "api/runs")
+        assert response.status == 401
+        denied.close()
+        assert errors == []
+
+
+def test_live_updates_while_a_job_writes(browser: object, tmp_path: Path) -> None:
+    """``hvdprof run --timeline DIR --dashboard``: the printed URL shows the job as it runs."""
+    chromium_or_skip()
+    timeline = tmp_path / "live"
+    port = free_port()
+    job = subprocess.Popen(
+        [sys.executable, "-m", "hvdprof", "run", "-np", "2", "--timeout", "200",
+         "--timeline", str(timeline), "--autotune", "--dashboard", "--dashboard-port", str(port),
+         "--", sys.executable, "-m", "hvdprof.demo", "--epochs", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(), cwd=REPO,
+    )  # fmt: skip
+    try:
+        url = None
+        deadline = time.monotonic() + 60
+        while url is None and time.monotonic() < deadline:
+            line = job.stdout.readline()
+            if not line:
+                break
+            match = re.search(r"hvdprof dashboard: (http://\S+)", line)
+            url = match.group(1) if match else None
+        assert url == f"http://127.0.0.1:{port}/", f"no dashboard URL printed (got {url!r})"
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.set_default_timeout(WAIT_MS)
+        page.goto(url)
+        # the run appears by itself once the ranks start writing, then keeps growing
+        page.wait_for_function(
+            "window.HVD_STATE.run !== null && window.HVD_STATE.lanes.length === 2"
+        )
+        first = page.evaluate("window.HVD_STATE.version")
+        # grown while the ranks were still writing (the files not closed yet)
+        page.wait_for_function(
+            f"window.HVD_STATE.updates >= 2 && window.HVD_STATE.version > {first}"
+            " && window.HVD_STATE.info && window.HVD_STATE.info.complete === false"
+        )
+        assert job.poll() is None, "the job ended before the page saw it grow"
+        page.wait_for_timeout(1500)  # the sections refresh a second after a change
+        meta = page.locator("#run-meta").text_content()
+        page.screenshot(path=str(tmp_path / "live.png"), full_page=False)
+        assert "v" in meta and page.evaluate("window.HVD_STATE.live") is True
+        page.close()
+    finally:
+        job.terminate()
+        try:
+            job.wait(30)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            job.wait(10)
