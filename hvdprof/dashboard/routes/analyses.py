@@ -29,7 +29,6 @@ ANALYSES: dict[str, tuple[str, str]] = {
     ),
     "fusion": ("fusion_report", "Tensors per fused op and buffer fill"),
     "bandwidth": ("bandwidth_report", "Bus bandwidth by message size"),
-    "overlap": ("overlap_report", "How much communication overlaps computation"),
     "autotune": ("autotune_report", "Autotune samples: parameters, score, time window"),
     "surrogate": ("autotune_surface", "The autotuner's view over fusion threshold x cycle time"),
 }
