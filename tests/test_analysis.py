@@ -1,0 +1,479 @@
+"""The analysis library on runs with known answers (synthetic hvdprof runs written by
+``hvdprof.analysis.synthetic``, real Horovod timelines) and on broken inputs."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hvdprof.analysis import (
+    LoadError,
+    analyze,
+    autotune_report,
+    bandwidth_report,
+    diff_runs,
+    find_stragglers,
+    fusion_report,
+    load_run,
+    overlap_report,
+    time_breakdown,
+    timeline_window,
+)
+from hvdprof.analysis.loader import RunLoader
+from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
+
+DATA = Path(__file__).resolve().parent / "data" / "horovod"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def synth(tmp_path: Path, name: str = "run", **kw: object) -> tuple[Path, object]:
+    directory = tmp_path / name
+    truth = write_synthetic_run(str(directory), SyntheticSpec(**kw))  # type: ignore[arg-type]
+    return directory, truth
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HVDPROF_")}
+    return subprocess.run(
+        [sys.executable, "-m", "hvdprof", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=env,
+    )
+
+
+# --- Q2 stragglers --------------------------------------------------------------------------
+
+
+def test_late_rank_named_with_its_cost(tmp_path: Path) -> None:
+    d, _ = synth(tmp_path, ranks=4, steps=12, late_rank=3, late_us=5000.0, submit_gap_us=0.0)
+    s = find_stragglers(load_run(d, cache=False))
+    assert s.straggler == 3
+    top = s.ranks[0]
+    assert top.rank == 3 and top.last_share == 1.0 and top.last_count == 12 * 10
+    assert top.cost_per_step_ms == pytest.approx(5.0, abs=1e-3)
+    # three other ranks waited 5 ms in each of 12 steps
+    assert top.wait_caused_ms == pytest.approx(3 * 12 * 5.0, abs=1e-2)
+    assert s.verdict.startswith("rank 3 is the straggler: it arrived last in 100% of allreduces")
+    assert "5.0 ms per step" in s.verdict
+    assert all(r.wait_caused_ms == 0 for r in s.ranks[1:])
+    assert s.per_op["last_rank"] == [3] * 120
+
+
+def test_late_rank_cost_counts_wall_time_not_ops(tmp_path: Path) -> None:
+    # submissions 100 us apart: the others wait from their first submission to the
+    # straggler's last readiness, once, not once per tensor
+    d, _ = synth(
+        tmp_path, ranks=3, steps=5, tensors=6, late_rank=0, late_us=2000.0, submit_gap_us=100.0
+    )
+    s = find_stragglers(load_run(d, cache=False))
+    assert s.straggler == 0
+    assert s.ranks[0].cost_per_step_ms == pytest.approx(2.0 + 5 * 0.1, abs=1e-3)
+
+
+def test_no_straggler_when_ranks_are_even(tmp_path: Path) -> None:
+    d, _ = synth(tmp_path, ranks=3, steps=5)
+    s = find_stragglers(load_run(d, cache=False))
+    assert s.straggler is None
+    assert s.verdict.startswith("No single straggler")
+    assert all(r.wait_caused_ms == 0 for r in s.ranks)
+
+
+# --- Q1 breakdown -----------------------------------------------------------------------------
+
+
+def test_breakdown_per_step_matches_the_schedule(tmp_path: Path) -> None:
+    spec = dict(
+        ranks=2,
+        steps=6,
+        tensors=8,
+        group_size=4,
+        late_rank=1,
+        late_us=3000.0,
+        submit_gap_us=0.0,
+        tensor_bytes=1 << 20,
+        algbw_gbps=2.0,
+        step_us=30000.0,
+    )
+    d, _ = synth(tmp_path, **spec)
+    b = time_breakdown(load_run(d, cache=False))
+    r0, r1 = b.ranks
+    coll = 2 * (4 << 20) / 2e3 / 1000  # two groups of 4 MiB at 2 GB/s, in ms
+    for r, neg in ((r0, 3.0 + 0.05), (r1, 0.05)):
+        assert r.steps == 6
+        assert r.mean_step_ms("negotiate") == pytest.approx(neg, abs=1e-6)
+        assert r.mean_step_ms("collective") == pytest.approx(coll, rel=1e-6)
+        assert r.mean_step_ms("memcpy_in") == pytest.approx(2 * 0.03, abs=1e-6)
+        assert r.mean_step_ms("queue") == pytest.approx(2 * 0.01, abs=1e-6)
+        # the phases and idle add up to the wall time
+        assert sum(r.total_ms.values()) == pytest.approx(r.wall_ms, rel=1e-9)
+    assert len(r0.per_step_ms["negotiate"]) == 6
+    # steps are 30 ms apart: idle is what is left (the last step ends with its work)
+    assert r0.per_step_ms["idle"][0] == pytest.approx(
+        30.0 - sum(r0.per_step_ms[c][0] for c in b.categories if c != "idle"), abs=1e-6
+    )
+
+
+# --- Q3 fusion ---------------------------------------------------------------------------------
+
+
+def test_fusion_pattern_counted_exactly(tmp_path: Path) -> None:
+    d, truth = synth(tmp_path, ranks=2, steps=7, tensors=10, group_size=4, odd_dtype_tensor=True)
+    assert truth.groups_per_step == [4, 4, 2, 1]
+    f = fusion_report(load_run(d, cache=False))
+    assert [r.rank for r in f.ranks] == [0, 1]
+    for r in f.ranks:
+        assert r.groups == 7 * 4
+        assert r.fused == 7 * 3
+        assert r.unfused == 7
+        assert r.tensors == 7 * 11
+        assert r.tensors_per_fused_op == pytest.approx(10 / 3)
+        assert r.group_size_histogram == {"1": 7, "2": 7, "4": 14}
+        assert r.unfused_reasons == {"dtype": 7}
+        assert r.fill_mean == pytest.approx((4 + 4 + 2) / 3 / 64)
+
+
+def test_unfused_reasons_threshold_and_alone(tmp_path: Path) -> None:
+    d, _ = synth(
+        tmp_path, "thr", ranks=2, steps=3, tensors=3, group_size=1, threshold_bytes=3 << 19
+    )
+    r = fusion_report(load_run(d, cache=False)).ranks[0]
+    assert r.fused == 0 and r.unfused_reasons == {"threshold": 9}
+    d, _ = synth(tmp_path, "alone", ranks=2, steps=3, tensors=1, group_size=1)
+    r = fusion_report(load_run(d, cache=False)).ranks[0]
+    assert r.unfused_reasons == {"alone": 3}
+
+
+# --- Q4 bandwidth ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("ranks", "gbps"), [(4, 2.0), (3, 5.0)])
+def test_known_bandwidth_recovered(tmp_path: Path, ranks: int, gbps: float) -> None:
+    d, _ = synth(
+        tmp_path,
+        ranks=ranks,
+        steps=4,
+        tensors=6,
+        group_size=2,
+        algbw_gbps=gbps,
+        tensor_bytes=3 << 20,
+    )
+    bw = bandwidth_report(load_run(d, cache=False))
+    assert bw.ranks == ranks
+    assert bw.bins, bw.verdict
+    for b in bw.bins:
+        assert b.op == "ALLREDUCE"
+        assert b.algbw_gbps == pytest.approx(gbps, rel=1e-3)
+        assert b.busbw_gbps == pytest.approx(gbps * 2 * (ranks - 1) / ranks, rel=1e-3)
+    # one call per group and rank, not one per tensor
+    assert len(bw.calls["rank"]) == ranks * 4 * 3
+    assert {b.min_bytes for b in bw.bins} == {4 << 20}
+
+
+# --- Q5 overlap --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.3, 0.85])
+def test_known_overlap_recovered_from_kineto(tmp_path: Path, fraction: float) -> None:
+    d, truth = synth(tmp_path, ranks=2, steps=5, kineto_overlap=fraction)
+    o = overlap_report(load_run(d, cache=False), truth.kineto_paths)
+    assert [r.rank for r in o.ranks] == [0, 1]
+    for r in o.ranks:
+        assert r.fraction == pytest.approx(fraction, abs=1e-3)
+    assert not o.problems
+
+
+def test_overlap_names_an_unusable_trace(tmp_path: Path) -> None:
+    d, truth = synth(tmp_path, ranks=2, steps=2, kineto_overlap=0.5)
+    nameless = tmp_path / "trace.json"
+    data = json.loads(Path(truth.kineto_paths[0]).read_text())
+    del data["distributedInfo"]
+    nameless.write_text(json.dumps(data))
+    o = overlap_report(load_run(d, cache=False), [str(nameless), f"1={nameless}"])
+    assert [r.rank for r in o.ranks] == [1]
+    assert any("cannot tell its rank" in p.reason for p in o.problems)
+
+
+# --- Q6 autotune, Q7 diff ----------------------------------------------------------------------
+
+
+def test_autotune_windows(tmp_path: Path) -> None:
+    d, truth = synth(tmp_path, ranks=2, steps=12, autotune_samples=3)
+    a = autotune_report(load_run(d, cache=False))
+    got = [t for x in a.samples for t in (x.t0_us, x.t1_us)]
+    assert got == pytest.approx([t for w in truth.sample_windows for t in w])
+    assert [x.fusion_threshold_bytes for x in a.samples] == [1 << 20, 2 << 20, 4 << 20]
+    assert a.best == 2 and a.params_changes == 3
+
+
+def test_diff_puts_the_regression_first(tmp_path: Path) -> None:
+    a, _ = synth(tmp_path, "a", ranks=4, steps=5, late_rank=3, late_us=2000.0, submit_gap_us=0.0)
+    b, _ = synth(tmp_path, "b", ranks=4, steps=5, late_rank=3, late_us=8000.0, submit_gap_us=0.0)
+    d = diff_runs(load_run(a, cache=False), load_run(b, cache=False))
+    deltas = [r.delta_ms for r in d.rows]
+    assert deltas == sorted(deltas, reverse=True)
+    top = d.rows[0]
+    assert top.kind == "rank" and top.key in ("rank 0", "rank 1", "rank 2")
+    assert top.delta_ms == pytest.approx(6.0, abs=1e-6)
+    neg = next(r for r in d.rows if r.kind == "phase" and r.key == "negotiate")
+    assert neg.delta_ms == pytest.approx(6.0 * 3 / 4, abs=1e-6)
+    proc = cli("diff", str(a), str(b))
+    assert proc.returncode == 0, proc.stderr
+    assert "Biggest regression" in proc.stdout
+
+
+# --- timeline_window ---------------------------------------------------------------------------
+
+
+def test_window_exact_and_aggregated(tmp_path: Path) -> None:
+    d, _ = synth(tmp_path, ranks=3, steps=8)
+    run = load_run(d, cache=False)
+    s = run.slices
+    t0, t1 = run.t0_us + 20000.0, run.t0_us + 60000.0
+    overlapping = (s.start_us <= t1) & (s.start_us + s.dur_us >= t0) & ~np.isin(s.phase, (1, 7))
+    w = timeline_window(run, t0, t1, max_items=100000)
+    assert not w.aggregated and w.total == int(overlapping.sum())
+    assert len(w.slices["start_us"]) == w.total
+    assert [r["rank"] for r in w.rows] == [0, 1, 2]
+    assert set(w.slices["phase"]) <= {"negotiate", "queue", "memcpy_in", "collective", "memcpy_out"}
+    assert {"tensor", "op", "bytes", "group", "backend"} <= set(w.slices)
+    agg = timeline_window(run, t0, t1, max_items=30)
+    assert agg.aggregated and agg.total == w.total
+    assert len(agg.buckets["row"]) <= 30
+    assert sum(agg.buckets["count"]) == w.total
+    lanes = timeline_window(run, run.t0_us, run.t1_us, expand_rank=1, max_items=10**6)
+    assert {r["label"] for r in lanes.rows} == set(run.tensors)
+    assert json.dumps(agg.to_dict()) and json.dumps(lanes.to_dict())
+
+
+# --- the whole report, the CLI -----------------------------------------------------------------
+
+
+def test_analyze_report_is_json_safe_and_verdict_first(tmp_path: Path) -> None:
+    d, truth = synth(
+        tmp_path,
+        ranks=3,
+        steps=6,
+        late_rank=1,
+        late_us=4000.0,
+        kineto_overlap=0.5,
+        autotune_samples=2,
+        odd_dtype_tensor=True,
+    )
+    report = analyze(load_run(d, cache=False), kineto_paths=truth.kineto_paths)
+    data = json.loads(json.dumps(report.to_dict(), allow_nan=False))
+    assert data["verdicts"][0].startswith("rank 1 is the straggler")
+    assert set(data) >= {
+        "run",
+        "breakdown",
+        "stragglers",
+        "fusion",
+        "bandwidth",
+        "overlap",
+        "autotune",
+        "problems",
+    }
+    assert data["overlap"]["ranks"][0]["fraction"] == pytest.approx(0.5, abs=1e-3)
+    proc = cli("analyze", str(d), "--kineto", *truth.kineto_paths)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.index("Verdicts") < out.index("1. Where the time goes")
+    for title in (
+        "2. Who is late",
+        "3. Fusion",
+        "4. Bandwidth",
+        "5. Communication overlapped",
+        "6. Autotune",
+    ):
+        assert title in out
+    proc = cli("analyze", "--json", str(d))
+    assert proc.returncode == 0 and json.loads(proc.stdout)["stragglers"]["straggler"] == 1
+
+
+# --- Horovod timelines --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["horovod-timeline.json", "horovod-timeline-nocache.json"])
+def test_horovod_timeline_straggler(name: str) -> None:
+    run = load_run(DATA / name)
+    assert run.format == "horovod" and run.ranks == [0, 1] and run.clean
+    assert len(run.tensors) == 37
+    s = find_stragglers(run)
+    assert s.straggler == 1, s.verdict
+    assert s.verdict.startswith("rank 1 is the straggler")
+    report = analyze(run)
+    assert report.verdicts[0] == s.verdict
+    json.dumps(report.to_dict(), allow_nan=False)
+
+
+def test_horovod_nocache_marks_and_ops() -> None:
+    run = load_run(DATA / "horovod-timeline-nocache.json")
+    assert len(run.marks) == 828  # 414 negotiations x 2 ranks
+    s = find_stragglers(run)
+    assert s.ranks[0].rank == 1 and s.ranks[0].last_share_by_op["ALLREDUCE"] > 0.9
+    # rank 1 sleeps 20 ms per step
+    assert 10.0 < s.ranks[0].cost_per_step_ms < 40.0
+    bw = bandwidth_report(run)
+    assert "ALLREDUCE" in bw.best_busbw_gbps
+    f = fusion_report(run)
+    assert f.threshold_bytes == 64 << 20 and f.ranks[0].fused > 0
+
+
+def test_horovod_killed_file_reports_open_slices(tmp_path: Path) -> None:
+    events = json.loads((DATA / "horovod-timeline-nocache.json").read_text())
+    # cut just after a NEGOTIATE_ALLREDUCE began, as a SIGKILL would leave it
+    cut = max(
+        i
+        for i, e in enumerate(events[: len(events) // 2])
+        if e.get("name") == "NEGOTIATE_ALLREDUCE"
+    )
+    killed = tmp_path / "killed.json"
+    killed.write_text(json.dumps(events[: cut + 1]))
+    run = load_run(killed)
+    assert run.format == "horovod" and not run.clean
+    assert any(
+        "never ended" in p.reason and "NEGOTIATE_ALLREDUCE" in p.reason for p in run.problems
+    )
+    assert find_stragglers(run).straggler == 1
+    proc = cli("analyze", str(killed))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "never ended" in proc.stdout
+
+
+# --- broken inputs -----------------------------------------------------------------------------
+
+
+def test_truncated_rank_file(tmp_path: Path) -> None:
+    d, _ = synth(tmp_path, ranks=3, steps=10, late_rank=2, late_us=3000.0)
+    full = load_run(d, cache=False)
+    path = d / "rank.1.json"
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * 0.6)])  # cut mid-line
+    run = load_run(d, cache=False)
+    assert not run.complete[str(path)]
+    assert any(p.file == str(path) and "incomplete last event" in p.reason for p in run.problems)
+    n1 = int((run.slices.rank == 1).sum())
+    assert 0 < n1 < int((full.slices.rank == 1).sum())
+    assert int((run.slices.rank == 0).sum()) == int((full.slices.rank == 0).sum())
+    assert find_stragglers(run).straggler == 2
+    proc = cli("analyze", str(d))
+    assert proc.returncode == 1
+    assert "skipped" in proc.stdout or "could not be read" in proc.stdout
+
+
+def test_corrupt_line_named_and_the_rest_read(tmp_path: Path) -> None:
+    d, truth = synth(tmp_path, ranks=2, steps=4)
+    path = d / "rank.0.json"
+    lines = path.read_bytes().split(b"\n")
+    lines[40] = b'{"name":"QUEUE","ph":"X","ts":12 THIS IS NOT JSON'
+    path.write_bytes(b"\n".join(lines))
+    run = load_run(d, cache=False)
+    bad = [p for p in run.problems if p.file == str(path)]
+    assert len(bad) == 1 and bad[0].where == "line 41" and "invalid JSON" in bad[0].reason
+    assert run.complete[str(path)]
+    assert run.events == truth.events - 1  # every other event was read
+    proc = cli("analyze", "--json", str(d))
+    assert proc.returncode == 1
+    assert json.loads(proc.stdout)["problems"][0]["where"] == "line 41"
+
+
+def test_empty_and_unreadable_inputs(tmp_path: Path) -> None:
+    d, _ = synth(tmp_path, ranks=3, steps=3)
+    (d / "rank.2.json").write_bytes(b"")
+    run = load_run(d, cache=False)
+    assert any("empty file" in p.reason for p in run.problems)
+    assert not run.complete[str(d / "rank.2.json")]
+    assert 2 not in set(run.slices.rank.tolist()) and len(run.slices)
+    assert cli("analyze", str(d)).returncode == 1
+    empty_dir = tmp_path / "nothing"
+    empty_dir.mkdir()
+    with pytest.raises(LoadError):
+        load_run(empty_dir)
+    proc = cli("analyze", str(empty_dir))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "no timeline files" in proc.stderr
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "rank.0.json").write_bytes(os.urandom(2000).replace(b"[", b"x"))
+    proc = cli("analyze", str(junk))
+    assert proc.returncode == 2 and "nothing readable" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_gzip_and_truncated_gzip(tmp_path: Path) -> None:
+    d, _ = synth(tmp_path, ranks=2, steps=4)
+    plain = load_run(d, cache=False)
+    for r in (0, 1):
+        src = d / f"rank.{r}.json"
+        with gzip.open(d / f"rank.{r}.json.gz", "wb") as f:
+            f.write(src.read_bytes())
+        src.unlink()
+    gz = load_run(d, cache=False)
+    assert gz.clean and len(gz.slices) == len(plain.slices)
+    path = d / "rank.1.json.gz"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    cut = load_run(d, cache=False)
+    assert any(p.file == str(path) and p.where.startswith("byte") for p in cut.problems)
+    assert 0 < int((cut.slices.rank == 1).sum()) < int((plain.slices.rank == 1).sum())
+
+
+# --- live files and the cache -------------------------------------------------------------------
+
+
+def test_refresh_reads_only_what_grew(tmp_path: Path) -> None:
+    d, _ = synth(tmp_path, ranks=2, steps=6, late_rank=1, late_us=1000.0)
+    full = load_run(d, cache=False)
+    path = d / "rank.0.json"
+    data = path.read_bytes()
+    half = data.rfind(b"\n", 0, len(data) // 2) + 1
+    path.write_bytes(data[:half] + b'{"name":"QUEUE","ph":"X","ts":1')  # a line being written
+    run = load_run(d, cache=False)
+    assert not run.complete[str(path)]
+    partial = len(run.slices)
+    assert partial < len(full.slices)
+    with open(path, "ab") as f:
+        f.write(b"")  # nothing new yet
+    assert run.refresh() is False
+    path.write_bytes(data)
+    assert run.refresh() is True
+    assert run.complete[str(path)] and run.clean
+    assert len(run.slices) == len(full.slices)
+    for col in ("start_us", "dur_us", "occurrence", "group", "bytes"):
+        a = np.sort(getattr(run.slices, col))
+        b = np.sort(getattr(full.slices, col))
+        assert np.array_equal(a, b), col
+    assert len(run.marks) == len(full.marks)
+    assert find_stragglers(run).straggler == 1
+    assert run.refresh() is False
+
+
+def test_cache_written_reused_and_optional(tmp_path: Path) -> None:
+    d, _ = synth(tmp_path, ranks=2, steps=4, odd_dtype_tensor=True)
+    first = load_run(d)
+    assert (d / ".hvdprof-cache" / "rank.0.json.npz").exists()
+    loader = RunLoader(str(d))
+    assert all(s.load_cache() for s in loader.sources)
+    again = loader.load()
+    assert again.tensors and len(again.slices) == len(first.slices)
+    assert fusion_report(again).ranks[0].unfused_reasons == {"dtype": 4}
+    # a changed file is not served from a stale cache
+    path = d / "rank.0.json"
+    os.utime(path, ns=(1, 1))
+    assert not RunLoader(str(d)).sources[0].load_cache()
+    # a directory where the cache cannot be created: no cache, no error
+    other = tmp_path / "nocache"
+    shutil.copytree(d, other, ignore=shutil.ignore_patterns(".hvdprof-cache"))
+    (other / ".hvdprof-cache").write_text("a file, not a directory")
+    run = load_run(other)
+    assert len(run.slices) == len(first.slices) and run.clean
