@@ -288,17 +288,16 @@ class CycleLoop:
         if nvtx is not None:
             nvtx.push(NVTX_NEGOTIATE)
         matrix = self.control.allgather_sent()
-        if not self._prev_joined:
-            # (A rank blocked waiting changes nothing by itself: the flag is only read
-            # by rank 0's stall inspector, from the last matrix.)
-            if not matrix.any() or not (matrix[:, :_BLOCKED].any() or matrix[:, HEADER:].any()):
+        # No message and no header flag (a rank's "blocked" flag changes nothing by
+        # itself: only rank 0's stall inspector reads it, from the last matrix).
+        if not self._prev_joined and not matrix[:, :_BLOCKED].any():
+            if not matrix[:, HEADER:].any():
                 return self._quiet_cycle(cycle, t_start, busy=False)
-            # Waiting on a peer: the same bits as last cycle, which ran nothing, and no
-            # header flags. Nothing can be ready that was not ready then.
+            # Waiting on a peer: the same bits as last cycle, which ran nothing. Nothing
+            # can be ready that was not ready then.
             if (
                 self._last_ran_nothing
                 and matrix.shape == self._last_matrix.shape
-                and not matrix[:, :_BLOCKED].any()
                 and np.array_equal(matrix, self._last_matrix)
             ):
                 return self._quiet_cycle(cycle, t_start, busy=True, matrix=matrix)
