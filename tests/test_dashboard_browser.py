@@ -224,3 +224,32 @@ def test_live_updates_while_a_job_writes(browser: object, tmp_path: Path) -> Non
         except subprocess.TimeoutExpired:
             job.kill()
             job.wait(10)
+
+
+def test_report_opens_offline(browser: object, served: Path, tmp_path: Path) -> None:
+    """``hvdprof report``: one file, no network, the same charts."""
+    from hvdprof.analysis import find_stragglers, load_run
+    from hvdprof.cli import main
+
+    out = tmp_path / "report.html"
+    assert main(["report", str(served), "--run", "demo", "-o", str(out)]) == 0
+    context = browser.new_context(offline=True, viewport={"width": 1400, "height": 950})
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(out.as_uri())
+    page.wait_for_selector("body[data-ready='1']")
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+    assert requests == [out.as_uri()]  # nothing fetched: everything is inside the file
+    assert lanes(page) == ["rank 0 (vm)", "rank 1 (vm)"] or len(lanes(page)) == 2
+    verdict = page.locator("#straggler-verdict").text_content()
+    assert verdict == find_stragglers(load_run(str(served / "demo"), cache=False)).verdict
+    page.select_option("#expand-select", "0")  # expanded lanes are embedded too
+    page.wait_for_function("window.HVD_STATE.lanes.length > 2")
+    assert page.locator("#autotune-score .scatterlayer .point").count() > 0
+    assert errors == []
+    context.close()

@@ -86,7 +86,7 @@ def autotune_surface(run: Run, grid: int = 40) -> SurrogateSurface:
     mean = float(y.mean())
     kernel = ConstantKernel(1.0, (1e-3, 1e2)) * Matern(
         length_scale=[0.3, 0.3], length_scale_bounds=(0.05, 3.0), nu=2.5
-    ) + WhiteKernel(0.05, (1e-4, 1.0))
+    ) + WhiteKernel(0.07, (1e-3, 0.1))
     model = GaussianProcessRegressor(kernel=kernel, normalize_y=False, random_state=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
