@@ -110,3 +110,22 @@ def test_torch_in_the_ranks_follows_the_launchers_default() -> None:
     for rank in range(2):
         assert result.values(rank, "MAIN_THREADS") == [str(share)], result.describe()
         assert result.values(rank, "CYCLE_THREADS") == [str(share)], result.describe()
+
+
+# ------------------------------------------------------------- the rule, no processes
+def test_default_threads_rule() -> None:
+    from hvdprof.errors import ConfigError
+    from hvdprof.launcher import default_threads
+
+    cores = usable_cores()
+    assert per_rank_threads(4, cores=16) == 4
+    assert per_rank_threads(3, cores=2) == 1  # never 0
+    assert default_threads({}, 2) == max(1, cores // 2)
+    assert default_threads({}, 1) is None  # a single rank oversubscribes nothing
+    assert default_threads({"OMP_NUM_THREADS": "4"}, 2) is None
+    assert default_threads({"MKL_NUM_THREADS": "4"}, 2) is None
+    assert default_threads({"OMP_NUM_THREADS": " "}, 2) == max(1, cores // 2)  # empty: unset
+    assert default_threads({"HVDPROF_THREADS_DEFAULT": "0"}, 2) is None
+    assert default_threads({"HVDPROF_THREADS_DEFAULT": "yes"}, 2) == max(1, cores // 2)
+    with pytest.raises(ConfigError, match="HVDPROF_THREADS_DEFAULT='often' is malformed"):
+        default_threads({"HVDPROF_THREADS_DEFAULT": "often"}, 2)
