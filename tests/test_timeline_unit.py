@@ -45,7 +45,13 @@ from hvdprof.timeline import (
 )
 from hvdprof.timeline import activities as act
 from hvdprof.timeline.reader import parse_trace_text
-from hvdprof.timeline.render import ITEM_CYCLE, ITEM_INSTANT, CycleRenderer
+from hvdprof.timeline.render import (
+    ITEM_COLUMNS,
+    ITEM_CYCLE,
+    ITEM_INSTANT,
+    CycleRenderer,
+    cycle_columns,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SIZE = 3
@@ -878,9 +884,9 @@ def frames_of(payloads: list[bytes]) -> bytes:
     return b"".join(transport.FRAME_HEADER.pack(len(p)) + p for p in payloads)
 
 
-def as_records(record: CycleRecord) -> CycleRecord:
-    """A decoded cycle with its op batch turned back into records, to compare."""
-    return dataclasses.replace(record, ops=list(record.ops))
+def plain(record: CycleRecord) -> tuple[Any, ...]:
+    """A cycle in the renderer's plain form (what the child decodes), to compare."""
+    return cycle_columns(record)
 
 
 def test_transport_round_trips_cycle_records(tmp_path: Path) -> None:
@@ -890,19 +896,20 @@ def test_transport_round_trips_cycle_records(tmp_path: Path) -> None:
     payloads = [p for r in records for p in transport.encode_item((ITEM_CYCLE, r, 77), 9)]
     assert len(payloads) == 1 + 1 + 1 + 3  # the big cycle takes three frames
     items, reader, decoder = decode_stream(frames_of(payloads), tmp_path)
-    assert [as_records(item[1]) for item, _ in items] == records  # field by field
-    assert all(item[0] == ITEM_CYCLE and item[2] == 77 and w == 9 for item, w in items)
+    assert [item[1:4] for item, _ in items] == [plain(r) for r in records]  # field by field
+    assert all(item[0] == ITEM_COLUMNS and item[4] == 77 and w == 9 for item, w in items)
     assert reader.leftover == 0 and decoder.lost_items == 0
 
     # a stream cut inside a frame (the rank died mid-write): the complete frames survive
     data = frames_of(payloads)
     items, reader, _ = decode_stream(data[: len(data) - 10], tmp_path)
-    assert [as_records(item[1]) for item, _ in items] == records[:3] and reader.leftover > 0
+    assert [item[1:4] for item, _ in items] == [plain(r) for r in records[:3]]
+    assert reader.leftover > 0
 
     # a cycle whose first frames went out but not its last is dropped, not merged
     stale = list(transport.encode_item((ITEM_CYCLE, records[3], 0), 9))[:-1]
     items, _, decoder = decode_stream(frames_of(stale + payloads[1:2]), tmp_path)
-    assert [as_records(item[1]) for item, _ in items] == [records[1]] and decoder.lost_items == 0
+    assert [item[1:4] for item, _ in items] == [plain(records[1])] and decoder.lost_items == 0
     odd = pickle.loads(payloads[-1])
     bad = pickle.dumps((odd[0], odd[1], odd[2], odd[3], odd[4] + 1, *odd[5:]))
     items, _, decoder = decode_stream(frames_of([*payloads[-3:-1], bad]), tmp_path)

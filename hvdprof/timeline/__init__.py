@@ -10,18 +10,59 @@
 Importing this package does not import torch.
 """
 
-from hvdprof.timeline.clock import (
-    ClockCorrection,
-    ClockOffset,
-    apply_skew,
-    estimate_offset,
-    skewed_clock,
-)
-from hvdprof.timeline.merge import MergeResult, merge_directory
-from hvdprof.timeline.nvtx_ranges import PhaseRanges
-from hvdprof.timeline.reader import RankTrace, Run, Skip, Trace, load_run, load_trace
-from hvdprof.timeline.sink import TimelineSink
-from hvdprof.timeline.writer import TimelineWriter
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Names are imported on first use (PEP 562): the renderer process imports modules of this
+# package and must not pay for the runtime and numpy, which the sink needs.
+_WHERE = {
+    "ClockCorrection": "clock",
+    "ClockOffset": "clock",
+    "apply_skew": "clock",
+    "estimate_offset": "clock",
+    "skewed_clock": "clock",
+    "MergeResult": "merge",
+    "merge_directory": "merge",
+    "PhaseRanges": "nvtx_ranges",
+    "RankTrace": "reader",
+    "Run": "reader",
+    "Skip": "reader",
+    "Trace": "reader",
+    "load_run": "reader",
+    "load_trace": "reader",
+    "TimelineSink": "sink",
+    "TimelineWriter": "writer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])
+
+
+if TYPE_CHECKING:
+    from hvdprof.timeline.clock import (
+        ClockCorrection,
+        ClockOffset,
+        apply_skew,
+        estimate_offset,
+        skewed_clock,
+    )
+    from hvdprof.timeline.merge import MergeResult, merge_directory
+    from hvdprof.timeline.nvtx_ranges import PhaseRanges
+    from hvdprof.timeline.reader import RankTrace, Run, Skip, Trace, load_run, load_trace
+    from hvdprof.timeline.sink import TimelineSink
+    from hvdprof.timeline.writer import TimelineWriter
 
 __all__ = [
     "ClockCorrection",

@@ -30,11 +30,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
 
-from hvdprof.runtime.records import CycleRecord, GroupRecord, OpRecord
 from hvdprof.timeline import activities as act
 from hvdprof.timeline.writer import dumps_event
+
+if TYPE_CHECKING:  # the renderer process never imports the runtime (nor numpy)
+    from hvdprof.runtime.records import CycleRecord
 
 #: Tensor names that get a lane of their own; later names share the pool.
 MAX_NAMED_LANES = 4096
@@ -51,6 +54,20 @@ ITEM_INSTANT = 1
 ITEM_COUNTER = 2
 ITEM_EVENT = 3
 ITEM_LINES = 4
+#: a cycle in plain form: ``(ITEM_COLUMNS, head, groups, columns, shift)`` (the renderer
+#: process gets cycles this way; see :func:`cycle_columns`)
+ITEM_COLUMNS = 5
+
+#: "not known" in the readiness column (``hvdprof.runtime.records.NO_TIME``)
+NO_TIME = -(1 << 63)
+#: a group row: ``GroupRecord``'s fields, in this order
+GROUP_FIELDS = (
+    "group_id", "op", "backend", "num_tensors", "nbytes", "buffer_bytes", "dtype",
+    "t_pack_start", "t_pack_end", "t_collective_start", "t_collective_end",
+    "t_unpack_start", "t_unpack_end",
+)  # fmt: skip
+#: the params row: ``TunableParams``' fields, in this order
+PARAM_FIELDS = ("fusion_threshold_bytes", "cycle_time_ms", "cache_enabled")
 
 
 def us(ns: int) -> str:
@@ -59,6 +76,9 @@ def us(ns: int) -> str:
     Exact decimal output means ``ts + dur`` of a child never exceeds its parent's end by a
     rounding step, which would break nesting in the viewer.
     """
+    if ns >= 1000:  # the common case, by string slicing (cheaper than divmod + format)
+        text = str(ns)
+        return text[:-3] + "." + text[-3:]
     if ns >= 0:
         q, r = divmod(ns, 1000)
         return f"{q}.{r:03d}"
@@ -166,6 +186,8 @@ class CycleRenderer:
     def render(self, item: tuple[Any, ...]) -> list[str]:
         """JSON texts for one queued item (see the ITEM_* tags)."""
         tag = item[0]
+        if tag == ITEM_COLUMNS:
+            return self.render_columns(item[1], item[2], item[3], item[4])
         if tag == ITEM_CYCLE:
             return self.render_cycle(item[1], item[2])
         if tag == ITEM_INSTANT:
@@ -205,77 +227,78 @@ class CycleRenderer:
         )
 
     def render_cycle(self, record: CycleRecord, shift: int) -> list[str]:
-        """All events of one cycle; ``shift`` maps local ns to timeline ns."""
+        """All events of one cycle record; ``shift`` maps local ns to timeline ns."""
+        head, groups, columns = cycle_columns(record)
+        return self.render_columns(head, groups, columns, shift)
+
+    def render_columns(
+        self,
+        head: tuple[Any, ...],
+        groups: list[tuple[Any, ...]],
+        columns: tuple[Any, ...],
+        shift: int,
+    ) -> list[str]:
+        """All events of one cycle in its plain form (see :func:`cycle_columns`)."""
         out: list[str] = []
         p = self._pid
-        params = record.params
-        if self._params is None or record.params_changed or params != self._params:
-            ts = us(record.t_start + shift)
+        cycle, step, t_start, _t_negotiated, t_end, params, bytes_reduced, changed = head
+        n_ops = len(columns[0])
+        if self._params is None or changed or params != self._params:
+            ts = us(t_start + shift)
+            threshold, cycle_ms, cache_enabled = params
             out.append(
                 f'{{"name":{self._esc(act.COUNTER_FUSION_THRESHOLD)},"ph":"C","ts":{ts},"pid":{p},"tid":0,'
-                f'"args":{{"value":{params.fusion_threshold_bytes / 1048576:.6g}}}}}'
+                f'"args":{{"value":{threshold / 1048576:.6g}}}}}'
             )
             out.append(
                 f'{{"name":{self._esc(act.COUNTER_CYCLE_TIME)},"ph":"C","ts":{ts},"pid":{p},"tid":0,'
-                f'"args":{{"value":{float(params.cycle_time_ms):.6g}}}}}'
+                f'"args":{{"value":{float(cycle_ms):.6g}}}}}'
             )
-            if self._params is not None or record.params_changed:
+            if self._params is not None or changed:
                 out.append(
                     f'{{"name":"{act.AUTOTUNE_PARAMS}","ph":"i","s":"p","ts":{ts},"pid":{p},"tid":{act.LANE_RUNTIME},'
-                    f'"args":{{"cycle":{record.cycle},"fusion_threshold_bytes":{int(params.fusion_threshold_bytes)},'
-                    f'"cycle_time_ms":{float(params.cycle_time_ms)!r},"cache_enabled":{"true" if params.cache_enabled else "false"}}}}}'
+                    f'"args":{{"cycle":{cycle},"fusion_threshold_bytes":{int(threshold)},'
+                    f'"cycle_time_ms":{float(cycle_ms)!r},"cache_enabled":{"true" if cache_enabled else "false"}}}}}'
                 )
             self._params = params
-        if record.ops:
+        if n_ops:
             out.append(
-                f'{{"name":{self._esc(act.COUNTER_CYCLE_DURATION)},"ph":"C","ts":{us(record.t_start + shift)},"pid":{p},"tid":0,'
-                f'"args":{{"value":{(record.t_end - record.t_start) / 1e6:.6g}}}}}'
+                f'{{"name":{self._esc(act.COUNTER_CYCLE_DURATION)},"ph":"C","ts":{us(t_start + shift)},"pid":{p},"tid":0,'
+                f'"args":{{"value":{(t_end - t_start) / 1e6:.6g}}}}}'
             )
-        if record.bytes_reduced != self._bytes_reduced:
-            self._bytes_reduced = record.bytes_reduced
+        if bytes_reduced != self._bytes_reduced:
+            self._bytes_reduced = bytes_reduced
             out.append(
-                f'{{"name":{self._esc(act.COUNTER_BYTES_REDUCED)},"ph":"C","ts":{us(record.t_start + shift)},"pid":{p},"tid":0,'
-                f'"args":{{"value":{int(record.bytes_reduced)}}}}}'
+                f'{{"name":{self._esc(act.COUNTER_BYTES_REDUCED)},"ph":"C","ts":{us(t_start + shift)},"pid":{p},"tid":0,'
+                f'"args":{{"value":{int(bytes_reduced)}}}}}'
             )
         if self.mark_cycles:
             lane = self._cycle_lane
-            start = max(record.t_start, lane.last_end)
-            end = max(record.t_end, start)
+            start = max(t_start, lane.last_end)
+            end = max(t_end, start)
             lane.last_end = end
             out.append(
-                f'{{"name":"{act.cycle_name(record.cycle)}","ph":"X","ts":{us(start + shift)},"dur":{us(end - start)},'
-                f'"pid":{p},"tid":{act.LANE_CYCLES},"args":{{"step":{record.step},"ops":{len(record.ops)},'
-                f'"bytes_reduced":{int(record.bytes_reduced)}}}}}'
+                f'{{"name":"{act.cycle_name(cycle)}","ph":"X","ts":{us(start + shift)},"dur":{us(end - start)},'
+                f'"pid":{p},"tid":{act.LANE_CYCLES},"args":{{"step":{step},"ops":{n_ops},'
+                f'"bytes_reduced":{int(bytes_reduced)}}}}}'
             )
-        if record.ops:
-            groups = {g.group_id: g for g in record.groups}
-            cache: dict[Any, Any] = {}
-            render_op = self._render_op
-            gil_slice = self._gil_slice
-            for i, op in enumerate(record.ops):
-                if gil_slice and i % gil_slice == gil_slice - 1:
-                    # Hand the GIL over: the cycle and training threads must never wait a
-                    # whole switch interval (5 ms) behind the timeline.
-                    time.sleep(0)
-                render_op(op, groups.get(op.group_id), record, shift, out, cache)
+        if n_ops:
+            self._render_ops(groups, columns, t_end, shift, out)
         return out
 
-    def _phases(self, group: GroupRecord, op: str, neg_end: int) -> list[tuple[str, int, int]]:
+    def _phases(self, group: tuple[Any, ...], op: str, neg_end: int) -> list[tuple[str, int, int]]:
         """The op's children in order, each starting no earlier than the previous ended."""
         spans: list[tuple[str, int, int]] = []
         cursor = neg_end
-        first = group.t_pack_start or group.t_collective_start
+        (_, _, backend, _, _, _, _, pack0, pack1, coll0, coll1, unpack0, unpack1) = group
+        first = pack0 or coll0
         if first and first > cursor:
             spans.append((f'"{act.QUEUE}"', cursor, first))
             cursor = first
         for name, c_start, c_end in (
-            (f'"{act.MEMCPY_IN_FUSION_BUFFER}"', group.t_pack_start, group.t_pack_end),
-            (
-                self._esc(act.collective_name(str(group.backend), op)),
-                group.t_collective_start,
-                group.t_collective_end,
-            ),
-            (f'"{act.MEMCPY_OUT_FUSION_BUFFER}"', group.t_unpack_start, group.t_unpack_end),
+            (f'"{act.MEMCPY_IN_FUSION_BUFFER}"', pack0, pack1),
+            (self._esc(act.collective_name(str(backend), op)), coll0, coll1),
+            (f'"{act.MEMCPY_OUT_FUSION_BUFFER}"', unpack0, unpack1),
         ):
             if c_start:
                 c_start = max(c_start, cursor)
@@ -283,127 +306,234 @@ class CycleRenderer:
                 spans.append((name, c_start, cursor))
         return spans
 
-    def _render_op(
+    def _render_ops(
         self,
-        op: OpRecord,
-        group: GroupRecord | None,
-        record: CycleRecord,
+        groups: list[tuple[Any, ...]],
+        columns: tuple[Any, ...],
+        t_end: int,
         shift: int,
         out: list[str],
-        cache: dict[Any, Any],
     ) -> None:
-        # Hot path (thousands of ops per step, under the GIL next to training): everything
-        # that repeats across ops -- lane tails, per-tensor args, group children, the
-        # cycle-granular timestamps -- is formatted once and reused.
+        # The hot path (thousands of ops per step): straight from the columns, with no
+        # object per op; everything that repeats across ops -- lane tails, per-tensor
+        # args, group children, the cycle-granular timestamps -- is formatted once.
+        names, kinds, t_submit, t_negotiated, ready, ranks, cached, group_ids, t_done, errors = (
+            columns
+        )
         esc = self._esc
-        start = op.t_submit
-        neg_end = op.t_negotiated if op.t_negotiated else start
-        end = op.t_done
-        if not end:
-            if group is not None:
-                end = group.t_unpack_end or group.t_collective_end
-            end = end or record.t_end
-        lane = self._lane_for(op.name, start, out)
-        if start < lane.last_end:  # only when the shared pool is exhausted
-            start = lane.last_end
-        if neg_end < start:
-            neg_end = start
-        if end < neg_end:
-            end = neg_end
-        lane.last_end = end
-        tail = lane.tail
-        fmt = cache.get("fmt")
-        if fmt is None:
-            fmt = cache["fmt"] = {}
+        escaped = self._escaped
+        lanes = self._named
+        append = out.append
+        by_id = {g[0]: g for g in groups}
+        fmt: dict[int, str] = {}  # timeline text of the local times that repeat in a cycle
+        neg_names: dict[str, tuple[str, str]] = {}
+        group_args: dict[int, str] = {}
+        children_of: dict[tuple[int, str, int], Any] = {}
+        ready_prefix = [
+            f'{{"name":"{act.READY_PREFIX}{r}","ph":"i","s":"t","ts":' for r in range(ranks)
+        ]
+        rank_keys = [f'"{r}":' for r in range(ranks)]
+        gil_slice = self._gil_slice
+        last_gid, group = None, None
+        i = -1
+        for name, kind, start, neg_end, gid, end, is_cached in zip(
+            names, kinds, t_submit, t_negotiated, group_ids, t_done, cached, strict=True
+        ):
+            i += 1
+            if gil_slice and i % gil_slice == gil_slice - 1:
+                # Hand the GIL over: the cycle and training threads must never wait a
+                # whole switch interval (5 ms) behind the timeline.
+                time.sleep(0)
+            op = kind[0]
+            neg_end = neg_end or start
+            if gid != last_gid:  # the ops of a group come together
+                last_gid, group = gid, by_id.get(gid)
+            if not end:
+                if group is not None:
+                    end = group[12] or group[10]  # t_unpack_end or t_collective_end
+                end = end or t_end
+            lane = lanes.get(name)
+            if lane is None or lane.last_end > start:
+                lane = self._lane_for(name, start, out)
+                if start < lane.last_end:  # only when the shared pool is exhausted
+                    start = lane.last_end
+            if neg_end < start:
+                neg_end = start
+            if end < neg_end:
+                end = neg_end
+            lane.last_end = end
+            tail = lane.tail
+            cached_text = "true" if is_cached else "false"
+            name_text = escaped.get(name) or esc(name)
 
-        def ts(ns: int) -> str:
-            text = fmt.get(ns)
-            if text is None:
-                text = fmt[ns] = us(ns + shift)
-            return text
+            # per-tensor args: recomputed only when the name (a shared lane), dtype, shape,
+            # bytes or cached change
+            key = (name, kind, is_cached)
+            if lane.args_key != key or lane.args_text == "":
+                lane.args_key = key
+                _, dtype, shape, nbytes = kind
+                lane.args_text = (
+                    f'"tensor":{name_text},"dtype":{esc(str(dtype))},'
+                    f'"shape":[{",".join(str(int(d)) for d in shape)}],'
+                    f'"bytes":{int(nbytes)},"cached":{cached_text}'
+                )
 
-        # per-tensor args: recomputed only when dtype/shape/bytes/cached change
-        key = (op.op, op.dtype, op.shape, op.nbytes, op.cached)
-        if lane.args_key != key or lane.args_text == "":
-            lane.args_key = key
-            name = esc(op.name)
-            cached_text = "true" if op.cached else "false"
-            lane.args_text = (
-                f'"tensor":{name},"dtype":{esc(str(op.dtype))},'
-                f'"shape":[{",".join(str(int(d)) for d in op.shape)}],'
-                f'"bytes":{int(op.nbytes)},"cached":{cached_text}'
-            )
-        const = lane.args_text
-        cached = "true" if op.cached else "false"
-        name = esc(op.name)
+            start_text = fmt.get(start)
+            if start_text is None:
+                start_text = fmt[start] = us(start + shift)
+            neg_text = fmt.get(neg_end)
+            if neg_text is None:
+                neg_text = fmt[neg_end] = us(neg_end + shift)
 
-        # NEGOTIATE_<OP>: submission until every rank is ready, with readiness marks.
-        ready = op.ready_times
-        ready_args = ""
-        if ready:
+            # NEGOTIATE_<OP>: submission until every rank is ready, with readiness marks.
+            ready_args = ""
+            base = i * ranks
             stamps = []
             last_rank, last_t = -1, None
-            for r in sorted(ready):
-                t = ready[r]
-                stamps.append(f'"{r}":{ts(t)}')
+            for r in range(ranks):
+                t = ready[base + r]
+                if t == NO_TIME:
+                    continue
+                t_text = fmt.get(t)
+                if t_text is None:
+                    t_text = fmt[t] = us(t + shift)
+                stamps.append(rank_keys[r] + t_text)
                 if last_t is None or t >= last_t:
                     last_rank, last_t = r, t
-                clamped = start if t < start else (neg_end if t > neg_end else t)
-                out.append(
-                    f'{{"name":"{act.READY_PREFIX}{r}","ph":"i","s":"t","ts":{ts(clamped)},{tail}'
-                )
-            ready_args = f',"ready_us":{{{",".join(stamps)}}},"last_ready_rank":{last_rank}'
-        neg_name = cache.get(op.op)
-        if neg_name is None:
-            neg_name = cache[op.op] = (esc(act.negotiate_name(op.op)), esc(op.op))
-        out.append(
-            f'{{"name":{neg_name[0]},"ph":"X","ts":{ts(start)},"dur":{us(neg_end - start)},'
-            f'"args":{{"tensor":{name},"cached":{cached}{ready_args}}},{tail}'
-        )
-
-        # <OP>: negotiated until done, with the phases as children.
-        args = const
-        if group is not None:
-            group_args = cache.get(group.group_id)
-            if group_args is None:
-                group_args = cache[group.group_id] = (
-                    f',"group":{int(group.group_id)},"group_tensors":{int(group.num_tensors)},'
-                    f'"group_bytes":{int(group.nbytes)},"group_buffer_bytes":{int(group.buffer_bytes)},'
-                    f'"backend":{esc(str(group.backend))}'
-                )
-            args += group_args
-        if op.error is not None:
-            args += f',"error":{json.dumps(str(op.error))}'
-        out.append(
-            f'{{"name":{neg_name[1]},"ph":"X","ts":{ts(neg_end)},"dur":{us(end - neg_end)},'
-            f'"args":{{{args}}},{tail}'
-        )
-        if group is None:
-            return
-
-        # Ops of one group share their children: render them once per (group, negotiation).
-        key2 = (group.group_id, op.op, neg_end)
-        children = cache.get(key2)
-        if children is None:
-            spans = self._phases(group, op.op, neg_end)
-            children = cache[key2] = (
-                [
-                    f'{{"name":{c_name},"ph":"X","ts":{us(c_start + shift)},"dur":{us(c_end - c_start)},'
-                    for c_name, c_start, c_end in spans
-                ],
-                spans[-1][2] if spans else neg_end,
-                spans,
+                if t < start:
+                    t_text = start_text
+                elif t > neg_end:
+                    t_text = neg_text
+                append(f"{ready_prefix[r]}{t_text},{tail}")
+            if stamps:
+                ready_args = f',"ready_us":{{{",".join(stamps)}}},"last_ready_rank":{last_rank}'
+            neg_name = neg_names.get(op)
+            if neg_name is None:
+                neg_name = neg_names[op] = (esc(act.negotiate_name(op)), esc(op))
+            d = neg_end - start
+            if d >= 1000:
+                dur = str(d)
+                dur = dur[:-3] + "." + dur[-3:]
+            else:
+                dur = us(d)
+            append(
+                f'{{"name":{neg_name[0]},"ph":"X","ts":{start_text},"dur":{dur},'
+                f'"args":{{"tensor":{name_text},"cached":{cached_text}{ready_args}}},{tail}'
             )
-        prefixes, children_end, spans = children
-        if children_end <= end:
-            for prefix in prefixes:
-                out.append(prefix + tail)
-            return
-        for c_name, c_start, c_end in spans:  # the op ended before its group: clamp
-            c_start, c_end = min(c_start, end), min(c_end, end)
-            out.append(
-                f'{{"name":{c_name},"ph":"X","ts":{us(c_start + shift)},"dur":{us(c_end - c_start)},{tail}'
+
+            # <OP>: negotiated until done, with the phases as children.
+            args = lane.args_text
+            if group is not None:
+                extra = group_args.get(gid)
+                if extra is None:
+                    extra = group_args[gid] = (
+                        f',"group":{int(gid)},"group_tensors":{int(group[3])},'
+                        f'"group_bytes":{int(group[4])},"group_buffer_bytes":{int(group[5])},'
+                        f'"backend":{esc(str(group[2]))}'
+                    )
+                args += extra
+            if errors and i in errors:
+                args += f',"error":{json.dumps(str(errors[i]))}'
+            d = end - neg_end
+            if d >= 1000:
+                dur = str(d)
+                dur = dur[:-3] + "." + dur[-3:]
+            else:
+                dur = us(d)
+            append(
+                f'{{"name":{neg_name[1]},"ph":"X","ts":{neg_text},"dur":{dur},'
+                f'"args":{{{args}}},{tail}'
             )
+            if group is None:
+                continue
+
+            # Ops of one group share their children: rendered once per (group, negotiation).
+            key2 = (gid, op, neg_end)
+            children = children_of.get(key2)
+            if children is None:
+                spans = self._phases(group, op, neg_end)
+                children = children_of[key2] = (
+                    [
+                        f'{{"name":{c_name},"ph":"X","ts":{us(c_start + shift)},"dur":{us(c_end - c_start)},'
+                        for c_name, c_start, c_end in spans
+                    ],
+                    spans[-1][2] if spans else neg_end,
+                    spans,
+                )
+            prefixes, children_end, spans = children
+            if children_end <= end:
+                for prefix in prefixes:
+                    append(prefix + tail)
+                continue
+            for c_name, c_start, c_end in spans:  # the op ended before its group: clamp
+                c_start, c_end = min(c_start, end), min(c_end, end)
+                append(
+                    f'{{"name":{c_name},"ph":"X","ts":{us(c_start + shift)},"dur":{us(c_end - c_start)},{tail}'
+                )
+
+
+_group_row = attrgetter(*GROUP_FIELDS)
+_param_row = attrgetter(*PARAM_FIELDS)
+
+
+def cycle_columns(
+    record: CycleRecord,
+) -> tuple[tuple[Any, ...], list[tuple[Any, ...]], tuple[Any, ...]]:
+    """A cycle record in the renderer's plain form: ``(head, groups, columns)``.
+
+    ``head`` is ``(cycle, step, t_start, t_negotiated, t_end, params_row, bytes_reduced,
+    params_changed)``; ``groups`` are rows of :data:`GROUP_FIELDS`; ``columns`` is
+    ``(names, kinds, t_submit, t_negotiated, ready, ranks, cached, group_ids, t_done,
+    errors)`` where ``ready`` is flat (op ``i``, rank ``r`` at ``i * ranks + r``, NO_TIME
+    when unknown) and ``errors`` maps positions to messages. ``record.ops`` may be an
+    ``OpBatch`` or a list of ``OpRecord``.
+    """
+    head = (
+        record.cycle,
+        record.step,
+        record.t_start,
+        record.t_negotiated,
+        record.t_end,
+        _param_row(record.params),
+        record.bytes_reduced,
+        record.params_changed,
+    )
+    groups = list(map(_group_row, record.groups))
+    ops = record.ops
+    if hasattr(ops, "ready"):  # an OpBatch: its columns, flattened
+        ranks = int(ops.ready.shape[1])
+        columns = (
+            ops.names,
+            ops.kinds,
+            ops.t_submit,
+            ops.t_negotiated,
+            ops.ready.ravel().tolist(),
+            ranks,
+            ops.cached.tolist(),
+            ops.group_ids,
+            ops.t_done,
+            ops.errors,
+        )
+        return head, groups, columns
+    records = list(ops)
+    ranks = 1 + max((r for rec in records for r in rec.ready_times), default=-1)
+    ready = [NO_TIME] * (len(records) * ranks)
+    for i, rec in enumerate(records):
+        for r, t in rec.ready_times.items():
+            ready[i * ranks + r] = t
+    columns = (
+        [r.name for r in records],
+        [(r.op, r.dtype, tuple(r.shape), r.nbytes) for r in records],
+        [r.t_submit for r in records],
+        [r.t_negotiated for r in records],
+        ready,
+        ranks,
+        [bool(r.cached) for r in records],
+        [r.group_id for r in records],
+        [r.t_done for r in records],
+        {i: r.error for i, r in enumerate(records) if r.error is not None},
+    )
+    return head, groups, columns
 
 
 def events_per_op(size: int) -> int:

@@ -61,16 +61,14 @@ class RenderChild:
     def __init__(
         self, path: str, fd: int, init: dict[str, Any], *, terminate_on_eof: bool = False
     ) -> None:
-        from hvdprof.timeline import transport
+        from hvdprof.timeline import wire
         from hvdprof.timeline.render import CycleRenderer
         from hvdprof.timeline.writer import TimelineWriter
 
-        if init.get("protocol") != transport.PROTOCOL:
+        if init.get("protocol") != wire.PROTOCOL:
             raise ValueError(
-                f"timeline stream protocol {init.get('protocol')!r}, expected {transport.PROTOCOL}"
+                f"timeline stream protocol {init.get('protocol')!r}, expected {wire.PROTOCOL}"
             )
-        if tuple(init.get("op_fields", ())) != transport.OP_FIELDS:
-            raise ValueError("the rank's OpRecord fields differ from this hvdprof's")
         self.rank = int(init["rank"])
         self.manifest_path = init.get("manifest_path") or None
         self.terminate_on_eof = terminate_on_eof
@@ -89,13 +87,13 @@ class RenderChild:
             periodic_interval_s=float(init.get("manifest_interval_s", 5.0)),
             background=False,
         )
-        self.decoder = transport.Decoder()
+        self.decoder = wire.Decoder()
         self.manifest: dict[str, Any] | None = None
         self.rank_dropped = (0, 0)
         self.ended = False
         self.undecodable = 0
         self._manifest_state: tuple[Any, ...] | None = None
-        self._msg = transport
+        self._msg = wire
 
     # --- counts -----------------------------------------------------------------------
 
@@ -210,14 +208,27 @@ class RenderChild:
         """Write the rest; terminate the file if the rank closed it (or when asked to)."""
         if not self.ended:
             # The rank is gone and nobody waits on training any more: finish quickly.
-            from hvdprof.timeline.transport import set_autogroup_nice
-
             set_autogroup_nice(os.getpid(), 0)
         if self.ended or self.terminate_on_eof:
             self.writer.close()
         else:
             self.writer.abandon()
         self.write_manifest(force=True)
+
+
+def set_autogroup_nice(pid: int, nice: int) -> bool:
+    """Set the niceness of the autogroup (session) of process ``pid``; False if not possible.
+
+    Only for a process that leads its own session: the value applies to every process of
+    the session. Raising it (lower priority) needs no privilege; neither does going back
+    down to 0. No effect where autogroups are off or the process is in a non-root cgroup.
+    """
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(str(int(nice)))
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _trace_end() -> str:
@@ -261,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     _lower_priority()
 
-    from hvdprof.timeline.transport import FrameReader
+    from hvdprof.timeline.wire import FrameReader
 
     started = time.monotonic()
     child = RenderChild(args.path, args.fd, init, terminate_on_eof=args.terminate_on_eof)

@@ -195,7 +195,6 @@ class TimelineSink:
     def _start_process(self, fd: int) -> RenderProcess | None:
         init = {
             "protocol": transport.PROTOCOL,
-            "op_fields": list(transport.OP_FIELDS),
             "rank": self.rank,
             "size": self.size,
             "hostname": self.hostname,

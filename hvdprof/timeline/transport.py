@@ -39,20 +39,7 @@ Rank side (:class:`RenderProcess`):
   are pickled after their arguments are reduced to plain JSON-able values, so unpickling
   them can never import torch or user code in the child.
 
-Wire format: frames ``<u32 little-endian length><pickle>``; each pickle is a tuple tagged
-by a ``MSG_*`` constant:
-
-* ``(MSG_STATE, manifest | None, rank_dropped_events, rank_dropped_items)``: the rank's
-  manifest (clock offset and error bound, start instant, config) when it changed, and its
-  drop counts; the child merges its own counts in and writes the manifest file;
-* ``(MSG_OPS, cycle, rows)``: op rows of a cycle, all but its last frame;
-* ``(MSG_CYCLE, head, groups, rows, n_ops, shift_ns, weight)``: the rest of the cycle;
-  ``shift_ns`` is the clock correction when the cycle was recorded (it changes during a
-  run, so it travels with each cycle, as the in-process queue item did);
-* ``(MSG_ITEM, item, weight)``: any other renderer item (instant, counter, lines);
-* ``(MSG_END, manifest, rank_dropped_events, rank_dropped_items)``: the rank closed the
-  sink; the child writes the final event and ``]``, and the final manifest.
-
+The wire format, and the child's decoding of it, live in :mod:`hvdprof.timeline.wire`.
 A stream that ends without ``MSG_END`` means the rank died (SIGKILL, crash): the child
 renders and writes everything it received, then (by default) leaves the file without its
 closing bracket, which is how readers tell a crashed rank (see
@@ -70,7 +57,6 @@ import logging
 import os
 import pickle
 import select
-import struct
 import subprocess
 import sys
 import threading
@@ -81,33 +67,38 @@ from collections.abc import Callable, Iterator, Mapping
 from operator import attrgetter
 from typing import Any
 
-from hvdprof.runtime.records import CycleRecord, GroupRecord, OpBatch, OpRecord, TunableParams
+from hvdprof.runtime.records import NO_TIME as RECORDS_NO_TIME
+from hvdprof.runtime.records import CycleRecord, GroupRecord, OpBatch, TunableParams
 from hvdprof.shadowing import PACKAGE_DIR
 from hvdprof.timeline.render import (
+    GROUP_FIELDS,
     ITEM_COUNTER,
     ITEM_CYCLE,
     ITEM_EVENT,
     ITEM_INSTANT,
     ITEM_LINES,
+    NO_TIME,
+    PARAM_FIELDS,
+)
+from hvdprof.timeline.render_process import set_autogroup_nice
+from hvdprof.timeline.wire import (  # noqa: F401  (the stream's names, for this side's users)
+    FRAME_HEADER,
+    MSG_CYCLE,
+    MSG_END,
+    MSG_ITEM,
+    MSG_OPS,
+    MSG_STATE,
+    PIPE_BYTES,
+    PROTOCOL,
+    Decoder,
+    FrameReader,
+    frames,
 )
 
 log = logging.getLogger("hvdprof.timeline")
 
-#: Bumped when the wire format changes; the child refuses a stream of another version.
-PROTOCOL = 2
-
-MSG_STATE = 0
-MSG_OPS = 1
-MSG_CYCLE = 2
-MSG_ITEM = 3
-MSG_END = 4
-
-FRAME_HEADER = struct.Struct("<I")
-MAX_FRAME_BYTES = 1 << 30
 #: ops per frame: well under 0.2 ms of encoding under the GIL, then a write that releases it
 OPS_PER_FRAME = 1024
-#: requested capacity of the pipe to the child (Linux; the default is 64 KiB)
-PIPE_BYTES = 1 << 20
 #: seconds :meth:`RenderProcess.close` waits for the child to finish the file
 CLOSE_TIMEOUT_S = 60.0
 #: When the rank vanishes without closing the sink (SIGKILL), the child writes every event
@@ -120,9 +111,13 @@ CHILD_MODULE = "hvdprof.timeline.render_process"
 #: autogroup niceness of the child while the rank records (0 once the rank closes)
 BACKGROUND_NICE = 19
 
-OP_FIELDS = tuple(f.name for f in dataclasses.fields(OpRecord))
-GROUP_FIELDS = tuple(f.name for f in dataclasses.fields(GroupRecord))
-PARAM_FIELDS = tuple(f.name for f in dataclasses.fields(TunableParams))
+# The renderer's plain forms must match the runtime's records field for field.
+if tuple(f.name for f in dataclasses.fields(GroupRecord)) != GROUP_FIELDS:
+    raise ImportError("hvdprof.timeline.render.GROUP_FIELDS differs from GroupRecord's fields")
+if tuple(f.name for f in dataclasses.fields(TunableParams)) != PARAM_FIELDS:
+    raise ImportError("hvdprof.timeline.render.PARAM_FIELDS differs from TunableParams' fields")
+if NO_TIME != RECORDS_NO_TIME:
+    raise ImportError("hvdprof.timeline.render.NO_TIME differs from the runtime's")
 _group_row = attrgetter(*GROUP_FIELDS)
 _param_row = attrgetter(*PARAM_FIELDS)
 _PICKLE = pickle.HIGHEST_PROTOCOL
@@ -181,18 +176,42 @@ def portable_item(item: tuple[Any, ...]) -> tuple[Any, ...]:
     raise ValueError(f"unknown timeline item tag {tag!r}")
 
 
+def _columns(batch: OpBatch, start: int, stop: int) -> tuple[Any, ...]:
+    """Op rows ``start:stop`` in wire form (see :mod:`hvdprof.timeline.wire`)."""
+    whole = start == 0 and stop == len(batch.names)
+    names = batch.names if whole else batch.names[start:stop]
+    t_neg: Any = batch.t_negotiated if whole else batch.t_negotiated[start:stop]
+    if t_neg and t_neg.count(t_neg[0]) == len(t_neg):
+        t_neg = t_neg[0]  # one int for the whole frame
+    errors = batch.errors
+    if errors and not whole:
+        errors = {i - start: e for i, e in errors.items() if start <= i < stop}
+    return (
+        names,
+        batch.kinds if whole else batch.kinds[start:stop],
+        batch.t_submit if whole else batch.t_submit[start:stop],
+        t_neg,
+        batch.ready[start:stop].tobytes(),
+        batch.ready.shape[1],
+        batch.cached[start:stop].tobytes(),
+        batch.group_ids if whole else batch.group_ids[start:stop],
+        batch.t_done if whole else batch.t_done[start:stop],
+        errors,
+    )
+
+
 def encode_cycle(record: CycleRecord, shift: int, weight: int) -> Iterator[bytes]:
     """The frames' payloads for one cycle, produced lazily (one per :data:`OPS_PER_FRAME`).
 
-    Ops travel by column (:meth:`OpBatch.columns`): a few lists and byte strings per
-    frame, pickled at C speed, so the rank's cost stays well under a microsecond per op.
+    Ops travel by column: a few lists and byte strings per frame, pickled at C speed, with
+    no copy of a column when the cycle fits in one frame (the common case).
     """
     ops = record.ops
-    batch = ops if isinstance(ops, OpBatch) else OpBatch.from_records(ops)
-    n = len(batch)
+    batch = ops if isinstance(ops, OpBatch) else OpBatch.from_records(list(ops))
+    n = len(batch.names)
     start = 0
     while n - start > OPS_PER_FRAME:
-        yield _dumps((MSG_OPS, record.cycle, batch.columns(start, start + OPS_PER_FRAME)))
+        yield _dumps((MSG_OPS, record.cycle, _columns(batch, start, start + OPS_PER_FRAME)))
         start += OPS_PER_FRAME
     head = (
         record.cycle,
@@ -205,7 +224,7 @@ def encode_cycle(record: CycleRecord, shift: int, weight: int) -> Iterator[bytes
         record.params_changed,
     )
     groups = list(map(_group_row, record.groups))
-    yield _dumps((MSG_CYCLE, head, groups, batch.columns(start, n), n, shift, weight))
+    yield _dumps((MSG_CYCLE, head, groups, _columns(batch, start, n), n, shift, weight))
 
 
 def encode_item(item: tuple[Any, ...], weight: int) -> Iterator[bytes]:
@@ -215,125 +234,7 @@ def encode_item(item: tuple[Any, ...], weight: int) -> Iterator[bytes]:
     return iter((_dumps((MSG_ITEM, portable_item(item), weight)),))
 
 
-def frames(payloads: list[bytes]) -> bytes:
-    """``payloads`` as consecutive frames, ready to write in one call."""
-    if len(payloads) == 1:
-        payload = payloads[0]
-        return FRAME_HEADER.pack(len(payload)) + payload
-    return b"".join(part for p in payloads for part in (FRAME_HEADER.pack(len(p)), p))
-
-
-# --- decoding (child) ---------------------------------------------------------------------
-
-
-class FrameReader:
-    """Splits the byte stream from the rank back into frame payloads."""
-
-    def __init__(self, fd: int, chunk: int = PIPE_BYTES) -> None:
-        self.fd = fd
-        self._chunk = chunk
-        self._buf = bytearray()
-        self._pos = 0
-        self.eof = False
-
-    def next_frame(self) -> bytes | None:
-        """The next complete payload already received, or None (call :meth:`fill`)."""
-        buf, pos = self._buf, self._pos
-        if len(buf) - pos < FRAME_HEADER.size:
-            return None
-        (n,) = FRAME_HEADER.unpack_from(buf, pos)
-        if n > MAX_FRAME_BYTES:
-            raise ValueError(f"timeline stream corrupt: a frame of {n} bytes")
-        end = pos + FRAME_HEADER.size + n
-        if len(buf) < end:
-            return None
-        payload = bytes(buf[pos + FRAME_HEADER.size : end])
-        if end == len(buf):
-            buf.clear()
-            self._pos = 0
-        elif end > (1 << 20) and end * 2 > len(buf):
-            del buf[:end]
-            self._pos = 0
-        else:
-            self._pos = end
-        return payload
-
-    def fill(self) -> bool:
-        """Block until more bytes arrive; False at end of stream."""
-        data = os.read(self.fd, self._chunk)
-        if not data:
-            self.eof = True
-            return False
-        self._buf += data
-        return True
-
-    @property
-    def leftover(self) -> int:
-        """Bytes of an incomplete frame (at end of stream: the rank died mid-write)."""
-        return len(self._buf) - self._pos
-
-
-class Decoder:
-    """Turns messages back into renderer items: ``(item, weight)`` or None."""
-
-    def __init__(self) -> None:
-        self._chunks: list[tuple[Any, ...]] = []
-        self._chunks_cycle: int | None = None
-        self.lost_items = 0
-        self.lost_events = 0
-
-    def decode(self, msg: tuple[Any, ...]) -> tuple[tuple[Any, ...], int] | None:
-        tag = msg[0]
-        if tag == MSG_OPS:
-            _, cycle, columns = msg
-            if cycle != self._chunks_cycle:
-                self._chunks, self._chunks_cycle = [], cycle  # a cycle cut short: drop it
-            self._chunks.append(columns)
-            return None
-        if tag == MSG_CYCLE:
-            _, head, groups, columns, n, shift, weight = msg
-            cycle, step, t_start, t_negotiated, t_end, params, bytes_reduced, changed = head
-            chunks = self._chunks if self._chunks_cycle == cycle else []
-            self._chunks, self._chunks_cycle = [], None
-            batch = OpBatch.from_columns([*chunks, columns])
-            if len(batch) != n:
-                self.lost_items += 1
-                self.lost_events += weight
-                return None
-            record = CycleRecord(
-                cycle=cycle,
-                step=step,
-                t_start=t_start,
-                t_negotiated=t_negotiated,
-                t_end=t_end,
-                params=TunableParams(*params),
-                bytes_reduced=bytes_reduced,
-                ops=batch,
-                groups=[GroupRecord(*g) for g in groups],
-                params_changed=changed,
-            )
-            return (ITEM_CYCLE, record, shift), weight
-        if tag == MSG_ITEM:
-            return msg[1], msg[2]
-        raise ValueError(f"unexpected timeline message tag {tag!r}")
-
-
 # --- the rank's side of the process --------------------------------------------------------
-
-
-def set_autogroup_nice(pid: int, nice: int) -> bool:
-    """Set the niceness of the autogroup (session) of process ``pid``; False if not possible.
-
-    Only for a process that leads its own session: the value applies to every process of
-    the session. Raising it (lower priority) needs no privilege; neither does going back
-    down to 0. No effect where autogroups are off or the process is in a non-root cgroup.
-    """
-    try:
-        with open(f"/proc/{pid}/autogroup", "w") as f:
-            f.write(str(int(nice)))
-    except (OSError, ValueError):
-        return False
-    return True
 
 
 def _child_env() -> dict[str, str]:
