@@ -130,7 +130,10 @@ def _segments(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     r = np.concatenate([rank, rank])
     c = np.concatenate([cat, cat])
     d = np.concatenate([np.ones(n, np.int32), -np.ones(n, np.int32)])
-    order = np.lexsort((t, r))
+    # one sort on (rank, time): ranks a span apart on a single float key
+    base = float(t.min())
+    span = float(t.max()) - base + 1.0
+    order = np.argsort((t - base) + r.astype(np.float64) * span, kind="stable")
     t, r, c, d = t[order], r[order], c[order], d[order]
     k = len(_PRIORITY)
     # active count of every category after each point (each rank's counts return to 0)

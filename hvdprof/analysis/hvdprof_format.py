@@ -10,6 +10,7 @@ occurrence count of every tensor) between blocks, which is what lets
 
 from __future__ import annotations
 
+import itertools
 import operator
 import re
 from typing import Any
@@ -38,6 +39,8 @@ _READY_RE = re.compile(
     rb'\{"name":"' + re.escape(act.READY_PREFIX.encode()) + rb'\d+","ph":"i"[^\n]*\n'
 )
 _NAME = operator.itemgetter("name")
+_MINUS_ONES = itertools.repeat(-1)
+_CACHED = {True: 1, False: 0}
 _TID = operator.itemgetter("tid")
 _TS = operator.itemgetter("ts")
 _DUR = operator.itemgetter("dur")
@@ -235,46 +238,58 @@ class HvdprofFileParser:
             head_ev = [xs[i] for i in heads.tolist()]
             args = [e.get("args") or {} for e in head_ev]
             tnames = [a.get("tensor") for a in args]
-            lane_tensor = self._lane_tensor
             tensors = self.t.tensors
-            head_tensor = np.array(
-                [
-                    tensors.code(t) if isinstance(t, str) else lane_tensor.get(int(k), -1)
-                    for t, k in zip(tnames, tid[heads].tolist(), strict=True)
-                ],
-                dtype=np.int64,
+            for t in set(tnames):
+                if isinstance(t, str):
+                    tensors.code(t)
+            head_tensor = np.fromiter(
+                map(tensors.index.get, tnames, _MINUS_ONES), np.int64, len(tnames)
             )
-            backends, dtypes = self.t.backends, self.t.dtypes
-            h_bytes = np.array([a.get("bytes", -1) for a in args], np.int64)
-            h_group = np.array([a.get("group", -1) for a in args], np.int64)
-            h_gt = np.array([a.get("group_tensors", 0) for a in args], np.int64)
-            h_gb = np.array([a.get("group_bytes", -1) for a in args], np.int64)
-            h_bb = np.array([a.get("group_buffer_bytes", -1) for a in args], np.int64)
-            h_backend = np.array(
-                [
-                    backends.code(b) if isinstance(b, str) else -1
-                    for b in (a.get("backend") for a in args)
-                ],
-                np.int64,
+            if (head_tensor < 0).any():  # no "tensor" arg: the lane's name
+                lane_tensor = self._lane_tensor
+                for j in np.flatnonzero(head_tensor < 0).tolist():
+                    head_tensor[j] = lane_tensor.get(int(tid[heads[j]]), -1)
+            is_op = phase[heads] == PHASE_OP
+            op_j = np.flatnonzero(is_op)
+            neg_j = np.flatnonzero(~is_op)
+            op_args = [args[j] for j in op_j.tolist()]
+            neg_args = [args[j] for j in neg_j.tolist()]
+            m = len(heads)
+
+            def field(name: str, default: int) -> np.ndarray:
+                out = np.full(m, default, np.int64)
+                out[op_j] = np.array([a.get(name, default) for a in op_args], np.int64)
+                return out
+
+            def coded(name: str, table: Interner) -> np.ndarray:
+                values = [a.get(name) for a in op_args]
+                for v in set(values):
+                    if isinstance(v, str):
+                        table.code(v)
+                out = np.full(m, -1, np.int64)
+                out[op_j] = np.fromiter(
+                    map(table.index.get, values, _MINUS_ONES), np.int64, len(op_j)
+                )
+                return out
+
+            h_bytes = field("bytes", -1)
+            h_group = field("group", -1)
+            h_gt = field("group_tensors", 0)
+            h_gb = field("group_bytes", -1)
+            h_bb = field("group_buffer_bytes", -1)
+            h_backend = coded("backend", self.t.backends)
+            h_dtype = coded("dtype", self.t.dtypes)
+            h_cached = np.array([_CACHED.get(a.get("cached"), -1) for a in args], np.int64)
+            ready = [a.get("ready_us") or {} for a in neg_args]
+            lens = np.fromiter(map(len, ready), np.int64, len(ready))
+            total = int(lens.sum())
+            marks = (
+                np.repeat(neg_j, lens),
+                np.fromiter(map(int, itertools.chain.from_iterable(ready)), np.int32, total),
+                np.fromiter(
+                    itertools.chain.from_iterable(map(dict.values, ready)), np.float64, total
+                ),
             )
-            h_dtype = np.array(
-                [
-                    dtypes.code(d) if isinstance(d, str) else -1
-                    for d in (a.get("dtype") for a in args)
-                ],
-                np.int64,
-            )
-            h_cached = np.array(
-                [-1 if c is None else int(bool(c)) for c in (a.get("cached") for a in args)],
-                np.int64,
-            )
-            ready = [a.get("ready_us") for a in args]
-            marks = [
-                (j, int(r), float(t))
-                for j, d in enumerate(ready)
-                if isinstance(d, dict)
-                for r, t in d.items()
-            ]
             for e in rest:
                 ph = e["ph"]
                 if ph == "C":
@@ -318,7 +333,7 @@ class HvdprofFileParser:
         heads: np.ndarray,
         head_tensor: np.ndarray,
         head_cols: tuple[np.ndarray, ...],
-        marks: list[tuple[int, int, float]],
+        marks: tuple[np.ndarray, np.ndarray, np.ndarray],
     ) -> None:
         n = len(tid)
         if n == 0:
@@ -431,14 +446,14 @@ class HvdprofFileParser:
             }
         )
         self.cols.rows += n
-        if marks:
-            j = np.fromiter((m[0] for m in marks), np.int64, len(marks))
+        j, ready_rank, ready_ts = marks
+        if len(j):
             self.cols.mark_chunks.append(
                 {
-                    "observer": np.full(len(marks), self.rank, np.int32),
+                    "observer": np.full(len(j), self.rank, np.int32),
                     "tensor": head_tensor[j].astype(np.int32),
-                    "ts_us": np.fromiter((m[2] for m in marks), np.float64, len(marks)),
-                    "ready_rank": np.fromiter((m[1] for m in marks), np.int32, len(marks)),
+                    "ts_us": ready_ts,
+                    "ready_rank": ready_rank,
                     "slice": heads[j] + row0,
                 }
             )
