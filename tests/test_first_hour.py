@@ -39,6 +39,7 @@ from packaging.version import Version
 import hvdprof
 import hvdprof.torch as hvd
 from hvdprof.cli import main as cli_main
+from hvdprof.config import timeline_path_problem
 from hvdprof.errors import user_frame
 from hvdprof.torch.mpi_ops import ProcessSetUnsupportedError
 
@@ -344,6 +345,17 @@ def test_hvdprof_run_refuses_a_timeline_file_before_starting_ranks(
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith(f"hvdprof: error: {how}: the timeline path ")
     assert str(file) in lines[0] and "must be a directory" in lines[0], lines[0]
+
+
+def test_timeline_path_problem_names_the_file_in_the_way(tmp_path: Path) -> None:
+    file = tmp_path / "timeline.json"
+    file.write_text("{}")
+    assert timeline_path_problem(str(tmp_path)) is None  # an existing directory
+    assert timeline_path_problem(str(tmp_path / "new" / "deeper")) is None  # to be created
+    assert timeline_path_problem("") is None  # timeline off
+    assert "is a file; it must be a directory" in (timeline_path_problem(str(file)) or "")
+    inside = timeline_path_problem(str(file / "sub" / "dir")) or ""
+    assert "cannot be created" in inside and f"{str(file)!r} is a file" in inside, inside
 
 
 def test_every_rank_says_a_timeline_file_must_be_a_directory(tmp_path: Path) -> None:
