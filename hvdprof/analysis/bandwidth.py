@@ -136,6 +136,10 @@ def _size(nbytes: float) -> str:
     return f"{int(nbytes)} B"
 
 
+def _share(x: float) -> str:
+    return "<1%" if 0 < x < 0.005 else f"{x:.0%}"
+
+
 def _verdict(report: BandwidthReport) -> str:
     parts = []
     for op, best in sorted(report.best_busbw_gbps.items(), key=lambda kv: -kv[1]):
@@ -150,7 +154,7 @@ def _verdict(report: BandwidthReport) -> str:
         if low is not top and top.busbw_gbps > 0 and low.busbw_gbps < 0.5 * top.busbw_gbps:
             text += (
                 f"; messages under {_size(2 * low.min_bytes)} ran at "
-                f"{low.busbw_gbps / top.busbw_gbps:.0%} of that (latency-bound: fuse them)"
+                f"{_share(low.busbw_gbps / top.busbw_gbps)} of that (latency-bound: fuse them)"
             )
         parts.append(text)
     return "; ".join(parts) + "."

@@ -150,7 +150,7 @@ def print_report(report: Report) -> None:
             table.add_row(
                 str(rb.rank),
                 str(rb.steps),
-                *[f"{rb.mean_step_ms(c):.2f} ms ({rb.share(c):.0%})" for c in CATEGORIES],
+                *[f"{rb.mean_step_ms(c):.2f} ({rb.share(c):.0%})" for c in CATEGORIES],
             )
         console.print(table)
         console.print(

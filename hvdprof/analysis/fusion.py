@@ -111,7 +111,7 @@ def _unfused_reasons(
     s = run.slices
     reasons = dict.fromkeys(REASONS, 0)
     if not len(singles):
-        return reasons
+        return {}
     # ops negotiated in the same cycle start their <OP> slice at the same instant
     starts = s.start_us[rows]
     order = np.argsort(starts, kind="stable")
@@ -157,7 +157,7 @@ def _verdict(report: FusionReport) -> str | None:
             f", filling {r.fill_mean:.0%} of the {report.threshold_bytes / 1048576:g} MiB threshold"
         )
     text += f"), {r.unfused} unfused"
-    if r.unfused_reasons:
+    if r.unfused and r.unfused_reasons:
         top = max(r.unfused_reasons, key=lambda k: r.unfused_reasons[k])
         text += f" (mostly because {REASON_WORDS[top]}: {r.unfused_reasons[top]})"
     return text + "."
