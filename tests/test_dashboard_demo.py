@@ -35,7 +35,7 @@ def test_demo_report_only(tmp_path: Path) -> None:
     html = report.read_text(encoding="utf-8")
     # self-contained: Plotly and the page's script inlined, the run's results embedded
     assert 'src="static/' not in html and 'href="static/' not in html
-    assert "window.HVDPROF_EMBEDDED" in html and "plotly.js" in html.lower()
+    assert "window.hvdprofEmbedded" in html and "plotly.js" in html.lower()
     for name in ("rank.0.json", "rank.1.json", "merged.json", "autotune.csv"):
         assert (out / name).is_file(), name
     assert os.path.getsize(report) > 1_000_000

@@ -5,7 +5,7 @@
 "use strict";
 
 (function () {
-  const EMBEDDED = window.HVDPROF_EMBEDDED || null; // set in a self-contained report
+  const EMBEDDED = window.hvdprofEmbedded || null; // set in a self-contained report
   const params = new URLSearchParams(window.location.search);
   const TOKEN = params.get("token");
   const PHASE_COLORS = {

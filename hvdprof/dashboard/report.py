@@ -78,7 +78,7 @@ def render_report(responses: dict[str, Any], web_dir: Path | None = None) -> str
     parts = {
         _STYLE_TAG: "<style>" + (web / "style.css").read_text(encoding="utf-8") + "</style>",
         _PLOTLY_TAG: _script(plotly_js_path().read_text(encoding="utf-8")),
-        _APP_TAG: _script("window.HVDPROF_EMBEDDED = " + data + ";")
+        _APP_TAG: _script("window.hvdprofEmbedded = " + data + ";")
         + _script((web / "app.js").read_text(encoding="utf-8")),
     }
     for tag, inline in parts.items():
