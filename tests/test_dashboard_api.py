@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -265,3 +266,32 @@ def test_rank_appearing_later_is_picked_up(tmp_path: Path, real_run: Path) -> No
         assert c.get("/api/run", params={"run": "late"}).json()["ranks"] == [0, 1]
         window = c.get("/api/timeline", params={"run": "late"}).json()["data"]
         assert [row["rank"] for row in window["rows"]] == [0, 1]
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, capsys) -> None:
+    from hvdprof.cli import main
+
+    assert main(["report", str(tmp_path), "-o", str(tmp_path / "r.html")]) == 2
+    assert "no timeline found" in capsys.readouterr().err
+    assert main(["report", str(tmp_path), "--run", "../x", "-o", str(tmp_path / "r.html")]) == 2
+    assert "outside" in capsys.readouterr().err
+    code = main(["run", "-np", "1", "--dashboard", "--", sys.executable, "-c", "pass"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--dashboard needs --timeline" in err and "Traceback" not in err
+
+
+def test_surrogate_surface_follows_the_samples(tmp_path: Path) -> None:
+    """Scores rising with the threshold: the surface's best lies among the large ones."""
+    from hvdprof.analysis import load_run
+    from hvdprof.analysis.surrogate import autotune_surface
+    from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
+
+    write_synthetic_run(str(tmp_path / "r"), SyntheticSpec(ranks=2, steps=16, autotune_samples=8))
+    run = load_run(str(tmp_path / "r"), cache=False)
+    surface = autotune_surface(run, grid=20)
+    assert surface.reason is None and len(surface.z) == 20 and len(surface.z[0]) == 20
+    thresholds = sorted(s["fusion_threshold_bytes"] for s in surface.samples)
+    assert len(thresholds) == 8
+    assert surface.best["fusion_threshold_bytes"] >= thresholds[len(thresholds) // 2]
+    run.autotune_samples = run.autotune_samples[:2]
+    assert "at least" in autotune_surface(run).reason
