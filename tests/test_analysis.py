@@ -360,7 +360,7 @@ def test_truncated_rank_file(tmp_path: Path) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * 0.6)])  # cut mid-line
     run = load_run(d, cache=False)
-    assert not run.complete[str(path)]
+    assert not run.complete[1] and run.complete[0]
     assert any(p.file == str(path) and "incomplete last event" in p.reason for p in run.problems)
     n1 = int((run.slices.rank == 1).sum())
     assert 0 < n1 < int((full.slices.rank == 1).sum())
@@ -380,7 +380,7 @@ def test_corrupt_line_named_and_the_rest_read(tmp_path: Path) -> None:
     run = load_run(d, cache=False)
     bad = [p for p in run.problems if p.file == str(path)]
     assert len(bad) == 1 and bad[0].where == "line 41" and "invalid JSON" in bad[0].reason
-    assert run.complete[str(path)]
+    assert run.complete[0]
     assert run.events == truth.events - 1  # every other event was read
     proc = cli("analyze", "--json", str(d))
     assert proc.returncode == 1
@@ -392,7 +392,7 @@ def test_empty_and_unreadable_inputs(tmp_path: Path) -> None:
     (d / "rank.2.json").write_bytes(b"")
     run = load_run(d, cache=False)
     assert any("empty file" in p.reason for p in run.problems)
-    assert not run.complete[str(d / "rank.2.json")]
+    assert not run.complete[2]
     assert 2 not in set(run.slices.rank.tolist()) and len(run.slices)
     assert cli("analyze", str(d)).returncode == 1
     empty_dir = tmp_path / "nothing"
@@ -439,7 +439,7 @@ def test_refresh_reads_only_what_grew(tmp_path: Path) -> None:
     half = data.rfind(b"\n", 0, len(data) // 2) + 1
     path.write_bytes(data[:half] + b'{"name":"QUEUE","ph":"X","ts":1')  # a line being written
     run = load_run(d, cache=False)
-    assert not run.complete[str(path)]
+    assert not run.complete[0]
     partial = len(run.slices)
     assert partial < len(full.slices)
     with open(path, "ab") as f:
@@ -447,7 +447,7 @@ def test_refresh_reads_only_what_grew(tmp_path: Path) -> None:
     assert run.refresh() is False
     path.write_bytes(data)
     assert run.refresh() is True
-    assert run.complete[str(path)] and run.clean
+    assert run.complete == {0: True, 1: True} and run.clean
     assert len(run.slices) == len(full.slices)
     for col in ("start_us", "dur_us", "occurrence", "group", "bytes"):
         a = np.sort(getattr(run.slices, col))
@@ -477,3 +477,39 @@ def test_cache_written_reused_and_optional(tmp_path: Path) -> None:
     (other / ".hvdprof-cache").write_text("a file, not a directory")
     run = load_run(other)
     assert len(run.slices) == len(first.slices) and run.clean
+
+
+def test_merged_trace_is_refused_with_a_reason(tmp_path: Path) -> None:
+    d, _ = synth(tmp_path, ranks=2, steps=2)
+    merged = tmp_path / "merged.json"
+    proc = cli("timeline", "merge", str(d), "-o", str(merged))
+    assert proc.returncode == 0, proc.stderr
+    proc = cli("analyze", str(merged))
+    assert proc.returncode == 2
+    assert "analyse the timeline directory instead" in proc.stderr
+
+
+def test_benchmark_quick_run(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "analysis_bench.py"),
+            "--quick",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [v["events"] for v in result["variants"]] == sorted(
+        v["events"] for v in result["variants"]
+    )
+    for v in result["variants"]:
+        for variant in ("cold", "write", "cached"):
+            assert v[variant]["wall_s"] > 0 and v[variant]["peak_rss_mb"] > 0
+    assert result["window_query"]["slices"] > 0

@@ -150,9 +150,13 @@ class HvdprofFileParser:
                 body = body[1:].lstrip()
                 line += 1
             elif body:
-                self.problems.append(
-                    Problem(self.path, "line 1", "not a JSON array: not an hvdprof timeline")
+                reason = (
+                    "a JSON object, not hvdprof's per-rank array (a merged or torch.profiler "
+                    "trace?): analyse the timeline directory instead"
+                    if body.startswith(b"{")
+                    else "not a JSON array: not an hvdprof timeline"
                 )
+                self.problems.append(Problem(self.path, "line 1", reason))
                 self.closed = True  # nothing more will be read from this file
                 return
         if not body:

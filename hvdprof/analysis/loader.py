@@ -497,7 +497,7 @@ class RunLoader:
             slice_tables.append(SliceTable(**slices))
             mark_tables.append(MarkTable(**marks))
             run.problems += source.problems
-            run.complete[source.path] = source.complete
+            run.complete[source.rank] = run.complete.get(source.rank, True) and source.complete
             run.files[source.rank] = source.path
             run.events += source.events
             ranks |= source.ranks_seen

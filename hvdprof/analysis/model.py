@@ -237,8 +237,10 @@ class Run:
     backends: list[str] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
-    #: per trace file: True when it ended properly (closing ``]``, nothing left open)
-    complete: dict[str, bool] = field(default_factory=dict)
+    #: per rank's trace file (Horovod: the one file, rank 0): True when it ended
+    #: properly (closing ``]``, nothing left open)
+    complete: dict[int, bool] = field(default_factory=dict)
+    #: the trace file read for each rank
     files: dict[int, str] = field(default_factory=dict)
     t0_us: float = 0.0
     t1_us: float = 0.0
@@ -285,6 +287,7 @@ class Run:
             "t0_us": float(self.t0_us),
             "t1_us": float(self.t1_us),
             "duration_ms": float(self.t1_us - self.t0_us) / 1000.0,
-            "complete": {os.path.basename(k): v for k, v in sorted(self.complete.items())},
+            "complete": {str(k): v for k, v in sorted(self.complete.items())},
+            "files": {str(k): v for k, v in sorted(self.files.items())},
             "problems": [p.to_dict() for p in self.problems],
         }
