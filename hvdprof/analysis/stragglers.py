@@ -17,6 +17,7 @@ import numpy as np
 
 from hvdprof.analysis.intervals import union_by_group
 from hvdprof.analysis.model import OPS, Run
+from hvdprof.analysis.steps import count_steps
 
 #: Below this mean cost per step a straggler is not worth a verdict (us).
 MIN_COST_PER_STEP_US = 500.0
@@ -40,7 +41,8 @@ class Stragglers:
 
     observer: int | None = None
     ops_with_marks: int = 0
-    steps: int = 0
+    steps: int = 0  # steps with readiness marks
+    steps_in_run: int = 0
     ranks: list[RankStraggle] = field(default_factory=list)  # most waiting caused first
     # one entry per op: tensor name, step, op, last rank, wait of the others (mean, ms)
     per_op: dict[str, list[Any]] = field(default_factory=dict)
@@ -52,6 +54,7 @@ class Stragglers:
             "observer": self.observer,
             "ops_with_marks": self.ops_with_marks,
             "steps": self.steps,
+            "steps_in_run": self.steps_in_run,
             "straggler": self.straggler,
             "ranks": [
                 {
@@ -151,19 +154,33 @@ def find_stragglers(run: Run) -> Stragglers:
     out.ranks = ranks
     top = ranks[0]
     total_wait = sum(r.wait_caused_ms for r in ranks)
-    if (
-        top.cost_per_step_ms * 1000.0 >= MIN_COST_PER_STEP_US
-        and top.last_share >= DOMINANT_SHARE
-        and top.wait_caused_ms >= 0.5 * total_wait
-    ):
+    # readiness marks on only some steps (Horovod's response cache records them only at a
+    # tensor's first negotiation): say so, and do not present a per-step cost
+    run_steps = count_steps(run)
+    partial = run_steps > 1 and out.steps < 0.5 * run_steps
+    out.steps_in_run = run_steps
+    enough = (
+        top.wait_caused_ms * 1000.0 >= MIN_COST_PER_STEP_US
+        if partial
+        else (top.cost_per_step_ms * 1000.0 >= MIN_COST_PER_STEP_US)
+    )
+    if enough and top.last_share >= DOMINANT_SHARE and top.wait_caused_ms >= 0.5 * total_wait:
         out.straggler = top.rank
         main_op = max(top.last_share_by_op, key=lambda k: (op_code == OPS.index(k)).sum())
         share = top.last_share_by_op[main_op]
-        out.verdict = (
-            f"rank {top.rank} is the straggler: it arrived last in {share:.0%} of "
-            f"{main_op.lower()}s, costing the others {top.cost_per_step_ms:.1f} ms per step "
-            f"({top.wait_caused_ms / 1000.0:.2f} s of waiting over the run)."
-        )
+        if partial:
+            out.verdict = (
+                f"rank {top.rank} is the straggler: it arrived last in {share:.0%} of the "
+                f"{main_op.lower()}s with readiness marks ({n_ops} ops in {out.steps} of "
+                f"{run_steps} steps: the timeline records readiness only there), costing the "
+                f"others {top.wait_caused_ms:.1f} ms of waiting in those ops."
+            )
+        else:
+            out.verdict = (
+                f"rank {top.rank} is the straggler: it arrived last in {share:.0%} of "
+                f"{main_op.lower()}s, costing the others {top.cost_per_step_ms:.1f} ms per step "
+                f"({top.wait_caused_ms / 1000.0:.2f} s of waiting over the run)."
+            )
     else:
         out.verdict = (
             f"No single straggler: the rank most often last (rank {top.rank}, "
