@@ -513,3 +513,14 @@ def test_benchmark_quick_run(tmp_path: Path) -> None:
         for variant in ("cold", "write", "cached"):
             assert v[variant]["wall_s"] > 0 and v[variant]["peak_rss_mb"] > 0
     assert result["window_query"]["slices"] > 0
+
+
+def test_refresh_picks_up_a_rank_that_starts_late(tmp_path: Path) -> None:
+    d, _ = synth(tmp_path, ranks=3, steps=3)
+    moved = tmp_path / "rank.2.json"
+    (d / "rank.2.json").rename(moved)
+    run = load_run(d, cache=False)
+    assert 2 not in set(run.slices.rank.tolist())
+    moved.rename(d / "rank.2.json")
+    assert run.refresh() is True
+    assert 2 in set(run.slices.rank.tolist()) and run.complete == {0: True, 1: True, 2: True}

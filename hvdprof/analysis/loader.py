@@ -453,8 +453,31 @@ class RunLoader:
                 if source.parser is None and not source.columns.rows:
                     source.read(advance)
 
+    def _new_files(self) -> bool:
+        """Rank files and manifests that appeared since the last look (a job starting)."""
+        if self.fmt != "hvdprof" or not os.path.isdir(self.path):
+            return False
+        known = {s.rank for s in self.sources}
+        added = False
+        try:
+            names = sorted(os.listdir(self.path))
+        except OSError:
+            return False
+        for name in names:
+            full = os.path.join(self.path, name)
+            if (m := TRACE_RE.match(name)) and int(m.group(1)) not in known:
+                kind = "hvdprof-gz" if name.endswith(".gz") else "hvdprof"
+                self.sources.append(_Source(full, int(m.group(1)), kind, self.tables))
+                known.add(int(m.group(1)))
+                added = True
+            elif (m := MANIFEST_RE.match(name)) and int(m.group(1)) not in self.manifest_paths:
+                self.manifest_paths[int(m.group(1))] = full
+                added = True
+        self.sources.sort(key=lambda s: s.rank)
+        return added
+
     def refresh(self, run: Run) -> bool:
-        changed = False
+        changed = self._new_files()
         for source in self.sources:
             if source.kind != "horovod" and source.parser is None and source.columns.rows:
                 # came from the cache: it can only change by being rewritten
