@@ -15,7 +15,7 @@ is of medians, with the median of per-step ratios paired by round and position i
 
 The switch is untimed, and so is a settle pause after it (``--settle`` seconds, after both
 switches alike): starting the timeline starts each rank's renderer child, a Python
-interpreter that imports numpy, about 0.15-0.3 s of CPU once per ``start_timeline`` (or
+interpreter, about 0.1-0.3 s of CPU once per ``start_timeline`` (or
 once per job with ``HVDPROF_TIMELINE``). Without the pause that one-time start-up landed
 inside every 5-step "on" block and read as 1.3x per step on ResNet-50 (with shared-memory
 allreduce the steps are short); it is reported separately, as the child's CPU time when
@@ -28,6 +28,12 @@ time, bytes per event and per op (Horovod's timeline: about 610 bytes per op, ra
 here every rank writes its own file), and events dropped (must be 0).
 
     python benchmarks/timeline_overhead.py [--np 2] [--steps 16] [--block 5] [--quick]
+
+``--offline`` runs no ranks: in one process, on a deterministic input (cycles of 2,000
+small allreduces as the cycle records them), it measures the CPU time per op of the rank's
+part (encoding a cycle into frames) and of the renderer's (decoding, rendering and writing
+the JSON), and the renderer process's import. Process CPU time, best of several repeats:
+comparable across versions even on a busy machine, where the interleaved ratios are not.
 """
 
 from __future__ import annotations
@@ -239,6 +245,121 @@ def file_summary(per_rank: list[dict[str, Any]], which: str) -> dict[str, Any]:
     }
 
 
+# --------------------------------------------------------------------------- offline
+
+
+def offline_cycle(cycle: int, n_ops: int, ranks: int, ops_per_group: int = 500) -> Any:
+    """One cycle of ``n_ops`` small allreduces as the runtime's cycle records it (an
+    ``OpBatch``, groups of ``ops_per_group``), with realistic, distinct timestamps."""
+    import numpy as np
+
+    from hvdprof.runtime.records import NO_TIME, CycleRecord, GroupRecord, OpBatch, TunableParams
+
+    t0 = 10**12 + cycle * 30_000_000
+    ready = np.full((n_ops, ranks), NO_TIME, dtype=np.int64)
+    ready[:, 0] = t0 + np.arange(n_ops) * 1_000
+    ready[:, 1:] = t0 + 5_000_000
+    groups = []
+    for g in range(-(-n_ops // ops_per_group)):
+        base = t0 + 6_000_000 + g * 200_000
+        groups.append(
+            GroupRecord(cycle * 100 + g, "ALLREDUCE", "TCP", ops_per_group,
+                        ops_per_group * 1024, ops_per_group * 1024, "float32",
+                        base, base + 20_000, base + 21_000, base + 150_000,
+                        base + 151_000, base + 170_000)
+        )  # fmt: skip
+    batch = OpBatch(
+        names=[f"small.{i}" for i in range(n_ops)],
+        kinds=[("ALLREDUCE", "float32", (SMALL_NUMEL,), SMALL_NUMEL * 4)] * n_ops,
+        t_submit=[t0 + i * 1_000 for i in range(n_ops)],
+        t_negotiated=[t0 + 5_500_000] * n_ops,
+        ready=ready,
+        cached=np.ones(n_ops, dtype=bool),
+        group_ids=[cycle * 100 + i // ops_per_group for i in range(n_ops)],
+        t_done=[t0 + 7_000_000 + i for i in range(n_ops)],
+        errors={},
+    )
+    return CycleRecord(cycle, cycle, t0, t0 + 5_500_000, t0 + 7_500_000,
+                       TunableParams(4 << 20, 1.0), n_ops * SMALL_NUMEL * 4, batch, groups)  # fmt: skip
+
+
+def offline(cycles: int, n_ops: int, repeats: int) -> dict[str, Any]:
+    """CPU time per op of each side of the timeline, in this one process: the rank's part
+    (encoding a cycle into frames) and the renderer's (decoding, rendering, writing), plus
+    the renderer process's start-up. Deterministic input, ``time.process_time``, the best
+    of ``repeats``: comparable across versions even on a loaded machine."""
+    import pickle
+    import resource
+    import subprocess
+
+    from hvdprof.timeline import wire
+    from hvdprof.timeline.render import ITEM_CYCLE, CycleRenderer, events_per_op
+    from hvdprof.timeline.transport import encode_item, frames
+    from hvdprof.timeline.writer import TimelineWriter
+
+    records = [offline_cycle(c, n_ops, 2) for c in range(cycles)]
+    total = cycles * n_ops
+    encode, render = [], []
+    events = size = 0
+    with tempfile.TemporaryDirectory(prefix="hvdprof-timeline-offline-") as tmp:
+        for _ in range(repeats):
+            t = time.process_time()
+            stream = [
+                frames(list(encode_item((ITEM_CYCLE, r, 0), n_ops * events_per_op(2))))
+                for r in records
+            ]
+            encode.append((time.process_time() - t) / total * 1e6)
+            payloads = []
+            for data in stream:  # split into frames outside the timing (the pipe does that)
+                pos = 0
+                while pos < len(data):
+                    (n,) = wire.FRAME_HEADER.unpack_from(data, pos)
+                    payloads.append(data[pos + 4 : pos + 4 + n])
+                    pos += 4 + n
+            renderer = CycleRenderer(0, "host", yield_gil=False)
+            writer = TimelineWriter(
+                str(Path(tmp) / "rank.0.json"), render=renderer.render, background=False,
+                queue_size=1 << 62,
+            )  # fmt: skip
+            t = time.process_time()
+            decoder = wire.Decoder()
+            for payload in payloads:
+                got = decoder.decode(pickle.loads(payload))
+                if got is not None:
+                    writer.put(*got)
+            writer.flush()
+            render.append((time.process_time() - t) / total * 1e6)
+            writer.close()
+            events, size = writer.events_written, writer.bytes_written
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-c", "import hvdprof.timeline.render_process"], check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    startup = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1e3
+    return {
+        "cycles": cycles,
+        "ops_per_cycle": n_ops,
+        "repeats": repeats,
+        "rank_encode_us_per_op": round(min(encode), 3),
+        "renderer_us_per_op": round(min(render), 3),
+        "events_per_op": round(events / total, 2),
+        "bytes_per_op": round(size / total, 1),
+        "bytes_on_wire_per_op": round(sum(map(len, stream)) / total, 1),
+        "renderer_import_cpu_ms": round(startup, 1),
+    }
+
+
+def run_offline(args: Any) -> None:
+    cycles, repeats = (3, 2) if args.quick else (20, 5)
+    result = offline(cycles, SMALL_TENSORS, repeats)
+    print(f"{NAME} --offline: {cycles} cycles of {SMALL_TENSORS} small ops, best of {repeats}")
+    print(h.table([(k, v) for k, v in result.items()], ("measure", "value")))
+    path = h.write_results(
+        f"{NAME}.offline", {"settings": {"quick": args.quick}, "offline": result},
+        args.output, args.quick,
+    )  # fmt: skip
+    print(f"\nwrote {path}")
+
+
 def main() -> None:
     p = h.parser(__doc__.splitlines()[0], steps=16, warmup=1)
     p.add_argument("--block", type=int, default=5, help="steps per on/off block (default 5)")
@@ -256,9 +377,17 @@ def main() -> None:
         default=None,
         help="directory for the per-block timeline files (default: a temporary one, removed)",
     )
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="no ranks: CPU us per op of the rank's encoding and of the renderer, in one process",
+    )
     args = p.parse_args()
     if args.worker:
         worker(args)
+        return
+    if args.offline:
+        run_offline(args)
         return
     if args.quick:
         args.steps, args.warmup, args.block = 2, 1, 2
