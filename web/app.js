@@ -70,9 +70,15 @@
     if (Math.abs(us) >= 1e3) return (us / 1e3).toFixed(2) + " ms";
     return Number(us).toFixed(1) + " us";
   }
+  // Plotly.react, after an empty() notice shrank the box back to its CSS height.
+  function draw(el, traces, layout, config) {
+    if (el.id !== "timeline") el.style.height = "";
+    Plotly.react(el, traces, layout, config);
+  }
   function empty(el, message) {
     Plotly.purge(el);
     el.innerHTML = "";
+    el.style.height = "auto";
     const p = document.createElement("p");
     p.className = "empty";
     p.textContent = message;
@@ -208,7 +214,7 @@
     el.style.height = layout.height + "px";
     if (state.view) layout.xaxis.range = [(state.view[0] - t0) / 1000, (state.view[1] - t0) / 1000];
     else layout.xaxis.autorange = true;
-    Plotly.react(el, traces, layout, plotConfig);
+    draw(el, traces, layout, plotConfig);
     const agg = data.aggregated ? " (" + data.total + " slices aggregated into time bins: zoom in for single events)" : "";
     const span = state.view ? state.view : [data.t0_us, data.t1_us];
     text($("timeline-status"), (data.aggregated ? items.length + " bins" : items.length + " slices") + " in " + fmtUs(span[1] - span[0]) + agg);
@@ -286,7 +292,7 @@
       marker: { color: CATEGORY_COLORS[cat] || PHASE_COLORS[cat] },
       hovertemplate: "%{x}: %{y:.1f} ms<extra>" + (labels[cat] || cat) + "</extra>",
     }));
-    Plotly.react(el, traces, Object.assign(baseLayout(), {
+    draw(el, traces, Object.assign(baseLayout(), {
       barmode: "stack", yaxis: { title: "ms over the run" }, legend: { orientation: "h", y: -0.15, font: { size: 11 } },
       margin: { l: 60, r: 16, t: 10, b: 30 }, height: 360,
     }), plotConfig);
@@ -300,7 +306,7 @@
     const z = ranks.map((r) => ((r.per_step_ms || {}).negotiate) || []);
     if (!ranks.length || !z.some((row) => row.length)) { empty(el, "no negotiation waits recorded"); return; }
     const steps = Math.max(...z.map((row) => row.length));
-    Plotly.react(el, [{
+    draw(el, [{
       type: "heatmap", z: z, x: Array.from({ length: steps }, (_, i) => i), y: ranks.map((r) => "rank " + r.rank),
       colorscale: [[0, "#fff7ec"], [0.5, "#fc8d59"], [1, "#7f0000"]], colorbar: { title: { text: "wait ms" } },
       zmin: 0, zmax: colourCap(z),
@@ -335,7 +341,7 @@
         hovertemplate: "%{y} collectives of %{x} tensors<extra>rank " + r.rank + "</extra>",
       };
     });
-    Plotly.react(el, traces, Object.assign(baseLayout(), {
+    draw(el, traces, Object.assign(baseLayout(), {
       barmode: "group", xaxis: { title: "tensors per collective (fusion group size)", type: "category" },
       yaxis: { title: "collectives" },
       title: { text: "buffer fill (fused groups' bytes / threshold " + fmtBytes(data.threshold_bytes) + ")", font: { size: 11 } },
@@ -357,7 +363,7 @@
         hovertemplate: "%{x:.3s}B: %{y:.2f} MB/s<br>%{text}<extra>" + op.toLowerCase() + "</extra>",
       };
     });
-    Plotly.react(el, traces, Object.assign(baseLayout(), {
+    draw(el, traces, Object.assign(baseLayout(), {
       xaxis: { title: "message size (bytes)", type: "log" }, yaxis: { title: "bus bandwidth (MB/s)", type: "log" },
     }), plotConfig);
   }
@@ -380,7 +386,7 @@
     const hover = samples.map((s) =>
       "threshold " + fmtBytes(s.fusion_threshold_bytes) + ", cycle " + s.cycle_time_ms + " ms, cache " +
       (s.cache_enabled ? "on" : "off") + "<br>steps " + s.first_step + "-" + s.last_step + " (" + s.phase + ")");
-    Plotly.react(scoreEl, [
+    draw(scoreEl, [
       { type: "scatter", mode: "markers", name: "sample", x: idx, y: score, text: hover,
         hovertemplate: "sample %{x}: %{y:.2f} MB/s<br>%{text}<extra>click: show on the timeline</extra>",
         marker: { size: 10, color: samples.map((s) => (s.is_best ? "#1a7f37" : PHASE_COLORS.autotune)) } },
@@ -389,7 +395,7 @@
       title: { text: "score per sample (click one)", font: { size: 12 } }, xaxis: { title: "sample" },
       yaxis: { title: "MB/s reduced" }, margin: { l: 55, r: 10, t: 30, b: 44 },
     }), plotConfig);
-    Plotly.react(paramEl, [
+    draw(paramEl, [
       { type: "scatter", mode: "lines+markers", name: "fusion threshold (MiB)", x: idx, y: samples.map((s) => s.fusion_threshold_bytes / 1048576) },
       { type: "scatter", mode: "lines+markers", name: "cycle time (ms)", x: idx, y: samples.map((s) => s.cycle_time_ms), yaxis: "y2" },
     ], Object.assign(baseLayout(), {
@@ -422,7 +428,7 @@
       y: pts.map((s) => s.cycle_time_ms), text: pts.map((s) => s.score_mb_per_s.toFixed(2) + " MB/s"),
       hovertemplate: "sample: %{text}<extra></extra>", marker: { color: "#fff", line: { color: "#000", width: 1 }, size: 7 },
     });
-    Plotly.react(el, traces, Object.assign(baseLayout(), {
+    draw(el, traces, Object.assign(baseLayout(), {
       title: { text: "surrogate over threshold x cycle time", font: { size: 12 } }, showlegend: false,
       xaxis: { title: "fusion threshold (bytes)", type: "log" }, yaxis: { title: "cycle time (ms)", type: "log" },
       margin: { l: 55, r: 10, t: 30, b: 44 },
@@ -448,7 +454,7 @@
     const shown = phases.length ? phases : rowsAll.slice(0, 12);
     if (!shown.length) { empty(el, "nothing to compare"); return; }
     const keys = shown.map((r) => r.kind + ": " + r.key);
-    Plotly.react(el, [
+    draw(el, [
       { type: "bar", name: "baseline (" + data.a + ")", x: keys, y: shown.map((r) => r.a_ms) },
       { type: "bar", name: "compared (" + data.b + ")", x: keys, y: shown.map((r) => r.b_ms) },
     ], Object.assign(baseLayout(), {

@@ -126,6 +126,7 @@ class RunCatalog:
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
         self._loaded: dict[str, LoadedRun] = {}
+        self._loading: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
 
     def entries(self) -> list[RunEntry]:
@@ -146,10 +147,20 @@ class RunCatalog:
 
     def loaded(self, run_id: str) -> LoadedRun:
         """The loaded run, read on first use; RunLoadError when nothing could be read."""
+        run_id = self.entry(run_id).id  # "demo/", "./demo" and "demo" are one run
         with self._lock:
             current = self._loaded.get(run_id)
+            loading = self._loading.setdefault(run_id, threading.Lock())
         if current is not None:
             return current
+        with loading:  # concurrent first requests read a large run once, not once each
+            with self._lock:
+                current = self._loaded.get(run_id)
+            if current is not None:
+                return current
+            return self._load(run_id)
+
+    def _load(self, run_id: str) -> LoadedRun:
         entry = self.entry(run_id)
         try:
             from hvdprof.analysis import LoadError, load_run  # the one reader of runs
