@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import itertools
 import json
 import logging
 import os
@@ -438,11 +439,20 @@ def test_lanes_are_bounded_and_still_nest() -> None:
         for i, op in enumerate(record.ops):
             op.name = f"t{c}_{i}"
         lines += renderer.render_cycle(record, 0)
-    events = [json.loads(line) for line in lines]
+    events = json.loads("[" + ",\n".join(lines) + "]")  # a text may hold several events
     tids = {e["tid"] for e in events if e["ph"] == "X"}
     assert len(tids) <= 2 + 3
     assert renderer.lanes_clamped > 0
     assert_nested(events)
+    # a shared lane carries many tensors: each op's args name its own tensor (an op's
+    # slice follows its negotiation in the file)
+    pairs = [
+        (a["args"]["tensor"], b["args"]["tensor"])
+        for a, b in itertools.pairwise(events)
+        if a["name"] == "NEGOTIATE_ALLREDUCE"
+    ]
+    assert len(pairs) == 150
+    assert all(a == b for a, b in pairs), [p for p in pairs if p[0] != p[1]][:3]
 
 
 # --- manifest and run -----------------------------------------------------------------------

@@ -34,7 +34,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from hvdprof.timeline import activities as act
-from hvdprof.timeline.writer import dumps_event
+from hvdprof.timeline.writer import Lines, dumps_event
 
 if TYPE_CHECKING:  # the renderer process never imports the runtime (nor numpy)
     from hvdprof.runtime.records import CycleRecord
@@ -226,7 +226,7 @@ class CycleRenderer:
             f'"args":{dumps_event(dict(values))}}}'
         )
 
-    def render_cycle(self, record: CycleRecord, shift: int) -> list[str]:
+    def render_cycle(self, record: CycleRecord, shift: int) -> Lines:
         """All events of one cycle record; ``shift`` maps local ns to timeline ns."""
         head, groups, columns = cycle_columns(record)
         return self.render_columns(head, groups, columns, shift)
@@ -237,9 +237,11 @@ class CycleRenderer:
         groups: list[tuple[Any, ...]],
         columns: tuple[Any, ...],
         shift: int,
-    ) -> list[str]:
-        """All events of one cycle in its plain form (see :func:`cycle_columns`)."""
-        out: list[str] = []
+    ) -> Lines:
+        """All events of one cycle in its plain form (see :func:`cycle_columns`): JSON texts,
+        one or more events each (an op's events come as one text, joined by ``",\n"``);
+        ``.events`` says how many."""
+        out = Lines()
         p = self._pid
         cycle, step, t_start, _t_negotiated, t_end, params, bytes_reduced, changed = head
         n_ops = len(columns[0])
@@ -284,6 +286,7 @@ class CycleRenderer:
             )
         if n_ops:
             self._render_ops(groups, columns, t_end, shift, out)
+        out.events += len(out)
         return out
 
     def _phases(self, group: tuple[Any, ...], op: str, neg_end: int) -> list[tuple[str, int, int]]:
@@ -312,7 +315,7 @@ class CycleRenderer:
         columns: tuple[Any, ...],
         t_end: int,
         shift: int,
-        out: list[str],
+        out: Lines,
     ) -> None:
         # The hot path (thousands of ops per step): straight from the columns, with no
         # object per op; everything that repeats across ops -- lane tails, per-tensor
@@ -334,6 +337,7 @@ class CycleRenderer:
         ]
         rank_keys = [f'"{r}":' for r in range(ranks)]
         gil_slice = self._gil_slice
+        extra = 0  # events beyond one per text
         last_gid, group = None, None
         i = -1
         for name, kind, start, neg_end, gid, end, is_cached in zip(
@@ -386,7 +390,9 @@ class CycleRenderer:
                 neg_text = fmt[neg_end] = us(neg_end + shift)
 
             # NEGOTIATE_<OP>: submission until every rank is ready, with readiness marks.
+            # One text per op: its events joined as the file wants them (",\n").
             ready_args = ""
+            marks = ""
             base = i * ranks
             stamps = []
             last_rank, last_t = -1, None
@@ -404,34 +410,31 @@ class CycleRenderer:
                     t_text = start_text
                 elif t > neg_end:
                     t_text = neg_text
-                append(f"{ready_prefix[r]}{t_text},{tail}")
+                marks += f"{ready_prefix[r]}{t_text},{tail},\n"
             if stamps:
                 ready_args = f',"ready_us":{{{",".join(stamps)}}},"last_ready_rank":{last_rank}'
+                extra += len(stamps)
             neg_name = neg_names.get(op)
             if neg_name is None:
                 neg_name = neg_names[op] = (esc(act.negotiate_name(op)), esc(op))
             d = neg_end - start
             if d >= 1000:
-                dur = str(d)
-                dur = dur[:-3] + "." + dur[-3:]
+                neg_dur = str(d)
+                neg_dur = neg_dur[:-3] + "." + neg_dur[-3:]
             else:
-                dur = us(d)
-            append(
-                f'{{"name":{neg_name[0]},"ph":"X","ts":{start_text},"dur":{dur},'
-                f'"args":{{"tensor":{name_text},"cached":{cached_text}{ready_args}}},{tail}'
-            )
+                neg_dur = us(d)
 
             # <OP>: negotiated until done, with the phases as children.
             args = lane.args_text
             if group is not None:
-                extra = group_args.get(gid)
-                if extra is None:
-                    extra = group_args[gid] = (
+                more = group_args.get(gid)
+                if more is None:
+                    more = group_args[gid] = (
                         f',"group":{int(gid)},"group_tensors":{int(group[3])},'
                         f'"group_bytes":{int(group[4])},"group_buffer_bytes":{int(group[5])},'
                         f'"backend":{esc(str(group[2]))}'
                     )
-                args += extra
+                args += more
             if errors and i in errors:
                 args += f',"error":{json.dumps(str(errors[i]))}'
             d = end - neg_end
@@ -440,11 +443,15 @@ class CycleRenderer:
                 dur = dur[:-3] + "." + dur[-3:]
             else:
                 dur = us(d)
-            append(
+            text = (
+                f'{marks}{{"name":{neg_name[0]},"ph":"X","ts":{start_text},"dur":{neg_dur},'
+                f'"args":{{"tensor":{name_text},"cached":{cached_text}{ready_args}}},{tail},\n'
                 f'{{"name":{neg_name[1]},"ph":"X","ts":{neg_text},"dur":{dur},'
                 f'"args":{{{args}}},{tail}'
             )
+            extra += 1
             if group is None:
+                append(text)
                 continue
 
             # Ops of one group share their children: rendered once per (group, negotiation).
@@ -454,7 +461,7 @@ class CycleRenderer:
                 spans = self._phases(group, op, neg_end)
                 children = children_of[key2] = (
                     [
-                        f'{{"name":{c_name},"ph":"X","ts":{us(c_start + shift)},"dur":{us(c_end - c_start)},'
+                        f',\n{{"name":{c_name},"ph":"X","ts":{us(c_start + shift)},"dur":{us(c_end - c_start)},'
                         for c_name, c_start, c_end in spans
                     ],
                     spans[-1][2] if spans else neg_end,
@@ -462,14 +469,17 @@ class CycleRenderer:
                 )
             prefixes, children_end, spans = children
             if children_end <= end:
-                for prefix in prefixes:
-                    append(prefix + tail)
+                if prefixes:
+                    text += tail.join(prefixes) + tail
+                    extra += len(prefixes)
+                append(text)
                 continue
             for c_name, c_start, c_end in spans:  # the op ended before its group: clamp
                 c_start, c_end = min(c_start, end), min(c_end, end)
-                append(
-                    f'{{"name":{c_name},"ph":"X","ts":{us(c_start + shift)},"dur":{us(c_end - c_start)},{tail}'
-                )
+                text += f',\n{{"name":{c_name},"ph":"X","ts":{us(c_start + shift)},"dur":{us(c_end - c_start)},{tail}'
+            extra += len(spans)
+            append(text)
+        out.events += extra
 
 
 _group_row = attrgetter(*GROUP_FIELDS)

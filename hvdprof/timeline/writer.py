@@ -41,8 +41,22 @@ from hvdprof.timeline.event_queue import EventQueue
 
 log = logging.getLogger("hvdprof.timeline")
 
-#: Renders one queued item into JSON texts, one per event (no trailing comma or newline).
+#: Renders one queued item into JSON texts, one per event (no trailing comma or newline),
+#: or a :class:`Lines`, whose texts may each hold several events.
 Renderer = Callable[[Any], Iterable[str]]
+
+
+class Lines(list):  # type: ignore[type-arg]
+    """Rendered texts, some holding several events joined by ``",\n"``; ``events`` counts
+    them all. (Building one text per op instead of one per event is a good part of what
+    the renderer saves.)"""
+
+    __slots__ = ("events",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events = 0
+
 
 _HEADER = b"[\n"
 _GZIP_LEVEL = 3  # trace JSON compresses ~10x even at low levels; keep the writer cheap
@@ -216,7 +230,12 @@ class TimelineWriter:
         for _ in range(len(queue)):
             item, weight = queue.take()
             try:
-                lines = list(self._render(item))
+                lines = self._render(item)
+                if type(lines) is Lines:
+                    count = lines.events
+                else:
+                    lines = list(lines)
+                    count = len(lines)
             except Exception:
                 self._render_failures += 1
                 queue.count_dropped(weight)
@@ -229,8 +248,8 @@ class TimelineWriter:
             parts.append(text)
             parts.append(",\n")
             size += len(text) + 2
-            events += len(lines)
-            since_yield += len(lines)
+            events += count
+            since_yield += count
             if since_yield >= _EVENTS_PER_GIL_SLICE and self._thread is not None:
                 since_yield = 0
                 time.sleep(0)  # let the cycle and training threads have the GIL
