@@ -400,7 +400,8 @@
       { type: "scatter", mode: "lines+markers", name: "cycle time (ms)", x: idx, y: samples.map((s) => s.cycle_time_ms), yaxis: "y2" },
     ], Object.assign(baseLayout(), {
       title: { text: "parameter trajectory", font: { size: 12 } }, xaxis: { title: "sample" },
-      yaxis: { title: "threshold MiB", type: "log" }, yaxis2: { title: "cycle ms", type: "log", overlaying: "y", side: "right" },
+      yaxis: { title: "threshold MiB", type: "log", nticks: 6, tickformat: ".2~g" },
+      yaxis2: { title: "cycle ms", type: "log", overlaying: "y", side: "right", nticks: 6, tickformat: ".2~g" },
       margin: { l: 55, r: 50, t: 30, b: 44 },
     }), plotConfig);
     if (!scoreEl.dataset.bound) {
@@ -448,6 +449,7 @@
 
   function drawCompare(data) {
     const el = $("compare");
+    el.dataset.drawn = "1";
     text($("compare-verdicts"), data && data.verdict);
     const rowsAll = (data && data.rows) || [];
     const phases = rowsAll.filter((r) => r.kind === "phase");
@@ -489,6 +491,7 @@
     fillSelect($("compare-a"), options, state.runs[0] ? state.runs[0].id : undefined);
     fillSelect($("compare-b"), options, state.runs[1] ? state.runs[1].id : state.runs[0] ? state.runs[0].id : undefined);
     $("compare-card").hidden = state.runs.length < 2;
+    if (!$("compare").dataset.drawn) empty($("compare"), "choose a baseline and a run to compare, then press compare");
   }
 
   async function loadInfo() {
