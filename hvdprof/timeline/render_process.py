@@ -5,8 +5,8 @@ timeline sink::
 
     python -m hvdprof.timeline.render_process --fd N --init JSON [--terminate-on-eof] PATH
 
-It reads frames (see :mod:`hvdprof.timeline.transport`) from stdin, rebuilds the cycle
-records, renders them with :class:`~hvdprof.timeline.render.CycleRenderer` and writes them
+It reads frames (see :mod:`hvdprof.timeline.wire`) from stdin, decodes the cycles into
+plain columns, renders them with :class:`~hvdprof.timeline.render.CycleRenderer` and writes them
 with a synchronous :class:`~hvdprof.timeline.writer.TimelineWriter` on the inherited file
 descriptor ``N`` (crash-safe JSON array, one ``os.write`` per batch, gzip if asked). It
 also keeps ``manifest.rank.<r>.json`` up to date (every few seconds and at the end),
@@ -15,13 +15,14 @@ merging its own counts into the manifest the rank sends.
 Behaviour:
 
 * it runs at the lowest priority, so it uses idle CPU and lags behind under load instead
-  of slowing training; the pipe and the rank's bounded queue absorb the lag. That takes a
+  of slowing training; the pipe and the rank's bounded backlog absorb the lag. That takes a
   session of its own whose autogroup the rank renices (see
   :mod:`hvdprof.timeline.transport` for why ``nice`` alone is not enough), plus
   ``os.nice(19)`` where autogroups do not apply;
 * it ignores SIGINT and SIGTERM: it must outlive the rank long enough to write what the
   rank sent, and it stops by itself when its input ends, so it never outlives the rank by
-  more than the time to render that (at normal priority, once the rank is gone);
+  more than the time to render that (its autogroup back at niceness 0 once the rank is
+  gone, and out of ``SCHED_IDLE`` where it may);
 * the stream ends with the rank's end mark (clean close): the file gets its final event
   and ``]`` (strict JSON), and the manifest ``closed: true``;
 * the stream ends without it (the rank exited without closing, or was SIGKILLed):
@@ -31,7 +32,8 @@ Behaviour:
 
 On exit it prints one JSON line of counts on stdout for the rank (``events_written``,
 ``child_events_dropped``, ``child_items_dropped``, ``lanes_clamped``, ``closed``,
-``bytes_written``). It never imports torch (``sys.modules["torch"]`` is blocked).
+``bytes_written``). It never imports torch (``sys.modules["torch"]`` is blocked), nor
+numpy or the runtime: its start-up is paid at every ``start_timeline``.
 """
 
 from __future__ import annotations
@@ -207,8 +209,12 @@ class RenderChild:
     def finish(self) -> None:
         """Write the rest; terminate the file if the rank closed it (or when asked to)."""
         if not self.ended:
-            # The rank is gone and nobody waits on training any more: finish quickly.
+            # The rank is gone and nobody waits on training any more: finish quickly. Leaving
+            # SCHED_IDLE needs privilege (CAP_SYS_NICE or RLIMIT_NICE); where it is refused
+            # the file is finished on idle CPU, and the manifest's renderer_pid says when.
             set_autogroup_nice(os.getpid(), 0)
+            with contextlib.suppress(AttributeError, OSError):
+                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
         if self.ended or self.terminate_on_eof:
             self.writer.close()
         else:
