@@ -1,7 +1,9 @@
-"""The ``hvdprof`` console command: ``run``, ``timeline merge``, ``env``, ``dashboard``, ``report``.
+"""The ``hvdprof`` console command: ``run``, ``timeline merge``, ``env``, ``dashboard``,
+``report``, ``analyze``, ``diff``.
 
 Only argument parsing and error reporting live here; the work is done by
-:func:`hvdprof.launcher.launch`, ``hvdprof.timeline.merge`` and :mod:`hvdprof.config`.
+:func:`hvdprof.launcher.launch`, ``hvdprof.timeline.merge``, :mod:`hvdprof.config`,
+:mod:`hvdprof.dashboard.commands` and :mod:`hvdprof.analysis.cli`.
 Every expected failure becomes ``hvdprof: error: ...`` and exit code 2 instead of a
 traceback, because the person reading it is starting a job, not debugging hvdprof.
 """
