@@ -524,3 +524,20 @@ def test_refresh_picks_up_a_rank_that_starts_late(tmp_path: Path) -> None:
     moved.rename(d / "rank.2.json")
     assert run.refresh() is True
     assert 2 in set(run.slices.rank.tolist()) and run.complete == {0: True, 1: True, 2: True}
+
+
+def test_output_cut_short_by_the_reader_keeps_the_exit_code(tmp_path: Path) -> None:
+    d, _ = synth(tmp_path, ranks=2, steps=3)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HVDPROF_")}
+    for extra in ((), ("--json",)):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hvdprof", "analyze", str(d), *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=REPO,
+            env=env,
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # the reader is gone before the first line (`| head -0`)
+        assert proc.wait(timeout=60) == 0
+        assert b"Traceback" not in proc.stderr.read()

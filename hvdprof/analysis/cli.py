@@ -78,15 +78,20 @@ def _load(path: str, cache: bool) -> Run:
     return run
 
 
-def _dumps(data: dict[str, Any]) -> str:
-    return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+def _print_json(data: dict[str, Any]) -> None:
+    """The JSON on stdout; a reader that went away (``| head``) is not an error."""
+    try:
+        sys.stdout.write(orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     run = _load(args.directory, not args.no_cache)
     report = analyze(run, kineto_paths=list(args.kineto))
     if args.json:
-        print(_dumps(report.to_dict()))
+        _print_json(report.to_dict())
     else:
         print_report(report)
     return EXIT_SKIPPED if report.skipped else EXIT_CLEAN
@@ -97,12 +102,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
     run_b = _load(args.run_b, not args.no_cache)
     diff = diff_runs(run_a, run_b)
     if args.json:
-        print(_dumps(diff.to_dict()))
+        _print_json(diff.to_dict())
         return EXIT_SKIPPED if run_a.problems or run_b.problems else EXIT_CLEAN
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = _console()
     console.print(f"[bold]{diff.verdict}[/bold]")
     table = Table(title=f"Per step, B ({run_b.path}) against A ({run_a.path}); slowest first")
     for col in ("what", "A (ms/step)", "B (ms/step)", "change (ms)", "B / A"):
@@ -118,16 +122,29 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return EXIT_SKIPPED if run_a.problems or run_b.problems else EXIT_CLEAN
 
 
+def _console() -> Any:
+    """A rich console that stops printing quietly when the reader goes away (``| head``),
+    keeping the exit code about the input rather than rich's own 1."""
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+
+    return _Console()
+
+
 def _ms(x: float) -> str:
     return f"{x:,.2f}"
 
 
 def print_report(report: Report) -> None:
     """Verdicts first, then one table per question (rich)."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = _console()
     r = report.run
     console.print(
         f"[bold]{r['path']}[/bold]: {r['format']} timeline, {len(r['ranks'])} rank(s), "
