@@ -362,7 +362,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "autotune",
         _bool,
         False,
-        "Tune fusion threshold, cycle time and the response cache live with Bayesian optimization.",
+        "Tune cycle time, the response cache and (through Gloo) the fusion threshold live, by paired comparisons with the starting configuration.",
     ),
     EnvVar(
         "HVDPROF_AUTOTUNE_LOG",
@@ -377,7 +377,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "autotune_warm_start",
         _str,
         "",
-        "An earlier autotune log whose samples seed the optimizer.",
+        "An earlier autotune log whose recommendation is measured first.",
         "unset",
     ),
     EnvVar(
@@ -391,22 +391,22 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE",
         "autotune_steps_per_sample",
         _int(1),
-        5,
-        "Runtime steps measured for each scored sample (scored by the median of up to 5 sub-windows).",
+        3,
+        "Runtime steps measured in each autotune window (scored by the median of up to 5 sub-windows); windows alternate between the incumbent and a candidate.",
     ),
     EnvVar(
         "HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
         "autotune_max_samples",
         _int(1),
-        24,
-        "Scored samples before tuning settles on the best configuration (the last few re-measure the leaders).",
+        64,
+        "Scored windows before tuning settles (the last third races the finalists against the starting configuration).",
     ),
     EnvVar(
         "HVDPROF_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
         "autotune_gp_noise",
         _float(0),
         0.3,
-        "Relative noise of one sample's score assumed by the Gaussian process (0.3 = about +-30%).",
+        "Relative noise of one window's score assumed until measured (0.3 = about +-30%).",
     ),
     EnvVar(
         "HVDPROF_AUTOTUNE_CONTINUOUS",
@@ -472,8 +472,8 @@ class Config:
     autotune_log: str = ""
     autotune_warm_start: str = ""
     autotune_warmup_samples: int = 3
-    autotune_steps_per_sample: int = 5
-    autotune_max_samples: int = 24
+    autotune_steps_per_sample: int = 3
+    autotune_max_samples: int = 64
     autotune_gp_noise: float = 0.3
     autotune_continuous: bool = True
     autotune_drift_fraction: float = 0.2

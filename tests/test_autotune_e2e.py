@@ -71,7 +71,7 @@ POLL_S = 0.02
 #: the log's header as documented: units in the column names
 HEADER = (
     "fusion_threshold_bytes,cycle_time_ms,cache_enabled,score_bytes_per_s,"
-    "first_step,last_step,unix_time,is_best,phase"
+    "first_step,last_step,unix_time,is_best,phase,role,ratio_to_default"
 )
 
 
@@ -178,7 +178,9 @@ def _tuple(p: TunableParams) -> list[Any]:
 
 
 def best_lines(result: JobResult) -> list[str]:
-    return [line for line in result.lines(0, "stderr") if line.startswith("hvdprof autotune:")]
+    return [
+        line for line in result.lines(0, "stderr") if line.startswith("hvdprof autotune: best ")
+    ]
 
 
 def params_of_best_line(line: str) -> TunableParams:
@@ -302,6 +304,7 @@ def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "6",
         "HVDPROF_AUTOTUNE_LOG": str(log),
         "HVDPROF_TIMELINE": str(timeline),
+        "HVDPROF_BACKEND": "shm",  # the threshold is then held: cycle time and cache searched
     }
     result, polls = run_tuned_job(2, out, "--stop", "converged", "--watch", "2", env=env, log=log)
     result.assert_done(2)
@@ -317,6 +320,7 @@ def three_rank_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "40",  # far more than it gets
         "HVDPROF_AUTOTUNE_LOG": str(log),
         "HVDPROF_CYCLE_TIME": "2",
+        "HVDPROF_BACKEND": "gloo",  # the threshold is searched
     }
     result, polls = run_tuned_job(3, out, "--stop", "samples", "--samples", "5", env=env, log=log)
     result.assert_done(3)
@@ -361,6 +365,28 @@ def test_log_well_formed_while_running(two_rank_run: dict[str, Any]) -> None:
     assert any(_tuple(r.params) == best for r in tune), "the best was measured while tuning"
 
 
+def test_shared_memory_holds_the_threshold_and_windows_alternate(
+    two_rank_run: dict[str, Any],
+) -> None:
+    rows = read_autotune_log(two_rank_run["log"])
+    for rank in (0, 1):
+        history = history_of(two_rank_run["result"], rank)
+        thresholds = {p.fusion_threshold_bytes for _, p in history}
+        assert thresholds == {DEFAULT.fusion_threshold_bytes}, history
+    assert len({(r.params.cycle_time_ms, r.params.cache_enabled) for r in rows}) >= 2
+    tune = [r for r in rows if r.phase == PHASE_TUNE]
+    roles = [r.role for r in tune]
+    assert roles[:2] == ["incumbent", "candidate"], roles
+    for i, role in enumerate(roles[:-1]):
+        if role == "candidate":
+            assert roles[i + 1] == "incumbent", roles
+    assert tune[0].ratio_to_default == 1.0
+    assert all(r.role == "watch" for r in rows if r.phase == PHASE_WATCH)
+    # the verdict follows the best line at the end of tuning
+    stderr = two_rank_run["result"].text(0, "stderr")
+    assert "x the default's throughput" in stderr or "keeping the default" in stderr, stderr
+
+
 def test_log_well_formed_while_running_at_three_ranks(three_rank_run: dict[str, Any]) -> None:
     polls: LogPolls = three_rank_run["polls"]
     assert polls.polls >= 10 and polls.max_rows >= 5, polls
@@ -377,8 +403,9 @@ def test_explicit_cycle_time_is_not_searched(three_rank_run: dict[str, Any]) -> 
     for rank in range(3):
         history = history_of(result, rank)
         assert {p.cycle_time_ms for _, p in history} == {2.0}, history
-    # the other knobs were searched
-    assert len({(r.params.fusion_threshold_bytes, r.params.cache_enabled) for r in rows}) >= 3
+    # the other knobs were searched (5 windows: default, candidate, default, ...)
+    searched = {(r.params.fusion_threshold_bytes, r.params.cache_enabled) for r in rows}
+    assert len(searched) >= 2, searched
     lines = best_lines(result)
     assert lines and all("HVDPROF_CYCLE_TIME=2 " in line for line in lines), lines
 
@@ -529,6 +556,7 @@ def test_warm_start_seeds_the_tuner(tmp_path: Path) -> None:
         "HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "20",
         "HVDPROF_AUTOTUNE_WARM_START": str(warm),
         "HVDPROF_AUTOTUNE_LOG": str(log),
+        "HVDPROF_BACKEND": "gloo",  # the earlier best's threshold is in the space
     }
     result, _ = run_tuned_job(2, tmp_path, "--stop", "samples", "--samples", "2", env=env)
     result.assert_done(2)

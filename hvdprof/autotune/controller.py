@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import statistics
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -58,6 +57,7 @@ from hvdprof.autotune.drift import DriftDetector
 from hvdprof.autotune.log import (
     PHASE_TUNE,
     PHASE_WATCH,
+    ROLE_WATCH,
     AutotuneTrialLog,
     make_row,
     read_autotune_log,
@@ -70,7 +70,7 @@ from hvdprof.autotune.scoring import (
     score_steps,
 )
 from hvdprof.autotune.space import SearchSpace, env_assignments, space_from_config
-from hvdprof.autotune.tuner import BayesianTuner, Observation
+from hvdprof.autotune.tuner import Observation, PairedTuner
 from hvdprof.config import Config
 from hvdprof.runtime.records import CycleRecord, TunableParams
 
@@ -79,7 +79,7 @@ _log = logging.getLogger("hvdprof.autotune")
 #: the optimizer's seed: the same job tunes the same way twice
 AUTOTUNE_SEED = 0
 #: full steps discarded after the partial step in which new parameters landed
-DEFAULT_SETTLE_STEPS = 1
+DEFAULT_SETTLE_STEPS = 0
 #: runner-up configurations re-measured first when tuning re-opens after drift
 REOPEN_REMEASURE = 2
 #: how long ``close`` waits for the worker to finish the sample in hand
@@ -125,12 +125,13 @@ class AutotuneController:
         settle_steps: int = DEFAULT_SETTLE_STEPS,
         subwindows: int = DEFAULT_SUBWINDOWS,
         seed: int = AUTOTUNE_SEED,
+        shared_memory: bool = False,
     ) -> None:
         if rank != 0:
             raise ValueError("only rank 0 runs the autotuner; other ranks apply its broadcasts")
         self.config = config
         self.initial = initial
-        self.space: SearchSpace = space_from_config(config, initial)
+        self.space: SearchSpace = space_from_config(config, initial, shared_memory)
         self.steps_per_sample = config.autotune_steps_per_sample
         self.settle_steps = max(0, settle_steps)
         self.subwindows = subwindows
@@ -159,7 +160,7 @@ class AutotuneController:
         self._processed = 0
 
         # --- worker-thread state ---
-        self._tuner: BayesianTuner | None = None
+        self._tuner: PairedTuner | None = None
         self._best: Observation | None = None
         self._drift = DriftDetector(config.autotune_drift_fraction, config.autotune_drift_samples)
         self._trial_log: AutotuneTrialLog | None = None
@@ -285,7 +286,9 @@ class AutotuneController:
 
     # --- the worker thread ------------------------------------------------------------
 
-    def _read_warm_start(self, path: str) -> list[tuple[TunableParams, float]]:
+    def _read_warm_start(self, path: str) -> list[TunableParams]:
+        """The earlier run's recommendation (its last row marked ``is_best``), to measure
+        first; [] when there is none this job could run."""
         if not path:
             return []
         try:
@@ -293,28 +296,22 @@ class AutotuneController:
         except (OSError, ValueError) as exc:
             _log.warning("HVDPROF_AUTOTUNE_WARM_START=%s ignored: %s", path, exc)
             return []
-        points = [(r.params, r.score_bytes_per_s) for r in rows if self.space.contains(r.params)]
-        if len(points) < len(rows):
-            _log.info(
-                "warm start: %d of %d rows used (the others contradict explicitly set "
-                "variables or lie outside the search range)",
-                len(points),
-                len(rows),
-            )
-        return points
+        marked = [r.params for r in rows if r.is_best and self.space.contains(r.params)]
+        if not marked:
+            _log.info("warm start %s: no recommendation this job can run; ignored", path)
+            return []
+        return [marked[-1]]
 
     def _new_tuner(
-        self,
-        warm: Sequence[tuple[TunableParams, float]] = (),
-        initial_points: Sequence[TunableParams] = (),
-    ) -> BayesianTuner:
-        return BayesianTuner(
+        self, default: TunableParams, first_candidates: Sequence[TunableParams] = ()
+    ) -> PairedTuner:
+        return PairedTuner(
             self.space,
             max_samples=self.config.autotune_max_samples,
+            default=default,
             noise=self.config.autotune_gp_noise,
             seed=self.seed + self.reopened,
-            warm_start=warm,
-            initial_points=initial_points,
+            first_candidates=first_candidates,
         )
 
     def _job_exiting(self) -> bool:
@@ -326,9 +323,9 @@ class AutotuneController:
         """
         return self._closed or not threading.main_thread().is_alive()
 
-    def _run(self, warm: list[tuple[TunableParams, float]]) -> None:
+    def _run(self, warm: list[TunableParams]) -> None:
         try:
-            self._tuner = self._new_tuner(warm=warm)
+            self._tuner = self._new_tuner(self.initial, first_candidates=warm)
         except Exception:
             if not self._job_exiting():
                 _log.exception("autotune disabled: the optimizer could not start")
@@ -354,66 +351,70 @@ class AutotuneController:
         score = score_steps(sample.steps, self.subwindows)
         self.samples_scored += 1
         if sample.phase == PHASE_WATCH:
-            self._write_row(sample.params, score, PHASE_WATCH)
+            self._write_row(sample.params, score, PHASE_WATCH, ROLE_WATCH)
             if self._drift.update(score.bytes_per_s):
                 self._reopen(tuner)
             return
-        if self.space.contains(sample.params):
-            tuner.tell(sample.params, score.bytes_per_s)
-        else:  # e.g. a starting threshold of 0 (fusion off): scored and logged, not modelled
-            _log.info("autotune: %s is outside the search space; not told", sample.params)
+        role = tuner.next_role
+        tuner.tell(sample.params, score.bytes_per_s)
         self._best = tuner.best
-        self._write_row(sample.params, score, PHASE_TUNE)
+        self._write_row(sample.params, score, PHASE_TUNE, role)
         if tuner.converged:
             self._finish_round(tuner)
         else:
             self._post(tuner.ask(), PHASE_TUNE)
 
-    def _finish_round(self, tuner: BayesianTuner) -> None:
+    def _finish_round(self, tuner: PairedTuner) -> None:
         best = tuner.best
-        if best is None:  # nothing could be told (every sample outside the space)
+        if best is None:  # nothing was told
             self._post(self.initial, PHASE_DONE)
             return
         self._best = best
         self._emit(format_best(best.params, best.mean_score, self.config.cache_capacity))
+        self._emit(f"hvdprof autotune: {tuner.verdict()}")
         self._drift.reset()
         self._post(best.params, PHASE_WATCH if self.config.autotune_continuous else PHASE_DONE)
 
-    def _reopen(self, old: BayesianTuner) -> None:
-        incumbent = self._best
-        drifted = list(self._drift.drifted)
-        ranked = [o.params for o in old.ranked()]
-        runner_ups = [p for p in ranked if incumbent is None or p != incumbent.params]
+    def _reopen(self, old: PairedTuner) -> None:
+        """Tune again, the current best as the reference, its runner-ups measured first."""
+        incumbent = self._best.params if self._best is not None else self.initial
+        runner_ups = [o.params for o in old.ranked() if o.params != incumbent]
         self.reopened += 1
         _log.warning(
             "autotune: throughput drifted by more than %.0f%% for %d samples; re-opening tuning",
             100 * self._drift.fraction,
-            len(drifted),
+            len(self._drift.drifted),
         )
-        tuner = self._new_tuner(initial_points=runner_ups[:REOPEN_REMEASURE])
-        if incumbent is not None and drifted:
-            tuner.tell(incumbent.params, float(statistics.median(drifted)))
-            self._best = tuner.best
+        tuner = self._new_tuner(incumbent, first_candidates=runner_ups[:REOPEN_REMEASURE])
         self._drift.reset()
         self._tuner = tuner
-        if tuner.converged:
-            self._finish_round(tuner)
-        else:
-            self._post(tuner.ask(), PHASE_TUNE)
+        self._post(tuner.ask(), PHASE_TUNE)
 
     def _post(self, params: TunableParams, phase: str) -> None:
         with self._lock:
             self._proposal = (params, phase)
 
-    def _write_row(self, params: TunableParams, score: SampleScore, phase: str) -> None:
+    def _write_row(self, params: TunableParams, score: SampleScore, phase: str, role: str) -> None:
         best = self._best
-        is_best = best is not None and best.params == self.space.canonical(params)
+        canonical = self.space.canonical(params) if self.space.contains(params) else params
+        is_best = best is not None and best.params == canonical
         listener = self.on_sample
         if listener is not None:
             listener(params, score.bytes_per_s, score.first_step, score.last_step, is_best, phase)
         if self._trial_log is None:
             return
-        row = make_row(params, score.bytes_per_s, score.first_step, score.last_step, is_best, phase)
+        tuner = self._tuner
+        estimate = tuner.estimate(params) if tuner is not None else None
+        row = make_row(
+            params,
+            score.bytes_per_s,
+            score.first_step,
+            score.last_step,
+            is_best,
+            phase,
+            role=role,
+            ratio_to_default=None if estimate is None else estimate.ratio,
+        )
         try:
             self._trial_log.write(row)
         except (OSError, ValueError) as exc:

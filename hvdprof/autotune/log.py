@@ -39,12 +39,20 @@ LOG_COLUMNS: tuple[str, ...] = (
     "unix_time",
     "is_best",
     "phase",
+    "role",
+    "ratio_to_default",
 )
 
 #: ``phase`` values: a sample the optimizer asked for, or a re-measurement of the best
 #: configuration while watching for drift (continuous mode)
 PHASE_TUNE = "tune"
 PHASE_WATCH = "watch"
+
+#: ``role`` values: while tuning, windows alternate between the incumbent and a candidate
+#: (see ``tuner``); a watch row re-measures the recommendation
+ROLE_INCUMBENT = "incumbent"
+ROLE_CANDIDATE = "candidate"
+ROLE_WATCH = "watch"
 
 _REQUIRED = ("fusion_threshold_bytes", "cycle_time_ms", "cache_enabled", "score_bytes_per_s")
 
@@ -60,6 +68,10 @@ class TrialRow:
     unix_time: float
     is_best: bool
     phase: str = PHASE_TUNE
+    role: str = ""
+    #: the tuner's paired estimate of this configuration's throughput relative to the
+    #: default when the row was written (1.1 = 10% faster); None before any comparison
+    ratio_to_default: float | None = None
 
     def to_line(self) -> str:
         """The CSV line for this row, newline included."""
@@ -74,6 +86,8 @@ class TrialRow:
             f"{self.unix_time:.3f}",
             "1" if self.is_best else "0",
             self.phase,
+            self.role,
+            "" if self.ratio_to_default is None else f"{self.ratio_to_default:.6g}",
         )
         return ",".join(fields) + "\n"
 
@@ -135,6 +149,8 @@ def make_row(
     is_best: bool,
     phase: str = PHASE_TUNE,
     unix_time: float | None = None,
+    role: str = "",
+    ratio_to_default: float | None = None,
 ) -> TrialRow:
     """A row stamped with the current time (or ``unix_time``)."""
     return TrialRow(
@@ -145,6 +161,8 @@ def make_row(
         unix_time=time.time() if unix_time is None else unix_time,
         is_best=is_best,
         phase=phase,
+        role=role,
+        ratio_to_default=None if ratio_to_default is None else float(ratio_to_default),
     )
 
 
@@ -155,6 +173,10 @@ def _parse_bool(text: str) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"not a boolean: {text!r}")
+
+
+def _parse_optional_float(text: str) -> float | None:
+    return float(text) if text.strip() else None
 
 
 def read_autotune_log(path: str | os.PathLike[str]) -> list[TrialRow]:
@@ -203,6 +225,8 @@ def read_autotune_log(path: str | os.PathLike[str]) -> list[TrialRow]:
                     unix_time=float(get("unix_time", "0")),
                     is_best=_parse_bool(get("is_best", "0")),
                     phase=get("phase", PHASE_TUNE).strip() or PHASE_TUNE,
+                    role=get("role", "").strip(),
+                    ratio_to_default=_parse_optional_float(get("ratio_to_default", "")),
                 )
             )
         except ValueError as exc:

@@ -10,6 +10,13 @@ the buffer halves the number of backend calls), so we search them on a log scale
 * cycle time: 0.2 .. 50 ms;
 * response cache: on/off, a categorical axis of the same joint space.
 
+Which knobs are searched depends on the backend (``space_from_config``): when allreduce goes
+through shared memory (every rank on one host), fused groups fill the shared segment
+(16 MiB, or the threshold if larger) and large tensors are reduced in place, so a threshold
+below the segment changes nothing; the threshold is then held at its starting value and
+the search is over the cycle time and the cache. Through Gloo the threshold decides how
+many backend calls a step makes and what is copied into fusion buffers: it matters most.
+
 A variable the user set explicitly (``Config.explicitly_set``) is fixed at its value and is
 not an axis at all, so the optimizer never spends a sample on it.
 
@@ -178,15 +185,63 @@ class SearchSpace:
         """``params`` as a proposal would carry it: rounded like ``from_point`` does."""
         return self.from_point(self.to_point(params))
 
+    def to_unit(self, params: TunableParams) -> list[float]:
+        """``params`` as a point of the unit cube: log-scaled numbers, the cache as 0/1.
 
-def space_from_config(config: Config, initial: TunableParams) -> SearchSpace:
-    """The search space for this job: every knob the user did not set explicitly.
+        The tuner's model and trust region work here, where one unit is the whole range
+        of every axis.
+        """
+        unit: list[float] = []
+        for axis, value in zip(self.axes, self.to_point(params), strict=True):
+            if axis == FUSION_AXIS:
+                unit.append(
+                    _unit_log(value, FUSION_THRESHOLD_MIN_BYTES, FUSION_THRESHOLD_MAX_BYTES)
+                )
+            elif axis == CYCLE_AXIS:
+                unit.append(_unit_log(value, CYCLE_TIME_MIN_MS, CYCLE_TIME_MAX_MS))
+            else:
+                unit.append(1.0 if value == _CACHE_ON else 0.0)
+        return unit
+
+    def from_unit(self, unit: Sequence[float]) -> TunableParams:
+        """The configuration at a unit-cube point (clipped to the cube, then rounded)."""
+        point: list[Any] = []
+        for axis, u in zip(self.axes, unit, strict=True):
+            u = min(max(float(u), 0.0), 1.0)
+            if axis == FUSION_AXIS:
+                point.append(
+                    _from_unit_log(u, FUSION_THRESHOLD_MIN_BYTES, FUSION_THRESHOLD_MAX_BYTES)
+                )
+            elif axis == CYCLE_AXIS:
+                point.append(_from_unit_log(u, CYCLE_TIME_MIN_MS, CYCLE_TIME_MAX_MS))
+            else:
+                point.append(_CACHE_ON if u >= 0.5 else _CACHE_OFF)
+        return self.from_point(point)
+
+    def categorical_axes(self) -> list[int]:
+        """Indices (in point order) of the on/off axes."""
+        return [i for i, axis in enumerate(self.axes) if axis == CACHE_AXIS]
+
+
+def _unit_log(value: float, lo: float, hi: float) -> float:
+    return (math.log(value) - math.log(lo)) / (math.log(hi) - math.log(lo))
+
+
+def _from_unit_log(u: float, lo: float, hi: float) -> float:
+    return math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))
+
+
+def space_from_config(
+    config: Config, initial: TunableParams, shared_memory: bool = False
+) -> SearchSpace:
+    """The search space for this job: every knob the user did not set explicitly, less the
+    fusion threshold when allreduce goes through shared memory (see the module doc).
 
     Fixed values come from ``initial`` (what the runtime is running with, itself derived
     from ``config``), so a proposal never changes a knob the user pinned.
     """
     fixed: list[tuple[str, Any]] = []
-    if FUSION_THRESHOLD_VAR in config.explicitly_set:
+    if FUSION_THRESHOLD_VAR in config.explicitly_set or shared_memory:
         fixed.append((FUSION_AXIS, int(initial.fusion_threshold_bytes)))
     if CYCLE_TIME_VAR in config.explicitly_set:
         fixed.append((CYCLE_AXIS, float(initial.cycle_time_ms)))

@@ -1,46 +1,49 @@
-"""Bayesian optimization of the runtime's knobs: a plain ask/tell object, no runtime inside.
+"""The tuner: a plain ask/tell object that compares configurations in pairs, no runtime inside.
 
-``BayesianTuner`` wraps scikit-optimize's ``Optimizer`` (a Gaussian-process surrogate
-with expected improvement) over a ``SearchSpace``. Tests drive it with a synthetic
-objective; the controller drives it with measured throughput.
+Why paired: on a shared machine one configuration's score varies by +-25% from one window
+to the next and the machine's speed drifts, while good configurations differ by at most
+15%. Absolute samples taken minutes apart are not comparable, so a tuner that ranks them
+chases noise, and the job's starting configuration, measured once, is as likely to look
+bad as good. Here every measurement is relative: windows alternate between the incumbent
+and a candidate (``A B A B A``), each candidate window is scored against the incumbent
+windows on either side (``paired``), and the ratios to the default come from the graph of
+those comparisons by least squares, each with a standard error.
 
-Why the objective is ``-log(score / reference)`` and not raw bytes per second:
+The loop (``ask`` returns the configuration of the next window, ``tell`` its score):
 
-* skopt minimises, hence the sign.
-* Throughput differences are multiplicative (a setting is "20% faster"), and so is the
-  measurement noise on a shared machine. In log space both become additive and roughly
-  uniform across the space, which is what a stationary GP with one noise level assumes.
-* The noise level (HVDPROF_AUTOTUNE_GAUSSIAN_PROCESS_NOISE) is the relative spread of one
-  sample's score, e.g. 0.3 for "a configuration measures within about +-30%". It becomes
-  a fixed white-noise standard deviation of ``log1p(noise)`` in log-throughput units, and
-  is rescaled whenever the GP standardises its targets, so it keeps that meaning whether
-  the job reduces 1 MB/s or 10 GB/s and however spread out the scores are. (Horovod adds
-  its noise to raw bytes/us, where 0.8 means nothing in particular.) ``reference`` (the
-  first score seen) only keeps the numbers readable: the GP is blind to a constant shift.
+1. **Incumbent and candidate.** The incumbent starts as the default (the configuration the
+   job started with). A candidate is measured in up to ``MAX_COMPARISONS`` windows, each
+   between two incumbent windows. After each one the tuner decides (racing):
 
-Noise handling (on a shared machine one configuration's score varies by 10-30%, and a
-lucky sample of a mediocre configuration is the usual way a tuner goes wrong):
+   * clearly worse (mean ratio below 0 by ``Z_DROP`` standard errors, which after one
+     window means "more than about one noise level worse"): drop it at once, so a bad
+     configuration costs one window, not a whole sample;
+   * clearly better (at least ``MIN_PROMOTE`` windows, mean above 0 by ``Z_PROMOTE``
+     standard errors): it becomes the incumbent;
+   * otherwise measure it again, up to ``MAX_COMPARISONS``.
 
-* ``best`` is not the single highest measurement but the measured configuration with the
-  highest GP posterior mean, which pools nearby and repeated measurements. Without a
-  model yet (fewer points than the initial design) it falls back to the best mean score.
-* Proposals maximise expected improvement over that same posterior-mean incumbent
-  ("plug-in" EI), not over the luckiest observation as skopt's own EI does: a lucky
-  sample then cannot raise the bar so high that only the unexplored edges of the box
-  look promising.
-* The last ``remeasure_samples(max_samples)`` samples of a round measure nothing new:
-  they re-measure the top ``REMEASURE_TOP`` configurations by posterior mean, the least
-  measured first. The final recommendation is the best by posterior mean among the
-  configurations measured at least twice, so a configuration that was lucky once has
-  to be good twice to be recommended.
+2. **Proposals** come from a Gaussian process over the unit cube (log-scaled axes) fitted
+   to the relative estimates, each with its own noise (its squared standard error), and
+   a prior mean of 0: "no better than the default" until measured otherwise. Candidates
+   maximise expected improvement over the incumbent, but only inside a **trust region**
+   around it (a box of side ``trust``, TuRBO's rule: grow after a promotion, halve after
+   ``FAILURES_TO_SHRINK`` candidates in a row that were not). Exploration therefore stays
+   near a configuration known to be good, which bounds what it costs the job. The first
+   candidates are a small Latin hypercube in the first trust region (or, on a warm start,
+   the earlier run's recommendation).
 
-Warm start: points from an earlier log are told before anything else, so the model starts
-informed and the random initial design is skipped for as many points as were told. The
-earlier run's recommendation (the warm point with the best posterior mean) is proposed
-first. Warm points inform the model but never become ``best``: only configurations
-measured in this run can be recommended, since the machine or the job may have changed.
-On the synthetic benchmark in the unit tests this cuts the samples needed to reach 95% of
-the optimum from 12-16+ to 2 (the default, then the previous recommendation).
+3. **Confirmation.** The last ``confirm_windows`` windows race the finalists (the best
+   estimates above the default) directly against the default: the finalist becomes the
+   flanking configuration and the default the one in between.
+
+4. **Recommendation** (``best``): the configuration with the highest lower confidence bound
+   (``Z_RECOMMEND`` standard errors) on its ratio to the default, among those that were
+   compared with the default directly and whose bound is above 1. If none is, the
+   recommendation is the default and ``kept_default`` says so: a configuration that has not
+   beaten the default in paired measurements is never recommended.
+
+Warm start: the earlier run's recommendation is the first candidate; only measurements in
+this run count, since the machine or the job may have changed.
 """
 
 from __future__ import annotations
@@ -49,51 +52,88 @@ import contextlib
 import functools
 import math
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from hvdprof.autotune.log import ROLE_CANDIDATE, ROLE_INCUMBENT
+from hvdprof.autotune.paired import (
+    Comparison,
+    RelativeEstimate,
+    comparison_noise,
+    estimate_relative,
+    flanked_log_ratio,
+    window_noise,
+)
 from hvdprof.autotune.space import SearchSpace
 from hvdprof.runtime.records import TunableParams
 
-# skopt notes when it re-proposes a measured point (expected with noisy scores) and when
-# rounding makes a predicted variance negative; neither is the user's concern.
-warnings.filterwarnings("ignore", message="The objective has been evaluated", module="skopt")
-warnings.filterwarnings("ignore", message="Predicted variances smaller than 0", module="skopt")
+#: most comparisons (candidate windows) one candidate gets against one incumbent
+MAX_COMPARISONS = 4
+#: fewest comparisons before a candidate can become the incumbent
+MIN_PROMOTE = 2
+#: standard errors: drop a candidate below 0 by this much; promote above 0 by this much;
+#: recommend only with a lower bound above 0 by this much
+Z_DROP = 1.0
+Z_PROMOTE = 1.0
+Z_RECOMMEND = 1.64
+#: trust region: side of the box (unit-cube units) at start, its bounds, and the failures
+#: in a row that halve it
+TRUST_START = 0.4
+TRUST_MIN = 0.05
+TRUST_MAX = 0.8
+FAILURES_TO_SHRINK = 3
+#: candidates of the first Latin hypercube (inside the first trust region)
+DEFAULT_INITIAL_POINTS = 3
+#: random points scored by the acquisition per proposal
+_ACQ_SAMPLES = 1000
+#: proposals lie on a grid of this many steps per numeric axis of the unit cube (a
+#: quarter octave of threshold, 9% of cycle time): nearer points differ by less than the
+#: noise can tell, and repeated proposals then pool their measurements
+GRID_STEPS = 64
+#: probability that a proposal keeps the incumbent's value of an on/off axis
+_KEEP_CATEGORY = 0.85
+#: finalists raced against the default in the confirmation phase: the best estimate, and
+#: the runner-up should the best turn out no better than the default (each look at one
+#: more finalist is one more chance of a false positive, so there are no more)
+FINALISTS = 2
 
-#: space-filling points (a Latin hypercube) measured before the GP's proposals, after the
-#: configuration the job started with: 5 strata of 3.2 octaves each on the threshold axis
-DEFAULT_INITIAL_POINTS = 5
-#: candidates sampled per acquisition step; enough for 3 axes, cheap enough for a thread
-_ACQ_SAMPLES = 2000
-#: minimum expected improvement worth a sample, in log-throughput units (1%)
-_EI_XI = 0.01
-#: configurations (by posterior mean) that the final samples of a round re-measure
-REMEASURE_TOP = 3
+warnings.filterwarnings("ignore", category=UserWarning, module="sklearn")
 
 
-def remeasure_samples(max_samples: int) -> int:
-    """Samples at the end of a round spent re-measuring the leaders: a third of what is left
-    after 8 samples of exploration, at most 6 (a short round only explores).
+def confirm_windows(max_samples: int) -> int:
+    """Windows at the end of a round spent racing finalists against the default: a third
+    of the round, at least 6 (3 comparisons), none in a round too short to explore.
 
-    >>> remeasure_samples(10), remeasure_samples(16), remeasure_samples(24), remeasure_samples(30)
-    (0, 2, 5, 6)
+    >>> confirm_windows(8), confirm_windows(24), confirm_windows(64)
+    (0, 8, 20)
     """
-    return max(0, min(6, (max_samples - 8) // 3))
+    if max_samples < 16:
+        return 0
+    return max(6, max_samples // 3 // 2 * 2)
+
+
+def prior_window_std(relative_noise: float) -> float:
+    """Noise of one window's log score assumed before any is measured: ``relative_noise``
+    is the spread of one window's score (0.3: within about +-30%), taken as two standard
+    deviations."""
+    return math.log1p(max(relative_noise, 0.01)) / 2
 
 
 def expected_improvement(mu: np.ndarray, std: np.ndarray, incumbent: float) -> np.ndarray:
-    """EI of minimising: how much below ``incumbent`` (less ``_EI_XI``) a point is expected
-    to land, given its posterior mean ``mu`` and standard deviation ``std``."""
+    """EI of maximising ``mu`` over ``incumbent``."""
     from scipy.stats import norm
 
-    improvement = incumbent - mu - _EI_XI
-    safe_std = np.maximum(std, 1e-9)
-    z = improvement / safe_std
-    ei = improvement * norm.cdf(z) + safe_std * norm.pdf(z)
-    return np.where(std > 1e-9, ei, np.maximum(improvement, 0.0))
+    improvement = mu - incumbent
+    safe = np.maximum(std, 1e-9)
+    z = improvement / safe
+    return np.where(
+        std > 1e-9,
+        improvement * norm.cdf(z) + safe * norm.pdf(z),
+        np.maximum(improvement, 0.0),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +141,10 @@ class Observation:
     """What the tuner knows about one configuration measured in this run."""
 
     params: TunableParams
-    mean_score: float  # mean of the measured bytes/s
-    count: int  # how many samples measured it
+    mean_score: float  # mean bytes/s of its windows (absolute: for display only)
+    count: int  # windows measured
+    ratio_to_default: float = 1.0  # paired estimate (1.10 = 10% faster than the default)
+    ratio_lower_bound: float = 1.0  # ratio_to_default, pessimistic by Z_RECOMMEND std errors
 
 
 @functools.cache
@@ -113,99 +155,34 @@ def _threadpools() -> Any:
 
 
 def _blas_single_thread() -> contextlib.AbstractContextManager[Any]:
-    """Run GP linear algebra on one BLAS thread.
-
-    The matrices are tens of rows, so BLAS threads cost more than they save (3x the CPU
-    time in the unit tests), and the training job on the same cores needs them. Scoped
-    per call because OpenBLAS's thread count is process-wide.
-    """
+    """GP algebra on one BLAS thread: the matrices are tens of rows, and the training job
+    on the same cores needs the threads (scoped: OpenBLAS's count is process-wide)."""
     try:
         return _threadpools().limit(limits=1, user_api="blas")
-    except Exception:  # no threadpoolctl, or a BLAS it cannot drive: run as is
+    except Exception:  # no threadpoolctl, or a BLAS it cannot drive
         return contextlib.nullcontext()
 
 
-def log_noise_std(relative_noise: float) -> float:
-    """Standard deviation of ``log(score)`` for a score that varies by ``relative_noise``."""
-    return math.log1p(max(relative_noise, 0.0))
+class PairedTuner:
+    """Propose the next window's configuration (``ask``), learn from its score (``tell``).
 
-
-def _make_gp(dims: list[Any], relative_noise: float, seed: int, restarts: int) -> Any:
-    """skopt's default GP (constant x Matern 5/2 on the normalised axes), with a white-noise
-    level that stays fixed in log-throughput units however the targets are standardised."""
-    from skopt.learning import GaussianProcessRegressor
-    from skopt.learning.gaussian_process.kernels import ConstantKernel, Matern
-    from skopt.space import Space
-    from skopt.utils import normalize_dimensions
-
-    class LogNoiseGP(GaussianProcessRegressor):
-        def __init__(
-            self,
-            kernel: Any = None,
-            alpha: float = 1e-10,
-            optimizer: Any = "fmin_l_bfgs_b",
-            n_restarts_optimizer: int = 0,
-            normalize_y: bool = True,
-            copy_X_train: bool = True,
-            random_state: Any = None,
-            noise: Any = None,
-            noise_std: float = 0.1,
-        ) -> None:
-            super().__init__(
-                kernel=kernel,
-                alpha=alpha,
-                optimizer=optimizer,
-                n_restarts_optimizer=n_restarts_optimizer,
-                normalize_y=normalize_y,
-                copy_X_train=copy_X_train,
-                random_state=random_state,
-                noise=noise,
-            )
-            self.noise_std = noise_std
-
-        def fit(self, X: Any, y: Any) -> Any:
-            # normalize_y divides the targets by their spread; scale the noise the same way
-            spread = float(np.var(y))
-            self.noise = max(self.noise_std**2 / spread, 1e-8) if spread > 0 else 1.0
-            return super().fit(X, y)
-
-    n_dims = Space(normalize_dimensions(dims)).transformed_n_dims
-    kernel = ConstantKernel(1.0, (0.01, 1000.0)) * Matern(
-        length_scale=np.ones(n_dims), length_scale_bounds=[(0.01, 100.0)] * n_dims, nu=2.5
-    )
-    return LogNoiseGP(
-        kernel=kernel,
-        normalize_y=True,
-        n_restarts_optimizer=restarts,
-        random_state=np.random.RandomState(seed),
-        noise_std=max(log_noise_std(relative_noise), 1e-4),
-    )
-
-
-class BayesianTuner:
-    """Propose configurations (``ask``), learn from their scores (``tell``).
-
-    ``max_samples`` counts samples told in this run (warm-start points do not count);
-    after that many, ``converged`` is True and ``best`` is the recommendation.
-    ``initial_points`` are proposed first, in order, before the optimizer's own design
-    (the controller uses it to re-measure good configurations after drift).
-    ``gp_restarts`` is extra random restarts of the GP's hyperparameter fit; 0 was as good
-    as 2 on the synthetic benchmarks and is 3x cheaper on the worker thread.
+    ``max_samples`` counts windows told in this run; after that many ``converged`` is True
+    and ``best`` is the recommendation. ``default`` is the reference every ratio is to (the
+    configuration the job started with; it may lie outside the space, e.g. fusion off).
+    ``first_candidates`` are measured first (a warm start's recommendation, or the
+    runner-ups of a previous round), before the tuner's own design.
     """
 
     def __init__(
         self,
         space: SearchSpace,
         max_samples: int,
-        noise: float = 0.8,
+        default: TunableParams,
+        noise: float = 0.3,
         seed: int = 0,
-        warm_start: Iterable[tuple[TunableParams, float]] = (),
-        initial_points: Sequence[TunableParams] = (),
+        first_candidates: Sequence[TunableParams] = (),
         n_initial_points: int = DEFAULT_INITIAL_POINTS,
-        gp_restarts: int = 0,
     ) -> None:
-        from skopt import Optimizer
-
         if space.is_empty:
             raise ValueError("every tunable knob is fixed: nothing to search")
         if max_samples < 1:
@@ -214,153 +191,343 @@ class BayesianTuner:
         self.max_samples = max_samples
         self.noise = float(noise)
         self.seed = seed
-        dims = space.dimensions()
-        estimator = _make_gp(dims, relative_noise=self.noise, seed=seed, restarts=gp_restarts)
-        # The Latin hypercube is ours, queued like any other proposal, rather than skopt's
-        # initial points: skopt counts every told point against its design and skips the
-        # design's first points for them, so the job's own configuration, measured first,
-        # used to displace a stratum -- on the autotune benchmark always the one holding
-        # the best thresholds (350 KiB-3 MiB), which no run then ever visited.
-        self._opt = Optimizer(
-            dims,
-            base_estimator=estimator,
-            n_initial_points=1,
-            initial_point_generator="random",
-            acq_func="EI",
-            acq_optimizer="sampling",
-            acq_optimizer_kwargs={"n_points": _ACQ_SAMPLES},
-            random_state=seed,
-            model_queue_size=1,
-        )
-        self._rng = np.random.RandomState(seed + 7919)
-        self.remeasure = remeasure_samples(max_samples)
-        self._reference: float | None = None
-        self._scores: dict[TunableParams, list[float]] = {}
-        self._order: list[TunableParams] = []  # first-measured order, for stable tie-breaks
-        self._pending = [space.canonical(p) for p in initial_points if space.contains(p)]
+        self.default = space.canonical(default) if space.contains(default) else default
+        self.prior_std = prior_window_std(self.noise)
+        self.confirm = confirm_windows(max_samples)
+        self._rng = np.random.RandomState(seed)
+        self.incumbent: TunableParams = self.default
+        self.trust = TRUST_START
+        self._failures = 0
         self.samples_told = 0
-        self.warm_points = 0
-        self.warm_best: TunableParams | None = None
-        self._tell_warm(warm_start)
-        # the design, less as many points as an earlier run already measured
-        design = self._latin_hypercube(n_initial_points)[self.warm_points :]
-        self._pending.extend(p for p in design if p not in self._pending)
+        self.comparisons: list[Comparison] = []
+        self._scores: dict[TunableParams, list[float]] = {}
+        self._order: list[TunableParams] = []
+        self._tried: set[TunableParams] = {self.default}
+        self._queue: list[TunableParams] = []
+        for p in first_candidates:
+            if space.contains(p):
+                self._enqueue(space.canonical(p))
+        self._queue.extend(p for p in self._design(n_initial_points) if p not in self._queue)
+        # the window in progress
+        self._next_role = ROLE_INCUMBENT
+        self._asked: TunableParams | None = None
+        self._candidate: TunableParams | None = None
+        self._candidate_ratios: list[float] = []
+        self._last_incumbent_score: float | None = None
+        self._pending_candidate_score: float | None = None
+        self._estimates: dict[Hashable, RelativeEstimate] = {self.default: _ZERO}
+        #: log differences of incumbent windows one candidate window apart (the noise)
+        self._incumbent_steps: list[float] = []
+        self.sigma = comparison_noise(self.prior_std)
+        self._finalists: list[TunableParams] = []
+        self._rejected: set[TunableParams] = set()
+        #: finalist -> its fresh confirmation comparisons, log(finalist / default)
+        self._confirmed: dict[TunableParams, list[float]] = {}
+        self._confirming = False
+        self._ended_early = False
+        self.promotions = 0
+        self.dropped_early = 0
 
-    def _latin_hypercube(self, n: int) -> list[TunableParams]:
-        """``n`` configurations, one per stratum of every axis (maximin over 1000 tries)."""
+    # --- the design ---------------------------------------------------------------------
+
+    def _enqueue(self, params: TunableParams) -> None:
+        if params not in self._queue and params != self.default:
+            self._queue.append(params)
+
+    def _design(self, n: int) -> list[TunableParams]:
+        """``n`` points of a Latin hypercube in the first trust region around the default."""
         if n <= 0:
             return []
-        from skopt.sampler import Lhs
-
-        points = Lhs(criterion="maximin", iterations=1000).generate(
-            self._opt.space.dimensions, n, random_state=self.seed
+        centre = np.asarray(self.space.to_unit(self.default))
+        dims = len(centre)
+        strata = np.stack([self._rng.permutation(n) for _ in range(dims)], axis=1)
+        unit = (strata + self._rng.uniform(size=(n, dims))) / n
+        points = np.clip(
+            np.round((centre + (unit - 0.5) * self.trust) * GRID_STEPS) / GRID_STEPS, 0, 1
         )
-        return list(dict.fromkeys(self.space.from_point(p) for p in points))
+        categorical = self.space.categorical_axes()
+        out: list[TunableParams] = []
+        for point in points:
+            for axis in categorical:  # the design keeps the default's on/off values
+                point[axis] = centre[axis]
+            params = self.space.from_unit(point)
+            if params != self.default and params not in out:
+                out.append(params)
+        return out
 
-    # --- the objective ---------------------------------------------------------------
-
-    def _objective(self, score: float) -> float:
-        if self._reference is None:
-            self._reference = score if score > 0 else 1.0
-        # floor: a window that reduced nothing must not become -inf
-        return -math.log(max(score, self._reference * 1e-6) / self._reference)
-
-    def _tell_warm(self, points: Iterable[tuple[TunableParams, float]]) -> None:
-        """Tell earlier measurements, then queue the earlier run's recommendation to be
-        re-measured first: it is the likeliest good configuration, and only a measurement
-        in this run can make it ``best``."""
-        kept: list[tuple[TunableParams, float]] = []
-        for params, score in points:
-            if self.space.contains(params) and math.isfinite(score):
-                kept.append((self.space.canonical(params), float(score)))
-        self.warm_points = len(kept)
-        if not kept:
-            return
-        with _blas_single_thread():
-            self._opt.tell(
-                [self.space.to_point(p) for p, _ in kept],
-                [self._objective(s) for _, s in kept],
-            )
-        candidates = list(dict.fromkeys(p for p, _ in kept))
-        predicted = self.predicted_objective(candidates)
-        if predicted is not None:
-            incumbent = candidates[int(np.argmin(predicted))]
-        else:
-            incumbent = max(kept, key=lambda ps: ps[1])[0]
-        self.warm_best = incumbent
-        self._pending.insert(0, incumbent)
-
-    # --- ask / tell ------------------------------------------------------------------
-
-    def ask(self) -> TunableParams:
-        """The next configuration to measure (the same one again until something is told)."""
-        while self._pending:
-            candidate = self._pending[0]
-            if candidate not in self._scores:
-                return candidate
-            self._pending.pop(0)
-        if self.remeasuring:
-            leader = self._least_measured_leader()
-            if leader is not None:
-                return leader
-        with _blas_single_thread():
-            if self._opt.models and self._opt._n_initial_points <= 0:
-                return self._ask_plugin_ei()
-            point = self._opt.ask()
-        return self.space.from_point(point)
+    # --- ask / tell -------------------------------------------------------------------
 
     @property
-    def remeasuring(self) -> bool:
-        """True in the last ``remeasure`` samples of the round: no new configurations."""
-        return self.samples_told >= self.max_samples - self.remeasure and len(self._order) > 1
+    def confirming(self) -> bool:
+        """True in the last ``confirm`` windows: finalists against the default."""
+        return self.samples_told >= self.max_samples - self.confirm > 0
 
-    def _least_measured_leader(self) -> TunableParams | None:
-        """Among the top ``REMEASURE_TOP`` by posterior mean, the one measured least often
-        (the better one on a tie); None without a model."""
-        if self.predicted_objective(self._order) is None:
-            return None
-        leaders = self.ranked()[:REMEASURE_TOP]
-        return min(leaders, key=lambda o: o.count).params
+    def ask(self) -> TunableParams:
+        """The configuration of the next window (the same one until something is told)."""
+        if self._asked is not None:
+            return self._asked
+        if self.confirming and not self._confirming:
+            self._start_confirmation()
+        if self._next_role == ROLE_INCUMBENT:
+            self._asked = self.incumbent
+        else:
+            if self._candidate is None:
+                self._candidate = self._next_candidate()
+                self._candidate_ratios = []
+            self._asked = self._candidate
+        return self._asked
 
-    def _ask_plugin_ei(self) -> TunableParams:
-        """Maximise EI over random candidates, against the posterior-mean incumbent."""
-        model = self._opt.models[-1]
-        space = self._opt.space
-        candidates = space.rvs(n_samples=_ACQ_SAMPLES, random_state=self._rng)
-        mu, std = model.predict(space.transform(candidates), return_std=True)
-        observed = model.predict(space.transform([self.space.to_point(p) for p in self._order]))
-        ei = expected_improvement(np.asarray(mu), np.asarray(std), float(np.min(observed)))
-        return self.space.from_point(candidates[int(np.argmax(ei))])
+    @property
+    def next_role(self) -> str:
+        """``incumbent`` or ``candidate``: the role of the window ``ask`` returns."""
+        return self._next_role
 
     def tell(self, params: TunableParams, score: float) -> Observation:
-        """Record that ``params`` achieved ``score`` bytes/s; returns what is now known of it.
+        """Record that a window of ``params`` scored ``score`` bytes/s.
 
-        ``params`` need not be the last proposal (the controller's first sample is the
-        configuration the job started with), but it must lie in the space.
+        ``params`` is normally what ``ask`` returned. Anything else is recorded but breaks
+        the alternation: the next window re-measures the incumbent before a comparison.
         """
-        if not self.space.contains(params):
-            raise ValueError(f"{params} is outside the search space {self.space}")
         if not math.isfinite(score):
             raise ValueError(f"score must be finite, got {score}")
-        key = self.space.canonical(params)
-        if self._pending and self._pending[0] == key:
-            self._pending.pop(0)
-        y = self._objective(float(score))
-        with _blas_single_thread():
-            self._opt.tell(self.space.to_point(params), y)
+        if self.space.contains(params):
+            key = self.space.canonical(params)
+        elif params == self.default:
+            key = params
+        else:
+            raise ValueError(f"{params} is outside the search space {self.space}")
+        expected, self._asked = self._asked, None
+        if expected is None:
+            expected = self.incumbent if self._next_role == ROLE_INCUMBENT else self._candidate
+        self.samples_told += 1
         if key not in self._scores:
             self._scores[key] = []
             self._order.append(key)
         self._scores[key].append(float(score))
-        self.samples_told += 1
+        if key != expected:
+            self._last_incumbent_score = score if key == self.incumbent else None
+            self._pending_candidate_score = None
+            self._next_role = ROLE_CANDIDATE if key == self.incumbent else ROLE_INCUMBENT
+            return self.observation(key)
+        if self._next_role == ROLE_INCUMBENT:
+            self._told_incumbent(float(score))
+        else:
+            self._pending_candidate_score = float(score)
+            self._next_role = ROLE_INCUMBENT
         return self.observation(key)
 
-    # --- what has been learned -------------------------------------------------------
+    def _told_incumbent(self, score: float) -> None:
+        pending, self._pending_candidate_score = self._pending_candidate_score, None
+        before = self._last_incumbent_score
+        self._last_incumbent_score = score
+        self._next_role = ROLE_CANDIDATE
+        if before is not None:
+            self._incumbent_steps.append(math.log(max(score, 1e-12) / max(before, 1e-12)))
+            self.sigma = comparison_noise(window_noise(self._incumbent_steps, self.prior_std))
+        if pending is None or before is None or self._candidate is None:
+            return
+        ratio = flanked_log_ratio(before, pending, score)
+        self.comparisons.append(Comparison(self._candidate, self.incumbent, ratio))
+        self._candidate_ratios.append(ratio)
+        self._refresh_estimates()
+        self._decide()
+
+    def _decide(self) -> None:
+        """Race the candidate in hand: drop it, promote it, or measure it again."""
+        candidate = self._candidate
+        assert candidate is not None
+        ratios = self._candidate_ratios
+        n = len(ratios)
+        mean = sum(ratios) / n
+        se = self.sigma / math.sqrt(n)
+        if self._confirming:
+            self._decide_finalist(-ratios[-1])
+            return
+        if mean + Z_DROP * se < 0:
+            if n == 1:
+                self.dropped_early += 1
+            self._end_candidate(promoted=False)
+        elif n >= MIN_PROMOTE and mean - Z_PROMOTE * se > 0:
+            self._end_candidate(promoted=True)
+        elif n >= MAX_COMPARISONS:
+            self._end_candidate(promoted=False)
+
+    def _end_candidate(self, promoted: bool) -> None:
+        candidate = self._candidate
+        self._candidate, self._candidate_ratios = None, []
+        if promoted and candidate is not None:
+            self.promotions += 1
+            self.incumbent = candidate
+            self._last_incumbent_score = None  # the next window measures the new incumbent
+            self._next_role = ROLE_INCUMBENT
+            self._failures = 0
+            self.trust = min(self.trust * 2, TRUST_MAX)
+            return
+        self._failures += 1
+        if self._failures >= FAILURES_TO_SHRINK:
+            self._failures = 0
+            self.trust = max(self.trust / 2, TRUST_MIN)
+
+    # --- confirmation -----------------------------------------------------------------
+
+    def _start_confirmation(self) -> None:
+        self._confirming = True
+        # by lower bound, not by estimate: a configuration reached through a chain of
+        # promotions, or measured once, carries the luck that selected it
+        candidates = [
+            (p, e)
+            for p, e in self._estimates.items()
+            if p != self.default and e.comparisons >= MIN_PROMOTE and e.log_ratio > 0
+        ]
+        candidates.sort(key=lambda pe: -pe[1].lower_bound(Z_DROP))
+        self._finalists = [p for p, _ in candidates[:FINALISTS]]  # type: ignore[misc]
+        self._candidate, self._candidate_ratios = None, []
+        self._pending_candidate_score = None
+        self._next_finalist(first=True)
+
+    def _decide_finalist(self, log_ratio: float) -> None:
+        """One fresh comparison of the finalist in hand with the default (the default sits
+        between the finalist's windows, so ``log_ratio`` is finalist / default, flipped)."""
+        finalist = self.incumbent
+        fresh = self._confirmed.setdefault(finalist, [])
+        fresh.append(log_ratio)
+        mean, se = self._fresh(finalist)
+        if len(fresh) >= 2 and mean + Z_DROP * se < 0:  # not better than the default
+            self._rejected.add(finalist)
+            self._next_finalist()
+
+    def _fresh(self, finalist: TunableParams) -> tuple[float, float]:
+        """Mean and standard error of the confirmation comparisons of ``finalist``."""
+        fresh = self._confirmed.get(finalist, [])
+        if not fresh:
+            return 0.0, math.inf
+        return sum(fresh) / len(fresh), self.sigma / math.sqrt(len(fresh))
+
+    def _next_finalist(self, first: bool = False) -> None:
+        """Make the next finalist the flanking configuration, with the default between:
+        one with no confirmation yet, else the best confirmed one."""
+        self._candidate_ratios = []
+        pool = [p for p in self._finalists if p not in self._rejected]
+        if not pool:  # nothing beat the default: the round ends here
+            self._finalists = []
+            self._candidate = None
+            self._confirming_default_only()
+            return
+        untried = [p for p in pool if p not in self._confirmed]
+        if untried:
+            finalist = untried[0]
+        else:
+            finalist = max(pool, key=lambda p: self._fresh(p)[0] - Z_RECOMMEND * self._fresh(p)[1])
+        if finalist != self.incumbent:
+            self.incumbent = finalist
+            self._last_incumbent_score = None
+            self._next_role = ROLE_INCUMBENT
+        self._candidate = self.default
+
+    def _confirming_default_only(self) -> None:
+        """No finalist is left: the default stays the answer and the round is over."""
+        self.incumbent = self.default
+        self._last_incumbent_score = None
+        self._next_role = ROLE_INCUMBENT
+        self._candidate = None
+        self._ended_early = True
+
+    # --- proposals ----------------------------------------------------------------------
+
+    def _next_candidate(self) -> TunableParams:
+        if self._confirming:
+            return self.default
+        while self._queue:
+            params = self._queue.pop(0)
+            if params not in self._tried and params != self.incumbent:
+                self._tried.add(params)
+                return params
+        params = self._propose()
+        self._tried.add(params)
+        return params
+
+    def _propose(self) -> TunableParams:
+        """Expected improvement over the incumbent, inside the trust region around it."""
+        centre = np.asarray(self.space.to_unit(self.incumbent))
+        dims = len(centre)
+        raw = centre + (self._rng.uniform(size=(_ACQ_SAMPLES, dims)) - 0.5) * self.trust
+        for axis in self.space.categorical_axes():
+            flip = self._rng.uniform(size=_ACQ_SAMPLES) > _KEEP_CATEGORY
+            raw[:, axis] = np.where(flip, 1.0 - centre[axis], centre[axis])
+        raw = np.clip(np.round(raw * GRID_STEPS) / GRID_STEPS, 0.0, 1.0)
+        fresh: list[TunableParams] = []
+        seen: set[TunableParams] = set()
+        for point in raw:
+            params = self.space.from_unit(point)
+            if params not in self._tried and params not in seen:
+                seen.add(params)
+                fresh.append(params)
+        if not fresh:  # the region is exhausted at this rounding: widen it
+            self.trust = min(self.trust * 2, 1.0)
+            fallback = self.space.from_unit(self._rng.uniform(size=dims))
+            return fallback
+        model = self._fit()
+        if model is None:
+            return fresh[int(self._rng.randint(len(fresh)))]
+        x = np.asarray([self.space.to_unit(p) for p in fresh])
+        with _blas_single_thread():
+            mu, std = model.predict(x, return_std=True)
+            best_mu = float(model.predict(np.asarray([self.space.to_unit(self.incumbent)]))[0])
+        ei = expected_improvement(np.asarray(mu), np.asarray(std), best_mu)
+        return fresh[int(np.argmax(ei))]
+
+    def _fit(self) -> Any:
+        """A GP on the relative estimates (each with its own noise), prior mean 0."""
+        points = [(p, e) for p, e in self._estimates.items() if isinstance(p, TunableParams)]
+        if len(points) < 2:
+            return None
+        from sklearn.gaussian_process import GaussianProcessRegressor
+        from sklearn.gaussian_process.kernels import ConstantKernel, Matern
+
+        x = np.asarray([self.space.to_unit(p) for p, _ in points])
+        y = np.asarray([e.log_ratio for _, e in points])
+        noise = np.asarray([max(e.std_error, 0.02) ** 2 for _, e in points])
+        dims = x.shape[1]
+        kernel = ConstantKernel(0.02, (1e-4, 1.0)) * Matern(
+            length_scale=np.full(dims, 0.3), length_scale_bounds=(0.05, 3.0), nu=2.5
+        )
+        model = GaussianProcessRegressor(
+            kernel=kernel, alpha=noise, normalize_y=False, random_state=self.seed
+        )
+        with _blas_single_thread(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.fit(x, y)
+        return model
+
+    # --- what has been learned ------------------------------------------------------
+
+    def _refresh_estimates(self) -> None:
+        self._estimates = estimate_relative(self.comparisons, self.default, self.sigma)
+
+    def _ranked_estimates(self) -> list[tuple[TunableParams, RelativeEstimate]]:
+        items = [(p, e) for p, e in self._estimates.items() if isinstance(p, TunableParams)]
+        return sorted(items, key=lambda pe: -pe[1].log_ratio)
+
+    def estimate(self, params: TunableParams) -> RelativeEstimate | None:
+        """The paired estimate of ``params``'s log ratio to the default, if measured."""
+        key = self.space.canonical(params) if self.space.contains(params) else params
+        return self._estimates.get(key)
 
     def observation(self, params: TunableParams) -> Observation:
-        """Measured mean and count for a configuration measured in this run."""
-        scores = self._scores[self.space.canonical(params)]
-        return Observation(params, sum(scores) / len(scores), len(scores))
+        """Measured mean and count, and the paired ratio to the default, of ``params``."""
+        key = self.space.canonical(params) if self.space.contains(params) else params
+        scores = self._scores.get(key, [])
+        mean = sum(scores) / len(scores) if scores else 0.0
+        est = self._estimates.get(key)
+        if est is None:
+            return Observation(key, mean, len(scores))
+        return Observation(
+            key,
+            mean,
+            len(scores),
+            ratio_to_default=est.ratio,
+            ratio_lower_bound=math.exp(est.lower_bound(Z_RECOMMEND)),
+        )
 
     @property
     def observations(self) -> list[Observation]:
@@ -369,42 +536,71 @@ class BayesianTuner:
 
     @property
     def converged(self) -> bool:
-        """True once ``max_samples`` samples have been told in this run."""
-        return self.samples_told >= self.max_samples
+        """True once ``max_samples`` windows have been told in this run, or earlier when
+        the confirmation phase found no finalist left to race against the default."""
+        return self.samples_told >= self.max_samples or self._ended_early
+
+    def _winner(self) -> TunableParams | None:
+        """The eligible configuration with the highest lower bound (None: keep the default).
+
+        Before the confirmation phase: compared with the default directly at least
+        ``MIN_PROMOTE`` times, bound from every comparison. From then on: a finalist,
+        bound from its fresh comparisons with the default alone, so that a candidate that
+        looked good among many tried is not recommended on the looks that selected it.
+        """
+        best, bound = None, 0.0
+        if self._confirming:  # only the finalists' fresh comparisons count
+            for finalist in self._finalists:
+                if len(self._confirmed.get(finalist, ())) < MIN_PROMOTE:
+                    continue
+                mean, se = self._fresh(finalist)
+                if mean - Z_RECOMMEND * se > bound:
+                    best, bound = finalist, mean - Z_RECOMMEND * se
+            return best
+        for params, est in self._estimates.items():
+            if params == self.default or est.against_default < MIN_PROMOTE:
+                continue
+            lower = est.lower_bound(Z_RECOMMEND)
+            if lower > bound:
+                best, bound = params, lower
+        return best  # type: ignore[return-value]
+
+    @property
+    def kept_default(self) -> bool:
+        """True while no configuration has beaten the default in paired measurements."""
+        return self._winner() is None
 
     @property
     def best(self) -> Observation | None:
-        """The recommended configuration: highest GP posterior mean among those measured
-        (once the round re-measures its leaders: among those measured at least twice).
+        """The recommendation: the winner (see the module doc), else the default.
 
         None before anything was told in this run.
         """
-        ranked = self.ranked()
-        if not ranked:
+        if not self._scores:
             return None
-        if self.remeasuring or self.converged:
-            repeated = [o for o in ranked if o.count >= 2]
-            if repeated:
-                return repeated[0]
-        return ranked[0]
+        winner = self._winner()
+        return self.observation(self.default if winner is None else winner)
 
-    def predicted_objective(self, params: Sequence[TunableParams]) -> np.ndarray | None:
-        """The GP's posterior mean of ``-log(score/reference)`` (lower is better), or None
-        while no model has been fitted."""
-        if not self._opt.models:
-            return None
-        if not params:
-            return np.zeros(0)
-        model = self._opt.models[-1]
-        points = self._opt.space.transform([self.space.to_point(p) for p in params])
-        with _blas_single_thread():
-            return np.asarray(model.predict(points), dtype=float)
+    def verdict(self) -> str:
+        """One line on the recommendation, for people: how much it beat the default by."""
+        best = self.best
+        if best is None:
+            return "nothing measured yet"
+        if self.kept_default:
+            return (
+                "no configuration beat the default in paired measurements "
+                f"({len(self.comparisons)} comparisons): keeping the default"
+            )
+        return (
+            f"{best.ratio_to_default:.3f}x the default's throughput in paired measurements "
+            f"(at least {best.ratio_lower_bound:.3f}x at {Z_RECOMMEND:g} standard error)"
+        )
 
     def ranked(self) -> list[Observation]:
-        """Configurations measured in this run, best first (same criterion as ``best``)."""
-        observations = self.observations
-        predicted = self.predicted_objective(self._order)
-        if predicted is None:
-            return sorted(observations, key=lambda o: -o.mean_score)
-        order = np.argsort(predicted, kind="stable")
-        return [observations[int(i)] for i in order]
+        """Configurations measured in this run, best paired estimate first."""
+        order = [p for p, _ in self._ranked_estimates() if p in self._scores]
+        rest = [p for p in self._order if p not in order]
+        return [self.observation(p) for p in order + rest]
+
+
+_ZERO = RelativeEstimate(0.0, 0.0, 0, 0)

@@ -185,7 +185,9 @@ class Runtime:
         if cfg.autotune and self.rank == 0:
             from hvdprof.autotune.controller import AutotuneController
 
-            self.autotuner = AutotuneController(cfg, self.cycle.params, self.rank)
+            self.autotuner = AutotuneController(
+                cfg, self.cycle.params, self.rank, shared_memory=self.shm is not None
+            )
             self.autotuner.on_sample = self.timeline.add_autotune_sample
             self.cycle.observers.append(self.autotuner)
             self.cycle.proposer = self.autotuner
