@@ -15,9 +15,13 @@ once a name has waited that long, must not have appeared.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from conftest import run_job
 
+from hvdprof.runtime import handles
 from hvdprof.runtime.stall import DeadlockDetector, describe_deadlock
 
 CHECK_S = 6.0
@@ -60,7 +64,7 @@ def test_a_slow_rank_is_waited_for_and_only_warned_about() -> None:
     result.assert_done(2)
     warnings = [line for line in result.lines(0, "stderr") if STALL_WARNING in line]
     assert any("rank(s) [1]" in w and "'dl.slow'" in w for w in warnings), result.describe()
-    assert "deadlock" not in result.output, result.describe()
+    assert "hvdprof deadlock" not in result.output, result.describe()
 
 
 # ------------------------------------------------------------- the decision, no processes
@@ -92,3 +96,51 @@ def test_deadlock_message_names_each_rank_and_what_it_waits_on() -> None:
     assert "rank 2 waits on allgather 'b'" in text
     assert "rank 3 has called join()" in text
     assert "HVDPROF_STALL_CHECK_TIME_SECONDS=9" in text
+
+
+def _until(condition, limit: float = 10.0) -> None:
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, "the threads did not get there"
+        time.sleep(0.005)
+
+
+def test_blocked_means_every_thread_that_waits_is_waiting_on_an_unfinished_op(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a rank reports in its header, with real threads and real handles."""
+    monkeypatch.setattr(handles, "_blocked_on", {})
+    monkeypatch.setattr(handles, "_waiters", {})
+    assert not handles.user_thread_blocked()  # nobody waits: computing
+    main_op, helper_op = handles.Handle("main"), handles.Handle("helper")
+    main = threading.Thread(target=main_op.wait)
+    main.start()
+    _until(lambda: len(handles._blocked_on) == 1)
+    assert handles.user_thread_blocked()
+
+    # A helper thread that has waited on an op before and now computes may still submit.
+    computing = threading.Event()
+    finish = threading.Event()
+
+    def helper() -> None:
+        helper_op.wait()
+        computing.set()
+        finish.wait(10)
+
+    worker = threading.Thread(target=helper)
+    worker.start()
+    _until(lambda: len(handles._blocked_on) == 2)
+    helper_op.complete(None)
+    handles.notify_waiters()
+    computing.wait(10)
+    assert not handles.user_thread_blocked()
+    finish.set()
+    worker.join(10)
+    assert handles.user_thread_blocked()  # it exited: only the main thread is left
+
+    # An op that completed wakes its thread, which may submit more: not blocked.
+    main_op.complete(None)  # (the waiter is not woken yet)
+    assert not handles.user_thread_blocked()
+    handles.notify_waiters()
+    main.join(10)
+    assert not main.is_alive() and not handles.user_thread_blocked()

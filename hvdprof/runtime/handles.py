@@ -15,18 +15,32 @@ _cond = threading.Condition(threading.Lock())
 #: reads it to tell the other ranks whether this rank's user thread is stuck (see
 #: :func:`user_thread_blocked`): rank 0 tells a deadlock from a slow rank with it.
 _blocked_on: dict[int, Handle] = {}
+#: thread id -> every thread that has ever waited on a handle (the user's threads)
+_waiters: dict[int, threading.Thread] = {}
 
 
 def user_thread_blocked() -> bool:
-    """Whether a thread waits on an op that has not completed, and none on one that has.
+    """Whether this rank's user threads are all blocked on ops that have not completed.
 
-    A thread whose op has completed is about to wake up and may submit more, so it
-    counts as running; a rank whose threads are all computing has nobody here at all.
+    Blocked: some thread waits on an op that has not completed, none waits on one that
+    has (it is about to wake up and may submit more), and every other live thread that
+    ever waited on an op is waiting too (one that is not may still submit: a helper
+    thread, or one that is computing). A rank whose threads all compute has nobody here.
     Called on the cycle thread *before* it drains the submission queue: a thread submits
     before it waits, so what it waits on is then always in the queue being drained.
     """
-    handles = list(_blocked_on.values())
-    return bool(handles) and not any(h.done_flag for h in handles)
+    blocked = list(_blocked_on.items())
+    if not blocked or any(handle.done_flag for _, handle in blocked):
+        return False
+    if len(_waiters) > len(blocked):
+        waiting = {ident for ident, _ in blocked}
+        for ident, thread in list(_waiters.items()):
+            if ident in waiting:
+                continue
+            if thread.is_alive():
+                return False
+            _waiters.pop(ident, None)  # it has exited (its id may be reused later)
+    return True
 
 
 def notify_waiters() -> None:
@@ -74,6 +88,8 @@ class Handle:
     def wait(self) -> Any:
         if not self.done_flag:
             me = threading.get_ident()
+            if _waiters.get(me) is not threading.current_thread():
+                _waiters[me] = threading.current_thread()
             _blocked_on[me] = self
             try:
                 with _cond:

@@ -111,7 +111,7 @@ def join() -> None:
 def slow() -> None:
     with ck.section("slow"):
         if R == N - 1:
-            time.sleep(CHECK_S + 2.5)  # computing, longer than the stall check time
+            time.sleep(CHECK_S + 4)  # computing, longer than the stall check time
         out = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="dl.slow")
         ck.tensor(out, torch.full((2,), float(N)), "the slow rank is waited for")
         out = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="dl.after.slow")
