@@ -21,6 +21,15 @@ the default at 0.81 and 0.88 of the grid's best: the gap is real but not reliabl
 conv layers of hidden size 512-1024 have, so a threshold just above them is a realistic
 trap, and one the tuner has to find its own way out of.
 
+``--workload shm`` (the shared-memory workload): reduced through shared memory, where the
+tuner holds the threshold and searches cycle time and cache. 24 layers of 4 gradients of
+64 KiB (over the control channel's sockets) and, on 6 of them, one of 1 MiB (through the
+shared segment); little compute (96 x 96 matmul per layer) and a synchronisation point
+every 3 layers (as an optimizer that needs some layers' reduced gradients early does), so
+the step is latency-bound and a cycle shorter than the default 1 ms should pay. The grid is
+cycle time (0.2-15 ms) x cache at the default threshold. Whether the default is clearly
+beaten there needs ``--explore`` on a quiet machine (not measured yet).
+
 Launches, all at ``--np`` ranks:
 
 1. **tune** (``--tune-runs`` of them, each a fresh job): HVDPROF_AUTOTUNE=1 with the
@@ -48,7 +57,12 @@ and the throughput of the tuning run itself ÷ grid best (the cost of exploring)
 Goal: >= 0.95 within 300 steps. ``--quick``: a smaller grid, budget 100, one run of
 each (a smoke test, < 90 s); ``--explore``: only the grid; ``--tune-only``: only the tuner.
 
-    python benchmarks/autotune_bench.py [--np 2] [--budget 300] [--tune-runs 2] [--quick]
+    python benchmarks/autotune_bench.py [--workload gloo|shm] [--np 2] [--budget 300]
+        [--tune-runs 3] [--random-seeds 3] [--quick]
+
+Also reported: each tuner run's recommendation ÷ the default, paired round by round in the
+evaluation (never worse: >= 1, or the default itself), and the tuner's median ÷ random
+search's median.
 """
 
 from __future__ import annotations
@@ -74,7 +88,24 @@ NAME = "autotune_bench"
 #: large tensors need no fusion buffer, so the fusion threshold below 16 MiB changes
 #: nothing and the default is as good as the best: no workload to tune. Gloo is what a
 #: job spread over several hosts uses, and there the threshold matters.
-WORKLOAD_ENV = {"HVDPROF_BACKEND": "gloo"}
+#: the shared-memory workload (``--workload shm``) reduces through shared memory instead,
+#: where the tuner holds the threshold and searches cycle time and cache: its step has
+#: ``--sync-every`` synchronisation points (optimizers that need some layers' reduced
+#: gradients before others are done, e.g. per-layer norms), so it is latency-bound and
+#: the cycle time matters.
+WORKLOAD_ENVS = {"gloo": {"HVDPROF_BACKEND": "gloo"}, "shm": {"HVDPROF_BACKEND": "shm"}}
+#: per workload, the defaults of the workload's shape options
+WORKLOAD_SHAPES: dict[str, dict[str, int]] = {
+    "gloo": {
+        "layers": 24, "small": 8, "small_numel": 1024, "large": 12,
+        "large_numel": 768 * 1024, "compute_n": 160, "sync_every": 0,
+    },
+    "shm": {
+        "layers": 24, "small": 4, "small_numel": 16 * 1024, "large": 6,
+        "large_numel": 256 * 1024, "compute_n": 96, "sync_every": 3,
+    },
+}  # fmt: skip
+
 MiB = 1024 * 1024
 KiB = 1024
 _CONFIG = Config()
@@ -110,6 +141,7 @@ class Workload:
         import hvdprof.torch as hvd
 
         self.hvd = hvd
+        self.sync_every = args.sync_every
         torch.manual_seed(0)
         n = args.compute_n
         self.a = torch.randn(n, n)
@@ -129,10 +161,14 @@ class Workload:
 
         hvd = self.hvd
         handles = []
-        for grads in reversed(self.layers):
+        for done, grads in enumerate(reversed(self.layers), start=1):
             torch.mm(self.a, self.b)  # this layer's backward compute
             for name, t in grads:
                 handles.append(hvd.allreduce_async_(t, name=name, op=hvd.Sum))
+            if self.sync_every and done % self.sync_every == 0:
+                for handle in handles:  # a synchronisation point inside the step
+                    hvd.synchronize(handle)
+                handles = []
         for handle in handles:
             hvd.synchronize(handle)
 
@@ -237,8 +273,9 @@ def subwindow_score(times: list[float], bytes_per_step: int) -> float:
     return score_steps(steps).bytes_per_s
 
 
-def random_config(rng: random.Random) -> Params:
-    """Uniform over the tuner's own search space (log scale), rounded as it rounds."""
+def random_config(rng: random.Random, hold_threshold: bool = False) -> Params:
+    """Uniform over the tuner's own search space (log scale), rounded as it rounds; the
+    threshold held at the default's where the tuner holds it (shared memory)."""
     from hvdprof.autotune.space import (
         CYCLE_TIME_MAX_MS,
         CYCLE_TIME_MIN_MS,
@@ -250,6 +287,8 @@ def random_config(rng: random.Random) -> Params:
 
     lo, hi = math.log(FUSION_THRESHOLD_MIN_BYTES), math.log(FUSION_THRESHOLD_MAX_BYTES)
     threshold = round_threshold(math.exp(rng.uniform(lo, hi)))
+    if hold_threshold:
+        threshold = DEFAULT[0]
     lo, hi = math.log(CYCLE_TIME_MIN_MS), math.log(CYCLE_TIME_MAX_MS)
     cycle = round_cycle_time(math.exp(rng.uniform(lo, hi)))
     return (threshold, cycle, rng.random() < 0.5)
@@ -321,7 +360,8 @@ def worker_truth(args: Any, work: Workload, rank: int, size: int) -> dict[str, A
             work.step()
         trials = []
         while steps_used + SETTLE_STEPS + args.steps_per_sample <= args.budget:
-            p = DEFAULT if not trials else random_config(rng)  # the tuner starts at the default
+            # the tuner starts at the default
+            p = DEFAULT if not trials else random_config(rng, args.workload == "shm")
             times = truth.measure(p, args.steps_per_sample)
             steps_used += SETTLE_STEPS + args.steps_per_sample
             score = subwindow_score(times, bps)
@@ -405,7 +445,10 @@ def worker(args: Any) -> None:
 # ====================================================================== launcher side
 
 
-def grid_points(quick: bool) -> list[Params]:
+def grid_points(quick: bool, workload: str = "gloo") -> list[Params]:
+    if workload == "shm":  # the threshold is held: cycle time x cache
+        cycles = [0.5, 2.0] if quick else [0.2, 0.5, 1.0, 2.0, 5.0, 15.0]
+        return [(DEFAULT[0], c, cache) for c in cycles for cache in (True, False)]
     if quick:
         thresholds = [256 * KiB, 16 * MiB]
         cycles = [1.0, 5.0]
@@ -441,12 +484,22 @@ def options() -> Any:
     p.add_argument("--mode", choices=("tune", "truth"), default="tune", help=argparse_hidden())
     p.add_argument("--budget", type=int, default=GOAL_STEPS, help="tuning steps (default 300)")
     p.add_argument("--margin", type=int, default=20, help="steps run after the budget")
-    p.add_argument("--layers", type=int, default=24)
-    p.add_argument("--small", type=int, default=8, help="small gradients per layer")
-    p.add_argument("--small-numel", type=int, default=1024)
-    p.add_argument("--large", type=int, default=12, help="large gradients in all")
-    p.add_argument("--large-numel", type=int, default=768 * 1024)
-    p.add_argument("--compute-n", type=int, default=160, help="matmul size per layer")
+    p.add_argument(
+        "--workload",
+        choices=tuple(WORKLOAD_SHAPES),
+        default="gloo",
+        help="gloo: threshold-bound, reduced through Gloo (default); shm: latency-bound, "
+        "through shared memory",
+    )
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--small", type=int, default=None, help="small gradients per layer")
+    p.add_argument("--small-numel", type=int, default=None)
+    p.add_argument("--large", type=int, default=None, help="large gradients in all")
+    p.add_argument("--large-numel", type=int, default=None)
+    p.add_argument("--compute-n", type=int, default=None, help="matmul size per layer")
+    p.add_argument(
+        "--sync-every", type=int, default=None, help="synchronise every K layers (0: at the end)"
+    )
     for flag, var in (
         ("--steps-per-sample", "HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE"),
         ("--warmup-samples", "HVDPROF_AUTOTUNE_WARMUP_SAMPLES"),
@@ -479,7 +532,11 @@ def options() -> Any:
     p.add_argument("--grid", default="[]", help=argparse_hidden())
     p.add_argument("--eval-configs", default="[]", help=argparse_hidden())
     p.add_argument("--warmup-steps", type=int, default=0, help=argparse_hidden())
-    return p.parse_args()
+    args = p.parse_args()
+    for name, value in WORKLOAD_SHAPES[args.workload].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
 
 
 def as_params(q: Any) -> Params:
@@ -497,7 +554,8 @@ def run_tuner(
         env = {**tune_env, "HVDPROF_AUTOTUNE_LOG": str(log_path)}
         argv = [*workload_argv, "--mode", "tune", "--budget", str(args.budget)]
         argv += ["--margin", str(args.margin)]
-        tune = h.run_job(__file__, argv, args.np, env={**WORKLOAD_ENV, **env}, timeout=timeout)
+        workload_env = WORKLOAD_ENVS[args.workload]
+        tune = h.run_job(__file__, argv, args.np, env={**workload_env, **env}, timeout=timeout)
         rows = read_autotune_log(log_path)
     tune["log"] = [
         {
@@ -547,7 +605,8 @@ def main() -> None:
         "--np", str(args.np), "--threads", str(args.threads), "--layers", str(args.layers),
         "--small", str(args.small), "--small-numel", str(args.small_numel),
         "--large", str(args.large), "--large-numel", str(args.large_numel),
-        "--compute-n", str(args.compute_n),
+        "--compute-n", str(args.compute_n), "--sync-every", str(args.sync_every),
+        "--workload", args.workload,
     ]  # fmt: skip
     if args.explore:
         explore(args, workload_argv, timeout)
@@ -586,7 +645,7 @@ def main() -> None:
     tuner_configs = list(dict.fromkeys(q for t in tunes for _, q in t["recs"] if q is not None))
 
     # 2. the ground truth, random search with the same budget, the evaluation
-    grid = grid_points(args.quick)
+    grid = grid_points(args.quick, args.workload)
     argv = [
         *workload_argv, "--mode", "truth", "--grid", json.dumps(grid),
         "--eval-configs", json.dumps(tuner_configs), "--budget", str(args.budget),
@@ -603,7 +662,7 @@ def main() -> None:
         f"{len(tuner_configs)} tuner recommendations ...",
         flush=True,
     )
-    truth = h.run_job(__file__, argv, args.np, env=WORKLOAD_ENV, timeout=timeout)
+    truth = h.run_job(__file__, argv, args.np, env=WORKLOAD_ENVS[args.workload], timeout=timeout)
 
     # ---------------------------------------------------------------- analysis
     # Ground truth of a configuration: bytes per step / its median step time over every
@@ -697,6 +756,35 @@ def main() -> None:
         ratios[f"throughput while tuning (run {i + 1}) / grid best"] = {
             "of_medians": run["throughput_while_tuning_ratio"],
             "paired_median": None,
+            "goal": ">= 0.85",
+            "met": run["throughput_while_tuning_ratio"] >= 0.85,
+        }
+    # never worse than the default: each recommendation against the default, round by round
+    default_rounds = per_round[key(DEFAULT)]
+    for i, run in enumerate(tuner_runs):
+        q = None if run["final"] is None else as_params(run["final"])
+        if q is None:
+            continue
+        vs_default = statistics.median(
+            a / b for a, b in zip(per_round[key(q)], default_rounds, strict=True)
+        )
+        run["vs_default_paired"] = round(vs_default, 4)
+        ratios[f"tuner run {i + 1} / default (paired)"] = {
+            "of_medians": round(gt[key(q)] / gt[key(DEFAULT)], 4),
+            "paired_median": round(vs_default, 4),
+            "goal": ">= 1 (never worse)",
+            "met": q == DEFAULT or vs_default >= 1.0,
+        }
+    tuner_finals = [r["final_ratio"] or 0.0 for r in tuner_runs]
+    random_finals = [r["final_ratio"] or 0.0 for r in random_runs]
+    if tuner_finals and random_finals:
+        ratios["tuner median / random search median (of grid best)"] = {
+            "of_medians": round(
+                statistics.median(tuner_finals) / statistics.median(random_finals), 4
+            ),
+            "paired_median": None,
+            "goal": "> 1",
+            "met": statistics.median(tuner_finals) > statistics.median(random_finals),
         }
 
     print()
@@ -734,7 +822,8 @@ def main() -> None:
             "settings": {
                 "np": args.np,
                 "quick": args.quick,
-                "workload_env": WORKLOAD_ENV,
+                "workload_name": args.workload,
+                "workload_env": WORKLOAD_ENVS[args.workload],
                 "torch_threads_per_rank": args.threads,
                 "workload": {
                     "layers": args.layers,
@@ -801,14 +890,14 @@ def changes_only(recs: list[tuple[int, Params | None]]) -> list[list[Any]]:
 
 def explore(args: Any, workload_argv: list[str], timeout: float) -> None:
     """Measure the grid (and re-measure its top and the default) and print it sorted."""
-    grid = grid_points(args.quick)
+    grid = grid_points(args.quick, args.workload)
     argv = [
         *workload_argv, "--mode", "truth", "--grid", json.dumps(grid), "--random-seeds", "0",
         "--grid-rounds", str(args.grid_rounds), "--grid-steps", str(args.grid_steps),
         "--eval-rounds", str(args.eval_rounds), "--eval-steps", str(args.eval_steps),
         "--top", str(args.top),
     ]  # fmt: skip
-    truth = h.run_job(__file__, argv, args.np, env=WORKLOAD_ENV, timeout=timeout)
+    truth = h.run_job(__file__, argv, args.np, env=WORKLOAD_ENVS[args.workload], timeout=timeout)
     bps = truth["bytes_per_step"]
     stage1 = {k: throughput_of(v, bps) for k, v in truth["grid"]["step_times"].items()}
     best = max(stage1.values())

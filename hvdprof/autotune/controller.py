@@ -21,23 +21,24 @@ Data flow (one way, as for every observer)::
 
 Lifecycle:
 
-1. Warmup: the first ``HVDPROF_AUTOTUNE_WARMUP_SAMPLES`` samples' worth of steps run with
+1. Warmup: the first ``HVDPROF_AUTOTUNE_WARMUP_SAMPLES`` windows' worth of steps run with
    the starting configuration and are discarded (the job is still warming up).
-2. Tuning: the starting configuration is the first scored sample, then the optimizer's
-   proposals, until ``HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES`` samples are scored (the
-   last few re-measure the leading configurations; see ``tuner``). The best configuration
-   is then proposed and printed as the ``HVDPROF_*`` variables to set.
-3. Watching (``HVDPROF_AUTOTUNE_CONTINUOUS``, the default): the best configuration keeps
-   being scored and logged (``phase=watch``). When its throughput leaves the band
+2. Tuning: windows of ``HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE`` steps alternate between the
+   incumbent (first the starting configuration) and a candidate, as the tuner asks (see
+   ``tuner``), until ``HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES`` windows are scored, or fewer
+   when no finalist is left to confirm. Every window starts right after a switch of
+   parameters, so the step in which a switch lands (discarded) costs both sides alike.
+   The recommendation (the default unless something beat it in paired measurements) is
+   then proposed and printed as the ``HVDPROF_*`` variables to set, with a line saying
+   how it compared with the default.
+3. Watching (``HVDPROF_AUTOTUNE_CONTINUOUS``, the default): the recommendation keeps being
+   scored and logged (``phase=watch``). When its throughput leaves the band
    ``baseline * (1 +- HVDPROF_AUTOTUNE_DRIFT_FRACTION)`` for
    ``HVDPROF_AUTOTUNE_DRIFT_SAMPLES`` consecutive samples (see ``drift``), tuning re-opens.
 
-How tuning re-opens: old scores describe a workload that no longer exists, and a GP
-cannot down-weight individual points, so they are *re-measured* rather than reused. The
-new optimizer starts from the drifted measurements of the incumbent (told once, as their
-median) and first re-measures the runner-ups of the previous round
-(``REOPEN_REMEASURE`` of them), then continues with its own design. Its seed differs per
-round so it does not replay the same initial design.
+How tuning re-opens: a new tuner whose reference is the configuration in force (so the
+new round, too, never recommends something that did not beat it), the previous round's
+runner-ups (``REOPEN_REMEASURE`` of them) measured first. Its seed differs per round.
 
 Without continuous mode the controller goes quiet after proposing the best.
 Only rank 0 constructs a controller; the other ranks just apply what rank 0 broadcasts.
