@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import threading
 from collections.abc import AsyncIterator
 from http.cookies import SimpleCookie
 from typing import Any
@@ -80,6 +81,13 @@ class TokenCheck:
         await self.app(scope, receive, send_with_cookie)
 
 
+def _preload_first_run(catalog: RunCatalog) -> None:
+    with contextlib.suppress(Exception):  # a run that cannot be read is reported on request
+        entries = catalog.entries()
+        if entries:
+            catalog.loaded(entries[0].id)
+
+
 def create_app(settings: DashboardSettings) -> FastAPI:
     """The dashboard app serving ``settings.root``."""
     catalog = RunCatalog(settings.root)
@@ -89,6 +97,11 @@ def create_app(settings: DashboardSettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         task = asyncio.create_task(watcher.run_forever())
+        # Read the run the page opens first while the browser is still starting (a daemon
+        # thread: stopping the server never waits for a large run to finish loading).
+        threading.Thread(
+            target=_preload_first_run, args=(catalog,), name="hvdprof-preload", daemon=True
+        ).start()
         try:
             yield
         finally:
