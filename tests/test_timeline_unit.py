@@ -1142,3 +1142,36 @@ def test_forked_copy_of_a_rank_does_not_hold_the_renderer_pipe(tmp_path: Path) -
     sink.on_cycle(make_cycle(0))
     sink.close()
     assert json.loads(Path(sink.path).read_text())[-1]["name"] == act.TRACE_END
+
+
+def test_renderer_notices_its_rank_is_gone_by_its_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hvdprof.timeline import render_process, wire
+    from hvdprof.timeline.render_process import RenderChild
+
+    boosts: list[tuple[str, int]] = []  # this test process's priority stays as it is
+    monkeypatch.setattr(
+        render_process, "set_autogroup_nice", lambda pid, n: boosts.append(("group", n))
+    )
+    monkeypatch.setattr(
+        os, "sched_setscheduler", lambda pid, policy, p: boosts.append(("policy", policy))
+    )
+
+    def child(parent: int) -> RenderChild:
+        fd = os.open(tmp_path / f"p{parent}.json", os.O_WRONLY | os.O_CREAT, 0o644)
+        return RenderChild(
+            str(tmp_path / f"p{parent}.json"), fd,
+            {"protocol": wire.PROTOCOL, "rank": 0, "parent_pid": parent},
+        )  # fmt: skip
+
+    alive = child(os.getppid())  # the process that started us is our parent: alive
+    alive.check_rank()
+    assert not alive.rank_gone and boosts == []
+    orphan = child(os.getppid() + 1_000_000)  # not our parent: the rank died, we were reparented
+    orphan.check_rank()
+    assert orphan.rank_gone
+    assert boosts == [("group", 0), ("policy", os.SCHED_OTHER)], "back to a normal priority"
+    orphan.finish()
+    assert len(boosts) == 2, "once"
+    alive.writer.abandon()  # closes its file

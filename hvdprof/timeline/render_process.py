@@ -53,6 +53,8 @@ from typing import Any
 NICE = 19
 #: events rendered before the queued batch is written, even with more input waiting
 BATCH_EVENTS = 16384
+#: frames handled between checks that the rank is still alive (a cheap getppid())
+CHECK_RANK_EVERY = 16
 
 log = logging.getLogger("hvdprof.timeline")
 
@@ -74,6 +76,9 @@ class RenderChild:
         self.rank = int(init["rank"])
         self.manifest_path = init.get("manifest_path") or None
         self.terminate_on_eof = terminate_on_eof
+        #: the rank (our parent); when getppid() changes, it died
+        self.parent = int(init.get("parent_pid") or os.getppid())
+        self.rank_gone = False
         self.renderer = CycleRenderer(
             self.rank, str(init.get("hostname", "")), mark_cycles=bool(init.get("mark_cycles")),
             yield_gil=False,
@@ -144,15 +149,20 @@ class RenderChild:
     def run(self, reader: Any) -> None:
         """Consume the stream until the end mark or end of input."""
         writer = self.writer
+        frames = 0
         while not self.ended:
             payload = reader.next_frame()
             if payload is None:
                 if writer.pending:
                     writer.flush()  # before waiting: the file is never far behind
+                self.check_rank()
                 if not reader.fill():
                     break
                 continue
             self.handle(payload)
+            frames += 1
+            if frames % CHECK_RANK_EVERY == 0:
+                self.check_rank()
             if writer.pending >= BATCH_EVENTS:
                 writer.flush()
         if reader.leftover and not self.ended:
@@ -206,15 +216,26 @@ class RenderChild:
     def _periodic(self) -> None:
         self.write_manifest()
 
+    def check_rank(self) -> None:
+        """Notice the rank's death (we were reparented) before the stream runs dry."""
+        if not self.rank_gone and os.getppid() != self.parent:
+            self.on_rank_gone()
+
+    def on_rank_gone(self) -> None:
+        """The rank is gone and nobody waits on training any more: finish quickly.
+
+        Leaving SCHED_IDLE needs privilege (CAP_SYS_NICE or RLIMIT_NICE); where it is refused
+        the file is finished on idle CPU, and the manifest's ``renderer_pid`` says when.
+        """
+        self.rank_gone = True
+        set_autogroup_nice(os.getpid(), 0)
+        with contextlib.suppress(AttributeError, OSError):
+            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+
     def finish(self) -> None:
         """Write the rest; terminate the file if the rank closed it (or when asked to)."""
-        if not self.ended:
-            # The rank is gone and nobody waits on training any more: finish quickly. Leaving
-            # SCHED_IDLE needs privilege (CAP_SYS_NICE or RLIMIT_NICE); where it is refused
-            # the file is finished on idle CPU, and the manifest's renderer_pid says when.
-            set_autogroup_nice(os.getpid(), 0)
-            with contextlib.suppress(AttributeError, OSError):
-                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        if not self.ended and not self.rank_gone:
+            self.on_rank_gone()
         if self.ended or self.terminate_on_eof:
             self.writer.close()
         else:

@@ -195,6 +195,7 @@ class TimelineSink:
     def _start_process(self, fd: int) -> RenderProcess | None:
         init = {
             "protocol": transport.PROTOCOL,
+            "parent_pid": os.getpid(),
             "rank": self.rank,
             "size": self.size,
             "hostname": self.hostname,
