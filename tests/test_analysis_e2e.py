@@ -4,10 +4,12 @@ with the timeline and autotune on."""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import REPO, child_env, run_job
 
@@ -124,3 +126,41 @@ def test_real_run_report_is_json_safe(autotune_run: tuple[Path, Path]) -> None:
     text = json.dumps(report.to_dict(), allow_nan=False)
     assert json.loads(text)["run"]["ranks"] == [0, 1]
     assert find_stragglers(load_run(tl)).ops_with_marks > 0
+
+
+def test_refresh_follows_a_file_as_it_is_written(straggler_run: Path, tmp_path: Path) -> None:
+    """Replay a real run's files as a writer would grow them (cut anywhere, mid-line
+    included), refreshing after each piece: the result is a fresh read of the whole.
+
+    (A live job is not used: its renderer runs at idle priority, so on a busy machine it
+    writes most of the file after the ranks are done, and the test would prove nothing.)
+    """
+    live = tmp_path / "live"
+    live.mkdir()
+    for manifest in straggler_run.glob("manifest.rank.*.json"):
+        (live / manifest.name).write_bytes(manifest.read_bytes())
+    data = {f.name: f.read_bytes() for f in straggler_run.glob("rank.*.json")}
+    for name in data:
+        (live / name).write_bytes(b"")
+    run = load_run(live, cache=False)
+    rng = random.Random(7)
+    written = dict.fromkeys(data, 0)
+    changes = 0
+    while any(written[n] < len(d) for n, d in data.items()):
+        for name, whole in data.items():
+            step = rng.randrange(1, 60_000)
+            new = min(len(whole), written[name] + step)
+            with open(live / name, "ab") as f:
+                f.write(whole[written[name] : new])
+            written[name] = new
+        changes += run.refresh()
+        assert not run.clean or all(written[n] == len(d) for n, d in data.items())
+    final = load_run(straggler_run, cache=False)
+    assert changes > 5
+    assert run.clean and run.complete == {0: True, 1: True, 2: True}
+    assert len(run.slices) == len(final.slices) and len(run.marks) == len(final.marks)
+    for col in ("start_us", "dur_us", "bytes", "group", "occurrence", "rank"):
+        assert np.array_equal(
+            np.sort(getattr(run.slices, col)), np.sort(getattr(final.slices, col))
+        )
+    assert find_stragglers(run).straggler == find_stragglers(final).straggler == 2

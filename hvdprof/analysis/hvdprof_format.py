@@ -116,6 +116,7 @@ class HvdprofFileParser:
         self._lane_tensor: dict[int, int] = {}
         self._ctx: dict[int, tuple[int, ...]] = {}  # tid -> context of its open op
         self._occ: dict[int, int] = {}  # tensor code -> occurrences seen
+        self._lane_occ: dict[int, int] = {}  # tid -> occurrence of its last op
         self._after_negotiate: dict[int, bool] = {}  # tid -> the next op continues it
         self._name_info: dict[str, tuple[int, int, int]] = {}
         self._reset_block()
@@ -417,7 +418,7 @@ class HvdprofFileParser:
             carried = self._ctx.get(lane)
             if carried is not None:
                 ctx[i, :10] = carried
-                ctx[i, 10] = self._occ.get(carried[0], 0) - 1
+                ctx[i, 10] = self._lane_occ.get(lane, -1)
             else:
                 ctx[i, 0] = self._lane_tensor.get(lane, -1)
         ctx[cycle] = np.array([-1, -1, -1, -1, 0, -1, -1, -1, -1, -1, -1])
@@ -426,6 +427,7 @@ class HvdprofFileParser:
         for i in last_rows.tolist():
             if src[i] >= 0 and not cycle[i]:
                 self._ctx[int(tid[i])] = tuple(int(x) for x in ctx[i, :10])
+                self._lane_occ[int(tid[i])] = int(ctx[i, 10])
             self._after_negotiate[int(tid[i])] = bool(phase[i] == PHASE_NEGOTIATE)
         op_col = np.where(op >= 0, op, ctx[:, 1])
         row0 = self.cols.rows
@@ -534,6 +536,7 @@ class HvdprofFileParser:
         cached_code = -1 if cached is None else int(bool(cached))
         if phase == PHASE_NEGOTIATE:
             self._occ[tensor] = self._occ.get(tensor, 0) + 1
+            self._lane_occ[tid] = self._occ[tensor] - 1
             self._after_negotiate[tid] = True
             ready = args.get("ready_us")
             if isinstance(ready, dict):
@@ -548,6 +551,7 @@ class HvdprofFileParser:
             return (tensor, op, -1, -1, 0, -1, -1, -1, -1, cached_code)
         if not self._after_negotiate.pop(tid, False):
             self._occ[tensor] = self._occ.get(tensor, 0) + 1
+        self._lane_occ[tid] = self._occ.get(tensor, 0) - 1
         backend = args.get("backend")
         dtype = args.get("dtype")
         ctx = (
