@@ -541,3 +541,42 @@ def test_output_cut_short_by_the_reader_keeps_the_exit_code(tmp_path: Path) -> N
         proc.stdout.close()  # the reader is gone before the first line (`| head -0`)
         assert proc.wait(timeout=60) == 0
         assert b"Traceback" not in proc.stderr.read()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_refresh_in_tiny_pieces_equals_one_read(tmp_path: Path, seed: int) -> None:
+    import random
+
+    d, _ = synth(tmp_path, ranks=2, steps=3, tensors=5, group_size=2, late_rank=1, late_us=500.0)
+    live = tmp_path / "live"
+    live.mkdir()
+    data = {f.name: f.read_bytes() for f in d.glob("rank.*.json")}
+    for f in d.glob("manifest.*"):
+        (live / f.name).write_bytes(f.read_bytes())
+    for name in data:
+        (live / name).write_bytes(b"")
+    run = load_run(live, cache=False)
+    rng = random.Random(seed)
+    done = dict.fromkeys(data, 0)
+    while any(done[n] < len(b) for n, b in data.items()):
+        for name, whole in data.items():
+            new = min(len(whole), done[name] + rng.randrange(1, 400))
+            with open(live / name, "ab") as f:
+                f.write(whole[done[name] : new])
+            done[name] = new
+        run.refresh()
+    full = load_run(d, cache=False)
+    assert run.clean and len(run.slices) == len(full.slices)
+    for col in ("start_us", "occurrence", "group", "bytes", "op"):
+        a = np.sort(getattr(run.slices, col))
+        b = np.sort(getattr(full.slices, col))
+        assert np.array_equal(a, b), col
+    # tensor codes depend on reading order: compare (tensor name, start) pairs
+    pairs = sorted(zip(np.array(run.tensors)[run.slices.tensor], run.slices.start_us, strict=True))
+    assert pairs == sorted(
+        zip(np.array(full.tensors)[full.slices.tensor], full.slices.start_us, strict=True)
+    )
+    assert np.array_equal(np.sort(run.marks.ts_us), np.sort(full.marks.ts_us))
+    assert find_stragglers(run).ranks[0].cost_per_step_ms == pytest.approx(
+        find_stragglers(full).ranks[0].cost_per_step_ms
+    )
