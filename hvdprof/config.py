@@ -398,7 +398,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
         "autotune_max_samples",
         _int(1),
-        64,
+        56,
         "Scored windows before tuning settles (the last third races the finalists against the starting configuration).",
     ),
     EnvVar(
@@ -473,7 +473,7 @@ class Config:
     autotune_warm_start: str = ""
     autotune_warmup_samples: int = 3
     autotune_steps_per_sample: int = 3
-    autotune_max_samples: int = 64
+    autotune_max_samples: int = 56
     autotune_gp_noise: float = 0.3
     autotune_continuous: bool = True
     autotune_drift_fraction: float = 0.2

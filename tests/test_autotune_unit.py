@@ -14,7 +14,7 @@ within a band. Two settings:
 * ``IN_RUN``: drift +-15% and noise +-12%, so one configuration's scores range over about
   +-25% in a run: the spread the issue measured in-run on these machines;
 * ``HARSH``: drift +-28% and noise +-25% on top of it. Here one window's noise (14% rms)
-  exceeds the whole gap to the peak, and 64 windows cannot confirm a 13% gain in every
+  exceeds the whole gap to the peak, and 56 windows cannot confirm a 13% gain in every
   run; the tuner must then keep the default rather than guess.
 """
 
@@ -73,8 +73,8 @@ from hvdprof.runtime.records import CycleRecord, TunableParams
 MiB = 1024 * 1024
 DEFAULT = TunableParams(4 * MiB, 1.0, True)
 OPTIMUM = TunableParams(MiB, 2.0, True)
-#: windows per synthetic tuning run: what 300 steps hold at 3 measured steps per window
-BUDGET = 64
+#: windows per synthetic tuning run: the default round, which fits in 300 steps
+BUDGET = Config().autotune_max_samples
 SEEDS = range(12)
 
 

@@ -359,11 +359,13 @@ class AutotuneController:
         role = tuner.next_role
         tuner.tell(sample.params, score.bytes_per_s)
         self._best = tuner.best
-        self._write_row(sample.params, score, PHASE_TUNE, role)
+        # the next window first: every step until it is posted goes unmeasured, and the
+        # log row's fsync can wait
         if tuner.converged:
             self._finish_round(tuner)
         else:
             self._post(tuner.ask(), PHASE_TUNE)
+        self._write_row(sample.params, score, PHASE_TUNE, role)
 
     def _finish_round(self, tuner: PairedTuner) -> None:
         best = tuner.best
