@@ -7,17 +7,65 @@ dashboard and the tests all call these functions. Every result is a dataclass wi
 ``to_dict()`` (JSON-safe) and, where it makes sense, a plain-words ``verdict``.
 """
 
-from hvdprof.analysis.autotune import AutotuneReport, autotune_report
-from hvdprof.analysis.bandwidth import BandwidthReport, bandwidth_report
-from hvdprof.analysis.breakdown import Breakdown, time_breakdown
-from hvdprof.analysis.diff import RunDiff, diff_runs
-from hvdprof.analysis.fusion import FusionReport, fusion_report
-from hvdprof.analysis.loader import LoadError, load_run
-from hvdprof.analysis.model import PHASES, Problem, Run
-from hvdprof.analysis.overlap import OverlapReport, overlap_report
-from hvdprof.analysis.report import Report, analyze
-from hvdprof.analysis.stragglers import Stragglers, find_stragglers
-from hvdprof.analysis.window import TimelineWindow, timeline_window
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hvdprof.analysis.autotune import AutotuneReport, autotune_report
+    from hvdprof.analysis.bandwidth import BandwidthReport, bandwidth_report
+    from hvdprof.analysis.breakdown import Breakdown, time_breakdown
+    from hvdprof.analysis.diff import RunDiff, diff_runs
+    from hvdprof.analysis.fusion import FusionReport, fusion_report
+    from hvdprof.analysis.loader import LoadError, load_run
+    from hvdprof.analysis.model import PHASES, Problem, Run
+    from hvdprof.analysis.overlap import OverlapReport, overlap_report
+    from hvdprof.analysis.report import Report, analyze
+    from hvdprof.analysis.stragglers import Stragglers, find_stragglers
+    from hvdprof.analysis.window import TimelineWindow, timeline_window
+
+#: name -> module defining it. Resolved on first use, so that ``hvdprof run`` (whose
+#: parser registers ``analyze``) does not pay for numpy and the analyses at start-up.
+_EXPORTS: dict[str, str] = {
+    "AutotuneReport": "hvdprof.analysis.autotune",
+    "BandwidthReport": "hvdprof.analysis.bandwidth",
+    "Breakdown": "hvdprof.analysis.breakdown",
+    "FusionReport": "hvdprof.analysis.fusion",
+    "LoadError": "hvdprof.analysis.loader",
+    "OverlapReport": "hvdprof.analysis.overlap",
+    "PHASES": "hvdprof.analysis.model",
+    "Problem": "hvdprof.analysis.model",
+    "Report": "hvdprof.analysis.report",
+    "Run": "hvdprof.analysis.model",
+    "RunDiff": "hvdprof.analysis.diff",
+    "Stragglers": "hvdprof.analysis.stragglers",
+    "TimelineWindow": "hvdprof.analysis.window",
+    "analyze": "hvdprof.analysis.report",
+    "autotune_report": "hvdprof.analysis.autotune",
+    "bandwidth_report": "hvdprof.analysis.bandwidth",
+    "diff_runs": "hvdprof.analysis.diff",
+    "find_stragglers": "hvdprof.analysis.stragglers",
+    "fusion_report": "hvdprof.analysis.fusion",
+    "load_run": "hvdprof.analysis.loader",
+    "overlap_report": "hvdprof.analysis.overlap",
+    "time_breakdown": "hvdprof.analysis.breakdown",
+    "timeline_window": "hvdprof.analysis.window",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hvdprof.analysis' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __all__ = [
     "PHASES",

@@ -10,16 +10,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import orjson
+if TYPE_CHECKING:
+    from hvdprof.analysis.model import Run
+    from hvdprof.analysis.report import Report
 
-from hvdprof.analysis.breakdown import CATEGORIES, LABELS, SHORT_LABELS
-from hvdprof.analysis.diff import diff_runs
-from hvdprof.analysis.fusion import REASON_WORDS
-from hvdprof.analysis.loader import LoadError, load_run
-from hvdprof.analysis.model import Run
-from hvdprof.analysis.report import Report, analyze
+# Heavy imports (numpy, the analyses) happen in the command handlers: registering the
+# commands must cost every other ``hvdprof`` command nothing.
 
 EXIT_CLEAN = 0
 EXIT_SKIPPED = 1
@@ -71,6 +69,8 @@ def add_diff_parser(commands: Any) -> None:
 
 
 def _load(path: str, cache: bool) -> Run:
+    from hvdprof.analysis.loader import LoadError, load_run
+
     run = load_run(path, cache=cache, progress=True)
     if run.events == 0 and not len(run.slices):
         reasons = "; ".join(str(p) for p in run.problems[:3]) or "no events"
@@ -80,6 +80,8 @@ def _load(path: str, cache: bool) -> Run:
 
 def _print_json(data: dict[str, Any]) -> None:
     """The JSON on stdout; a reader that went away (``| head``) is not an error."""
+    import orjson
+
     try:
         sys.stdout.write(orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
         sys.stdout.flush()
@@ -88,6 +90,8 @@ def _print_json(data: dict[str, Any]) -> None:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
+    from hvdprof.analysis.report import analyze
+
     run = _load(args.directory, not args.no_cache)
     report = analyze(run, kineto_paths=list(args.kineto))
     if args.json:
@@ -98,6 +102,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
+    from hvdprof.analysis.breakdown import LABELS
+    from hvdprof.analysis.diff import diff_runs
+
     run_a = _load(args.run_a, not args.no_cache)
     run_b = _load(args.run_b, not args.no_cache)
     diff = diff_runs(run_a, run_b)
@@ -143,6 +150,9 @@ def _ms(x: float) -> str:
 def print_report(report: Report) -> None:
     """Verdicts first, then one table per question (rich)."""
     from rich.table import Table
+
+    from hvdprof.analysis.breakdown import CATEGORIES, SHORT_LABELS
+    from hvdprof.analysis.fusion import REASON_WORDS
 
     console = _console()
     r = report.run
