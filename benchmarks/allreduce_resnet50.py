@@ -156,6 +156,38 @@ class DDPBuckets:
                 g.view(-1).copy_(chunk)
 
 
+class ContextSwitches:
+    """Context switches of this rank's process per step, per variant (median).
+
+    The thread variants' wall times drown in a loaded machine's noise, but an OpenMP
+    team oversubscribing the cores shows as many more switches per step whatever else
+    runs: every parallel region's join waits for a thread that was preempted.
+    """
+
+    def __init__(self) -> None:
+        self.counts: dict[str, list[int]] = {}
+
+    def reset(self) -> None:
+        self.counts.clear()
+
+    def wrap(self, name: str, fn: Any) -> Any:
+        import resource
+
+        def counted() -> None:
+            before = resource.getrusage(resource.RUSAGE_SELF)
+            fn()
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            switched = after.ru_nvcsw - before.ru_nvcsw + after.ru_nivcsw - before.ru_nivcsw
+            self.counts.setdefault(name, []).append(switched)
+
+        return counted
+
+    def medians(self) -> dict[str, float]:
+        import statistics
+
+        return {name: statistics.median(c) for name, c in self.counts.items() if c}
+
+
 def worker(args: Any) -> None:
     import torch
     import torch.distributed as dist
@@ -260,14 +292,24 @@ def worker(args: Any) -> None:
 
     meter = h.StatsMeter()
     fns["hvdprof"] = meter.wrap(run_hvdprof)
+    switches = ContextSwitches()
+    for name in THREAD_VARIANTS:
+        fns[name] = switches.wrap(name, fns[name])
+
+    def after_warmup() -> None:
+        meter.reset()
+        switches.reset()
+
     samples = h.interleave(
         {v: fns[v] for v in variants},
         args.steps,
         args.warmup,
         progress=h.log,
-        after_warmup=meter.reset,
+        after_warmup=after_warmup,
     )
     samples = h.gather_slowest(samples)
+    every_rank: list[Any] = [None] * size
+    dist.all_gather_object(every_rank, switches.medians())
     if rank == 0:
         h.save_raw(
             {
@@ -275,6 +317,7 @@ def worker(args: Any) -> None:
                 "hvdprof_per_step": meter.per_call(),
                 "ddp_buckets": [len(m) for m, _ in ddp.buckets],
                 "hvdprof_backend": h.hvdprof_backend(),
+                "context_switches": every_rank,
             }
         )
     h.finish_worker()
@@ -420,6 +463,7 @@ def run_threads(args: Any, timeout: float) -> dict[str, Any]:
         k: os.environ.pop(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if k in os.environ
     }
     pooled: dict[str, list[Any]] = {v: [] for v in variants}
+    switches: dict[str, list[float]] = {v: [] for v in THREAD_VARIANTS}
     try:
         for rep in range(args.threads_repeats):
             targv = [
@@ -432,6 +476,9 @@ def run_threads(args: Any, timeout: float) -> dict[str, Any]:
             offset = rep * args.sweep_steps  # keep rounds of different launches apart
             for v in variants:
                 pooled[v] += [(r + offset, dt) for r, dt in tdata["samples"][v]]
+            for per_rank in tdata["context_switches"]:
+                for v, median in per_rank.items():
+                    switches[v].append(median)
     finally:
         os.environ.update(saved)
     summary = h.summarise(pooled)
@@ -445,10 +492,15 @@ def run_threads(args: Any, timeout: float) -> dict[str, Any]:
         r["goal"] = "" if bound is None else f"<= {bound}"
         r["met"] = None if bound is None else r["of_medians"] <= bound
         ratios[f"{num} / {den}"] = r
+    per_step = {v: round(sum(c) / len(c), 1) for v, c in switches.items() if c}
     print(h.variant_table(summary))
     print()
     print(h.ratio_table(ratios))
-    return {"variants": summary, "ratios": ratios}
+    print(
+        "context switches per step and rank (median per launch and rank, averaged): "
+        + ", ".join(f"{v} {n:g}" for v, n in per_step.items())
+    )
+    return {"variants": summary, "ratios": ratios, "context_switches_per_step": per_step}
 
 
 def run_sweep(args: Any, timeout: float) -> list[dict[str, Any]]:
