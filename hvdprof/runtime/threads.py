@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 from collections.abc import Mapping
 
@@ -47,8 +48,15 @@ def user_thread_setting(environ: Mapping[str, str]) -> str | None:
     return next((name for name in THREAD_VARS if environ.get(name, "").strip()), None)
 
 
+@functools.cache
 def openmp_set_num_threads() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    """``omp_set_num_threads`` of the OpenMP runtime already loaded in this process."""
+    """``omp_set_num_threads`` of the OpenMP runtime torch loaded (None if torch does not
+    parallelise with OpenMP: its other backend has one process-wide pool, which only the
+    user may resize)."""
+    import torch
+
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return None
     try:
         with open("/proc/self/maps") as maps:
             paths = {line.split()[-1] for line in maps if "/" in line}
@@ -68,15 +76,14 @@ def limit_this_thread(share: int) -> int:
     """Cap the calling thread's intra-op threads at ``share``; returns what it now uses.
 
     Only the calling thread changes, and only downwards. Does nothing unless torch
-    parallelises with OpenMP (its other backend has one process-wide pool, which only the
-    user may resize).
+    parallelises with OpenMP.
     """
     import torch
 
     # Also runs torch's lazy per-thread initialisation, which would otherwise reset the
     # count we set at this thread's first parallel op.
     current = torch.get_num_threads()
-    if current <= share or "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+    if current <= share:
         return current
     set_threads = openmp_set_num_threads()
     if set_threads is None:
