@@ -1175,3 +1175,21 @@ def test_renderer_notices_its_rank_is_gone_by_its_parent(
     orphan.finish()
     assert len(boosts) == 2, "once"
     alive.writer.abandon()  # closes its file
+
+
+def test_write_keeping_gil_behaves_like_os_write() -> None:
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        assert transport.write_keeping_gil(write_end, b"abc") == 3
+        assert os.read(read_end, 10) == b"abc"
+        written = 0
+        with pytest.raises(BlockingIOError):  # a full pipe: nothing written, never blocks
+            while True:
+                written += transport.write_keeping_gil(write_end, b"x" * 4096)
+        assert 0 < written == len(os.read(read_end, written + 1))
+    finally:
+        os.close(read_end)
+    with pytest.raises(BrokenPipeError):  # the reader is gone
+        transport.write_keeping_gil(write_end, b"a")
+    os.close(write_end)
