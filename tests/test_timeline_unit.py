@@ -1193,3 +1193,17 @@ def test_write_keeping_gil_behaves_like_os_write() -> None:
     with pytest.raises(BrokenPipeError):  # the reader is gone
         transport.write_keeping_gil(write_end, b"a")
     os.close(write_end)
+
+
+def test_offline_benchmark_measures_both_sides(tmp_path: Path) -> None:
+    out = tmp_path / "offline.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "timeline_overhead.py"), "--offline",
+         "--quick", "--output", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(out.read_text())["offline"]
+    assert result["rank_encode_us_per_op"] > 0 and result["renderer_us_per_op"] > 0
+    assert 6 <= result["events_per_op"] <= 10 and result["bytes_per_op"] > 500
+    assert 0 < result["bytes_on_wire_per_op"] < result["bytes_per_op"]
