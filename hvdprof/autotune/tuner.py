@@ -163,6 +163,19 @@ def _blas_single_thread() -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
 
+@functools.cache
+def _load_model_libraries() -> None:
+    """Import what proposals need (scikit-learn's GP, scipy's normal, threadpoolctl's
+    scan of BLAS libraries): over a second on a busy machine the first time, which, paid
+    at the first proposal, left dozens of steps unmeasured. The controller builds the
+    tuner on its worker thread during warmup, so this is paid there."""
+    import scipy.stats  # noqa: F401
+    import sklearn.gaussian_process  # noqa: F401
+
+    with _blas_single_thread():
+        pass
+
+
 class PairedTuner:
     """Propose the next window's configuration (``ask``), learn from its score (``tell``).
 
@@ -187,6 +200,7 @@ class PairedTuner:
             raise ValueError("every tunable knob is fixed: nothing to search")
         if max_samples < 1:
             raise ValueError("max_samples must be >= 1")
+        _load_model_libraries()
         self.space = space
         self.max_samples = max_samples
         self.noise = float(noise)
