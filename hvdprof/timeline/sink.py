@@ -104,9 +104,9 @@ class TimelineSink:
     ``config.clock_skew_us``, when omitted). ``run_id`` (optional, identical on all ranks)
     lets the reader detect files left over from another run.
 
-    The runtime must not mutate a ``CycleRecord`` after passing it to :meth:`on_cycle`:
-    the sink keeps a reference until the feeder thread has encoded it (or, in the
-    in-process fallback, until the writer thread has rendered it).
+    With the renderer process a record is encoded at once, in :meth:`on_cycle`. In the
+    in-process fallback the sink keeps a reference until the writer thread has rendered
+    it, so the runtime must not mutate a ``CycleRecord`` after passing it on.
 
     ``use_process`` (default True) renders in a child process; False renders on an
     in-process writer thread, as does a failure to start the child.
@@ -224,7 +224,8 @@ class TimelineSink:
     # --- the cycle thread ----------------------------------------------------------------
 
     def on_cycle(self, record: CycleRecord) -> None:
-        """Enqueue ``record`` if its step is recorded; cheap, never blocks."""
+        """Hand ``record`` to the renderer if its step is recorded: encoded and written into
+        the renderer's pipe at once (the in-process fallback queues it); never blocks."""
         step = record.step
         if step < self._lo or step > self._hi or step % self._every:
             return
@@ -313,7 +314,7 @@ class TimelineSink:
 
     @property
     def writer(self) -> TimelineWriter | RenderProcess:
-        """What the sink queues into: the renderer process's feeder, or the fallback writer."""
+        """Where the sink puts records: the renderer process's pipe, or the fallback writer."""
         return self._writer
 
     @property
