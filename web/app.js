@@ -400,8 +400,8 @@
       { type: "scatter", mode: "lines+markers", name: "cycle time (ms)", x: idx, y: samples.map((s) => s.cycle_time_ms), yaxis: "y2" },
     ], Object.assign(baseLayout(), {
       title: { text: "parameter trajectory", font: { size: 12 } }, xaxis: { title: "sample" },
-      yaxis: { title: "threshold MiB", type: "log", nticks: 6, tickformat: ".2~g" },
-      yaxis2: { title: "cycle ms", type: "log", overlaying: "y", side: "right", nticks: 6, tickformat: ".2~g" },
+      yaxis: { title: "threshold MiB", type: "log", nticks: 6, tickformat: ".3~g" },
+      yaxis2: { title: "cycle ms", type: "log", overlaying: "y", side: "right", nticks: 6, tickformat: ".3~g" },
       margin: { l: 55, r: 50, t: 30, b: 44 },
     }), plotConfig);
     if (!scoreEl.dataset.bound) {

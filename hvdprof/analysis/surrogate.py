@@ -85,7 +85,7 @@ def autotune_surface(run: Run, grid: int = 40) -> SurrogateSurface:
     y = np.log(np.asarray([s.score_bytes_per_s for s in samples], dtype=np.float64) / 1e6)
     mean = float(y.mean())
     kernel = ConstantKernel(1.0, (1e-3, 1e2)) * Matern(
-        length_scale=[0.3, 0.3], length_scale_bounds=(0.05, 3.0), nu=2.5
+        length_scale=[0.3, 0.3], length_scale_bounds=(0.15, 3.0), nu=2.5
     ) + WhiteKernel(0.07, (1e-3, 0.1))
     model = GaussianProcessRegressor(kernel=kernel, normalize_y=False, random_state=0)
     with warnings.catch_warnings():
