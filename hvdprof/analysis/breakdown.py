@@ -199,7 +199,8 @@ def _verdict(b: Breakdown) -> str | None:
     comm = sum(mean_share[c] for c in busy)
     text = (
         f"Collective work covers {comm:.0%} of the wall time on average across "
-        f"{len(b.ranks)} ranks; the largest part is {LABELS[top]} ({mean_share[top]:.0%})."
+        f"{len(b.ranks)} rank(s); the largest part is {LABELS[top]}: "
+        f"{mean_share[top]:.0%} of the wall time."
     )
     if top == "negotiate" and len(b.ranks) > 1:
         worst = max(b.ranks, key=lambda r: r.share("negotiate"))
