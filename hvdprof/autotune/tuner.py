@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import threading
 import warnings
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -167,8 +168,9 @@ def _blas_single_thread() -> contextlib.AbstractContextManager[Any]:
 def _load_model_libraries() -> None:
     """Import what proposals need (scikit-learn's GP, scipy's normal, threadpoolctl's
     scan of BLAS libraries): over a second on a busy machine the first time, which, paid
-    at the first proposal, left dozens of steps unmeasured. The controller builds the
-    tuner on its worker thread during warmup, so this is paid there."""
+    at the first proposal, left dozens of steps unmeasured. The tuner starts this on a
+    thread of its own when built: the first candidates come from the design and need no
+    model, so nothing waits for it."""
     import scipy.stats  # noqa: F401
     import sklearn.gaussian_process  # noqa: F401
 
@@ -200,7 +202,9 @@ class PairedTuner:
             raise ValueError("every tunable knob is fixed: nothing to search")
         if max_samples < 1:
             raise ValueError("max_samples must be >= 1")
-        _load_model_libraries()
+        threading.Thread(
+            target=_load_model_libraries, name="hvdprof-autotune-import", daemon=True
+        ).start()
         self.space = space
         self.max_samples = max_samples
         self.noise = float(noise)
