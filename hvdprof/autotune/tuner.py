@@ -32,15 +32,23 @@ The loop (``ask`` returns the configuration of the next window, ``tell`` its sco
    candidates are a small Latin hypercube in the first trust region (or, on a warm start,
    the earlier run's recommendation).
 
-3. **Confirmation.** The last ``confirm_windows`` windows race the finalists (the best
-   estimates above the default) directly against the default: the finalist becomes the
-   flanking configuration and the default the one in between.
+3. **Confirmation.** The last ``confirm_windows`` windows race the finalists directly
+   against the default: the finalist becomes the flanking configuration and the default
+   the one in between. Finalists are the configurations above the default with the best
+   *lower* bounds (a configuration reached through a chain of promotions, or measured
+   once, carries the luck that selected it). The first finalist keeps the phase unless
+   fresh comparisons show it no better than the default; then the runner-up gets the
+   rest. With no finalist left the round ends early.
 
-4. **Recommendation** (``best``): the configuration with the highest lower confidence bound
-   (``Z_RECOMMEND`` standard errors) on its ratio to the default, among those that were
-   compared with the default directly and whose bound is above 1. If none is, the
-   recommendation is the default and ``kept_default`` says so: a configuration that has not
-   beaten the default in paired measurements is never recommended.
+4. **Recommendation** (``best``): during exploration, the configuration compared with the
+   default directly at least ``MIN_PROMOTE`` times whose ratio to it has the highest lower
+   bound (``Z_RECOMMEND`` standard errors), if above 1. Once confirmation has begun, only
+   the finalists count, each bound from its fresh comparisons alone: selecting among many
+   candidates on the same measurements that then judge the winner would make false
+   winners likely. If no bound is above 1 the recommendation is the default and
+   ``kept_default`` says so: a configuration that has not beaten the default in paired
+   measurements is never recommended. (With 1.64 standard errors, about 1 flat-objective
+   run in 20 recommends something no better than the default; see the unit tests.)
 
 Warm start: the earlier run's recommendation is the first candidate; only measurements in
 this run count, since the machine or the job may have changed.
