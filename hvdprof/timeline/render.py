@@ -382,9 +382,12 @@ class CycleRenderer:
                     f'"bytes":{int(nbytes)},"cached":{cached_text}'
                 )
 
-            start_text = fmt.get(start)
-            if start_text is None:
-                start_text = fmt[start] = us(start + shift)
+            x = start + shift  # unique per op (its submission): not worth caching
+            if x >= 1000:
+                start_text = str(x)
+                start_text = start_text[:-3] + "." + start_text[-3:]
+            else:
+                start_text = us(x)
             neg_text = fmt.get(neg_end)
             if neg_text is None:
                 neg_text = fmt[neg_end] = us(neg_end + shift)
@@ -400,9 +403,12 @@ class CycleRenderer:
                 t = ready[base + r]
                 if t == NO_TIME:
                     continue
-                t_text = fmt.get(t)
-                if t_text is None:
-                    t_text = fmt[t] = us(t + shift)
+                if t == start:  # this rank's own readiness: its submission
+                    t_text = start_text
+                else:
+                    t_text = fmt.get(t)
+                    if t_text is None:
+                        t_text = fmt[t] = us(t + shift)
                 stamps.append(rank_keys[r] + t_text)
                 if last_t is None or t >= last_t:
                     last_rank, last_t = r, t
