@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,8 +96,11 @@ def test_autotune_samples_and_windows_listed(autotune_run: tuple[Path, Path]) ->
     assert len(rows) >= 2, "the job scored too few samples to test with"
     run = load_run(tl, cache=False)
     report = autotune_report(run)
-    assert len(report.samples) == len(rows)
-    for sample, row in zip(report.samples, rows, strict=True):
+    # the timeline holds every sample scored while it recorded; one scored as the job
+    # shuts down can reach the CSV log after the timeline closed
+    assert len(rows) - 1 <= len(report.samples) <= len(rows)
+    assert len(report.samples) >= 2
+    for sample, row in zip(report.samples, rows, strict=False):
         assert sample.fusion_threshold_bytes == row.params.fusion_threshold_bytes
         assert sample.cycle_time_ms == pytest.approx(row.params.cycle_time_ms)
         assert sample.score_mb_per_s == pytest.approx(row.score_bytes_per_s / 1e6, rel=1e-5)
@@ -104,20 +108,22 @@ def test_autotune_samples_and_windows_listed(autotune_run: tuple[Path, Path]) ->
     # windows follow each other
     for a, b in zip(report.samples, report.samples[1:], strict=False):
         assert a.t1_us <= b.t0_us
-    best = max(rows, key=lambda r: r.score_bytes_per_s)
+    best = max(rows[: len(report.samples)], key=lambda r: r.score_bytes_per_s)
     assert report.samples[report.best].score_mb_per_s == pytest.approx(
         best.score_bytes_per_s / 1e6, rel=1e-5
     )
 
 
 def test_autotune_table_in_cli(autotune_run: tuple[Path, Path]) -> None:
-    tl, log = autotune_run
+    tl, _ = autotune_run
     proc = hvdprof_cli("analyze", str(tl))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Autotune samples" in proc.stdout
-    assert f"Autotune scored {len(read_autotune_log(log))} samples" in proc.stdout.replace(
-        "\n", " "
-    )
+    samples = autotune_report(load_run(tl, cache=False)).samples
+    assert f"Autotune scored {len(samples)} samples" in proc.stdout.replace("\n", " ")
+    # one table row per sample: its index, then its threshold
+    for sample in samples:
+        assert re.search(rf"│\s+{sample.index}\s+│", proc.stdout), sample
 
 
 def test_real_run_report_is_json_safe(autotune_run: tuple[Path, Path]) -> None:

@@ -567,10 +567,15 @@ class RunLoader:
         }
         run.autotune_samples.sort(key=lambda x: x.ts_us)
         run.params_changes.sort(key=lambda x: x.ts_us)
+        # the span covers the slices and the autotune instants (a sample is scored after
+        # the ops of its window, possibly after the last op of the run)
         s = run.slices
-        if len(s):
-            run.t0_us = float(s.start_us.min())
-            run.t1_us = float((s.start_us + s.dur_us).max())
+        instants = [x.ts_us for x in run.autotune_samples] + [x.ts_us for x in run.params_changes]
+        starts = [float(s.start_us.min())] if len(s) else []
+        ends = [float((s.start_us + s.dur_us).max())] if len(s) else []
+        if starts or instants:
+            run.t0_us = min(starts + instants)
+            run.t1_us = max(ends + instants)
         else:
             run.t0_us = run.t1_us = 0.0
 
