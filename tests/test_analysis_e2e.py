@@ -14,8 +14,16 @@ import numpy as np
 import pytest
 from conftest import REPO, child_env, run_job
 
-from hvdprof.analysis import analyze, autotune_report, find_stragglers, load_run
+from hvdprof.analysis import (
+    analyze,
+    autotune_report,
+    find_stragglers,
+    load_run,
+    overlap_report,
+)
 from hvdprof.autotune.log import read_autotune_log
+from hvdprof.timeline.merge import kineto_shift_us
+from hvdprof.timeline.reader import load_trace
 
 
 def hvdprof_cli(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
@@ -170,3 +178,34 @@ def test_refresh_follows_a_file_as_it_is_written(straggler_run: Path, tmp_path: 
             np.sort(getattr(run.slices, col)), np.sort(getattr(final.slices, col))
         )
     assert find_stragglers(run).straggler == find_stragglers(final).straggler == 2
+
+
+def test_overlap_with_a_real_profiler_trace(tmp_path: Path) -> None:
+    """torch.profiler traces of a real 2-rank run line up with its timeline: both ranks get
+    an overlap share, and nothing is reported as unreadable or unaligned."""
+    tl, prof = tmp_path / "tl", tmp_path / "prof"
+    job = run_job(
+        "analysis_profiler_worker.py", 2, str(prof), "--steps", "8",
+        launcher_args=("--timeline", str(tl)),
+    )  # fmt: skip
+    job.assert_section("train", 2)
+    job.assert_done(2)
+    traces = sorted(str(p) for p in prof.glob("kineto.rank*.json"))
+    assert len(traces) == 2
+    run = load_run(tl, cache=False)
+    report = overlap_report(run, traces)
+    assert not report.problems, report.problems
+    assert [r.rank for r in report.ranks] == [0, 1]
+    for r in report.ranks:
+        assert r.comm_ms > 0 and r.compute_ms > 0
+        assert 0.0 <= r.overlap_ms <= min(r.comm_ms, r.compute_ms) + 1e-6
+    for rank, path in enumerate(traces):  # aligned, the profiled backward ops lie in the run
+        trace = load_trace(path)
+        shift = kineto_shift_us(trace, run.manifests[rank])
+        ts = [e["ts"] + shift for e in trace.events if "Backward" in str(e.get("name"))]
+        assert ts and run.t0_us <= min(ts) and max(ts) <= run.t1_us
+    proc = hvdprof_cli("analyze", str(tl), "--kineto", *traces, "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [r["rank"] for r in data["overlap"]["ranks"]] == [0, 1]
+    assert "overlaps backward compute" in data["overlap"]["verdict"]
