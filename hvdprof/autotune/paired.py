@@ -13,9 +13,9 @@ at the default (the first incumbent), and ``estimate_relative`` solves it by lea
 with ``f(default) = 0``: every measured configuration gets an estimate of its log ratio to
 the default with a standard error, however many incumbents the chain went through.
 
-The noise level comes from the incumbent's own windows: two incumbent windows one
-candidate window apart differ only by noise (and a little drift), so half the mean square
-of their log difference estimates one window's variance, blended with a prior of a few
+The noise level comes from the incumbent's own windows: an incumbent window differs from
+the mean of the incumbent windows on either side (one candidate window away) only by
+noise, linear drift cancelling, so that difference estimates one window's variance, blended with a prior of a few
 pseudo-observations so that three windows cannot claim the machine is quiet. Consecutive
 comparisons share an incumbent window, so they are not independent: the mean of ``n`` of
 them has a variance of about ``2 / n`` window variances, not ``1.5 / n``. The comparison
@@ -78,9 +78,24 @@ def flanked_log_ratio(before: float, candidate: float, after: float) -> float:
     )
 
 
+def drift_free_difference(first: float, middle: float, last: float) -> float:
+    """How far the middle of three incumbent log scores lies from the mean of its
+    neighbours, scaled to the spread of a plain difference of two windows (``sqrt(2)``
+    window noises) so that ``window_noise`` reads it as one. A plain difference of two
+    windows also holds the drift between them (a job still warming up, a machine whose
+    load changes), which would inflate the noise and make every comparison look weaker
+    than it is; linear drift cancels here, as it does in a comparison.
+
+    >>> round(drift_free_difference(1.0, 1.1, 1.2), 12)  # pure drift: no noise
+    0.0
+    """
+    return (middle - 0.5 * (first + last)) * math.sqrt(4.0 / 3.0)
+
+
 def window_noise(incumbent_steps: Sequence[float], prior_std: float) -> float:
-    """Standard deviation of one window's log score, from the log differences between
-    incumbent windows one candidate window apart, blended with ``prior_std``.
+    """Standard deviation of one window's log score, from differences of incumbent log
+    scores (``drift_free_difference``: each with the spread of a plain difference of two
+    windows), blended with ``prior_std``.
 
     >>> round(window_noise([], 0.2), 3)
     0.2

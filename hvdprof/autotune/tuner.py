@@ -72,6 +72,7 @@ from hvdprof.autotune.paired import (
     Comparison,
     RelativeEstimate,
     comparison_noise,
+    drift_free_difference,
     estimate_relative,
     flanked_log_ratio,
     window_noise,
@@ -244,6 +245,7 @@ class PairedTuner:
         self._estimates: dict[Hashable, RelativeEstimate] = {self.default: _ZERO}
         #: log differences of incumbent windows one candidate window apart (the noise)
         self._incumbent_steps: list[float] = []
+        self._incumbent_chain: list[float] = []  # log scores of the current incumbent's run
         self.sigma = comparison_noise(self.prior_std)
         self._finalists: list[TunableParams] = []
         self._rejected: set[TunableParams] = set()
@@ -347,9 +349,15 @@ class PairedTuner:
         before = self._last_incumbent_score
         self._last_incumbent_score = score
         self._next_role = ROLE_CANDIDATE
-        if before is not None:
-            self._incumbent_steps.append(math.log(max(score, 1e-12) / max(before, 1e-12)))
-            self.sigma = comparison_noise(window_noise(self._incumbent_steps, self.prior_std))
+        log_score = math.log(max(score, 1e-12))
+        if before is None:
+            self._incumbent_chain = [log_score]
+        else:
+            chain = self._incumbent_chain
+            chain.append(log_score)
+            if len(chain) >= 3:
+                self._incumbent_steps.append(drift_free_difference(chain[-3], chain[-2], chain[-1]))
+                self.sigma = comparison_noise(window_noise(self._incumbent_steps, self.prior_std))
         if pending is None or before is None or self._candidate is None:
             return
         ratio = flanked_log_ratio(before, pending, score)
