@@ -133,7 +133,7 @@ SECTIONS = {
     "no splits with an indivisible first dimension: ValueError",
     "broadcast_root_out_of_range": "root N, -1, N+5 for every broadcast form and "
     "broadcast_parameters: ValueError naming root_rank",
-    "bad_arguments": "unknown op, Adasum, empty name, empty group, 0-d reducescatter, "
+    "bad_arguments": "unknown op, Adasum on integers, empty name, empty group, 0-d reducescatter, "
     "init(comm=...)",
     "join_with_other_ops": "broadcast / allgather while a rank has joined fail (naming join) "
     "but allreduce works; every rank gets the same join() result",

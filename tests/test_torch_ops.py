@@ -42,17 +42,17 @@ CONFIGS = {
 #: section name in the worker -> what it covers (for the reader; the ids are the names)
 SECTIONS = {
     "topology": "init twice is a no-op, is_initialized, size/rank/local_*/cross_*",
-    "allreduce_blocking": "allreduce and allreduce_: 5 ops x 8 dtypes, input untouched / in place",
+    "allreduce_blocking": "allreduce and allreduce_: 5 ops x every dtype, input untouched / in place",
     "allreduce_async_many": "allreduce_async and allreduce_async_: 80 ops in flight at once",
     "allreduce_options": "prescale/postscale, default op, deprecated average= (warns, "
     "ValueError with op=), fp16 compression, scalar/4-d/empty/non-contiguous tensors",
     "allreduce_autograd": "allreduce is differentiable: backward is an allreduce of the grad",
     "grouped_allreduce": "grouped_allreduce (+_, async, async_), mixed dtypes, compression",
-    "allgather": "allgather (+async), first dims differing across ranks (one empty), 8 dtypes",
-    "broadcast": "broadcast, broadcast_, broadcast_async(_) from every root, 8 dtypes",
+    "allgather": "allgather (+async), first dims differing across ranks (one empty), every dtype",
+    "broadcast": "broadcast, broadcast_, broadcast_async(_) from every root, every dtype",
     "alltoall": "alltoall with splits (list, tensor; zero splits) -> (output, received "
-    "splits), without splits -> output, async forms, 8 dtypes",
-    "reducescatter": "reducescatter: 5 ops x 8 dtypes x row counts (uneven, fewer rows than "
+    "splits), without splits -> output, async forms, every dtype",
+    "reducescatter": "reducescatter: 5 ops x every dtype x row counts (uneven, fewer rows than "
     "ranks), extra rows to low ranks, async, default op, scaling, compression",
     "barrier": "barrier holds every rank until the last one arrives",
     "poll_synchronize": "poll becomes True, then synchronize returns the result",

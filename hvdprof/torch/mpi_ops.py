@@ -288,15 +288,15 @@ def _resolve_op(op: int | None, average: bool | None) -> ReduceOp:
 
 def _check_adasum(tensor: torch.Tensor, runtime: _rt.Runtime, what: str) -> None:
     """What Horovod requires of an Adasum allreduce on CPU, checked before submitting."""
-    if not is_power_of_two(runtime.size):
-        raise AdasumUnsupportedError(
-            f"hvdprof rank {runtime.rank}: {what} with op=Adasum needs a power-of-two number "
-            f"of ranks (as Horovod's), this job has {runtime.size}"
-        )
     if _DTYPE_NAMES[tensor.dtype] not in ADASUM_DTYPES:
         raise ValueError(
             f"hvdprof rank {runtime.rank}: {what} with op=Adasum needs a floating-point tensor, "
             f"got {tensor.dtype}"
+        )
+    if not is_power_of_two(runtime.size):
+        raise AdasumUnsupportedError(
+            f"hvdprof rank {runtime.rank}: {what} with op=Adasum needs a power-of-two number "
+            f"of ranks (as Horovod's), this job has {runtime.size}"
         )
 
 
