@@ -333,7 +333,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "timeline_queue_size",
         _int(1),
         200_000,
-        "Events buffered for the timeline writer; beyond this, events are dropped and counted.",
+        "Events a rank holds back while its timeline renderer lags by more than the pipe "
+        "holds; beyond this, events are dropped and counted.",
     ),
     EnvVar(
         "HVDPROF_CLOCK_SYNC_INTERVAL_SECONDS",
