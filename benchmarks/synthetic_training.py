@@ -1,27 +1,43 @@
 """Synthetic training throughput: hvdprof DistributedOptimizer against PyTorch DDP (Gloo).
 
-In the spirit of Horovod's ``pytorch_synthetic_benchmark.py``: a small conv net defined
-here (conv+BN+ReLU blocks, global pooling, a 1000-way linear layer; about 1.4M
-parameters), a fixed synthetic batch (32 x 3 x 64 x 64, fixed seed), cross-entropy,
-plain SGD. Two copies of the same model train in the same processes:
+In the spirit of Horovod's ``pytorch_synthetic_benchmark.py``, on two models that stress
+different costs:
+
+* ``conv``: a small conv net defined here (conv+BN+ReLU blocks, global pooling, a
+  1000-way linear layer; about 1.4M parameters in 29 tensors), a fixed synthetic batch
+  (32 x 3 x 64 x 64), cross-entropy: few, mostly large gradients;
+* ``transformer``: a stack of 16 small pre-norm transformer encoder blocks (width 64,
+  4 heads), a token embedding and a vocabulary head (about 0.67M parameters in 198
+  tensors, half of them 512 bytes or less), next-token cross-entropy on 32 random
+  sequences of 32 tokens: many small gradients, where per-tensor cost dominates.
+
+Two copies of each model train in the same processes, with plain SGD:
 
 * ``hvdprof``: ``hvd.DistributedOptimizer(SGD)`` (gradients averaged as backward produces
   them), after ``hvd.broadcast_parameters`` and ``hvd.broadcast_optimizer_state``;
 * ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` on the default Gloo group, with
   its defaults (25 MB buckets, ``broadcast_buffers=True``), and the same SGD;
-* ``local`` (only with ``--local``): a third copy with plain SGD and no communication
-  (each rank trains alone), for context. On this shared, overloaded machine it came out
-  *slower* than both distributed variants, so it is no ceiling here and is off by default.
+* ``local`` (only with ``--local``): a third copy with plain SGD and no communication.
 
-They alternate blocks of ``--block`` iterations; a block's time gives images per second
-(all ranks: batch x ranks x iterations / time). Goal: hvdprof / ddp >= 1.0.
+Threads are what a user gets: ``--threads 0`` (the default) leaves torch's setting to
+the launcher (``hvdprof run``'s per-rank default, or the user's ``OMP_NUM_THREADS``).
+
+All variants of all models alternate blocks of ``--block`` iterations, shuffled per round;
+a block's time gives samples per second (all ranks: batch x ranks x iterations / time).
+Each block also records the CPU time of every thread of the rank (from
+``/proc/self/task/*/schedstat``): the main thread, hvdprof's cycle thread, and the rest
+(Gloo's threads, OpenMP workers), per iteration. Goal: hvdprof / ddp >= 1.0 on both.
 
     python benchmarks/synthetic_training.py [--np 2] [--steps 16] [--block 5] [--quick]
+        [--models conv,transformer]
 """
 
 from __future__ import annotations
 
+import os
+import statistics
 import sys
+import threading
 from typing import Any
 
 import _harness as h
@@ -50,145 +66,355 @@ def make_model(num_classes: int = 1000) -> Any:
     return nn.Sequential(*layers)
 
 
+#: The second model: a stack of small transformer blocks (many small tensors).
+TF_VOCAB, TF_DIM, TF_HEADS, TF_FFN, TF_LAYERS, TF_SEQ = 1000, 64, 4, 128, 16, 32
+
+
+def make_transformer() -> Any:
+    """Token embedding, ``TF_LAYERS`` small pre-norm encoder blocks, a vocabulary head.
+
+    About 300 parameter tensors, most of them a few hundred bytes to a few tens of KiB:
+    per-tensor cost (hooks, negotiation, fusion bookkeeping) dominates its gradients'
+    communication, unlike the conv net's.
+    """
+    import torch
+    from torch import nn
+
+    class TinyTransformer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(TF_VOCAB, TF_DIM)
+            self.pos = nn.Parameter(torch.zeros(TF_SEQ, TF_DIM))
+            self.blocks = nn.ModuleList(
+                nn.TransformerEncoderLayer(
+                    TF_DIM, TF_HEADS, TF_FFN, dropout=0.0, batch_first=True, norm_first=True
+                )
+                for _ in range(TF_LAYERS)
+            )
+            self.norm = nn.LayerNorm(TF_DIM)
+            self.head = nn.Linear(TF_DIM, TF_VOCAB)
+
+        def forward(self, tokens: Any) -> Any:
+            x = self.embed(tokens) + self.pos
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.norm(x))
+
+    return TinyTransformer()
+
+
+def transformer_batch(batch: int, gen: Any) -> tuple[Any, Any]:
+    """Random token sequences and next-token targets of ``TF_SEQ`` tokens."""
+    import torch
+
+    tokens = torch.randint(0, TF_VOCAB, (batch, TF_SEQ + 1), generator=gen)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def transformer_loss(model: Any, tokens: Any, targets: Any) -> Any:
+    import torch.nn.functional as F
+
+    logits = model(tokens)
+    return F.cross_entropy(logits.reshape(-1, TF_VOCAB), targets.reshape(-1))
+
+
+def thread_cpu_ns() -> dict[str, int]:
+    """CPU time so far of this process's threads, by role: main, cycle, other."""
+    roles = {t.native_id: t.name for t in threading.enumerate()}
+    main_id = threading.main_thread().native_id
+    out = {"main": 0, "cycle": 0, "other": 0}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):  # the thread exited meanwhile
+            continue
+        ident = int(tid)
+        if ident == main_id:
+            out["main"] += ns
+        elif roles.get(ident) == "hvdprof-cycle":
+            out["cycle"] += ns
+        else:
+            out["other"] += ns
+    return out
+
+
+class CpuMeter:
+    """Per variant, each block's CPU ms per iteration by thread role (this rank)."""
+
+    def __init__(self, iterations: int) -> None:
+        self.iterations = iterations
+        self.blocks: dict[str, list[dict[str, float]]] = {}
+        self.enabled = os.path.exists("/proc/self/task")
+
+    def reset(self) -> None:
+        self.blocks.clear()
+
+    def wrap(self, name: str, fn: Any) -> Any:
+        if not self.enabled:
+            return fn
+
+        def measured() -> Any:
+            before = thread_cpu_ns()
+            out = fn()
+            after = thread_cpu_ns()
+            self.blocks.setdefault(name, []).append(
+                {k: (after[k] - before[k]) / 1e6 / self.iterations for k in after}
+            )
+            return out
+
+        return measured
+
+    def medians(self) -> dict[str, dict[str, float]]:
+        return {
+            name: {
+                k: round(statistics.median(b[k] for b in blocks), 2)
+                for k in ("main", "cycle", "other")
+            }
+            for name, blocks in self.blocks.items()
+        }
+
+
+def build(kind: str, rank: int, batch: int, image: int) -> tuple[Any, Any, Any]:
+    """(model factory, inputs, loss function) of one of the two models."""
+    import torch
+    import torch.nn.functional as F
+
+    gen = torch.Generator().manual_seed(1234 + rank)
+    if kind == "conv":
+        data = torch.randn(batch, 3, image, image, generator=gen)
+        target = torch.randint(0, 1000, (batch,), generator=gen)
+
+        def conv_loss(model: Any) -> Any:
+            return F.cross_entropy(model(data), target)
+
+        return make_model, data, conv_loss
+    tokens, targets = transformer_batch(batch, gen)
+
+    def tf_loss(model: Any) -> Any:
+        return transformer_loss(model, tokens, targets)
+
+    return make_transformer, tokens, tf_loss
+
+
 def worker(args: Any) -> None:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import hvdprof.torch as hvd
 
-    torch.set_num_threads(args.threads)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     hvd.init()
     h.init_baseline_group()
     rank, size = hvd.rank(), hvd.size()
+    models = args.models.split(",")
 
-    torch.manual_seed(42)
-    base = make_model()
-    model_h = make_model()
-    model_h.load_state_dict(base.state_dict())
-    model_d = make_model()
-    model_d.load_state_dict(base.state_dict())
-    model_l = make_model()
-    model_l.load_state_dict(base.state_dict())
-    opt_l = torch.optim.SGD(model_l.parameters(), lr=args.lr)
-    params = sum(p.numel() for p in base.parameters())
+    fns: dict[str, Any] = {}
+    meters: dict[str, h.StatsMeter] = {}
+    cpu = CpuMeter(args.block)
+    pairs: dict[str, tuple[Any, Any]] = {}
+    info: dict[str, Any] = {}
+    for kind in models:
+        factory, _, loss_fn = build(kind, rank, args.batch, args.image)
+        torch.manual_seed(42)
+        base = factory()
+        model_h, model_d, model_l = factory(), factory(), factory()
+        for m in (model_h, model_d, model_l):
+            m.load_state_dict(base.state_dict())
+        params = list(base.parameters())
+        info[kind] = {
+            "params": sum(p.numel() for p in params),
+            "tensors": len(params),
+            "median_tensor_bytes": int(
+                statistics.median(p.numel() * p.element_size() for p in params)
+            ),
+        }
+        opt_h = hvd.DistributedOptimizer(
+            torch.optim.SGD(model_h.parameters(), lr=args.lr),
+            named_parameters=[(f"{kind}.{n}", p) for n, p in model_h.named_parameters()],
+        )
+        hvd.broadcast_parameters(
+            {f"{kind}.{k}": v for k, v in model_h.state_dict().items()}, root_rank=0
+        )
+        hvd.broadcast_optimizer_state(opt_h, root_rank=0)
+        ddp = DDP(model_d)
+        opt_d = torch.optim.SGD(ddp.parameters(), lr=args.lr)
+        opt_l = torch.optim.SGD(model_l.parameters(), lr=args.lr)
+        pairs[kind] = (model_h, model_d)
 
-    opt_h = hvd.DistributedOptimizer(
-        torch.optim.SGD(model_h.parameters(), lr=args.lr),
-        named_parameters=model_h.named_parameters(),
-    )
-    hvd.broadcast_parameters(model_h.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(opt_h, root_rank=0)
-    ddp = DDP(model_d)
-    opt_d = torch.optim.SGD(ddp.parameters(), lr=args.lr)
+        def train(model: Any, opt: Any, loss_fn: Any = loss_fn) -> None:
+            for _ in range(args.block):
+                opt.zero_grad()
+                loss_fn(model).backward()
+                opt.step()
 
-    gen = torch.Generator().manual_seed(1234 + rank)
-    data = torch.randn(args.batch, 3, args.image, args.image, generator=gen)
-    target = torch.randint(0, 1000, (args.batch,), generator=gen)
+        meter = meters[kind] = h.StatsMeter()
+        fns[f"{kind}/hvdprof"] = cpu.wrap(
+            f"{kind}/hvdprof", meter.wrap(lambda m=model_h, o=opt_h, t=train: t(m, o))
+        )
+        fns[f"{kind}/ddp"] = cpu.wrap(f"{kind}/ddp", lambda m=ddp, o=opt_d, t=train: t(m, o))
+        if args.local:
+            fns[f"{kind}/local"] = cpu.wrap(
+                f"{kind}/local", lambda m=model_l, o=opt_l, t=train: t(m, o)
+            )
+        h.log(
+            f"{NAME}: {kind}: {info[kind]['params']:,} parameters in {info[kind]['tensors']} "
+            f"tensors, batch {args.batch}, {args.block} iterations per block"
+        )
 
-    def train(model: Any, opt: Any) -> None:
-        for _ in range(args.block):
-            opt.zero_grad()
-            loss = F.cross_entropy(model(data), target)
-            loss.backward()
-            opt.step()
+    def after_warmup() -> None:
+        for m in meters.values():
+            m.reset()
+        cpu.reset()
 
-    meter = h.StatsMeter()
-    fns = {
-        "hvdprof": meter.wrap(lambda: train(model_h, opt_h)),
-        "ddp": lambda: train(ddp, opt_d),
-    }
-    if args.local:
-        fns["local"] = lambda: train(model_l, opt_l)
-    h.log(
-        f"{NAME}: {params:,} parameters, batch {args.batch} x 3 x {args.image} x {args.image}, "
-        f"{args.block} iterations per block"
-    )
-    samples = h.interleave(fns, args.steps, args.warmup, progress=h.log, after_warmup=meter.reset)
+    samples = h.interleave(fns, args.steps, args.warmup, progress=h.log, after_warmup=after_warmup)
     samples = h.gather_slowest(samples)
+    cpu_all: list[Any] = [None] * size
+    dist.all_gather_object(cpu_all, cpu.medians())
 
-    # Sanity: each model is identical on every rank, and the two stayed close together
+    # Sanity: each model is identical on every rank, and the two copies stayed close
     # (same data, same averaged gradients, same number of SGD steps).
-    with torch.no_grad():
-        vec_h = torch.cat([p.reshape(-1) for p in model_h.parameters()])
-        vec_d = torch.cat([p.reshape(-1) for p in model_d.parameters()])
-        sums = [float(vec_h.double().sum()), float(vec_d.double().sum())]
-        everyone: list[Any] = [None] * size
-        dist.all_gather_object(everyone, sums)
-        ranks_agree = all(e == everyone[0] for e in everyone)
-        max_diff = float((vec_h - vec_d).abs().max())
+    checks = {}
+    for kind, (model_h, model_d) in pairs.items():
+        with torch.no_grad():
+            vec_h = torch.cat([p.reshape(-1) for p in model_h.parameters()])
+            vec_d = torch.cat([p.reshape(-1) for p in model_d.parameters()])
+            sums = [float(vec_h.double().sum()), float(vec_d.double().sum())]
+            everyone: list[Any] = [None] * size
+            dist.all_gather_object(everyone, sums)
+            checks[kind] = {
+                "ranks_agree": all(e == everyone[0] for e in everyone),
+                "max_abs_param_diff_hvdprof_vs_ddp": float((vec_h - vec_d).abs().max()),
+            }
     if rank == 0:
         h.save_raw(
             {
                 "samples": samples,
-                "params": params,
-                "hvdprof_per_block": meter.per_call(),
-                "ranks_agree": ranks_agree,
-                "max_abs_param_diff_hvdprof_vs_ddp": max_diff,
+                "models": info,
+                "hvdprof_per_block": {k: m.per_call() for k, m in meters.items()},
+                "cpu_ms_per_iteration": {f"rank {r}": c for r, c in enumerate(cpu_all)},
+                "checks": checks,
+                "torch_threads": torch.get_num_threads(),
             }
         )
     h.finish_worker()
 
 
+MODEL_DESCRIPTIONS = {
+    "conv": f"conv3x3+BN+ReLU: stem {CHANNELS[0]} s2, stages {list(CHANNELS)} x2 (stride 2 "
+    "from the 2nd), avgpool, linear 1000; input 3 x IMAGE x IMAGE",
+    "transformer": f"embedding {TF_VOCAB} x {TF_DIM} + learned positions, {TF_LAYERS} pre-norm "
+    f"TransformerEncoderLayer(d={TF_DIM}, heads={TF_HEADS}, ffn={TF_FFN}, dropout 0), "
+    f"LayerNorm, linear {TF_VOCAB}; {TF_SEQ} tokens per sample",
+}
+
+
 def main() -> None:
     p = h.parser(__doc__.splitlines()[0], steps=16, warmup=1)
+    p.set_defaults(threads=0)
     p.add_argument(
         "--block", type=int, default=5, help="iterations per interleaved block (default 5)"
     )
     p.add_argument("--batch", type=int, default=32, help="batch size per rank (default 32)")
-    p.add_argument("--image", type=int, default=64, help="image side (default 64)")
+    p.add_argument("--image", type=int, default=64, help="conv net image side (default 64)")
     p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default 0.01)")
+    p.add_argument(
+        "--models",
+        default="conv,transformer",
+        help="comma-separated models to run: conv, transformer (default both)",
+    )
     p.add_argument("--local", action="store_true", help="also time a no-communication copy")
     args = p.parse_args()
+    models = [m for m in args.models.split(",") if m]
+    unknown = sorted(set(models) - set(MODEL_DESCRIPTIONS))
+    if unknown or not models:
+        p.error(f"--models: unknown model(s) {unknown}; choose from {sorted(MODEL_DESCRIPTIONS)}")
+    if args.threads < 0:
+        p.error("--threads must be 0 (the launcher's default) or a positive count")
     if args.worker:
         worker(args)
         return
     if args.quick:
         args.steps, args.warmup, args.block, args.batch = 2, 1, 2, 16
-    timeout = args.timeout or (120 if args.quick else 900)
+    timeout = args.timeout or (180 if args.quick else 1500)
     argv = [
         "--np", str(args.np), "--steps", str(args.steps), "--warmup", str(args.warmup),
         "--threads", str(args.threads), "--block", str(args.block), "--batch", str(args.batch),
-        "--image", str(args.image), "--lr", str(args.lr),
+        "--image", str(args.image), "--lr", str(args.lr), "--models", ",".join(models),
     ] + (["--local"] if args.local else [])  # fmt: skip
     data = h.run_job(__file__, argv, args.np, timeout=timeout)
     samples = data["samples"]
     summary = h.summarise(samples)
-    images = args.batch * args.np * args.block
-    img_s = {v: round(images / (s["median_ms"] / 1e3), 2) for v, s in summary.items()}
-    # img/sec ratio hvdprof / ddp is the inverse of the time ratio.
-    t = h.ratio(samples, "ddp", "hvdprof")
-    ratio = {**t, "goal": ">= 1.0", "met": t["of_medians"] >= 1.0}
-    ratios = {"img/sec hvdprof / ddp": ratio}
-    if "local" in samples:
-        ratios["img/sec hvdprof / local (scaling efficiency)"] = h.ratio(
-            samples, "local", "hvdprof"
+    per_block = args.batch * args.np * args.block
+    rate = {v: round(per_block / (s["median_ms"] / 1e3), 2) for v, s in summary.items()}
+    ratios: dict[str, Any] = {}
+    for kind in models:
+        unit = "img/sec" if kind == "conv" else "samples/sec"
+        # samples/sec hvdprof / ddp is the inverse of the time ratio.
+        t = h.ratio(samples, f"{kind}/ddp", f"{kind}/hvdprof")
+        ratios[f"{kind}: {unit} hvdprof / ddp"] = {
+            **t,
+            "goal": ">= 1.0",
+            "met": t["of_medians"] >= 1.0,
+        }
+        if args.local:
+            ratios[f"{kind}: hvdprof / local (scaling efficiency)"] = h.ratio(
+                samples, f"{kind}/local", f"{kind}/hvdprof"
+            )
+            ratios[f"{kind}: ddp / local (scaling efficiency)"] = h.ratio(
+                samples, f"{kind}/local", f"{kind}/ddp"
+            )
+    bad = [k for k, c in data["checks"].items() if not c["ranks_agree"]]
+    if bad:
+        raise SystemExit(
+            f"the ranks' parameters differ after training ({bad}): a synchronization bug"
         )
-        ratios["img/sec ddp / local (scaling efficiency)"] = h.ratio(samples, "local", "ddp")
-    if not data["ranks_agree"]:
-        raise SystemExit("the ranks' parameters differ after training: a synchronization bug")
 
     print()
     print(
-        f"{NAME}: {data['params']:,} params, batch {args.batch}/rank of 3x{args.image}x{args.image}, "
-        f"SGD, {args.np} ranks; {args.steps} interleaved blocks of {args.block} iterations "
+        f"{NAME}: {args.np} ranks, {data['torch_threads']} torch thread(s) per rank, batch "
+        f"{args.batch}/rank, SGD; {args.steps} interleaved blocks of {args.block} iterations "
         f"after {args.warmup} warmup block(s)"
     )
-    rows = [
-        (v, f"{summary[v]['median_ms'] / args.block:.1f}", f"{img_s[v]:.1f}", summary[v]["n"])
-        for v in summary
-    ]
-    print(h.table(rows, ("variant", "ms/iteration", "img/sec (all ranks)", "blocks")))
-    if "local" in summary:
-        print("(local: each rank trains alone, no communication; img/sec counts all ranks' images)")
+    cpu0 = data["cpu_ms_per_iteration"].get("rank 0", {})
+    rows = []
+    for v in summary:
+        c = cpu0.get(v, {})
+        rows.append(
+            (
+                v,
+                f"{summary[v]['median_ms'] / args.block:.1f}",
+                f"{rate[v]:.1f}",
+                summary[v]["n"],
+                *(f"{c[k]:.1f}" if k in c else "-" for k in ("main", "cycle", "other")),
+            )
+        )
+    print(
+        h.table(
+            rows,
+            (
+                "variant",
+                "ms/iteration",
+                "samples/sec (all ranks)",
+                "blocks",
+                "CPU ms/it main",
+                "cycle",
+                "other",
+            ),
+        )
+    )
+    print("(CPU: rank 0's threads, median over blocks; the cycle thread idles during ddp)")
     print()
     print(h.ratio_table(ratios))
-    print(f"hvdprof per block: {data['hvdprof_per_block']}")
-    print(
-        f"max |param hvdprof - param ddp| after training: "
-        f"{data['max_abs_param_diff_hvdprof_vs_ddp']:.3g}; ranks agree: {data['ranks_agree']}"
-    )
+    for kind in models:
+        c = data["checks"][kind]
+        print(
+            f"{kind}: hvdprof per block {data['hvdprof_per_block'][kind]}; max |param hvdprof - "
+            f"param ddp| {c['max_abs_param_diff_hvdprof_vs_ddp']:.3g}; ranks agree "
+            f"{c['ranks_agree']}"
+        )
 
     path = h.write_results(
         NAME,
@@ -199,25 +425,25 @@ def main() -> None:
                 "warmup_blocks": args.warmup,
                 "iterations_per_block": args.block,
                 "quick": args.quick,
-                "torch_threads_per_rank": args.threads,
+                "torch_threads_option": args.threads,
+                "torch_threads_per_rank": data["torch_threads"],
                 "batch_per_rank": args.batch,
                 "image": [3, args.image, args.image],
-                "params": data["params"],
-                "model": f"conv3x3+BN+ReLU: stem {CHANNELS[0]} s2, stages {list(CHANNELS)} x2 "
-                "(stride 2 from the 2nd), avgpool, linear 1000",
+                "models": {
+                    k: {**data["models"][k], "description": MODEL_DESCRIPTIONS[k]} for k in models
+                },
                 "optimizer": f"SGD lr={args.lr}",
                 "hvdprof": "DistributedOptimizer (op=Average) + broadcast_parameters/optimizer_state",
                 "ddp": "DistributedDataParallel defaults on the default gloo group",
                 "hvdprof_env": h.knob_env(),
                 "timing": "per block: barrier, then wall time; slowest rank per block; medians",
+                "cpu": "per block and thread role, CPU ms per iteration (schedstat); medians",
             },
-            "variants": {v: {**summary[v], "img_per_sec": img_s[v]} for v in summary},
+            "variants": {v: {**summary[v], "samples_per_sec": rate[v]} for v in summary},
             "ratios": ratios,
+            "cpu_ms_per_iteration": data["cpu_ms_per_iteration"],
             "hvdprof_per_block": data["hvdprof_per_block"],
-            "checks": {
-                "ranks_agree": data["ranks_agree"],
-                "max_abs_param_diff_hvdprof_vs_ddp": data["max_abs_param_diff_hvdprof_vs_ddp"],
-            },
+            "checks": data["checks"],
             "job_wall_s": data["wall_s"],
         },
         args.output,
