@@ -143,6 +143,60 @@ def test_bad_window_is_a_clear_422(client: TestClient) -> None:
     assert "t1_us" in response.text
 
 
+def test_timeline_rank_and_tensor_and_phase_lanes(client: TestClient, served: Path) -> None:
+    """Each lane kind is the library's ``timeline_window`` for that rank, unchanged."""
+    from hvdprof.analysis import load_run, timeline_window
+    from hvdprof.analysis.model import PHASES
+
+    run = load_run(str(served / "demo"), cache=False)
+    whole = client.get("/api/timeline", params={"run": "demo"}).json()["data"]
+    assert whole["lanes"] == "rank" and [r["rank"] for r in whole["rows"]] == [0, 1]
+
+    def lanes(kind: str) -> dict:
+        params = {"run": "demo", "expand_rank": 1, "lanes": kind, "max_items": 20000}
+        response = client.get("/api/timeline", params=params)
+        assert response.status_code == 200, response.text
+        return response.json()["data"]
+
+    tensor = lanes("tensor")
+    assert tensor["lanes"] == "tensor" and not tensor["aggregated"]
+    assert {r["label"] for r in tensor["rows"]} <= set(run.tensors) | {"(runtime)"}
+    phase = lanes("phase")
+    assert phase["lanes"] == "phase" and not phase["aggregated"]
+    labels = [r["label"] for r in phase["rows"]]
+    # one lane per phase rank 1 recorded, in the library's phase order, each slice in its own
+    assert labels == [p for p in PHASES if p in labels]
+    assert {"negotiate", "op", "collective"} <= set(labels)
+    assert all(r["rank"] == 1 and r["phase"] == r["label"] for r in phase["rows"])
+    sl = phase["slices"]
+    assert sl["phase"] and all(
+        labels[row] == ph for row, ph in zip(sl["row"], sl["phase"], strict=True)
+    )
+    assert phase["total"] == tensor["total"] == int((run.slices.rank == 1).sum())
+    expected = timeline_window(
+        run, run.t0_us, run.t1_us, expand_rank=1, lanes="phase", max_items=20000
+    ).to_dict()
+    assert phase == json.loads(json.dumps(expected))
+    # aggregated when asked for fewer items: bins stay in the phase lanes
+    small = client.get(
+        "/api/timeline", params={"run": "demo", "expand_rank": 1, "lanes": "phase", "max_items": 60}
+    ).json()["data"]
+    assert small["aggregated"] and set(small["buckets"]["row"]) <= set(range(len(labels)))
+    assert sum(small["buckets"]["count"]) == phase["total"]
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"lanes": "phase"}, "needs expand_rank"),
+        ({"lanes": "bogus", "expand_rank": 0}, "lanes"),
+    ],
+)
+def test_bad_lanes_are_a_clear_422(client: TestClient, params: dict, message: str) -> None:
+    response = client.get("/api/timeline", params={"run": "demo", **params})
+    assert response.status_code == 422 and message in response.text
+
+
 # ------------------------------------------------------------------------ token
 
 

@@ -83,6 +83,17 @@ def wait_for_timeline(page, predicate: str) -> None:
     page.wait_for_timeout(300)  # let Plotly finish drawing before a screenshot
 
 
+def axis_titles(page, plot: str) -> list[str]:
+    """The axis titles Plotly drew in one chart (empty when a title was ignored)."""
+    return [
+        t.strip()
+        for t in page.locator(
+            f"#{plot} .g-xtitle text, #{plot} .g-ytitle text, #{plot} .g-y2title text"
+        ).all_text_contents()
+        if t.strip()
+    ]
+
+
 def test_page_timeline_zoom_expand_stragglers_autotune(
     browser: object, served: Path, tmp_path: Path
 ) -> None:
@@ -92,6 +103,19 @@ def test_page_timeline_zoom_expand_stragglers_autotune(
     with dashboard_server(served) as base:
         page, errors = open_page(browser, base + "?run=demo")
         page.screenshot(path=str(tmp_path / "1-loaded.png"), full_page=True)
+
+        # every chart says what its axes are, with units
+        assert any("ms since the run started" in t for t in axis_titles(page, "timeline"))
+        for plot, words in {
+            "breakdown": ["ms"],
+            "stragglers": ["step"],
+            "fusion": ["tensors fused", "collectives"],
+            "bandwidth": ["message size (bytes)", "MB/s"],
+            "autotune-score": ["sample", "MB/s"],
+            "autotune-params": ["sample", "MiB", "ms"],
+        }.items():
+            titles = " | ".join(axis_titles(page, plot))
+            assert all(w in titles for w in words), (plot, titles)
 
         # one row per rank, labelled, drawn by Plotly as y tick labels
         assert lanes(page) == [f"rank {r} ({run.hosts[r]})" for r in run.ranks]
@@ -136,6 +160,26 @@ def test_page_timeline_zoom_expand_stragglers_autotune(
         assert any(name.startswith("allreduce.") for name in tensor_lanes), (tensor_lanes, view)
         page.screenshot(path=str(tmp_path / "3-expanded.png"), full_page=False)
 
+        # or into its phase lanes: one row per phase, each bar coloured by its own phase
+        page.select_option("#expand-select", "1:phase")
+        wait_for_timeline(page, "window.HVD_STATE.laneKinds === 'phase'")
+        phase_lanes = lanes(page)
+        from hvdprof.analysis.model import PHASES
+
+        assert phase_lanes == [p for p in PHASES if p in phase_lanes]
+        assert {"negotiate", "collective"} <= set(phase_lanes), phase_lanes
+        ticks = page.locator("#timeline .ytick text").all_text_contents()
+        assert sorted(ticks) == sorted(phase_lanes)
+        drawn = page.evaluate(
+            "document.getElementById('timeline').data"
+            ".filter(t => t.type === 'bar').map(t => [t.name, [...new Set(t.y)]])"
+        )
+        assert drawn and all(lane == [name] for name, lane in drawn), drawn
+        assert "phase" in page.locator("#timeline .gtitle").text_content()
+        page.screenshot(path=str(tmp_path / "3b-phase-lanes.png"), full_page=False)
+        page.select_option("#expand-select", "1")
+        wait_for_timeline(page, "window.HVD_STATE.laneKinds === 'tensor'")
+
         # the straggler verdict, word for word from the analysis library
         verdict = page.locator("#straggler-verdict").text_content()
         assert verdict == find_stragglers(run).verdict and verdict
@@ -168,11 +212,22 @@ def test_horovod_timeline_and_compare(browser: object, served: Path, tmp_path: P
         )
         meta = page.locator("#run-meta").text_content()
         assert meta.startswith("horovod timeline")
+        info = page.evaluate("window.HVD_STATE.info")
+        # Horovod's timeline is written by rank 0: the other ranks keep a (named) empty row
+        assert len(lanes(page)) == len(info["ranks"])
+        status = page.locator("#timeline-status").text_content()
+        ticks = page.locator("#timeline .ytick text").all_text_contents()
+        assert sorted(ticks) == sorted(lanes(page))
+        assert "nothing recorded in this window for: rank 1" in status, status
+        assert "rank 1" in page.locator("#stragglers-note").text_content()
         page.select_option("#compare-a", "demo")
         page.select_option("#compare-b", "horovod/timeline.json")
         page.click("#compare-go")
         page.wait_for_selector("#compare .barlayer, #compare .empty")
         page.screenshot(path=str(tmp_path / "compare.png"), full_page=True)
+        legend = " ".join(page.locator("#compare .legendtext").all_text_contents())
+        assert "demo" in legend and str(served) not in legend  # run ids, not long paths
+        assert page.locator("#compare > .empty").count() == 0  # the prompt went away
         assert errors == []
 
 
@@ -262,6 +317,9 @@ def test_report_opens_offline(browser: object, served: Path, tmp_path: Path) -> 
     assert verdict == find_stragglers(load_run(str(served / "demo"), cache=False)).verdict
     page.select_option("#expand-select", "0")  # expanded lanes are embedded too
     page.wait_for_function("window.HVD_STATE.lanes.length > 2")
+    page.select_option("#expand-select", "0:phase")
+    page.wait_for_function("window.HVD_STATE.laneKinds === 'phase'")
+    assert "negotiate" in lanes(page)
     assert page.locator("#autotune-score .scatterlayer .point").count() > 0
     assert errors == []
     context.close()

@@ -16,7 +16,7 @@
   // The breakdown's categories (hvdprof.analysis.breakdown); idle is compute, drawn quiet.
   const CATEGORY_COLORS = { idle: "#e5e7eb" };
   const state = {
-    runs: [], run: null, info: null, expand: "", view: null, version: 0,
+    runs: [], run: null, info: null, expand: "", laneKind: "tensor", view: null, version: 0,
     timelineRequest: 0, lanes: [], live: false, updates: 0,
   };
   window.HVD_STATE = state; // for the browser tests and the curious
@@ -70,10 +70,33 @@
     if (Math.abs(us) >= 1e3) return (us / 1e3).toFixed(2) + " ms";
     return Number(us).toFixed(1) + " us";
   }
-  // Plotly.react, after an empty() notice shrank the box back to its CSS height.
+  // Plotly.react, after removing an empty() notice and giving the box its CSS height back.
   function draw(el, traces, layout, config) {
-    if (el.id !== "timeline") el.style.height = "";
+    // a chart that sets its own height gets a box that tall (nothing spills onto the next line)
+    if (el.id !== "timeline") el.style.height = layout.height ? layout.height + "px" : "";
+    el.querySelectorAll(":scope > .empty").forEach((n) => n.remove());
     Plotly.react(el, traces, layout, config);
+  }
+  // An axis with a visible title (plotly.js 3+ ignores a plain-string title).
+  function axis(title, extra) { return Object.assign({ title: { text: title } }, extra || {}); }
+  // A log axis labelled at a handful of round values instead of every 2 and 5.
+  // values: the data on that axis; ticks go at 1-2-5 steps (or decades when those crowd).
+  function logAxis(title, values, extra) {
+    const ticks = logTicks(values || []);
+    const base = ticks ? { tickvals: ticks, tickformat: ".3~g" } : { nticks: 6, tickformat: ".3~g" };
+    return axis(title, Object.assign({ type: "log" }, base, extra || {}));
+  }
+  function logTicks(values) {
+    const v = values.filter((x) => x > 0 && Number.isFinite(x));
+    if (!v.length) return null;
+    const lo = Math.min(...v), hi = Math.max(...v);
+    const decades = [];
+    for (let k = Math.floor(Math.log10(lo)); k <= Math.ceil(Math.log10(hi)); k++) decades.push(Math.pow(10, k));
+    const within = (x) => x >= lo / 1.5 && x <= hi * 1.5;
+    const steps = decades.flatMap((d) => [d, 2 * d, 5 * d]).filter(within);
+    const tens = decades.filter(within);
+    if (steps.length <= 8 && steps.length >= 2) return steps;
+    return tens.length >= 2 ? tens : null;
   }
   function empty(el, message) {
     Plotly.purge(el);
@@ -106,8 +129,9 @@
     return fallback;
   }
   const baseLayout = () => ({
-    margin: { l: 60, r: 16, t: 24, b: 44 }, font: { size: 12 },
-    paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "#fff", legend: { orientation: "h", y: -0.2 },
+    // legend below the x axis title (yanchor top, far enough down not to overlap it)
+    margin: { l: 60, r: 16, t: 24, b: 90 }, font: { size: 12 },
+    paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "#fff", legend: { orientation: "h", y: -0.3, yanchor: "top" },
   });
   const plotConfig = { displaylogo: false, responsive: true };
 
@@ -137,7 +161,10 @@
     const ticket = ++state.timelineRequest;
     const el = $("timeline");
     const width = Math.max(400, el.clientWidth || 1000);
-    const query = { run: state.run, expand_rank: state.expand, max_items: Math.min(20000, width * 4) };
+    const query = {
+      run: state.run, expand_rank: state.expand, lanes: state.expand !== "" ? state.laneKind : "",
+      max_items: Math.min(20000, width * 4),
+    };
     if (state.view) { query.t0_us = state.view[0]; query.t1_us = state.view[1]; }
     let body;
     try {
@@ -154,8 +181,9 @@
   function drawTimeline(data) {
     const el = $("timeline");
     if (!data) { empty(el, "no events to show yet"); return; }
-    // timeline_window().to_dict(): rows (one per rank, or per tensor of the expanded rank)
-    // and either slices or, when too many for the screen, buckets (columns of lists).
+    // timeline_window().to_dict(): rows (one per rank, or per tensor or per phase of the
+    // expanded rank) and either slices or, when too many for the screen, buckets (columns
+    // of lists).
     const lanes = data.rows || [];
     const items = rows(data.aggregated ? data.buckets : data.slices);
     const t0 = runT0();
@@ -200,16 +228,32 @@
       });
     }
     const categories = lanes.map((l) => l.label);
+    // Every lane keeps its row, also one with nothing in this window (Plotly would drop it):
+    // an invisible point per lane, and the empty ones named in the status line.
+    const filled = new Set(items.map((it) => it.row));
+    const emptyLanes = lanes.filter((l) => !filled.has(l.row)).map((l) => l.label);
+    if (categories.length) {
+      traces.push({
+        type: "scatter", mode: "markers", y: categories, x: categories.map(() => (data.t0_us - t0) / 1000),
+        marker: { opacity: 0 }, hoverinfo: "skip", showlegend: false, name: "lanes",
+      });
+    }
     state.lanes = categories;
+    state.laneKinds = data.lanes || (data.expand_rank == null ? "rank" : "tensor");
     el.dataset.lanes = String(categories.length);
     el.dataset.items = String(items.length);
+    const expanded = data.expand_rank != null;
+    const laneTitle = !expanded ? "" : state.laneKinds === "phase"
+      ? "rank " + data.expand_rank + ": one lane per phase" : "rank " + data.expand_rank + ": one lane per tensor";
     const layout = Object.assign(baseLayout(), {
       barmode: "overlay", bargap: 0.25, showlegend: true,
-      margin: { l: 150, r: 16, t: 10, b: 44 },
-      xaxis: { title: "ms since the run started (rank 0's clock)", zeroline: false },
+      margin: { l: 150, r: 16, t: 30, b: 44 },
+      title: expanded ? { text: laneTitle, font: { size: 12 }, x: 0.01, xanchor: "left" } : undefined,
+      xaxis: axis("ms since the run started (aligned clock: rank 0's)", { zeroline: false }),
       yaxis: { type: "category", categoryorder: "array", categoryarray: categories.slice().reverse(), automargin: true, fixedrange: true },
-      uirevision: state.run + "|" + state.expand,
-      height: Math.max(260, 70 + 34 * Math.max(categories.length, 2)),
+      legend: { orientation: "h", x: 1, xanchor: "right", y: 1, yanchor: "bottom", title: { text: "phase: " } },
+      uirevision: state.run + "|" + state.expand + "|" + state.laneKind,
+      height: Math.max(260, 90 + 34 * Math.max(categories.length, 2)),
     });
     el.style.height = layout.height + "px";
     if (state.view) layout.xaxis.range = [(state.view[0] - t0) / 1000, (state.view[1] - t0) / 1000];
@@ -217,7 +261,8 @@
     draw(el, traces, layout, plotConfig);
     const agg = data.aggregated ? " (" + data.total + " slices aggregated into time bins: zoom in for single events)" : "";
     const span = state.view ? state.view : [data.t0_us, data.t1_us];
-    text($("timeline-status"), (data.aggregated ? items.length + " bins" : items.length + " slices") + " in " + fmtUs(span[1] - span[0]) + agg);
+    const none = emptyLanes.length ? " \u00b7 nothing recorded in this window for: " + emptyLanes.join(", ") : "";
+    text($("timeline-status"), (data.aggregated ? items.length + " bins" : items.length + " slices") + " in " + fmtUs(span[1] - span[0]) + agg + none);
     if (!el.dataset.bound) {
       el.dataset.bound = "1";
       el.on("plotly_relayout", onRelayout);
@@ -242,8 +287,9 @@
     if (state.expand !== "" || !ev.points || !ev.points.length) return;
     const rank = ev.points[0].customdata;
     if (rank === null || rank === undefined) return;
-    $("expand-select").value = String(rank);
     state.expand = String(rank);
+    state.laneKind = "tensor";
+    $("expand-select").value = String(rank);
     loadTimeline();
   }
 
@@ -293,7 +339,7 @@
       hovertemplate: "%{x}: %{y:.1f} ms<extra>" + (labels[cat] || cat) + "</extra>",
     }));
     draw(el, traces, Object.assign(baseLayout(), {
-      barmode: "stack", yaxis: { title: "ms over the run" }, legend: { orientation: "h", y: -0.15, font: { size: 11 } },
+      barmode: "stack", yaxis: axis("ms over the whole run"), legend: { orientation: "h", y: -0.15, font: { size: 11 } },
       margin: { l: 60, r: 16, t: 10, b: 30 }, height: 360,
     }), plotConfig);
     drawWaitHeatmap(data);
@@ -304,7 +350,12 @@
     const el = $("stragglers");
     const ranks = (data && data.ranks) || [];
     const z = ranks.map((r) => ((r.per_step_ms || {}).negotiate) || []);
-    if (!ranks.length || !z.some((row) => row.length)) { empty(el, "no negotiation waits recorded"); return; }
+    // Ranks of the run with no row here (a Horovod timeline is written by rank 0 alone).
+    const shown = new Set(ranks.filter((r, i) => z[i].length).map((r) => r.rank));
+    const missing = ((state.info && state.info.ranks) || []).filter((r) => !shown.has(r));
+    text($("stragglers-note"), missing.length && shown.size
+      ? "no negotiation wait recorded for rank " + missing.join(", ") + " (its timeline has no negotiation slices)" : "");
+    if (!ranks.length || !z.some((row) => row.length)) { empty(el, "no negotiation waits recorded in this timeline"); return; }
     const steps = Math.max(...z.map((row) => row.length));
     draw(el, [{
       type: "heatmap", z: z, x: Array.from({ length: steps }, (_, i) => i), y: ranks.map((r) => "rank " + r.rank),
@@ -312,7 +363,7 @@
       zmin: 0, zmax: colourCap(z),
       hovertemplate: "%{y}, step %{x}: waited %{z:.2f} ms for the others<extra></extra>",
     }], Object.assign(baseLayout(), {
-      xaxis: { title: "step" }, yaxis: { autorange: "reversed", type: "category" }, height: 340,
+      xaxis: axis("training step"), yaxis: { autorange: "reversed", type: "category" }, height: 340,
       margin: { l: 60, r: 16, t: 10, b: 44 },
     }), plotConfig);
   }
@@ -342,9 +393,9 @@
       };
     });
     draw(el, traces, Object.assign(baseLayout(), {
-      barmode: "group", xaxis: { title: "tensors per collective (fusion group size)", type: "category" },
-      yaxis: { title: "collectives" },
-      title: { text: "buffer fill (fused groups' bytes / threshold " + fmtBytes(data.threshold_bytes) + ")", font: { size: 11 } },
+      barmode: "group", showlegend: true, xaxis: axis("tensors fused into one collective", { type: "category" }),
+      yaxis: axis("number of collectives"),
+      title: { text: "fill (legend) = a fused collective's bytes / the " + fmtBytes(data.threshold_bytes) + " threshold, on average", font: { size: 11 } },
     }), plotConfig);
   }
 
@@ -364,7 +415,8 @@
       };
     });
     draw(el, traces, Object.assign(baseLayout(), {
-      xaxis: { title: "message size (bytes)", type: "log" }, yaxis: { title: "bus bandwidth (MB/s)", type: "log" },
+      xaxis: logAxis("message size (bytes)", bins.map((b) => b.median_bytes), { tickformat: ".2~s" }),
+      yaxis: logAxis("bus bandwidth (MB/s)", bins.map((b) => b.busbw_gbps * 1000)),
     }), plotConfig);
   }
 
@@ -376,7 +428,7 @@
     const scoreEl = $("autotune-score"), paramEl = $("autotune-params");
     if (!samples.length) {
       empty(scoreEl, "no autotune samples in this run (run with --autotune)");
-      empty(paramEl, "");
+      empty(paramEl, "the parameters each sample tried appear here");
       return;
     }
     const idx = samples.map((s) => s.index);
@@ -392,17 +444,17 @@
         marker: { size: 10, color: samples.map((s) => (s.is_best ? "#1a7f37" : PHASE_COLORS.autotune)) } },
       { type: "scatter", mode: "lines", name: "best so far", x: idx, y: best, hoverinfo: "skip", line: { shape: "hv", color: "#1a7f37" } },
     ], Object.assign(baseLayout(), {
-      title: { text: "score per sample (click one)", font: { size: 12 } }, xaxis: { title: "sample" },
-      yaxis: { title: "MB/s reduced" }, margin: { l: 55, r: 10, t: 30, b: 44 },
+      title: { text: "score per sample (click one)", font: { size: 12 } }, xaxis: axis("sample #"),
+      yaxis: axis("score: MB/s reduced"), margin: { l: 55, r: 10, t: 30, b: 90 },
     }), plotConfig);
     draw(paramEl, [
       { type: "scatter", mode: "lines+markers", name: "fusion threshold (MiB)", x: idx, y: samples.map((s) => s.fusion_threshold_bytes / 1048576) },
       { type: "scatter", mode: "lines+markers", name: "cycle time (ms)", x: idx, y: samples.map((s) => s.cycle_time_ms), yaxis: "y2" },
     ], Object.assign(baseLayout(), {
-      title: { text: "parameter trajectory", font: { size: 12 } }, xaxis: { title: "sample" },
-      yaxis: { title: "threshold MiB", type: "log", nticks: 6, tickformat: ".3~g" },
-      yaxis2: { title: "cycle ms", type: "log", overlaying: "y", side: "right", nticks: 6, tickformat: ".3~g" },
-      margin: { l: 55, r: 50, t: 30, b: 44 },
+      title: { text: "parameter trajectory", font: { size: 12 } }, xaxis: axis("sample #"),
+      yaxis: logAxis("fusion threshold (MiB)", samples.map((s) => s.fusion_threshold_bytes / 1048576)),
+      yaxis2: logAxis("cycle time (ms)", samples.map((s) => s.cycle_time_ms), { overlaying: "y", side: "right" }),
+      margin: { l: 55, r: 50, t: 30, b: 90 },
     }), plotConfig);
     if (!scoreEl.dataset.bound) {
       scoreEl.dataset.bound = "1";
@@ -431,7 +483,7 @@
     });
     draw(el, traces, Object.assign(baseLayout(), {
       title: { text: "surrogate over threshold x cycle time", font: { size: 12 } }, showlegend: false,
-      xaxis: { title: "fusion threshold (bytes)", type: "log" }, yaxis: { title: "cycle time (ms)", type: "log" },
+      xaxis: logAxis("fusion threshold (bytes)", data.x, { tickformat: ".2~s" }), yaxis: logAxis("cycle time (ms)", data.y),
       margin: { l: 55, r: 10, t: 30, b: 44 },
     }), plotConfig);
   }
@@ -443,11 +495,11 @@
     try {
       const body = await api("api/compare", { a: a, b: b });
       setNotices("compare", body.notices);
-      drawCompare(body.data);
+      drawCompare(body.data, body.a || a, body.b || b);
     } catch (err) { empty(el, "comparison unavailable: " + err.message); }
   }
 
-  function drawCompare(data) {
+  function drawCompare(data, a, b) {
     const el = $("compare");
     el.dataset.drawn = "1";
     text($("compare-verdicts"), data && data.verdict);
@@ -455,13 +507,16 @@
     const phases = rowsAll.filter((r) => r.kind === "phase");
     const shown = phases.length ? phases : rowsAll.slice(0, 12);
     if (!shown.length) { empty(el, "nothing to compare"); return; }
-    const keys = shown.map((r) => r.kind + ": " + r.key);
+    const keys = shown.map((r) => (phases.length ? r.key : r.kind + ": " + r.key));
+    // runs by their id in the run list (data.a/b are full paths, too long for a legend)
     draw(el, [
-      { type: "bar", name: "baseline (" + data.a + ")", x: keys, y: shown.map((r) => r.a_ms) },
-      { type: "bar", name: "compared (" + data.b + ")", x: keys, y: shown.map((r) => r.b_ms) },
+      { type: "bar", name: "baseline: " + a, x: keys, y: shown.map((r) => r.a_ms),
+        hovertemplate: "%{x}: %{y:.2f} ms per step<extra>baseline</extra>" },
+      { type: "bar", name: "compared: " + b, x: keys, y: shown.map((r) => r.b_ms),
+        hovertemplate: "%{x}: %{y:.2f} ms per step<extra>compared</extra>" },
     ], Object.assign(baseLayout(), {
-      barmode: "group", yaxis: { title: "ms per step" },
-      title: { text: "step " + (data.step_ms_a || 0).toFixed(2) + " ms vs " + (data.step_ms_b || 0).toFixed(2) + " ms", font: { size: 12 } },
+      barmode: "group", yaxis: axis("ms per step"), xaxis: axis(phases.length ? "phase" : ""),
+      title: { text: "time per step: " + (data.step_ms_a || 0).toFixed(2) + " ms (baseline) vs " + (data.step_ms_b || 0).toFixed(2) + " ms (compared)", font: { size: 12 } },
     }), plotConfig);
   }
 
@@ -504,7 +559,11 @@
       (hosts.length ? " on " + hosts.join(", ") : "") + " \u00b7 " + info.tensors + " tensors" +
       (info.t1_us != null && info.t0_us != null ? " \u00b7 " + fmtUs(info.t1_us - info.t0_us) : "") +
       (info.complete ? "" : " \u00b7 still being written") + " \u00b7 v" + info.version);
-    fillSelect($("expand-select"), [["", "one row per rank"]].concat(info.ranks.map((r) => [String(r), "rank " + r + ": tensor lanes"])), state.expand);
+    const laneOptions = [["", "one row per rank"]];
+    for (const r of info.ranks) {
+      laneOptions.push([String(r), "rank " + r + ": tensor lanes"], [r + ":phase", "rank " + r + ": phase lanes"]);
+    }
+    fillSelect($("expand-select"), laneOptions, expandValue());
     const list = $("problems");
     list.innerHTML = "";
     for (const p of info.problems || []) {
@@ -528,11 +587,23 @@
   }
 
   async function selectRun(runId) {
-    state.run = runId; state.view = null; state.expand = "";
+    state.run = runId; state.view = null; state.expand = ""; state.laneKind = "tensor";
     if (!runId) { empty($("timeline"), "no runs under this directory yet"); return; }
     try { await loadInfo(); } catch (err) { setNotices("run", [err.message]); return; }
     await Promise.all([loadTimeline(), loadSections()]);
     document.body.dataset.ready = "1";
+  }
+
+  // The lanes control: "" (a row per rank), "R" (rank R's tensor lanes), "R:phase".
+  function expandValue() {
+    if (state.expand === "") return "";
+    return state.laneKind === "phase" ? state.expand + ":phase" : state.expand;
+  }
+  function setExpand(value) {
+    const [rank, kind] = String(value || "").split(":");
+    state.expand = rank || "";
+    state.laneKind = kind === "phase" ? "phase" : "tensor";
+    loadTimeline();
   }
 
   // ------------------------------------------------------------------ live updates
@@ -565,7 +636,7 @@
     if (TOKEN) $("docs-link").href = "docs?token=" + encodeURIComponent(TOKEN);
     if (EMBEDDED) $("docs-link").hidden = true;
     $("run-select").addEventListener("change", (e) => selectRun(e.target.value));
-    $("expand-select").addEventListener("change", (e) => { state.expand = e.target.value; loadTimeline(); });
+    $("expand-select").addEventListener("change", (e) => setExpand(e.target.value));
     $("reset-zoom").addEventListener("click", () => { state.view = null; loadTimeline(); });
     $("compare-go").addEventListener("click", compareRuns);
     connectLive();

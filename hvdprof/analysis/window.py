@@ -2,8 +2,10 @@
 
 ``timeline_window`` returns one row per rank (the phases: negotiation, queue, copies,
 backend call, other; the enclosing ``<OP>`` slices and cycle marks are left out since
-the phases tile them), or, for ``expand_rank``, one row per tensor of that rank with
-every slice. When more than ``max_items`` slices overlap the window, it returns buckets
+the phases tile them), or, for ``expand_rank``, that rank's slices in lanes: one row per
+tensor (``lanes="tensor"``: which tensor waited, which was reduced) or one row per phase
+(``lanes="phase"``: how negotiation, queueing, copies and the backend call of all tensors
+line up). When more than ``max_items`` slices overlap the window, it returns buckets
 instead: each row is cut into equal time bins (``max_items // rows`` of them) and each
 non-empty bin carries its dominant phase (most busy time), how many slices fell in it
 and their busy time, so a million-event run answers with a bounded payload in
@@ -21,6 +23,9 @@ import numpy as np
 
 from hvdprof.analysis.model import OPS, PHASE_CYCLE, PHASE_OP, PHASES, Run
 
+#: How ``timeline_window`` splits an expanded rank into rows.
+LANE_KINDS: tuple[str, ...] = ("tensor", "phase")
+
 
 @dataclass
 class TimelineWindow:
@@ -29,18 +34,22 @@ class TimelineWindow:
     expand_rank: int | None
     aggregated: bool
     total: int  # slices overlapping the window (before aggregation)
-    rows: list[dict[str, Any]] = field(default_factory=list)  # {"row", "label", "rank", "tensor"}
+    #: {"row", "label", "rank", "tensor", "phase"} (tensor/phase None when not that lane kind)
+    rows: list[dict[str, Any]] = field(default_factory=list)
     #: when not aggregated: row, start_us, dur_us, phase, name, tensor, op, bytes,
     #: group, group_tensors, backend, dtype (one list each)
     slices: dict[str, list[Any]] = field(default_factory=dict)
     #: when aggregated: row, start_us, dur_us (bin), phase (dominant), count, busy_us
     buckets: dict[str, list[Any]] = field(default_factory=dict)
+    #: "rank" (one row per rank), or the expanded rank's "tensor" or "phase" lanes
+    lanes: str = "rank"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "t0_us": self.t0_us,
             "t1_us": self.t1_us,
             "expand_rank": self.expand_rank,
+            "lanes": self.lanes,
             "aggregated": self.aggregated,
             "total": self.total,
             "phases": list(PHASES),
@@ -61,9 +70,13 @@ def timeline_window(
     *,
     ranks: Sequence[int] | None = None,
     expand_rank: int | None = None,
+    lanes: str = "tensor",
     max_items: int = 4000,
 ) -> TimelineWindow:
-    """Slices overlapping ``[t0_us, t1_us]``, one row per rank or per tensor of a rank."""
+    """Slices overlapping ``[t0_us, t1_us]``: one row per rank, or ``expand_rank``'s slices
+    in one row per tensor or per phase (``lanes``)."""
+    if lanes not in LANE_KINDS:
+        raise ValueError(f"timeline_window: lanes must be one of {LANE_KINDS}, got {lanes!r}")
     if t1_us < t0_us:
         t0_us, t1_us = t1_us, t0_us
     s = run.slices
@@ -77,6 +90,7 @@ def timeline_window(
             mask &= np.isin(s.rank, np.asarray(list(ranks), dtype=np.int32))
     idx = np.flatnonzero(mask)
     out = TimelineWindow(float(t0_us), float(t1_us), expand_rank, False, len(idx))
+    out.lanes = "rank" if expand_rank is None else lanes
     if expand_rank is None:
         row_keys = sorted(run.ranks if ranks is None else set(ranks) & set(run.ranks))
         row_of = np.full(max(row_keys, default=0) + 1, -1, dtype=np.int64)
@@ -88,10 +102,24 @@ def timeline_window(
                 "label": f"rank {r}" + (f" ({run.hosts[r]})" if r in run.hosts else ""),
                 "rank": r,
                 "tensor": None,
+                "phase": None,
             }
             for i, r in enumerate(row_keys)
         ]
         rows = row_of[s.rank[idx]]
+    elif lanes == "phase":
+        phases = np.unique(s.phase[idx])  # in PHASES order: negotiate, op, queue, copies, ...
+        out.rows = [
+            {
+                "row": i,
+                "label": PHASES[p],
+                "rank": expand_rank,
+                "tensor": None,
+                "phase": PHASES[p],
+            }
+            for i, p in enumerate(phases.tolist())
+        ]
+        rows = np.searchsorted(phases, s.phase[idx])
     else:
         tensors = np.unique(s.tensor[idx])
         out.rows = [
@@ -100,6 +128,7 @@ def timeline_window(
                 "label": run.tensors[t] if t >= 0 else "(runtime)",
                 "rank": expand_rank,
                 "tensor": int(t),
+                "phase": None,
             }
             for i, t in enumerate(tensors.tolist())
         ]

@@ -4,11 +4,19 @@ Every path the API accepts (a run, a static file) goes through :func:`resolve_in
 ``..`` components, absolute paths, NUL bytes and symlinks whose target lies outside the
 root are refused. Starlette has already percent-decoded the path, so ``%2e%2e%2f`` arrives
 here as ``../`` and is refused the same way.
+
+:func:`web_directory` finds the page itself: ``hvdprof/_web`` inside an installed wheel
+(``pyproject.toml`` maps ``web/`` there), or ``web/`` at the root of a checkout.
 """
 
 from __future__ import annotations
 
+import importlib.resources
+import importlib.util
 from pathlib import Path, PurePosixPath
+
+#: Files the page needs; a directory lacking one of them is not the page.
+PAGE_FILES: tuple[str, ...] = ("index.html", "app.js", "style.css")
 
 
 class OutsideRootError(ValueError):
@@ -43,3 +51,27 @@ def escaping_links(root: Path, directory: Path) -> list[str]:
             if target != root and root not in target.parents:
                 bad.append(entry.name)
     return bad
+
+
+def _page_at(directory: Path) -> bool:
+    return all((directory / name).is_file() for name in PAGE_FILES)
+
+
+def web_directory() -> Path:
+    """The dashboard page's static files.
+
+    Found through the import system, not ``__file__``, so it follows wherever ``hvdprof``
+    was imported from: the wheel's ``hvdprof/_web`` (a regular install), else ``web/``
+    beside the package directory (a checkout or an editable install, where the repo's
+    ``web/`` is the page being edited). When neither holds the page, the packaged location
+    is returned and the server answers 404 with the reason instead of a page.
+    """
+    packaged = Path(str(importlib.resources.files("hvdprof") / "_web"))
+    if _page_at(packaged):
+        return packaged
+    spec = importlib.util.find_spec("hvdprof")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        checkout = Path(location).resolve().parent / "web"
+        if _page_at(checkout):
+            return checkout
+    return packaged

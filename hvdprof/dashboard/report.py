@@ -4,8 +4,9 @@ The report is the same page (``web/``) with Plotly, the stylesheet and the scrip
 plus the API responses it would have fetched, embedded as JSON under the keys the page's
 ``api()`` looks up. So the charts are the dashboard's charts, drawn by the same code from
 the same analysis results, and the file opens with no server and no network. The timeline
-is embedded for the whole run (aggregated as the server would) and per expanded rank;
-zooming in the report magnifies that data instead of asking a server for finer events.
+is embedded for the whole run (aggregated as the server would) and per expanded rank, in
+tensor and in phase lanes; zooming in the report magnifies that data instead of asking a
+server for finer events.
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from hvdprof.dashboard.catalog import RunCatalog, RunLoadError, RunNotFoundError
-from hvdprof.dashboard.paths import OutsideRootError
+from hvdprof.dashboard.paths import OutsideRootError, web_directory
 from hvdprof.dashboard.routes.analyses import ANALYSES, analysis_function
 from hvdprof.dashboard.routes.page import plotly_js_path
 from hvdprof.dashboard.service import run_info, section
-from hvdprof.dashboard.settings import web_directory
 from hvdprof.errors import HvdprofError
 
 #: Timeline items embedded per view: enough detail to read, small enough to open fast.
@@ -55,17 +55,22 @@ def embedded_responses(catalog: RunCatalog, run_id: str) -> dict[str, Any]:
         else:
             body = section(catalog, run_id, name, compute).model_dump()
         out[f"api/analysis/{name}?run={run_id}"] = body
-    for expand in [None, *info.ranks]:
+    views: list[tuple[int | None, str]] = [(None, "tensor")]
+    views += [(rank, kind) for rank in info.ranks for kind in ("tensor", "phase")]
+    for expand, lanes in views:
         window = section(
             catalog, run_id, "timeline",
-            lambda r, e=expand: timeline_window(
-                r, r.t0_us, r.t1_us, expand_rank=e, max_items=REPORT_TIMELINE_ITEMS
+            lambda r, e=expand, k=lanes: timeline_window(
+                r, r.t0_us, r.t1_us, expand_rank=e, lanes=k, max_items=REPORT_TIMELINE_ITEMS
             ),
-            None, None, None, expand, REPORT_TIMELINE_ITEMS,
+            None, None, None, expand, lanes, REPORT_TIMELINE_ITEMS,
         ).model_dump()  # fmt: skip
         data = window.get("data") or {}
         window.update(t0_us=data.get("t0_us", info.t0_us), t1_us=data.get("t1_us", info.t1_us))
-        key = "api/timeline?" + (f"expand_rank={expand}&" if expand is not None else "")
+        # the page's embeddedKey(): query keys sorted, lanes sent only with expand_rank
+        key = "api/timeline?" + (
+            f"expand_rank={expand}&lanes={lanes}&" if expand is not None else ""
+        )
         out[key + f"run={run_id}"] = window
     return out
 

@@ -37,8 +37,10 @@ def is_loopback(host: str) -> bool:
 
 
 def web_directory() -> Path:
-    """The static page (``web/`` next to the package in a checkout or editable install)."""
-    return Path(__file__).resolve().parent.parent.parent / "web"
+    """The static page: see :func:`hvdprof.dashboard.paths.web_directory`."""
+    from hvdprof.dashboard.paths import web_directory as locate
+
+    return locate()
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,12 @@ def plotly_js_path() -> Path:
 
 @router.get("/", include_in_schema=False)
 def index(settings: Annotated[DashboardSettings, Depends(get_settings)]) -> FileResponse:
-    return FileResponse(settings.web_dir / "index.html", media_type="text/html")
+    page = settings.web_dir / "index.html"
+    if not page.is_file():
+        raise HTTPException(
+            404, f"the dashboard page is not installed ({page} is missing): reinstall hvdprof"
+        )
+    return FileResponse(page, media_type="text/html")
 
 
 @router.get("/static/plotly.min.js", include_in_schema=False)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 
@@ -31,6 +31,10 @@ def _ranks(text: str | None) -> tuple[int, ...] | None:
     "/timeline",
     response_model=TimelineWindowResponse,
     summary="Events between t0_us and t1_us (whole run when omitted), one row per rank",
+    description="`hvdprof.analysis.timeline_window(run, t0_us, t1_us, ...).to_dict()` in "
+    "`data`: one row per rank, or with `expand_rank` that rank's tensor or phase lanes; "
+    "`slices` when they fit in `max_items`, else `buckets` (time bins with their dominant "
+    "phase, slice count and busy time).",
 )
 def timeline(
     run: RunId,
@@ -40,12 +44,23 @@ def timeline(
     ] = None,
     t1_us: Annotated[float | None, Query(description="window end (timeline microseconds)")] = None,
     ranks: Annotated[str | None, Query(description="comma-separated ranks (default all)")] = None,
-    expand_rank: Annotated[int | None, Query(description="show this rank's tensor lanes")] = None,
+    expand_rank: Annotated[
+        int | None, Query(description="show this rank's slices in lanes (see `lanes`)")
+    ] = None,
+    lanes: Annotated[
+        Literal["tensor", "phase"],
+        Query(
+            description="how `expand_rank` is split: one row per tensor, or one row per "
+            "phase (negotiate, op, queue, memcpy_in, collective, memcpy_out, ...)"
+        ),
+    ] = "tensor",
     max_items: Annotated[int, Query(ge=10, le=MAX_ITEMS_LIMIT)] = 4000,
 ) -> TimelineWindowResponse:
     catalog.entry(run)  # 403 / 404 before anything else
     if t0_us is not None and t1_us is not None and not t1_us > t0_us:
         raise HTTPException(422, f"t1_us ({t1_us}) must be greater than t0_us ({t0_us})")
+    if lanes == "phase" and expand_rank is None:
+        raise HTTPException(422, "lanes=phase needs expand_rank: the rank whose phases to show")
     selected = _ranks(ranks)
     try:
         from hvdprof.analysis import timeline_window
@@ -64,9 +79,10 @@ def timeline(
             r.t1_us if t1_us is None else t1_us,
             ranks=selected,
             expand_rank=expand_rank,
+            lanes=lanes,
             max_items=max_items,
         ),
-        t0_us, t1_us, selected, expand_rank, max_items,
+        t0_us, t1_us, selected, expand_rank, lanes, max_items,
     )  # fmt: skip
     data = result.data or {}
     return TimelineWindowResponse(
