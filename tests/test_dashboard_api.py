@@ -111,6 +111,42 @@ def test_static_files_stay_inside_web(client: TestClient, path: str) -> None:
     assert b"import argparse" not in response.content and b"## Two commands" not in response.content
 
 
+def test_symlinks_out_of_web_are_refused(served: Path, tmp_path: Path) -> None:
+    """A link planted in the page's directory cannot serve a file from outside it."""
+    from hvdprof.dashboard.paths import web_directory
+
+    web = tmp_path / "web"
+    shutil.copytree(web_directory(), web)
+    (tmp_path / "private.txt").write_text("private key material")
+    os.symlink(tmp_path / "private.txt", web / "leak.js")
+    os.symlink(tmp_path, web / "up")
+    app = create_app(DashboardSettings(served, web_dir=web))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        assert c.get("/static/app.js").status_code == 200
+        for path in ("/static/leak.js", "/static/up/private.txt", "/static/up%2fprivate.txt"):
+            response = c.get(path)
+            assert response.status_code == 403, (path, response.status_code)
+            assert b"private key" not in response.content
+
+
+def test_run_with_a_rank_file_linked_out_is_refused(real_run: Path, tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "run").mkdir(parents=True)
+    shutil.copy(real_run / "rank.0.json", root / "run" / "rank.0.json")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.copy(real_run / "rank.1.json", outside / "rank.1.json")
+    os.symlink(outside / "rank.1.json", root / "run" / "rank.1.json")
+    os.symlink(outside / "rank.1.json", root / "single.json")
+    with TestClient(create_app(DashboardSettings(root)), raise_server_exceptions=False) as c:
+        assert "single.json" not in [r["id"] for r in c.get("/api/runs").json()["runs"]]
+        for path in ("/api/run", "/api/timeline", "/api/analysis/breakdown"):
+            for run in ("run", "single.json", "run/rank.1.json"):
+                response = c.get(path, params={"run": run})
+                assert response.status_code == 403, (path, run, response.text)
+                assert "outside" in response.json()["detail"]
+
+
 def test_page_and_plotly_are_served_locally(client: TestClient) -> None:
     page = client.get("/")
     assert page.status_code == 200 and "static/plotly.min.js" in page.text
@@ -258,15 +294,27 @@ def test_truncated_corrupt_and_missing_rank(tmp_path: Path, real_run: Path) -> N
     (run / "manifest.rank.1.json").write_bytes((real_run / "manifest.rank.1.json").read_bytes())
     # rank 1's trace is missing; a third file is garbage
     (tmp_path / "garbage.json").write_bytes(b'[{"ph": "X", \x00\xff garbage')
+    # empty rank files, a compressed trace that is not gzip, a trace with no events
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "rank.0.json").write_bytes(b"")
+    (tmp_path / "empty" / "rank.1.json").write_bytes(b"[\n")
+    (tmp_path / "bad.json.gz").write_bytes(b"not gzip at all")
+    (tmp_path / "noevents.json").write_text('{"traceEvents": []}')
     with TestClient(create_app(DashboardSettings(tmp_path)), raise_server_exceptions=False) as c:
         ids = [r["id"] for r in c.get("/api/runs").json()["runs"]]
-        assert "broken" in ids
+        assert {"broken", "empty", "bad.json.gz"} <= set(ids)
         info = c.get("/api/run", params={"run": "broken"}).json()
         assert info["complete"] is False
         assert any("still being written" in n or "cut off" in n for n in info["notices"])
         _check_never_500(c, "broken")
         for run_id in ids:
             _check_never_500(c, run_id)
+            # ... and the page is told what went wrong (a notice or a clear 4xx)
+            info = c.get("/api/run", params={"run": run_id})
+            assert info.status_code < 500
+            if run_id in ("empty", "bad.json.gz"):
+                body = info.json()
+                assert body.get("notices") or body.get("problems") or body.get("detail"), body
 
 
 def test_growing_file_refreshes(tmp_path: Path, real_run: Path) -> None:

@@ -231,6 +231,44 @@ def test_horovod_timeline_and_compare(browser: object, served: Path, tmp_path: P
         assert errors == []
 
 
+def test_empty_broken_and_refused_runs_show_notices(
+    browser: object, served: Path, tmp_path: Path
+) -> None:
+    """No run, an unreadable run, a run linked out: a notice each, no script error."""
+    root = tmp_path / "root"
+    (root / "empty").mkdir(parents=True)
+    (root / "empty" / "rank.0.json").write_bytes(b"")
+    (root / "empty" / "rank.1.json").write_bytes(b"[\n")
+    (root / "linked").mkdir()
+    (root / "linked" / "rank.0.json").symlink_to(served / "demo" / "rank.0.json")
+    with dashboard_server(root) as base:
+        page, errors = open_page(browser, base + "?run=empty")
+        notices = page.locator("#notices").text_content()
+        assert "still being written" in notices, notices
+        assert not page.locator("#problems-card").is_hidden()
+        assert "empty file" in page.locator("#problems").text_content()
+        assert "no events recorded yet" in page.locator("#timeline .empty").text_content()
+        assert "No readiness marks" in page.locator("#straggler-verdict").text_content()
+        page.screenshot(path=str(tmp_path / "empty-run.png"), full_page=True)
+        page.close()
+
+        page, more = open_page(browser, base + "?run=linked")
+        notices = page.locator("#notices").text_content()
+        assert "cannot be shown" in notices and "outside the served directory" in notices
+        page.screenshot(path=str(tmp_path / "linked-run.png"), full_page=False)
+        page.close()
+        assert errors + more == []
+
+    nothing = tmp_path / "nothing"
+    nothing.mkdir()
+    with dashboard_server(nothing) as base:
+        page, errors = open_page(browser, base)
+        assert "no timeline here yet" in page.locator("#notices").text_content()
+        assert "no runs under this directory yet" in page.locator("#timeline").text_content()
+        page.screenshot(path=str(tmp_path / "no-runs.png"), full_page=False)
+        assert errors == []
+
+
 def test_token_page_keeps_working(browser: object, served: Path, tmp_path: Path) -> None:
     with dashboard_server(served, "--token", "tok3n") as base:
         page, errors = open_page(browser, base + "?token=tok3n&run=demo")

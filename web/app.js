@@ -186,6 +186,13 @@
     // of lists).
     const lanes = data.rows || [];
     const items = rows(data.aggregated ? data.buckets : data.slices);
+    if (!items.length && !state.view) {
+      state.lanes = lanes.map((l) => l.label);
+      text($("timeline-status"), "");
+      empty(el, "no events recorded yet" + (lanes.length ? " (" + lanes.map((l) => l.label).join(", ") + ")" : "") +
+        ": the page updates by itself while a job writes");
+      return;
+    }
     const t0 = runT0();
     const laneLabel = new Map();
     const laneRank = new Map();
@@ -438,11 +445,16 @@
     const hover = samples.map((s) =>
       "threshold " + fmtBytes(s.fusion_threshold_bytes) + ", cycle " + s.cycle_time_ms + " ms, cache " +
       (s.cache_enabled ? "on" : "off") + "<br>steps " + s.first_step + "-" + s.last_step + " (" + s.phase + ")");
+    const chosen = samples.filter((s) => s.is_best);
     draw(scoreEl, [
+      // trace 0 holds every sample, in order (the click handler relies on it)
       { type: "scatter", mode: "markers", name: "sample", x: idx, y: score, text: hover,
         hovertemplate: "sample %{x}: %{y:.2f} MB/s<br>%{text}<extra>click: show on the timeline</extra>",
-        marker: { size: 10, color: samples.map((s) => (s.is_best ? "#1a7f37" : PHASE_COLORS.autotune)) } },
+        marker: { size: 9, color: PHASE_COLORS.autotune } },
       { type: "scatter", mode: "lines", name: "best so far", x: idx, y: best, hoverinfo: "skip", line: { shape: "hv", color: "#1a7f37" } },
+      { type: "scatter", mode: "markers", name: "best sample", x: chosen.map((s) => s.index),
+        y: chosen.map((s) => s.score_mb_per_s), hoverinfo: "skip",
+        marker: { size: 15, color: "rgba(0,0,0,0)", line: { color: "#1a7f37", width: 2.5 } } },
     ], Object.assign(baseLayout(), {
       title: { text: "score per sample (click one)", font: { size: 12 } }, xaxis: axis("sample #"),
       yaxis: axis("score: MB/s reduced"), margin: { l: 55, r: 10, t: 30, b: 90 },
@@ -482,7 +494,7 @@
       hovertemplate: "sample: %{text}<extra></extra>", marker: { color: "#fff", line: { color: "#000", width: 1 }, size: 7 },
     });
     draw(el, traces, Object.assign(baseLayout(), {
-      title: { text: "surrogate over threshold x cycle time", font: { size: 12 } }, showlegend: false,
+      title: { text: "the tuner's model: predicted MB/s (dots: samples)", font: { size: 12 } }, showlegend: false,
       xaxis: logAxis("fusion threshold (bytes)", data.x, { tickformat: ".2~s" }), yaxis: logAxis("cycle time (ms)", data.y),
       margin: { l: 55, r: 10, t: 30, b: 44 },
     }), plotConfig);
@@ -588,8 +600,19 @@
 
   async function selectRun(runId) {
     state.run = runId; state.view = null; state.expand = ""; state.laneKind = "tensor";
-    if (!runId) { empty($("timeline"), "no runs under this directory yet"); return; }
-    try { await loadInfo(); } catch (err) { setNotices("run", [err.message]); return; }
+    if (!runId) {
+      empty($("timeline"), "no runs under this directory yet: this page updates by itself when a job starts writing one");
+      document.body.dataset.ready = "1";
+      return;
+    }
+    try {
+      await loadInfo();
+    } catch (err) {
+      setNotices("run", ["run " + runId + " cannot be shown: " + err.message]);
+      empty($("timeline"), "this run cannot be shown (see the notice above)");
+      document.body.dataset.ready = "1";
+      return;
+    }
     await Promise.all([loadTimeline(), loadSections()]);
     document.body.dataset.ready = "1";
   }
