@@ -191,6 +191,10 @@ def test_page_timeline_zoom_expand_stragglers_autotune(
         points = page.locator("#autotune-score .scatterlayer .trace").first.locator(".point")
         assert points.count() == len(samples)
         assert page.locator("#autotune-params .scatterlayer .trace").count() == 2
+        # the ringed "best sample" is the one the analysis (and its verdict) names
+        report = autotune_report(run)
+        ringed = page.evaluate("document.getElementById('autotune-score').data[2].x")
+        assert ringed == [samples[report.best].index]
         assert (
             page.locator("#autotune-surface .contourlayer, #autotune-surface .empty").count() >= 1
         )

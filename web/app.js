@@ -444,15 +444,17 @@
     score.forEach((v, i) => best.push(i ? Math.max(best[i - 1], v) : v));
     const hover = samples.map((s) =>
       "threshold " + fmtBytes(s.fusion_threshold_bytes) + ", cycle " + s.cycle_time_ms + " ms, cache " +
-      (s.cache_enabled ? "on" : "off") + "<br>steps " + s.first_step + "-" + s.last_step + " (" + s.phase + ")");
-    const chosen = samples.filter((s) => s.is_best);
+      (s.cache_enabled ? "on" : "off") + "<br>steps " + s.first_step + "-" + s.last_step + " (" + s.phase + ")" +
+      (s.is_best ? "<br>ran the tuner's best configuration at the time" : ""));
+    // the analysis' best sample (highest score: the one the verdict names)
+    const chosen = data.best != null && samples[data.best] ? [samples[data.best]] : [];
     draw(scoreEl, [
       // trace 0 holds every sample, in order (the click handler relies on it)
       { type: "scatter", mode: "markers", name: "sample", x: idx, y: score, text: hover,
         hovertemplate: "sample %{x}: %{y:.2f} MB/s<br>%{text}<extra>click: show on the timeline</extra>",
         marker: { size: 9, color: PHASE_COLORS.autotune } },
       { type: "scatter", mode: "lines", name: "best so far", x: idx, y: best, hoverinfo: "skip", line: { shape: "hv", color: "#1a7f37" } },
-      { type: "scatter", mode: "markers", name: "best sample", x: chosen.map((s) => s.index),
+      { type: "scatter", mode: "markers", name: "best sample (highest score)", x: chosen.map((s) => s.index),
         y: chosen.map((s) => s.score_mb_per_s), hoverinfo: "skip",
         marker: { size: 15, color: "rgba(0,0,0,0)", line: { color: "#1a7f37", width: 2.5 } } },
     ], Object.assign(baseLayout(), {
