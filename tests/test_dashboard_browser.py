@@ -204,6 +204,10 @@ def test_page_timeline_zoom_expand_stragglers_autotune(
         page.wait_for_function(
             f"window.HVD_STATE.view && Math.abs(window.HVD_STATE.view[0] - {target.t0_us}) < 1"
         )
+        page.wait_for_function(
+            "document.getElementById('timeline-status').textContent"
+            f".includes('autotune sample {target.index} ran in')"
+        )
         page.screenshot(path=str(tmp_path / "4-autotune.png"), full_page=True)
         assert errors == []
 

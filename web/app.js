@@ -268,8 +268,9 @@
     draw(el, traces, layout, plotConfig);
     const agg = data.aggregated ? " (" + data.total + " slices aggregated into time bins: zoom in for single events)" : "";
     const span = state.view ? state.view : [data.t0_us, data.t1_us];
+    const sample = state.selectedSample != null && state.view ? " \u00b7 the window autotune sample " + state.selectedSample + " ran in" : "";
     const none = emptyLanes.length ? " \u00b7 nothing recorded in this window for: " + emptyLanes.join(", ") : "";
-    text($("timeline-status"), (data.aggregated ? items.length + " bins" : items.length + " slices") + " in " + fmtUs(span[1] - span[0]) + agg + none);
+    text($("timeline-status"), (data.aggregated ? items.length + " bins" : items.length + " slices") + " in " + fmtUs(span[1] - span[0]) + agg + sample + none);
     if (!el.dataset.bound) {
       el.dataset.bound = "1";
       el.on("plotly_relayout", onRelayout);
@@ -286,6 +287,7 @@
     else return;
     const t0 = runT0();
     state.view = view ? [t0 + view[0] * 1000, t0 + view[1] * 1000] : null;
+    state.selectedSample = null;
     clearTimeout(relayoutTimer);
     relayoutTimer = setTimeout(loadTimeline, 120);
   }
@@ -662,7 +664,7 @@
     if (EMBEDDED) $("docs-link").hidden = true;
     $("run-select").addEventListener("change", (e) => selectRun(e.target.value));
     $("expand-select").addEventListener("change", (e) => setExpand(e.target.value));
-    $("reset-zoom").addEventListener("click", () => { state.view = null; loadTimeline(); });
+    $("reset-zoom").addEventListener("click", () => { state.view = null; state.selectedSample = null; loadTimeline(); });
     $("compare-go").addEventListener("click", compareRuns);
     connectLive();
     await loadRuns();
