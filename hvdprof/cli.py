@@ -136,8 +136,11 @@ def _add_run(commands: Any) -> None:
         allow_abbrev=False,
     )
     run.add_argument(
-        "-np", "--num-proc", type=_positive_int, required=True, metavar="N", help="number of ranks"
+        "-np", "--num-proc", type=_positive_int, metavar="N", help="number of ranks"
     )
+    from hvdprof.elastic_launcher import add_elastic_options
+
+    add_elastic_options(run)
     run.add_argument("--timeline", metavar="DIR", help="write per-rank timelines to DIR")
     run.add_argument("--autotune", action="store_true", help="tune fusion and cycle time live")
     run.add_argument("--autotune-log", metavar="PATH", help="CSV log of autotune samples")
@@ -250,6 +253,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     overrides = run_overrides(args)
     _check_environment(overrides)
+    from hvdprof.elastic_launcher import elastic_requested, run_elastic
+
+    if elastic_requested(args):
+        return run_elastic(args, command, overrides)
+    if args.num_proc is None:
+        raise HvdprofError("run: -np N is required (or --min-np/--max-np for an elastic job)")
     from hvdprof.dashboard.commands import launch_with_dashboard
 
     return launch_with_dashboard(

@@ -187,6 +187,28 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "unset",
     ),
     EnvVar(
+        "HVDPROF_ELASTIC_STORE",
+        "elastic_store",
+        _str,
+        "",
+        "HOST:PORT of the elastic launcher's store. Set by `hvdprof run --min-np/--max-np`; "
+        "when set, each init() joins the newest generation of the job that names this worker.",
+    ),
+    EnvVar(
+        "HVDPROF_ELASTIC_WORKER",
+        "elastic_worker",
+        _str,
+        "",
+        "This worker's id in an elastic job. Set by `hvdprof run --min-np/--max-np`.",
+    ),
+    EnvVar(
+        "HVDPROF_ELASTIC_TIMEOUT_SECONDS",
+        "elastic_timeout_s",
+        _float(0, exclusive=True),
+        120.0,
+        "Longest an elastic worker waits for a generation of the job that includes it.",
+    ),
+    EnvVar(
         "HVDPROF_START_TIMEOUT_SECONDS",
         "start_timeout_s",
         _float(0, exclusive=True),
@@ -447,6 +469,9 @@ class Config:
     cross_size: int | None = None
     controller_addr: str = "127.0.0.1"
     controller_port: int | None = None
+    elastic_store: str = ""
+    elastic_worker: str = ""
+    elastic_timeout_s: float = 120.0
     start_timeout_s: float = 60.0
     cycle_time_ms: float = 1.0
     fusion_threshold_bytes: int = 4 * MiB

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from hvdprof.config import Config
 from hvdprof.errors import ConfigError, HvdprofError, NotInitializedError
-from hvdprof.runtime import timebase
+from hvdprof.runtime import environment, timebase
 from hvdprof.runtime.backends.gloo import GlooBackend
 from hvdprof.runtime.backends.shm import (
     SHM_DIR,
@@ -63,18 +63,12 @@ def _first_int(environ: Any, *names: str) -> int | None:
 
 
 def resolve_topology(config: Config, environ: Any = None) -> Topology:
-    """Ranks from ``hvdprof run``, else torchrun or MPI launchers, else a single process."""
+    """Ranks from ``hvdprof run``, else MPI, torchrun or Slurm (``environment.detect``),
+    else a single process. ``Runtime`` then takes local and cross ranks from host names."""
     env = os.environ if environ is None else environ
-    rank = (
-        config.rank
-        if config.rank is not None
-        else _first_int(env, "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-    )
-    size = (
-        config.size
-        if config.size is not None
-        else _first_int(env, "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-    )
+    launch = environment.detect(env)
+    rank = config.rank if config.rank is not None else launch.rank
+    size = config.size if config.size is not None else launch.size
     if rank is None and size is None:
         rank, size = 0, 1
     if rank is None or size is None:
@@ -83,16 +77,8 @@ def resolve_topology(config: Config, environ: Any = None) -> Topology:
         )
     if not 0 <= rank < size:
         raise ConfigError(f"HVDPROF_RANK={rank} is out of range for HVDPROF_SIZE={size}")
-    local_rank = (
-        config.local_rank
-        if config.local_rank is not None
-        else _first_int(env, "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK")
-    )
-    local_size = (
-        config.local_size
-        if config.local_size is not None
-        else _first_int(env, "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
-    )
+    local_rank = config.local_rank if config.local_rank is not None else launch.local_rank
+    local_size = config.local_size if config.local_size is not None else launch.local_size
     local_rank = rank if local_rank is None else local_rank
     local_size = size if local_size is None else local_size
     cross_size = (
@@ -131,15 +117,26 @@ class NameAllocator:
 
 class Runtime:
     def __init__(self, config: Config) -> None:
+        self.launch = environment.detect()
+        config = environment.with_launcher_rendezvous(config, self.launch)
         self.config = config
         self.topology = resolve_topology(config)
         t = self.topology
         self.rank, self.size = t.rank, t.size
+        self.host_name = environment.host_name(self.rank)
+        self.data_engine = environment.data_backend(
+            config.backend, self.launch, environment.mpi4py_installed()
+        )
         self._names = NameAllocator()
         self._inflight: set[str] = set()
         self._inflight_lock = threading.Lock()
         self._store, self.control, self._data_pg = self._rendezvous()
-        self.backend = GlooBackend(self._data_pg, self.rank, self.size)
+        config = self.config  # (the MPI rendezvous may have chosen the store's port)
+        t = self.topology  # (local and cross ranks now come from every rank's host name)
+        if self.data_engine == "mpi":
+            self.backend = self._data_pg
+        else:
+            self.backend = GlooBackend(self._data_pg, self.rank, self.size)
         self.executor = Executor(self.backend, self.rank, self.size)
         self.executor.retire = self._completed_batch
         if config.small_allreduce_bytes > 0 and self.size > 1:
@@ -147,6 +144,12 @@ class Runtime:
             self.executor.small_bytes = config.small_allreduce_bytes
         self.shm = self._open_shared_memory()
         self.executor.shm = self.shm
+        environment.JOB.update(
+            launcher=self.launch.launcher,
+            backend=self.data_engine,
+            shared_memory=self.shm is not None,
+            host=self.host_name,
+        )
         params = TunableParams(
             fusion_threshold_bytes=config.fusion_threshold_bytes,
             cycle_time_ms=config.cycle_time_ms,
@@ -196,7 +199,15 @@ class Runtime:
     def _open_shared_memory(self) -> SharedMemoryAllreduce | None:
         """Allreduce through shared memory when every rank can map every rank's segment."""
         cfg = self.config
-        if self.size == 1 or cfg.backend == "gloo":
+        if self.size == 1 or cfg.backend in ("gloo", "mpi"):
+            return None
+        if self.topology.cross_size > 1:  # segments are per host: none across hosts
+            if cfg.backend == "shm":
+                raise ConfigError(
+                    f"hvdprof rank {self.rank}: HVDPROF_BACKEND=shm needs every rank on one "
+                    f"host, but the ranks span {self.topology.cross_size} hosts: use "
+                    "HVDPROF_BACKEND=auto (or mpi, gloo)"
+                )
             return None
         try:
             return SharedMemoryAllreduce.open(self.control, cfg.fusion_threshold_bytes)
@@ -210,6 +221,10 @@ class Runtime:
             return None
 
     def _rendezvous(self) -> tuple[Any, Any, Any]:
+        if self.data_engine == "mpi" or (
+            self.launch.is_mpi and self.size > 1 and environment.mpi4py_installed()
+        ):
+            return environment.rendezvous_mpi(self)
         cfg = self.config
         port = cfg.controller_port
         if port is None:
@@ -227,9 +242,10 @@ class Runtime:
             ) from None
         # Every key of this incarnation lives under its own prefix: a rank whose previous
         # incarnation left addresses in the store can never read (and connect to) them.
-        store = dist.PrefixStore(f"hvdprof/init{generation}/", root)
+        store = dist.PrefixStore(f"hvdprof/{self.launch.namespace}init{generation}/", root)
         op_timeout = datetime.timedelta(seconds=cfg.collective_timeout_s)
         try:
+            self.set_hosts(environment.exchange_hosts(store, self.rank, self.size, self.host_name))
             control = ControlChannel.connect(
                 self.rank,
                 self.size,
@@ -244,6 +260,13 @@ class Runtime:
                 f"hvdprof rank {self.rank}: connecting to the other ranks failed: {_first_line(exc)}"
             ) from None
         return store, control, data
+
+    def set_hosts(self, hosts: list[str]) -> None:
+        """Local and cross ranks from every rank's host name (whatever the launcher said)."""
+        if self.size > 1:
+            self.topology = Topology(
+                self.rank, self.size, *environment.host_topology(hosts, self.rank)
+            )
 
     def _host(self) -> str:
         """This rank's address for the others: loopback when the job is on one machine."""
@@ -396,6 +419,10 @@ _stores: dict[tuple[str, int, int, int], list[Any]] = {}
 
 def _rendezvous_store(cfg: Config, port: int, rank: int, size: int) -> tuple[Any, int]:
     """The job's store (created on the first ``init()``) and this incarnation's number."""
+    if cfg.elastic_store:  # elastic: the launcher's store, one prefix per generation
+        from hvdprof.runtime import elastic
+
+        return elastic.generation_store()
     key = (cfg.controller_addr, port, rank, size)
     entry = _stores.get(key) if cfg.controller_port is not None else None
     if entry is None:
@@ -403,7 +430,7 @@ def _rendezvous_store(cfg: Config, port: int, rank: int, size: int) -> tuple[Any
             cfg.controller_addr,
             port,
             size,
-            rank == 0,
+            rank == 0 and not environment.detect().agent_store,  # torchrun's agent serves one
             timeout=datetime.timedelta(seconds=cfg.start_timeout_s),
             wait_for_workers=True,
         )
@@ -439,6 +466,10 @@ def init(config: Config | None = None) -> Runtime:
         if _runtime is not None and _runtime.cycle.thread.is_alive():
             return _runtime
         cfg = config or Config.from_env()
+        if cfg.elastic_store:  # rank and size come from the generation this worker joins
+            from hvdprof.runtime import elastic
+
+            cfg = elastic.join(cfg)
         logging.getLogger("hvdprof").setLevel(cfg.log_level.upper())
         if not logging.getLogger("hvdprof").handlers:
             handler = logging.StreamHandler()

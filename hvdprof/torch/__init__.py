@@ -1,6 +1,7 @@
 """``import hvdprof.torch as hvd``: a drop-in replacement for ``import horovod.torch as hvd``."""
 
 from hvdprof.errors import install_excepthook
+from hvdprof.torch import elastic
 from hvdprof.torch.compression import Compression
 from hvdprof.torch.functions import (
     allgather_object,
@@ -117,6 +118,7 @@ __all__ = [
     "cross_size",
     "cuda_built",
     "ddl_built",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
