@@ -250,15 +250,14 @@
     el.dataset.lanes = String(categories.length);
     el.dataset.items = String(items.length);
     const expanded = data.expand_rank != null;
-    const laneTitle = !expanded ? "" : state.laneKinds === "phase"
-      ? "rank " + data.expand_rank + ": one lane per phase" : "rank " + data.expand_rank + ": one lane per tensor";
+    const laneTitle = !expanded ? "" : "rank " + data.expand_rank + (state.laneKinds === "phase" ? ": phase lanes" : ": tensor lanes");
     const layout = Object.assign(baseLayout(), {
       barmode: "overlay", bargap: 0.25, showlegend: true,
       margin: { l: 150, r: 16, t: 30, b: 44 },
-      title: expanded ? { text: laneTitle, font: { size: 12 }, x: 0.01, xanchor: "left" } : undefined,
       xaxis: axis("ms since the run started (aligned clock: rank 0's)", { zeroline: false }),
-      yaxis: { type: "category", categoryorder: "array", categoryarray: categories.slice().reverse(), automargin: true, fixedrange: true },
-      legend: { orientation: "h", x: 1, xanchor: "right", y: 1, yanchor: "bottom", title: { text: "phase: " } },
+      yaxis: axis(laneTitle, { type: "category", categoryorder: "array", categoryarray: categories.slice().reverse(), automargin: true, fixedrange: true }),
+      // top left: the top right is where Plotly's tool bar appears
+      legend: { orientation: "h", x: 0, xanchor: "left", y: 1, yanchor: "bottom", title: { text: "phase: " } },
       uirevision: state.run + "|" + state.expand + "|" + state.laneKind,
       height: Math.max(260, 90 + 34 * Math.max(categories.length, 2)),
     });
@@ -602,6 +601,21 @@
     ]);
   }
 
+  // Nothing of another run may stay on screen under this run's name.
+  function clearRun(message) {
+    for (const id of ["timeline", "breakdown", "stragglers", "fusion", "bandwidth", "autotune-score", "autotune-params", "autotune-surface"]) {
+      empty($(id), message);
+    }
+    for (const id of ["breakdown-verdict", "straggler-verdict", "fusion-verdict", "bandwidth-verdict", "autotune-summary", "stragglers-note", "timeline-status", "run-meta"]) {
+      text($(id), "");
+    }
+    $("verdicts").innerHTML = "";
+    $("problems-card").hidden = true;
+    for (const source of [...noticeSet.keys()]) if (source !== "runs") noticeSet.delete(source);
+    state.info = null;
+    state.lanes = [];
+  }
+
   async function selectRun(runId) {
     state.run = runId; state.view = null; state.expand = ""; state.laneKind = "tensor";
     if (!runId) {
@@ -612,8 +626,8 @@
     try {
       await loadInfo();
     } catch (err) {
+      clearRun("this run cannot be shown (see the notice above)");
       setNotices("run", ["run " + runId + " cannot be shown: " + err.message]);
-      empty($("timeline"), "this run cannot be shown (see the notice above)");
       document.body.dataset.ready = "1";
       return;
     }
