@@ -258,12 +258,24 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_BACKEND",
         "backend",
-        _choice("auto", "gloo", "shm"),
+        _choice("auto", "gloo", "shm", "mpi"),
         "auto",
         "Collective backend for CPU tensors. `auto`: allreduce through shared memory when "
-        "every rank is on one host (it falls back to Gloo when a rank cannot map the "
-        "others' segments), everything else through Gloo. `gloo`: everything through Gloo. "
-        "`shm`: like `auto`, but a rank that cannot use shared memory is an error at init.",
+        "every rank is on one host (it falls back to the other engine when a rank cannot map "
+        "the others' segments), everything else through MPI when an MPI launcher started the "
+        "job and mpi4py is installed, else through Gloo. `gloo`: everything through Gloo. "
+        "`shm`: like `auto`, but a rank that cannot use shared memory is an error at init. "
+        "`mpi`: everything through MPI (mpi4py; the job started by mpirun, mpiexec or srun).",
+    ),
+    EnvVar(
+        "HVDPROF_HOSTNAME",
+        "hostname",
+        _str,
+        "",
+        "This rank's host name, for tests and for machines whose names are not unique "
+        "(local and cross ranks, shared memory and the timeline go by it). A comma-separated "
+        "list is indexed by rank: `a,a,b,b` makes a two-host job on one machine.",
+        "the machine's name",
     ),
     EnvVar(
         "HVDPROF_COLLECTIVE_TIMEOUT_SECONDS",
@@ -479,6 +491,7 @@ class Config:
     max_inflight: int = 4
     cache_capacity: int = 4096
     backend: str = "auto"
+    hostname: str = ""
     collective_timeout_s: float = 60.0
     stall_check_time_s: float = 60.0
     stall_shutdown_time_s: float = 0.0

@@ -51,17 +51,6 @@ class Topology:
     cross_size: int
 
 
-def _first_int(environ: Any, *names: str) -> int | None:
-    for name in names:
-        value = environ.get(name)
-        if value not in (None, ""):
-            try:
-                return int(value)
-            except ValueError:
-                raise ConfigError(f"{name}={value!r} is malformed: it accepts an integer") from None
-    return None
-
-
 def resolve_topology(config: Config, environ: Any = None) -> Topology:
     """Ranks from ``hvdprof run``, else MPI, torchrun or Slurm (``environment.detect``),
     else a single process. ``Runtime`` then takes local and cross ranks from host names."""
@@ -123,7 +112,7 @@ class Runtime:
         self.topology = resolve_topology(config)
         t = self.topology
         self.rank, self.size = t.rank, t.size
-        self.host_name = environment.host_name(self.rank)
+        self.host_name = environment.host_name(self.rank, config.hostname)
         self.data_engine = environment.data_backend(
             config.backend, self.launch, environment.mpi4py_installed()
         )

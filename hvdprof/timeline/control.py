@@ -40,7 +40,7 @@ class TimelineSession:
             config,
             runtime.rank,
             runtime.size,
-            socket.gethostname(),
+            getattr(runtime, "host_name", None) or socket.gethostname(),
             self.clock,
             run_id=f"{config.controller_addr}:{config.controller_port}:{runtime.size}",
         )

@@ -39,6 +39,7 @@ from typing import Any
 
 from hvdprof.config import Config
 from hvdprof.errors import HvdprofError
+from hvdprof.runtime import environment
 from hvdprof.runtime.records import CycleRecord, TunableParams
 from hvdprof.timeline import activities as act
 from hvdprof.timeline import transport
@@ -332,6 +333,9 @@ class TimelineSink:
             "rank": self.rank,
             "size": self.size,
             "hostname": self.hostname,
+            # how the job was started and which engine moved its tensors (mpi, gloo)
+            "launcher": environment.JOB.get("launcher"),
+            "backend": environment.JOB.get("backend"),
             "os_pid": os.getpid(),
             # the process writing the trace file: until it exits, the file may still grow
             # (after a SIGKILL of the rank it drains what the rank handed over, then exits)
