@@ -240,7 +240,7 @@ def mpi4py_installed() -> bool:
 
 def with_launcher_rendezvous(config: Config, launch: Launch) -> Config:
     """``config`` with the rendezvous address and port the launcher gives (torchrun's
-    ``MASTER_ADDR``/``MASTER_PORT``, Slurm's first node), unless ``HVDPROF_CONTROLLER_*``
+    ``MASTER_ADDR``/``MASTER_PORT``, Slurm's first node), unless ``HVDPROF_CONTROLLER_ADDR``/``_PORT``
     were set explicitly."""
     changes: dict[str, object] = {}
     if launch.addr and "HVDPROF_CONTROLLER_ADDR" not in config.explicitly_set:
