@@ -123,6 +123,7 @@ class ElasticJob:
         self._store = None
         self._reset_seen: float | None = None
         self._last_discovery = 0.0
+        self._finishing = False
 
     # -- life cycle ---------------------------------------------------------------
     def run(self) -> int:
@@ -226,10 +227,11 @@ class ElasticJob:
             if all(w.proc.returncode is not None for w in self.workers):
                 ok = [w for w in self.workers if w.wid in self.plan and w.proc.returncode == 0]
                 return 0 if ok else 1
-            self._answer_reset_requests()
-            self._admit_ready_workers()
-            if self.discovery_script:
-                self._rediscover()
+            if not self._finishing:
+                self._answer_reset_requests()
+                self._admit_ready_workers()
+                if self.discovery_script:
+                    self._rediscover()
             trap.sleep(POLL_SECONDS)
 
     def _reap(self) -> int | None:
@@ -242,6 +244,8 @@ class ElasticJob:
             w.finished = True
             if rc != 0:
                 failed.append(w)
+            elif w.wid in self.plan:
+                self._finishing = True  # the training is over: add no more workers
         if not failed:
             return None
         for w in failed:

@@ -149,9 +149,15 @@ class TorchState(State):
             self._samplers[name].load_state_dict(saved)
         super().restore()
 
+    def on_reset(self) -> None:
+        if self.optimizer is not None:  # (also when sync() is skipped)
+            _match_hooks_to_size(self.optimizer)
+        super().on_reset()
+
     def sync(self) -> None:
         if self.optimizer is not None:
             _forget_pending_reductions(self.optimizer)
+            _match_hooks_to_size(self.optimizer)
         if size() > 1:
             if self.model is not None:
                 broadcast_parameters(self.model.state_dict(), root_rank=0)
@@ -166,6 +172,22 @@ class TorchState(State):
             for sampler in self._samplers.values():
                 sampler.reset()
         super().sync()
+
+
+def _match_hooks_to_size(optimizer: Any) -> None:
+    """A DistributedOptimizer reduces gradients from backward hooks only when it was
+    built with more than one rank; a job that shrank to one rank (or grew from one) must
+    drop (or add) them, or its bookkeeping no longer matches what ``step()`` expects."""
+    hooks = getattr(optimizer, "_hook_handles", None)
+    register = getattr(optimizer, "_register_hooks", None)
+    if not isinstance(hooks, list) or register is None:
+        return
+    if size() == 1 and hooks:
+        for hook in hooks:
+            hook.remove()
+        hooks.clear()
+    elif size() > 1 and not hooks:
+        register()
 
 
 def _forget_pending_reductions(optimizer: Any) -> None:
