@@ -124,6 +124,7 @@ class ElasticJob:
         self._reset_seen: float | None = None
         self._last_discovery = 0.0
         self._finishing = False
+        self.history: list[dict[str, object]] = []
 
     # -- life cycle ---------------------------------------------------------------
     def run(self) -> int:
@@ -198,10 +199,36 @@ class ElasticJob:
         self._store.set(keys.plan_key(self.generation), json.dumps(body))
         self._store.set(keys.GEN_KEY, str(self.generation))
         self._reset_seen = None
+        self._record_history(body)
         if self.generation > 1:
             self.sink.message(
                 f"elastic generation {self.generation}: {old} -> {len(members)} ranks ({reason})"
             )
+
+    def _record_history(self, body: dict[str, object]) -> None:
+        """``TIMELINE/elastic.json``: every generation of the job, when a timeline is on."""
+        directory = self.env.get("HVDPROF_TIMELINE")
+        if not directory:
+            return
+        self.history.append(
+            {
+                "generation": self.generation,
+                "workers": body["workers"],
+                "old_size": body["old_size"],
+                "new_size": len(self.plan),
+                "reason": body["reason"],
+                "unix_time": time.time(),
+                "timeline_dir": f"generation.{self.generation}",
+            }
+        )
+        try:
+            os.makedirs(directory, exist_ok=True)
+            tmp = os.path.join(directory, ".elastic.json.tmp")
+            with open(tmp, "w") as f:
+                json.dump({"format": "hvdprof-elastic", "generations": self.history}, f, indent=1)
+            os.replace(tmp, os.path.join(directory, "elastic.json"))
+        except OSError as exc:
+            self.sink.message(f"cannot write {directory}/elastic.json: {exc.strerror or exc}")
 
     # -- watching -----------------------------------------------------------------
     def _alive(self) -> list[_Worker]:

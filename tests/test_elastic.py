@@ -52,6 +52,7 @@ def test_sigkilled_rank_job_finishes_on_the_survivors(tmp_path: Path, num_proc: 
     smaller and finish; every sample is trained exactly once per epoch; the final weights
     equal those of a fresh job started from the committed state the survivors restored."""
     committed = tmp_path / "committed.pt"
+    timeline = tmp_path / "timeline"
     result = run_job(
         WORKER,
         num_proc,
@@ -61,10 +62,18 @@ def test_sigkilled_rank_job_finishes_on_the_survivors(tmp_path: Path, num_proc: 
         "5",
         "--save-committed",
         str(committed),
-        launcher_args=("--min-np", str(num_proc - 1), "--max-np", str(num_proc)),
+        launcher_args=(
+            "--min-np",
+            str(num_proc - 1),
+            "--max-np",
+            str(num_proc),
+            "--timeline",
+            str(timeline),
+        ),
         timeout=150,
     )
     assert result.returncode == 0, result.describe()
+    _check_timeline(timeline, num_proc, killed)
     survivors = [w for w in range(num_proc) if w != killed]
     assert "DONE" not in result.lines(killed), result.describe()
     for w in survivors:
@@ -89,6 +98,28 @@ def test_sigkilled_rank_job_finishes_on_the_survivors(tmp_path: Path, num_proc: 
     reference = run_job(WORKER, num_proc - 1, "--load", str(committed), timeout=150)
     assert reference.returncode == 0, reference.describe()
     assert _weights(reference, 0) == _weights(result, final_rank0)
+
+
+def _check_timeline(timeline: Path, num_proc: int, killed: int) -> None:
+    """One timeline per generation, each opened by a re-formation event on every rank;
+    ``elastic.json`` holds the job's history."""
+    history = json.loads((timeline / "elastic.json").read_text())["generations"]
+    assert [(g["generation"], g["old_size"], g["new_size"]) for g in history] == [
+        (1, 0, num_proc),
+        (2, num_proc, num_proc - 1),
+    ]
+    assert str(killed) not in history[1]["workers"] and "SIGKILL" in history[1]["reason"]
+    first = sorted(p.name for p in (timeline / "generation.1").glob("rank.*.json"))
+    assert first == [f"rank.{r}.json" for r in range(num_proc)]
+    for r in range(num_proc - 1):
+        events = json.loads((timeline / "generation.2" / f"rank.{r}.json").read_text())
+        events = events["traceEvents"] if isinstance(events, dict) else events
+        reform = [e for e in events if e.get("name") == "elastic.reform"]
+        assert len(reform) == 1, r
+        assert (reform[0]["args"]["old_size"], reform[0]["args"]["new_size"]) == (
+            num_proc,
+            num_proc - 1,
+        )
 
 
 def test_shrinking_below_min_np_fails_naming_the_ranks_gone():

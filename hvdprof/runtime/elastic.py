@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -151,7 +152,7 @@ def join(cfg: Config) -> Config:
             "unix_time": time.time(),
         }
     )
-    return cfg.replace(
+    return _per_generation_outputs(cfg, generation).replace(
         rank=rank,
         size=size,
         local_rank=rank,
@@ -160,6 +161,31 @@ def join(cfg: Config) -> Config:
         cross_size=1,
         controller_port=split_address(cfg.elastic_store)[1],
     )
+
+
+def _per_generation_outputs(cfg: Config, generation: int) -> Config:
+    """Each generation writes its own timeline and autotune log.
+
+    A generation has its own ranks and size, and a rank's files are named by rank, so the
+    next generation would overwrite the last one's (a survivor's rank 2 becomes rank 1).
+    The timeline of generation ``g`` goes to ``DIR/generation.<g>/`` (a complete timeline
+    of its own, for ``hvdprof timeline merge``); the autotune log of ``g > 1`` to
+    ``LOG.generation<g>``, and the tuner of ``g`` starts from the recommendation in
+    ``g - 1``'s log (a new size is a new workload: it measures afresh, from there).
+    """
+    changes: dict[str, Any] = {}
+    if cfg.timeline_dir:
+        changes["timeline_dir"] = os.path.join(cfg.timeline_dir, f"generation.{generation}")
+    if cfg.autotune_log and generation > 1:
+        changes["autotune_log"] = autotune_log_path(cfg.autotune_log, generation)
+        if not cfg.autotune_warm_start:
+            changes["autotune_warm_start"] = autotune_log_path(cfg.autotune_log, generation - 1)
+    return cfg.replace(**changes) if changes else cfg
+
+
+def autotune_log_path(path: str, generation: int) -> str:
+    """The autotune log of ``generation`` (the first generation's is the path given)."""
+    return path if generation <= 1 else f"{path}.generation{generation}"
 
 
 def generation_store() -> tuple[Any, int]:

@@ -25,6 +25,8 @@ from hvdprof.torch.elastic.state import HostsUpdatedInterrupt, ObjectState, Stat
 log = logging.getLogger("hvdprof")
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: the instant event that opens a re-formed generation's timeline (args: the record below)
+REFORM_EVENT = "elastic.reform"
 #: (seconds, what) of every reset this process went through: failure seen -> re-formed
 resets: list[dict[str, Any]] = []
 
@@ -95,10 +97,9 @@ def _reset(failed: bool, since: float, reason: str) -> None:
         "reform_s": time.monotonic() - since,
     }
     resets.append(record)
-    if runtime.timeline is not None:
-        note = getattr(runtime.timeline, "add_elastic_reset", None)
-        if note is not None:
-            note(record)
+    sink = getattr(runtime.timeline, "sink", None)
+    if sink is not None:  # the first event of the new generation's timeline
+        sink.add_instant(REFORM_EVENT, record, scope="g")
     log.warning(
         "hvdprof: elastic job re-formed: generation %d, %d -> %d ranks (this worker: rank %d)",
         record["generation"],
