@@ -141,7 +141,7 @@ def first_slurm_node(nodelist: str) -> str:
     """
     text = nodelist.strip()
     match = re.match(r"([^,\[]*)(?:\[([^\]]*)\])?([^,]*)", text)
-    if not text or match is None or not (match[1] or match[2]):
+    if not text or match is None or not match[1]:
         raise ConfigError(f"SLURM_NODELIST={nodelist!r} is malformed: it names no host")
     prefix, ranges, suffix = match[1], match[2], match[3]
     if ranges is None:

@@ -35,7 +35,7 @@ ROOMY_CACHE = CACHE_CAPACITY >= 4096
 #: allreduce buffers up to this size go over the control channel's sockets
 SMALL_BYTES = int(os.environ.get("HVDPROF_SMALL_ALLREDUCE_BYTES", str(256 * 1024)))
 #: bigger allreduce buffers go through shared memory (all ranks share this host)
-SHM_ON = os.environ.get("HVDPROF_BACKEND", "auto") != "gloo"
+SHM_ON = os.environ.get("HVDPROF_BACKEND", "auto") not in ("gloo", "mpi")
 
 #: every dtype the runtime supports, from its own table (a dtype added there is tested here)
 DTYPES = [getattr(torch, torch_attr(name)) for name in ITEMSIZE]
@@ -80,8 +80,9 @@ def check_topology() -> None:
     hvd.init()  # idempotent: the same runtime keeps running
     ck.true(rt.current() is runtime, "init() twice keeps the running runtime")
     ck.true(hvd.is_initialized(), "is_initialized")
-    ck.eq(hvd.size(), int(os.environ["HVDPROF_SIZE"]), "size")
-    ck.eq(hvd.rank(), int(os.environ["HVDPROF_RANK"]), "rank")
+    # (HVDTEST_*: the launcher's own variables, under mpirun/torchrun/srun; see launched.py)
+    ck.eq(hvd.size(), int(os.environ.get("HVDPROF_SIZE") or os.environ["HVDTEST_SIZE"]), "size")
+    ck.eq(hvd.rank(), int(os.environ.get("HVDPROF_RANK") or os.environ["HVDTEST_RANK"]), "rank")
     ck.eq(hvd.local_size(), N, "local_size")
     ck.eq(hvd.local_rank(), R, "local_rank")
     ck.eq(hvd.cross_size(), 1, "cross_size")

