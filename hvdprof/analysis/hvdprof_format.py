@@ -15,6 +15,7 @@ import operator
 import re
 from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 
@@ -38,12 +39,76 @@ _READY_LINE = b'{"name":"' + act.READY_PREFIX.encode()
 _READY_RE = re.compile(
     rb'\{"name":"' + re.escape(act.READY_PREFIX.encode()) + rb'\d+","ph":"i"[^\n]*\n'
 )
-_NAME = operator.itemgetter("name")
+
+
+class _OpArgs(msgspec.Struct):
+    """The args of an ``<OP>``/``NEGOTIATE_*`` slice that the columns keep (others ignored)."""
+
+    tensor: str | None = None
+    bytes: int = -1
+    group: int = -1
+    group_tensors: int = 0
+    group_bytes: int = -1
+    group_buffer_bytes: int = -1
+    backend: str | None = None
+    dtype: str | None = None
+    cached: bool | None = None
+    ready_us: dict[str, float] | None = None
+
+
+class _X(msgspec.Struct, tag_field="ph", tag="X"):
+    name: str
+    ts: float
+    dur: float = 0.0
+    tid: int = 0
+    args: _OpArgs | None = None
+
+
+class _Instant(msgspec.Struct, tag_field="ph", tag="i"):
+    name: str
+    ts: float
+    tid: int = 0
+    args: dict[str, Any] | None = None
+
+
+class _InstantUpper(_Instant, tag="I"):
+    pass
+
+
+class _Counter(msgspec.Struct, tag_field="ph", tag="C"):
+    name: str
+    ts: float
+    args: dict[str, Any] | None = None
+
+
+class _Meta(msgspec.Struct, tag_field="ph", tag="M"):
+    name: str
+    tid: int = 0
+    args: dict[str, Any] | None = None
+
+
+#: Decodes a block of hvdprof's events straight into typed structs (no dict per event,
+#: unknown keys skipped in C): about twice as fast as orjson into dicts, and the columns
+#: are then read with ``attrgetter``. Anything it does not expect (another ``ph``, a string
+#: where a number belongs) fails the block, which is then read line by line.
+_DECODER = msgspec.json.Decoder(list[_X | _Instant | _InstantUpper | _Counter | _Meta])
+_PH = {_Instant: "i", _InstantUpper: "I", _Counter: "C", _Meta: "M"}
+_NO_ARGS = _OpArgs()
+_NO_READY: dict[str, float] = {}
+_READY_NAME = act.READY_PREFIX
+_NAME = operator.attrgetter("name")
+_TID = operator.attrgetter("tid")
+_TS = operator.attrgetter("ts")
+_DUR = operator.attrgetter("dur")
+_TENSOR = operator.attrgetter("tensor")
+_CACHED_ARG = operator.attrgetter("cached")
 _MINUS_ONES = itertools.repeat(-1)
-_CACHED = {True: 1, False: 0}
-_TID = operator.itemgetter("tid")
-_TS = operator.itemgetter("ts")
-_DUR = operator.itemgetter("dur")
+_CACHED = {True: 1, False: 0, None: -1}
+
+
+def _is_ready(e: Any) -> bool:
+    """A READY instant: it repeats the negotiate slice's ``ready_us`` args (not needed)."""
+    return type(e) is _Instant and e.name.startswith(_READY_NAME) and not e.args
 
 
 class Interner:
@@ -176,8 +241,8 @@ class HvdprofFileParser:
         ready_lines = body.count(_READY_LINE)
         lean = _READY_RE.sub(b"", body + b"\n") if ready_lines else body
         try:
-            events = orjson.loads(b"[" + lean.rstrip().rstrip(b",") + b"]") if lean else []
-        except orjson.JSONDecodeError:
+            events = _DECODER.decode(b"[" + lean.rstrip().rstrip(b",") + b"]") if lean else []
+        except (msgspec.DecodeError, msgspec.ValidationError):
             events = None
         if events is not None and self._events_fast(events):
             self.events += len(events) + ready_lines
@@ -214,13 +279,16 @@ class HvdprofFileParser:
     def _events_fast(self, events: list[Any]) -> bool:
         """Columns of a whole block at once; False (nothing changed) if anything is odd.
 
-        Only ``<OP>`` and ``NEGOTIATE_*`` slices are looked at one by one (for their
-        args); the phases inside an op take the op's tensor, sizes and group from the
-        last op slice on their lane, filled forward with numpy.
+        ``events`` are the typed structs of :data:`_DECODER`. Only ``<OP>`` and
+        ``NEGOTIATE_*`` slices are looked at one by one (for their args); the phases inside
+        an op take the op's tensor, sizes and group from the last op slice on their lane,
+        filled forward with numpy.
         """
+        rest = [e for e in events if type(e) is not _X and not _is_ready(e)]
+        if rest and not self._others(rest):
+            return False
         try:
-            xs = [e for e in events if e["ph"] == "X"]
-            rest = [e for e in events if e["ph"] != "X"]
+            xs = [e for e in events if type(e) is _X]
             n = len(xs)
             names = list(map(_NAME, xs))
             for name in set(names):
@@ -240,12 +308,11 @@ class HvdprofFileParser:
             phase = phase_tab[name_code]
             op = op_tab[name_code]
             heads = np.flatnonzero((phase == PHASE_OP) | (phase == PHASE_NEGOTIATE))
-            head_ev = [xs[i] for i in heads.tolist()]
-            args = [e.get("args") or {} for e in head_ev]
-            tnames = [a.get("tensor") for a in args]
+            args = [xs[i].args or _NO_ARGS for i in heads.tolist()]
+            tnames = list(map(_TENSOR, args))
             tensors = self.t.tensors
             for t in set(tnames):
-                if isinstance(t, str):
+                if t is not None:
                     tensors.code(t)
             head_tensor = np.fromiter(
                 map(tensors.index.get, tnames, _MINUS_ONES), np.int64, len(tnames)
@@ -260,21 +327,20 @@ class HvdprofFileParser:
             op_args = [args[j] for j in op_j.tolist()]
             neg_args = [args[j] for j in neg_j.tolist()]
             m = len(heads)
+            k = len(op_args)
 
             def field(name: str, default: int) -> np.ndarray:
                 out = np.full(m, default, np.int64)
-                out[op_j] = np.array([a.get(name, default) for a in op_args], np.int64)
+                out[op_j] = np.fromiter(map(operator.attrgetter(name), op_args), np.int64, k)
                 return out
 
             def coded(name: str, table: Interner) -> np.ndarray:
-                values = [a.get(name) for a in op_args]
+                values = list(map(operator.attrgetter(name), op_args))
                 for v in set(values):
-                    if isinstance(v, str):
+                    if v is not None:
                         table.code(v)
                 out = np.full(m, -1, np.int64)
-                out[op_j] = np.fromiter(
-                    map(table.index.get, values, _MINUS_ONES), np.int64, len(op_j)
-                )
+                out[op_j] = np.fromiter(map(table.index.get, values, _MINUS_ONES), np.int64, k)
                 return out
 
             h_bytes = field("bytes", -1)
@@ -284,8 +350,8 @@ class HvdprofFileParser:
             h_bb = field("group_buffer_bytes", -1)
             h_backend = coded("backend", self.t.backends)
             h_dtype = coded("dtype", self.t.dtypes)
-            h_cached = np.array([_CACHED.get(a.get("cached"), -1) for a in args], np.int64)
-            ready = [a.get("ready_us") or {} for a in neg_args]
+            h_cached = np.fromiter(map(_CACHED.__getitem__, map(_CACHED_ARG, args)), np.int64, m)
+            ready = [a.ready_us or _NO_READY for a in neg_args]
             lens = np.fromiter(map(len, ready), np.int64, len(ready))
             total = int(lens.sum())
             marks = (
@@ -295,23 +361,7 @@ class HvdprofFileParser:
                     itertools.chain.from_iterable(map(dict.values, ready)), np.float64, total
                 ),
             )
-            for e in rest:
-                ph = e["ph"]
-                if ph == "C":
-                    a = e.get("args") or {}
-                    value = a.get("value")
-                    if value is None and a:
-                        value = next(iter(a.values()))
-                    self.cols.counters.setdefault(e["name"], []).append(
-                        (self.rank, float(e["ts"]), float(value))
-                    )
-                elif ph == "i" or ph == "I":
-                    self._instant(e)
-                elif ph == "M":
-                    self._meta(e)
-                elif not isinstance(ph, str):
-                    return False
-        except (KeyError, TypeError, ValueError, AttributeError):
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
             return False
         self._commit_fast(
             tid,
@@ -326,6 +376,50 @@ class HvdprofFileParser:
             marks,
         )
         return True
+
+    def _others(self, events: list[Any]) -> bool:
+        """Counters, instants and metadata of a block (few); all or nothing."""
+        cols = self.cols
+        saved = (
+            len(cols.samples),
+            len(cols.params),
+            {k: len(v) for k, v in cols.counters.items()},
+            dict(self._lane_tensor),
+            self.host,
+            self.trace_end,
+        )
+        try:
+            for e in events:
+                self._other(msgspec.structs.asdict(e) | {"ph": _PH[type(e)]})
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+            del cols.samples[saved[0] :]
+            del cols.params[saved[1] :]
+            for key in list(cols.counters):
+                if key in saved[2]:
+                    del cols.counters[key][saved[2][key] :]
+                else:
+                    del cols.counters[key]
+            self._lane_tensor, self.host, self.trace_end = saved[3], saved[4], saved[5]
+            return False
+        return True
+
+    def _other(self, e: dict[str, Any]) -> None:
+        """A counter, instant or metadata event (not a slice)."""
+        ph = e["ph"]
+        if ph == "C":
+            a = e.get("args") or {}
+            value = a.get("value")
+            if value is None and a:
+                value = next(iter(a.values()))
+            self.cols.counters.setdefault(e["name"], []).append(
+                (self.rank, float(e["ts"]), float(value))
+            )
+        elif ph == "i" or ph == "I":
+            self._instant(e)
+        elif ph == "M":
+            self._meta(e)
+        elif not isinstance(ph, str):
+            raise TypeError("'ph' is not a string")
 
     def _commit_fast(
         self,
@@ -383,7 +477,12 @@ class HvdprofFileParser:
             counts = np.arange(len(st)) - np.repeat(
                 group_start, np.diff(np.append(group_start, len(st)))
             )
-            carry = np.array([self._occ.get(int(t), 0) for t in t_sorted], dtype=np.int64)
+            group_len = np.diff(np.append(group_start, len(st)))
+            seen = self._occ
+            carry = np.repeat(
+                np.array([seen.get(t, 0) for t in t_sorted[group_start].tolist()], np.int64),
+                group_len,
+            )
             occ_sorted = carry + counts
             occ[st[order]] = occ_sorted
             last = np.append(new_group[1:], True)
