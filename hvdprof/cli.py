@@ -141,6 +141,9 @@ def _add_run(commands: Any) -> None:
     from hvdprof.elastic_launcher import add_elastic_options
 
     add_elastic_options(run)
+    from hvdprof.mpi_launcher import add_hosts_option
+
+    add_hosts_option(run)
     run.add_argument("--timeline", metavar="DIR", help="write per-rank timelines to DIR")
     run.add_argument("--autotune", action="store_true", help="tune fusion and cycle time live")
     run.add_argument("--autotune-log", metavar="PATH", help="CSV log of autotune samples")
@@ -257,6 +260,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     if elastic_requested(args):
         return run_elastic(args, command, overrides)
+    if args.hosts:  # several hosts: mpirun starts the ranks (see hvdprof/mpi_launcher.py)
+        from hvdprof.mpi_launcher import run_with_mpirun
+
+        return run_with_mpirun(args, command, overrides)
     if args.num_proc is None:
         raise HvdprofError("run: -np N is required (or --min-np/--max-np for an elastic job)")
     from hvdprof.dashboard.commands import launch_with_dashboard

@@ -64,7 +64,7 @@ def mpi_or_skip() -> str:
 def mpi_flavor(mpirun: str) -> str:
     """``openmpi`` or ``mpich`` (Hydra), from ``mpirun --version``."""
     out = subprocess.run(
-        [mpirun, "--version"], capture_output=True, text=True, timeout=30, env=_env({})
+        [mpirun, "--version"], capture_output=True, text=True, timeout=30, env=child_env_mpi({})
     )
     text = (out.stdout + out.stderr).lower()
     return "openmpi" if "open mpi" in text or "open-mpi" in text else "mpich"
@@ -85,7 +85,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _env(extra: Mapping[str, str], timeout: float = 150.0) -> dict[str, str]:
+def child_env_mpi(extra: Mapping[str, str], timeout: float = 150.0) -> dict[str, str]:
+    """``child_env`` plus what mpirun needs to start ranks as root, one thread per rank."""
     env = child_env(dict(extra), timeout)
     env.update(ROOT_OK)
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -132,7 +133,7 @@ def run_mpi(
 ) -> JobResult:
     """``mpirun -np N python launched.py worker args``."""
     command = [*mpirun_prefix(np), *mpirun_args, *_worker_argv(worker, args)]
-    return run_command(command, _env(env or {}, timeout), timeout)
+    return run_command(command, child_env_mpi(env or {}, timeout), timeout)
 
 
 def run_torchrun(
@@ -157,7 +158,7 @@ def run_torchrun(
         str(WORKERS / worker),
         *args,
     ]
-    return run_command(command, _env(env or {}, timeout), timeout)
+    return run_command(command, child_env_mpi(env or {}, timeout), timeout)
 
 
 def run_slurm_style(
@@ -194,7 +195,7 @@ def run_slurm_style(
                 stderr=subprocess.PIPE,
                 stdin=subprocess.DEVNULL,
                 text=True,
-                env=_env(slurm, timeout),
+                env=child_env_mpi(slurm, timeout),
                 cwd=REPO,
                 start_new_session=True,
             )

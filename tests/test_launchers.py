@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, JobResult, child_env, run_job
-from launch_support import run_mpi, run_slurm_style, run_torchrun
+from conftest import REPO, WORKERS, JobResult, child_env, run_job
+from launch_support import mpi_or_skip, run_command, run_mpi, run_slurm_style, run_torchrun
 
 from hvdprof.config import Config
 from hvdprof.errors import ConfigError
@@ -271,3 +271,42 @@ def test_host_name_override_is_checked_at_init() -> None:
     )  # fmt: skip
     assert proc.returncode != 0, proc.stderr
     assert "HVDPROF_HOSTNAME=',' is malformed" in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------------------ hvdprof run -H
+def test_hvdprof_run_with_hosts_delegates_to_mpirun(tmp_path: Path) -> None:
+    """``-H localhost:1,127.0.0.1:1``: two host entries that are both this machine, so
+    mpirun starts both ranks here; run's options reach the ranks (the timeline is
+    written), and the runtime finds itself under MPI."""
+    mpi_or_skip()
+    tl = tmp_path / "tl"
+    command = [
+        sys.executable, "-m", "hvdprof", "run", "-H", "localhost:1,127.0.0.1:1", "--verbose",
+        "--timeout", "150", "--timeline", str(tl), "--",
+        sys.executable, str(WORKERS / "launched.py"), str(WORKERS / "engines_worker.py"), "-",
+    ]  # fmt: skip
+    result = run_command(command, child_env({"OMP_NUM_THREADS": "1"}), 180)
+    assert_job(result, 2)
+    assert "mpirun -np 2 -H localhost:1,127.0.0.1:1" in result.output, result.describe()
+    for rank in range(2):
+        assert infos(result, rank)["launcher"] in (envmod.OPENMPI, envmod.MPICH)
+        manifest = json.loads((tl / f"manifest.rank.{rank}.json").read_text())
+        assert manifest["backend"] == "mpi"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-H", "host1:x"], "-H 'host1:x' is malformed at 'host1:x'"),
+        (["-H", "a:2,:1"], "is malformed at ':1'"),
+        (["-np", "5", "-H", "a:2,b:2"], "-np 5 is more than the 4 slots"),
+    ],
+)
+def test_hvdprof_run_hosts_errors(argv: list[str], message: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "hvdprof", "run", *argv, "--", "true"],
+        capture_output=True, text=True, timeout=60, env=child_env(), cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
