@@ -164,7 +164,14 @@ def test_openapi_documents_typed_routes(client: TestClient) -> None:
     tags = {t for p in spec["paths"].values() for op in p.values() for t in op.get("tags", [])}
     assert {"runs", "timeline", "analyses", "compare", "live"} <= tags
     assert "RunInfo" in spec["components"]["schemas"]
-    assert client.get("/docs").status_code == 200
+    docs = client.get("/docs")
+    assert docs.status_code == 200 and "/openapi.json" in docs.text
+    # Swagger UI from the installed fastapi-offline package, not a CDN (offline clusters)
+    assert "http://" not in docs.text and "https://" not in docs.text, docs.text
+    for asset in ("swagger-ui-bundle.js", "swagger-ui.css", "favicon.png"):
+        response = client.get(f"/docs-assets/{asset}")
+        assert response.status_code == 200 and len(response.content) > 1000, asset
+    assert client.get("/docs-assets/..%2fapp.py").status_code == 404
 
 
 def test_unknown_run_is_404_not_500(client: TestClient) -> None:

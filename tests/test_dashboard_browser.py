@@ -306,6 +306,20 @@ def test_token_page_keeps_working(browser: object, served: Path, tmp_path: Path)
         response = denied.goto(base + "api/runs")
         assert response.status == 401
         denied.close()
+
+        # /docs renders the API from files this server holds: nothing from another host
+        docs = browser.new_page(viewport={"width": 1400, "height": 950})
+        docs.set_default_timeout(WAIT_MS)
+        requests: list[str] = []
+        docs.on("request", lambda r: requests.append(r.url))
+        docs.goto(base + "docs?token=tok3n")
+        docs.wait_for_selector(".swagger-ui .opblock")
+        assert docs.locator(".swagger-ui .opblock").count() >= 10  # one per documented route
+        assert "/api/timeline" in docs.locator(".swagger-ui").text_content()
+        fetched = [url for url in requests if not url.startswith(("data:", "blob:"))]
+        assert fetched and all(url.startswith(base) for url in fetched), fetched
+        docs.screenshot(path=str(tmp_path / "docs.png"))
+        docs.close()
         assert errors == []
 
 

@@ -23,7 +23,7 @@ from hvdprof import __version__
 from hvdprof.dashboard.catalog import RunCatalog, RunNotFoundError
 from hvdprof.dashboard.live import ChangeFeed, RunWatcher
 from hvdprof.dashboard.paths import OutsideRootError
-from hvdprof.dashboard.routes import analyses, compare, live, page, runs, timeline
+from hvdprof.dashboard.routes import analyses, compare, docs, live, page, runs, timeline
 from hvdprof.dashboard.settings import TOKEN_HEADER, TOKEN_QUERY, DashboardSettings
 
 #: Cookie that carries the token once a page was opened with ``?token=``.
@@ -114,12 +114,14 @@ def create_app(settings: DashboardSettings) -> FastAPI:
         version=__version__,
         description=_DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,  # routes.docs serves /docs with Swagger UI from a package, not a CDN
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.catalog = catalog
     app.state.feed = feed
     app.state.watcher = watcher
-    for module in (runs, timeline, analyses, compare, live, page):
+    for module in (runs, timeline, analyses, compare, live, docs, page):
         app.include_router(module.router)
 
     @app.exception_handler(OutsideRootError)
