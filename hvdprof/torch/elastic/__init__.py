@@ -95,6 +95,9 @@ def _reset(failed: bool, since: float, reason: str) -> None:
         "failed": failed,
         "reason": reason,
         "reform_s": time.monotonic() - since,
+        # wall clock, comparable across the processes of one host (benchmarks use it)
+        "seen_unix_ns": time.time_ns() - int((time.monotonic() - since) * 1e9),
+        "reformed_unix_ns": time.time_ns(),
     }
     resets.append(record)
     sink = getattr(runtime.timeline, "sink", None)
