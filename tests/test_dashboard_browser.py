@@ -292,6 +292,7 @@ def test_empty_broken_and_refused_runs_show_notices(
         page, errors = open_page(browser, base)
         assert "no timeline here yet" in page.locator("#notices").text_content()
         assert "no runs under this directory yet" in page.locator("#timeline").text_content()
+        assert "no run to show yet" in page.locator("#breakdown .empty").text_content()
         page.screenshot(path=str(tmp_path / "no-runs.png"), full_page=False)
         assert errors == []
 

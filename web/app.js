@@ -619,6 +619,7 @@
   async function selectRun(runId) {
     state.run = runId; state.view = null; state.expand = ""; state.laneKind = "tensor";
     if (!runId) {
+      clearRun("no run to show yet");
       empty($("timeline"), "no runs under this directory yet: this page updates by itself when a job starts writing one");
       document.body.dataset.ready = "1";
       return;
