@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -102,6 +103,31 @@ def test_wheel_holds_the_page_as_package_data(wheel: Path) -> None:
     assert "hvdprof/dashboard/paths.py" in names and "hvdprof/analysis/window.py" in names
     assert not any(n.startswith("web/") for n in names)  # not a top-level "web" package
     assert not any("__pycache__" in n for n in names)
+
+
+def test_sdist_carries_the_page_into_its_wheel(wheel: Path, tmp_path: Path) -> None:
+    """``python -m build`` (sdist, then a wheel from it) and ``pip install hvdprof.tar.gz``."""
+    _run(
+        [sys.executable, "-m", "hatchling", "build", "-t", "sdist", "-d", str(tmp_path)],
+        BUILD_TIMEOUT_S, env=_env(), cwd=REPO,
+    )  # fmt: skip
+    sdists = sorted(tmp_path.glob("hvdprof-*.tar.gz"))
+    assert len(sdists) == 1, [p.name for p in tmp_path.iterdir()]
+    with tarfile.open(sdists[0]) as t:
+        names = {name.split("/", 1)[1] for name in t.getnames() if "/" in name}
+    assert {f"web/{name}" for name in PAGE} <= names
+    out = tmp_path / "from-sdist"
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-index", "--no-build-isolation",
+         "-w", str(out), str(sdists[0])],
+        BUILD_TIMEOUT_S, env=_env(), cwd=tmp_path,
+    )  # fmt: skip
+    (built,) = out.glob("hvdprof-*.whl")
+    with zipfile.ZipFile(built) as z:
+        for name in PAGE:
+            assert hashlib.sha256(z.read(f"hvdprof/_web/{name}")).hexdigest() == _sha(
+                REPO / "web" / name
+            )
 
 
 def _serve_from(target: Path, served_dir: Path) -> dict:
