@@ -60,6 +60,23 @@ def mpi_or_skip() -> str:
     return mpirun_path()  # type: ignore[return-value]
 
 
+def mpich_or_skip() -> tuple[str, dict[str, str]]:
+    """MPICH's mpiexec and the variable that points mpi4py at MPICH's libmpi. MPICH lives
+    in its own prefix (``$MPICH_PREFIX``, else ``.venv/mpich``, where ``.ci/setup`` puts
+    the ``mpich`` wheel) beside Open MPI; skip without it, fail under CI=true."""
+    mpi_or_skip()
+    prefix = Path(os.environ.get("MPICH_PREFIX") or BIN.parent / "mpich")
+    mpiexec, libmpi = prefix / "bin" / "mpiexec", prefix / "lib" / "libmpi.so.12"
+    if not (mpiexec.exists() and libmpi.exists()):
+        problem = f"no MPICH at {prefix} (pip install --prefix {prefix} --no-deps mpich)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(
+                f"MPICH is missing but CI=true: .ci/setup should have installed it: {problem}"
+            )
+        pytest.skip(problem)
+    return str(mpiexec), {"MPI4PY_LIBMPI": str(libmpi)}
+
+
 @functools.cache
 def mpi_flavor(mpirun: str) -> str:
     """``openmpi`` or ``mpich`` (Hydra), from ``mpirun --version``."""
@@ -130,10 +147,18 @@ def run_mpi(
     env: Mapping[str, str] | None = None,
     timeout: float = 150.0,
     mpirun_args: Sequence[str] = (),
+    mpich: bool = False,
 ) -> JobResult:
-    """``mpirun -np N python launched.py worker args``."""
-    command = [*mpirun_prefix(np), *mpirun_args, *_worker_argv(worker, args)]
-    return run_command(command, child_env_mpi(env or {}, timeout), timeout)
+    """``mpirun -np N python launched.py worker args`` (Open MPI's, or MPICH's mpiexec)."""
+    full = dict(env or {})
+    if mpich:
+        mpiexec, extra = mpich_or_skip()
+        full.update(extra)
+        prefix = [mpiexec, "-n", str(np)]
+    else:
+        prefix = mpirun_prefix(np)
+    command = [*prefix, *mpirun_args, *_worker_argv(worker, args)]
+    return run_command(command, child_env_mpi(full, timeout), timeout)
 
 
 def run_torchrun(

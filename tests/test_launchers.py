@@ -161,6 +161,19 @@ def test_mpirun_auto_uses_mpi_and_shared_memory_on_one_host() -> None:
         assert (info["engine"], info["shm"], info["control"]) == ("mpi", "1", "MpiControlChannel")
 
 
+@pytest.mark.parametrize(("np", "backend"), [(2, "auto"), (3, "mpi")])
+def test_mpich_hydra_mpiexec(np: int, backend: str) -> None:
+    """MPICH's Hydra sets PMI_RANK/PMI_SIZE and MPI_LOCALRANKID/MPI_LOCALNRANKS."""
+    result = run_mpi(
+        "engines_worker.py", np, "-", env={"HVDPROF_BACKEND": backend}, mpich=True, timeout=200
+    )
+    assert_job(result, np)
+    for rank in range(np):
+        info = infos(result, rank)
+        shm = "1" if backend == "auto" else "0"
+        assert (info["launcher"], info["engine"], info["shm"]) == (envmod.MPICH, "mpi", shm)
+
+
 def test_mpirun_with_gloo_data_keeps_control_on_mpi() -> None:
     """HVDPROF_BACKEND=gloo under mpirun: no port configured, rank 0 opens Gloo's store on
     a port it announces over MPI; 3 ranks."""
