@@ -186,6 +186,67 @@ class HvdprofFileParser:
         self._name_info: dict[str, tuple[int, int, int]] = {}
         self._reset_block()
 
+    # --- state, for continuing elsewhere -----------------------------------------------------
+
+    def export_state(self) -> dict[str, Any]:
+        """Where this parser stands (lanes, open ops, occurrence counts), JSON-safe and by
+        name rather than code, so a cache file or another process can continue the file
+        from where this one stopped (:meth:`import_state`)."""
+        t = self.t
+
+        def name(table: Interner, code: int) -> str | None:
+            return table.items[code] if code >= 0 else None
+
+        return {
+            "started": self.started,
+            "closed": self.closed,
+            "host": self.host,
+            "trace_end": self.trace_end,
+            "events": self.events,
+            "lane_tensor": [[tid, name(t.tensors, c)] for tid, c in self._lane_tensor.items()],
+            "ctx": [
+                [
+                    tid,
+                    name(t.tensors, c[0]),
+                    *c[1:7],
+                    name(t.backends, c[7]),
+                    name(t.dtypes, c[8]),
+                    c[9],
+                ]
+                for tid, c in self._ctx.items()
+            ],
+            "occ": [[name(t.tensors, c), n] for c, n in self._occ.items()],
+            "lane_occ": [[tid, n] for tid, n in self._lane_occ.items()],
+            "after_negotiate": [[tid, v] for tid, v in self._after_negotiate.items()],
+        }
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`export_state`'s description, codes re-made in our tables."""
+        t = self.t
+
+        def code(table: Interner, name: str | None) -> int:
+            return -1 if name is None else table.code(name)
+
+        self.started = bool(state["started"])
+        self.closed = bool(state["closed"])
+        self.host = state["host"]
+        self.trace_end = state["trace_end"]
+        self.events = int(state["events"])
+        self._lane_tensor = {int(tid): code(t.tensors, n) for tid, n in state["lane_tensor"]}
+        self._ctx = {
+            int(c[0]): (
+                code(t.tensors, c[1]),
+                *map(int, c[2:8]),
+                code(t.backends, c[8]),
+                code(t.dtypes, c[9]),
+                int(c[10]),
+            )
+            for c in state["ctx"]
+        }
+        self._occ = {code(t.tensors, n): int(k) for n, k in state["occ"]}
+        self._lane_occ = {int(tid): int(n) for tid, n in state["lane_occ"]}
+        self._after_negotiate = {int(tid): bool(v) for tid, v in state["after_negotiate"]}
+
     # --- block handling -------------------------------------------------------------------
 
     def _reset_block(self) -> None:

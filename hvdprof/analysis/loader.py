@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import sys
+import zipfile
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -50,7 +51,11 @@ CACHE_DIR = ".hvdprof-cache"
 #: inputs larger than this (bytes, all files) are parsed by a pool of processes
 PARALLEL_MIN_BYTES = 32 << 20
 #: bumped when the cached columns change meaning
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+#: bytes before the parsed offset whose checksum tells an appended file from a rewritten one
+FINGERPRINT_BYTES = 4096
+#: what a missing, cut or foreign cache file raises on reading (it is then ignored)
+_BAD_CACHE = (OSError, KeyError, ValueError, TypeError, EOFError, zipfile.BadZipFile)
 _RANK_IN_NAME = re.compile(r"rank[._-]?(\d+)")
 
 
@@ -238,30 +243,50 @@ class _Source:
         directory, name = os.path.split(self.path)
         return os.path.join(directory, CACHE_DIR, name + ".npz")
 
-    def load_cache(self) -> bool:
-        """Take the columns from the cache when it matches the file; True on success."""
+    def load_cache(self) -> str | None:
+        """Take the columns from the cache when it still describes the file.
+
+        ``"current"``: the file is unchanged; ``"resume"``: the file grew by appending (the
+        bytes before the cached offset are the same) and the parser continues from there
+        (:meth:`read`); None: no usable cache.
+        """
         if self.kind == "horovod":
-            return False
+            return None
         try:
             st = os.stat(self.path)
             with np.load(self.cache_path(), allow_pickle=False) as z:
                 meta = orjson.loads(bytes(z["meta"]))
-                if (
-                    meta.get("version") != CACHE_VERSION
-                    or meta["size"] != st.st_size
-                    or meta["mtime_ns"] != st.st_mtime_ns
-                    or not meta["complete"]
+                if meta.get("version") != CACHE_VERSION:
+                    return None
+                if meta["size"] == st.st_size and meta["mtime_ns"] == st.st_mtime_ns:
+                    verdict = "current"
+                elif (
+                    self.kind == "hvdprof"
+                    and meta.get("state") is not None
+                    and not meta["complete"]
+                    and st.st_size > meta["size"]
+                    and _fingerprint(self.path, meta["offset"]) == meta["fingerprint"]
                 ):
-                    return False
+                    verdict = "resume"
+                else:
+                    return None
                 arrays = {k: z[k] for k in z.files if k != "meta"}
             self.import_columns(meta, arrays)
-        except (OSError, KeyError, ValueError, TypeError, orjson.JSONDecodeError):
-            return False
-        return True
+        except _BAD_CACHE:
+            self._reset_unread()
+            return None
+        return verdict
+
+    def _reset_unread(self) -> None:
+        self.size = self.mtime_ns = -1
+        self.parser = None
+        self.columns = Columns()
+        self.problems = []
 
     def import_columns(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         """Adopt columns exported by :meth:`export_columns` (cache file or worker process),
-        re-coding their strings into this run's tables."""
+        re-coding their strings into this run's tables; with the parser's state, later
+        reads continue from where that parse stopped."""
         slices = {k: arrays["s_" + k] for k in SLICE_COLUMNS}
         marks = {k: arrays["m_" + k] for k in MARK_COLUMNS}
         t = self.tables
@@ -288,11 +313,20 @@ class _Source:
         self.events = int(meta["events"])
         self.host = meta.get("host")
         self.size, self.mtime_ns = int(meta["size"]), int(meta["mtime_ns"])
-        self.parser = None  # re-read in full if the file changes
+        self.parser = None  # without its state: re-read in full if the file changes
+        state = meta.get("state")
+        if state is not None and self.kind == "hvdprof":
+            parser = HvdprofFileParser(self.path, self.rank, t)
+            parser.cols = cols
+            parser.problems = self.problems
+            parser.import_state(state)
+            self.parser = parser
+            self.offset, self.lines = int(meta["offset"]), int(meta["lines"])
 
     def export_columns(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """Everything read from this file, as plain data (see :meth:`import_columns`)."""
         t = self.tables
+        resumable = self.kind == "hvdprof" and self.parser is not None
         meta = {
             "version": CACHE_VERSION,
             "size": self.size,
@@ -308,16 +342,23 @@ class _Source:
             "params": [asdict(x) for x in self.columns.params],
             "counters": self.columns.counters,
             "problems": [p.to_dict() for p in self.problems],
+            "state": self.parser.export_state() if resumable and self.parser else None,
+            "offset": self.offset,
+            "lines": self.lines,
+            "fingerprint": _fingerprint(self.path, self.offset) if resumable else None,
         }
         arrays = {"s_" + k: v for k, v in self.columns.slices().items()}
         arrays.update({"m_" + k: v for k, v in self.columns.marks().items()})
         return meta, arrays
 
-    def save_cache(self) -> None:
-        """Write the columns beside the trace; silently skipped where that is not possible."""
-        if self.kind == "horovod" or not self.complete or self.size < 0:
+    def save_cache(
+        self, exported: tuple[dict[str, Any], dict[str, np.ndarray]] | None = None
+    ) -> None:
+        """Write the columns (and, for a file still being written, where its parse stopped)
+        beside the trace; silently skipped where that is not possible."""
+        if self.kind == "horovod" or self.size < 0:
             return
-        meta, arrays = self.export_columns()
+        meta, arrays = exported or self.export_columns()
         path = self.cache_path()
         tmp = f"{path}.tmp.{os.getpid()}.npz"
         try:
@@ -329,13 +370,28 @@ class _Source:
                 os.unlink(tmp)
 
 
+def _fingerprint(path: str, offset: int) -> int | None:
+    """CRC of the bytes just before ``offset``: equal when the file was only appended to."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, offset - FINGERPRINT_BYTES))
+            data = f.read(min(offset, FINGERPRINT_BYTES))
+    except OSError:
+        return None
+    return zlib.crc32(data) if len(data) == min(offset, FINGERPRINT_BYTES) else None
+
+
 def _read_in_worker(
-    path: str, rank: int, kind: str
+    path: str, rank: int, kind: str, cache: bool
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Parse one file in a worker process; the result crosses back as plain data."""
+    """Parse one file in a worker process (and write its cache there, off the parent's
+    path); the result crosses back as plain data."""
     source = _Source(path, rank, kind, Tables())
     source.read()
-    return source.export_columns()
+    exported = source.export_columns()
+    if cache:
+        source.save_cache(exported)
+    return exported
 
 
 class RunLoader:
@@ -353,6 +409,7 @@ class RunLoader:
         self.manifest_paths: dict[int, str] = {}
         self.fmt = "hvdprof"
         self.find_problems: list[Problem] = []
+        self._pending: tuple[Any, list[tuple[_Source, Any]]] | None = None
         self._discover()
 
     def _discover(self) -> None:
@@ -406,52 +463,79 @@ class RunLoader:
             self.manifest_paths[rank] = manifest
 
     def load(self) -> Run:
+        """Read every file (cache, worker processes or here) and assemble the run."""
+        self.start()
+        return self.finish()
+
+    def start(self) -> None:
+        """Begin reading: the files without a current cache start parsing in worker
+        processes now (forked from the calling thread), so a caller can do other work
+        (the dashboard imports its web stack) while they run; :meth:`finish` collects."""
+        if self._pending is not None:
+            return
+        todo = [s for s in self.sources if not (self.cache and _cache_current(s))]
+        workers = min(len(todo), self.workers or os.cpu_count() or 1)
+        big = sum(_size(s.path) for s in todo) >= PARALLEL_MIN_BYTES
+        futures: list[tuple[_Source, Any]] = []
+        pool = None
+        if workers > 1 and big and all(s.kind != "horovod" for s in todo):
+            import multiprocessing
+
+            try:
+                context = multiprocessing.get_context("fork")
+                pool = ProcessPoolExecutor(workers, mp_context=context)
+                futures = [
+                    (s, pool.submit(_read_in_worker, s.path, s.rank, s.kind, self.cache))
+                    for s in todo
+                ]
+            except (OSError, ValueError, RuntimeError) as exc:  # no fork
+                _log.debug("worker processes unavailable (%s); reading in this process", exc)
+                if pool is not None:
+                    pool.shutdown(wait=False, cancel_futures=True)
+                pool, futures = None, []
+        self._pending = (pool, futures)
+
+    def finish(self) -> Run:
+        """Wait for :meth:`start`'s workers, read the rest here, and assemble the run."""
+        if self._pending is None:
+            self.start()
+        assert self._pending is not None
+        pool, futures = self._pending
+        self._pending = None
         total = sum(_size(s.path) for s in self.sources)
         advance, stop = _progress_bar(total if self.progress else 0)
+        in_workers = {id(s) for s, _ in futures}
         try:
-            todo = []
+            resumed = []
             for source in self.sources:
-                if self.cache and source.load_cache():
+                if id(source) in in_workers:
+                    continue
+                verdict = source.load_cache() if self.cache else None
+                if verdict == "current":
                     advance(max(source.size, 0))
-                else:
-                    todo.append(source)
-            workers = min(len(todo), self.workers or os.cpu_count() or 1)
-            big = sum(_size(s.path) for s in todo) >= PARALLEL_MIN_BYTES
-            if workers > 1 and big and all(s.kind != "horovod" for s in todo):
-                self._read_parallel(todo, workers, advance)
-            else:
-                for source in todo:
-                    source.read(advance)
+                    continue
+                source.read(advance)  # the whole file, or (resumed) what was appended
+                resumed.append(source)
+            for source, future in futures:
+                try:
+                    meta, arrays = future.result()
+                    source.import_columns(meta, arrays)
+                except Exception as exc:  # a broken pool: read it here
+                    _log.debug("worker failed on %s (%s); reading here", source.path, exc)
+                    source._reset_unread()
+                    source.read()
+                    resumed.append(source)
+                advance(max(source.size, 0))
             if self.cache:
-                for source in todo:
+                for source in resumed:
                     source.save_cache()
         finally:
+            if pool is not None:
+                pool.shutdown(wait=False)
             stop()
         run = Run(path=self.path, format=self.fmt, _loader=self)
         self.assemble(run)
         return run
-
-    def _read_parallel(
-        self, sources: list[_Source], workers: int, advance: Callable[[int], None]
-    ) -> None:
-        """Parse files in worker processes (one file each); fall back to this process."""
-        import multiprocessing
-
-        try:
-            context = multiprocessing.get_context("fork")
-            with ProcessPoolExecutor(workers, mp_context=context) as pool:
-                futures = [
-                    (s, pool.submit(_read_in_worker, s.path, s.rank, s.kind)) for s in sources
-                ]
-                for source, future in futures:
-                    meta, arrays = future.result()
-                    source.import_columns(meta, arrays)
-                    advance(max(source.size, 0))
-        except (OSError, ValueError, RuntimeError) as exc:  # no fork, a broken pool
-            _log.debug("parallel read failed (%s); reading in this process", exc)
-            for source in sources:
-                if source.parser is None and not source.columns.rows:
-                    source.read(advance)
 
     def _new_files(self) -> bool:
         """Rank files and manifests that appeared since the last look (a job starting)."""
@@ -488,7 +572,10 @@ class RunLoader:
                 if (st.st_size, st.st_mtime_ns) == (source.size, source.mtime_ns):
                     continue
                 source.size = -1
+            was_complete = source.complete
             changed |= source.read()
+            if self.cache and source.complete and not was_complete:
+                source.save_cache()  # finished while watched: the next look starts warm
         if changed:
             self.assemble(run)
         return changed
@@ -578,6 +665,24 @@ class RunLoader:
             run.t1_us = max(ends + instants)
         else:
             run.t0_us = run.t1_us = 0.0
+
+
+def _cache_current(source: _Source) -> bool:
+    """The source's cache matches its file exactly (size and mtime), read cheaply: only
+    the cache's small ``meta`` member is decompressed, not its columns."""
+    if source.kind == "horovod":
+        return False
+    try:
+        st = os.stat(source.path)
+        with np.load(source.cache_path(), allow_pickle=False) as z:
+            meta = orjson.loads(bytes(z["meta"]))
+    except _BAD_CACHE:
+        return False
+    return (
+        meta.get("version") == CACHE_VERSION
+        and meta.get("size") == st.st_size
+        and meta.get("mtime_ns") == st.st_mtime_ns
+    )
 
 
 def _is_horovod(path: str) -> bool:
