@@ -88,9 +88,10 @@ def _preload_first_run(catalog: RunCatalog) -> None:
             catalog.loaded(entries[0].id)
 
 
-def create_app(settings: DashboardSettings) -> FastAPI:
-    """The dashboard app serving ``settings.root``."""
-    catalog = RunCatalog(settings.root)
+def create_app(settings: DashboardSettings, *, catalog: RunCatalog | None = None) -> FastAPI:
+    """The dashboard app serving ``settings.root`` (``catalog``: one made for that root,
+    perhaps already reading its first run; see :func:`~hvdprof.dashboard.server.serve`)."""
+    catalog = catalog if catalog is not None else RunCatalog(settings.root)
     feed = ChangeFeed()
     watcher = RunWatcher(catalog, feed, settings.watch_interval_s)
 

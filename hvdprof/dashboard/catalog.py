@@ -127,6 +127,7 @@ class RunCatalog:
         self.root = root.resolve()
         self._loaded: dict[str, LoadedRun] = {}
         self._loading: dict[str, threading.Lock] = {}
+        self._started: dict[str, tuple[Any, Signature]] = {}
         self._lock = threading.Lock()
 
     def entries(self) -> list[RunEntry]:
@@ -144,6 +145,29 @@ class RunCatalog:
             if entry.path == path:
                 return entry
         raise RunNotFoundError(f"no run named {run_id!r} under the served directory")
+
+    def start_reading(self, run_id: str | None = None) -> str | None:
+        """Start reading a run (by default the first one found, which the page opens) now:
+        its files without a current cache begin parsing in worker processes forked from
+        the calling thread, so the parse overlaps what the caller does next (the
+        dashboard imports its web stack meanwhile). :meth:`loaded` collects it. Returns
+        the run's id, or None when there is nothing to start (any error is reported when
+        the run is asked for)."""
+        try:
+            from hvdprof.analysis.loader import RunLoader
+
+            entries = self.entries()
+            entry = self.entry(run_id) if run_id is not None else (entries or [None])[0]
+            if entry is None:
+                return None
+            signature = entry.signature()
+            loader = RunLoader(str(entry.path))
+            loader.start()
+        except Exception:  # the same error comes back, described, when the run is asked for
+            return None
+        with self._lock:
+            self._started[entry.id] = (loader, signature)
+        return entry.id
 
     def loaded(self, run_id: str) -> LoadedRun:
         """The loaded run, read on first use; RunLoadError when nothing could be read."""
@@ -167,9 +191,15 @@ class RunCatalog:
         except ImportError as exc:
             raise RunLoadError(f"the analysis library is not available: {exc}") from None
 
-        signature = entry.signature()
+        with self._lock:
+            started = self._started.pop(entry.id, None)
         try:
-            run = load_run(str(entry.path))
+            if started is not None:  # start_reading began it
+                loader, signature = started
+                run = loader.finish()
+            else:
+                signature = entry.signature()
+                run = load_run(str(entry.path))
         except (LoadError, OSError, ValueError, RuntimeError) as exc:
             raise RunLoadError(f"run {run_id!r} could not be read: {exc}") from None
         fresh = LoadedRun(entry, run, signature)

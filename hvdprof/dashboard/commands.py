@@ -89,12 +89,14 @@ def add_run_option(run_parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    _require_extra()
-    from hvdprof.dashboard.server import serve
+    from hvdprof.dashboard.server import bind, serve, start_reading
     from hvdprof.dashboard.settings import DashboardSettings
 
     settings = DashboardSettings(args.directory, host=args.host, port=args.port, token=args.token)
-    return serve(settings, open_browser=not args.no_browser)
+    sock = bind(settings)  # a taken port fails before anything is read
+    catalog = start_reading(settings)  # parses while the web stack below is imported
+    _require_extra()
+    return serve(settings, open_browser=not args.no_browser, sock=sock, catalog=catalog)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

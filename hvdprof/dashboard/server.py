@@ -12,12 +12,19 @@ import sys
 import threading
 import time
 import webbrowser
+from typing import TYPE_CHECKING
 
-import uvicorn
-
-from hvdprof.dashboard.app import create_app
 from hvdprof.dashboard.settings import DashboardSettings
 from hvdprof.errors import HvdprofError
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from hvdprof.dashboard.catalog import RunCatalog
+
+# uvicorn and the app (FastAPI, pydantic: about 0.3 s of imports) are imported where the
+# server is built, so ``hvdprof dashboard`` can bind its port and start reading the run
+# first (:func:`start_reading`) and the two overlap.
 
 #: Seconds open SSE streams get to close when the server stops.
 GRACEFUL_SHUTDOWN_S = 1
@@ -41,9 +48,23 @@ def bind(settings: DashboardSettings) -> socket.socket:
     return sock
 
 
-def _server(settings: DashboardSettings) -> uvicorn.Server:
+def start_reading(settings: DashboardSettings) -> RunCatalog:
+    """The catalog of ``settings.root`` with its first run already being read (worker
+    processes forked now, before the web stack is imported and any thread started)."""
+    from hvdprof.dashboard.catalog import RunCatalog
+
+    catalog = RunCatalog(settings.root)
+    catalog.start_reading()
+    return catalog
+
+
+def _server(settings: DashboardSettings, catalog: RunCatalog | None = None) -> uvicorn.Server:
+    import uvicorn
+
+    from hvdprof.dashboard.app import create_app
+
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, catalog=catalog),
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
@@ -52,15 +73,25 @@ def _server(settings: DashboardSettings) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
-def serve(settings: DashboardSettings, *, open_browser: bool = True) -> int:
-    """Serve until Ctrl+C; prints the URL first (and opens it unless told not to)."""
-    sock = bind(settings)
+def serve(
+    settings: DashboardSettings,
+    *,
+    open_browser: bool = True,
+    sock: socket.socket | None = None,
+    catalog: RunCatalog | None = None,
+) -> int:
+    """Serve until Ctrl+C; prints the URL first (and opens it unless told not to).
+
+    ``sock``: a socket :func:`bind` already opened; ``catalog``: from
+    :func:`start_reading`, whose first run is then already being read."""
+    if sock is None:
+        sock = bind(settings)
     url = settings.url(sock.getsockname()[1])
     print(f"hvdprof dashboard: serving {settings.root} at {url} (Ctrl+C to stop)", flush=True)
     if open_browser:
         with contextlib.suppress(Exception):
             webbrowser.open(url)
-    server = _server(settings)
+    server = _server(settings, catalog)
     try:
         server.run(sockets=[sock])
     finally:
