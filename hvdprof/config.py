@@ -144,7 +144,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "local_rank",
         _int(0),
         None,
-        "Rank within this host. Set by `hvdprof run`.",
+        "Rank within this host. Set by `hvdprof run`; in a job of several ranks, every rank's host name decides it.",
         "= rank",
     ),
     EnvVar(
@@ -152,7 +152,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "local_size",
         _int(1),
         None,
-        "Ranks on this host. Set by `hvdprof run`.",
+        "Ranks on this host. Set by `hvdprof run`; in a job of several ranks, every rank's host name decides it.",
         "= size",
     ),
     EnvVar(
@@ -160,7 +160,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "cross_rank",
         _int(0),
         None,
-        "Index of this host. Set by `hvdprof run`.",
+        "Index of this host. Set by `hvdprof run`; in a job of several ranks, every rank's host name decides it.",
         "0",
     ),
     EnvVar(
@@ -168,7 +168,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "cross_size",
         _int(1),
         None,
-        "Number of hosts. Set by `hvdprof run`.",
+        "Number of hosts. Set by `hvdprof run`; in a job of several ranks, every rank's host name decides it.",
         "1",
     ),
     EnvVar(
