@@ -149,7 +149,13 @@ def main() -> None:
     results: dict[str, Any] = {}
     for flavor, install in installs.items():
         raw = launch(flavor, install, args)
-        results[flavor] = {"library": raw["library"], "variants": summarize(raw)}
+        results[flavor] = {
+            "library": raw["library"],
+            "variants": summarize(raw),
+            "per_round_ms": {
+                v: {r: t * 1e3 for r, t in rounds.items()} for v, rounds in raw["rounds"].items()
+            },
+        }
         print(f"\n{raw['library']}  ({args.np} ranks, {raw['nbytes'] / 1e6:.1f} MB)")
         print(f"{'variant':<18}{'median ms':>11}{'x raw (medians)':>17}{'x raw (per round)':>19}")
         for variant, s in results[flavor]["variants"].items():
@@ -219,6 +225,21 @@ def worker(args: argparse.Namespace) -> None:
     steps = {"raw_mpi": raw_mpi, "hvdprof_mpi_flat": one_flat}
     variants = [v for v in args.variants.split(",") if v]
 
+    size = comm.Get_size()
+
+    def verify(variant: str, step: Any) -> None:
+        saved = [grads[0].clone(), grads[-1].clone(), flat.clone()]
+        for t in (grads[0], grads[-1], flat):
+            t.fill_(rank + 1)
+        step()
+        want = size * (size + 1) / 2
+        checked = (flat,) if step in (raw_mpi, one_flat) else (grads[0], grads[-1])
+        for t in checked:
+            if not bool((t == want).all()):
+                raise SystemExit(f"{variant}: rank {rank} got {t.view(-1)[:4]}, not {want}")
+        for t, old in zip((grads[0], grads[-1], flat), saved, strict=True):
+            t.copy_(old)
+
     def timed(step: Any) -> float:
         comm.Barrier()
         t0 = time.perf_counter()
@@ -235,6 +256,8 @@ def worker(args: argparse.Namespace) -> None:
             if engine is not None:
                 os.environ["HVDPROF_BACKEND"] = engine
                 hvd.init()
+            if rnd == 0:  # once per variant: the step really reduces (sums every rank's)
+                verify(variant, step)
             step()  # untimed: first negotiation, buffers
             times = [timed(step) for _ in range(args.block)]
             if engine is not None:

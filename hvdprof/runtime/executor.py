@@ -424,6 +424,11 @@ class Executor:
     def _allgather(self, req: Request, first_dims: tuple[int, ...]) -> torch.Tensor:
         t = req.tensor
         rest = tuple(t.shape[1:]) if t.dim() else ()
+        allgatherv = getattr(self.backend, "allgatherv", None)
+        if allgatherv is not None and t.dim():  # (MPI: uneven rows, no padding)
+            out = torch.empty((sum(first_dims), *rest), dtype=t.dtype)
+            allgatherv(out, t.contiguous(), list(first_dims))
+            return out
         src = t if t.dim() else t.reshape(1)
         longest = max(first_dims)
         if src.shape[0] != longest:
@@ -445,6 +450,22 @@ class Executor:
         return out, torch.tensor(recv, dtype=torch.int32)
 
     def _reducescatter(self, req: Request, sig: Signature) -> torch.Tensor:
+        reducescatter = getattr(self.backend, "reducescatter", None)
+        if reducescatter is not None:  # (MPI: each rank receives only its rows)
+            work = req.tensor.contiguous()
+            if sig.prescale != 1.0:
+                work = work.clone()
+                _scale(work, sig.prescale)
+            rows = [
+                stop - start
+                for start, stop in (
+                    reducescatter_rows(work.shape[0], self.size, r) for r in range(self.size)
+                )
+            ]
+            out = torch.empty((rows[self.rank], *work.shape[1:]), dtype=work.dtype)
+            reducescatter(out, work, ReduceOp(sig.reduce_op), rows)
+            _postscale(out, sig, self.size)
+            return out
         # Gloo has no reduce_scatter: reduce everything, keep this rank's rows.
         work = req.tensor.clone()
         if sig.prescale != 1.0:

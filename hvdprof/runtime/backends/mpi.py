@@ -20,7 +20,7 @@ socket-based channels.
 
 from __future__ import annotations
 
-import struct
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +31,6 @@ from hvdprof.errors import ConfigError
 from hvdprof.runtime.backends.base import DONE
 from hvdprof.runtime.requests import ReduceOp
 
-_CLOCK = struct.Struct("<q")
 _TAG_CLOCK = 7
 _TAG_FRAME = 8
 _TAG_REDUCE = 9
@@ -158,7 +157,7 @@ class MpiBackend:
     def allgatherv(self, output: torch.Tensor, tensor: torch.Tensor, rows: list[int]) -> None:
         """Every rank's ``tensor`` (``rows[r]`` rows on rank r) concatenated into ``output``
         along the first dimension, with ``MPI_Allgatherv`` (no padding)."""
-        per_row = tensor.element_size() * (tensor[0].numel() if tensor.dim() else 1)
+        per_row = tensor.element_size() * math.prod(tensor.shape[1:])
         counts = [r * per_row for r in rows]
         displs = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
         self.comm.Allgatherv(
@@ -203,7 +202,7 @@ class MpiBackend:
         wide = _WIDENED.get(tensor.dtype)
         src = tensor.to(wide) if wide is not None else tensor.contiguous()
         dst = torch.empty(output.shape, dtype=src.dtype) if wide is not None else output
-        per_row = src[0].numel() if src.dim() else 1
+        per_row = math.prod(src.shape[1:])
         counts = [r * per_row for r in rows]
         mtype = _mpi_type(self.MPI, src.dtype)
         self.comm.Reduce_scatter([_view(src), mtype], [_view(dst), mtype], counts, mpi_op)
