@@ -165,3 +165,19 @@ def test_start_then_finish_equals_load(tmp_path: Path, monkeypatch: pytest.Monke
     run = loader.finish()
     assert_same(run, load_run(d, cache=False, workers=1))
     assert np.isfinite(run.t0_us) and run.t1_us > run.t0_us
+
+
+def test_grown_files_continue_here_instead_of_in_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = synth(tmp_path, ranks=2)
+    full = {p: cut_mid_line(p, 0.5) for p in d.glob("rank.*.json")}
+    monkeypatch.setattr(loader_mod, "PARALLEL_MIN_BYTES", 0)
+    RunLoader(str(d), workers=2).load()  # parsed in workers, which write the caches
+    assert verdicts(d) == ["current", "current"]
+    for path, data in full.items():
+        path.write_bytes(data)
+    loader = RunLoader(str(d), workers=2)
+    loader.start()
+    assert loader._pending is not None and not loader._pending[1]  # no file sent to a worker
+    assert_same(loader.finish(), load_run(d, cache=False))

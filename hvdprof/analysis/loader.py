@@ -250,25 +250,11 @@ class _Source:
         bytes before the cached offset are the same) and the parser continues from there
         (:meth:`read`); None: no usable cache.
         """
-        if self.kind == "horovod":
-            return None
         try:
-            st = os.stat(self.path)
             with np.load(self.cache_path(), allow_pickle=False) as z:
                 meta = orjson.loads(bytes(z["meta"]))
-                if meta.get("version") != CACHE_VERSION:
-                    return None
-                if meta["size"] == st.st_size and meta["mtime_ns"] == st.st_mtime_ns:
-                    verdict = "current"
-                elif (
-                    self.kind == "hvdprof"
-                    and meta.get("state") is not None
-                    and not meta["complete"]
-                    and st.st_size > meta["size"]
-                    and _fingerprint(self.path, meta["offset"]) == meta["fingerprint"]
-                ):
-                    verdict = "resume"
-                else:
+                verdict = self.cache_verdict(meta)
+                if verdict is None:
                     return None
                 arrays = {k: z[k] for k in z.files if k != "meta"}
             self.import_columns(meta, arrays)
@@ -276,6 +262,33 @@ class _Source:
             self._reset_unread()
             return None
         return verdict
+
+    def cache_verdict(self, meta: dict[str, Any] | None = None) -> str | None:
+        """What the cache (its ``meta``, read here when not given) can do for the file as
+        it is now: ``"current"``, ``"resume"`` or None (see :meth:`load_cache`). Cheap:
+        only the cache's small ``meta`` member is read, not its columns."""
+        if self.kind == "horovod":
+            return None
+        try:
+            if meta is None:
+                with np.load(self.cache_path(), allow_pickle=False) as z:
+                    meta = orjson.loads(bytes(z["meta"]))
+            st = os.stat(self.path)
+            if meta.get("version") != CACHE_VERSION:
+                return None
+            if meta["size"] == st.st_size and meta["mtime_ns"] == st.st_mtime_ns:
+                return "current"
+            if (
+                self.kind == "hvdprof"
+                and meta.get("state") is not None
+                and not meta["complete"]
+                and st.st_size > meta["size"]
+                and _fingerprint(self.path, meta["offset"]) == meta["fingerprint"]
+            ):
+                return "resume"
+        except _BAD_CACHE:
+            return None
+        return None
 
     def _reset_unread(self) -> None:
         self.size = self.mtime_ns = -1
@@ -473,7 +486,8 @@ class RunLoader:
         (the dashboard imports its web stack) while they run; :meth:`finish` collects."""
         if self._pending is not None:
             return
-        todo = [s for s in self.sources if not (self.cache and _cache_current(s))]
+        # files whose cache is current, or continues (the file grew), are read in finish()
+        todo = [s for s in self.sources if not (self.cache and s.cache_verdict())]
         workers = min(len(todo), self.workers or os.cpu_count() or 1)
         big = sum(_size(s.path) for s in todo) >= PARALLEL_MIN_BYTES
         futures: list[tuple[_Source, Any]] = []
@@ -665,24 +679,6 @@ class RunLoader:
             run.t1_us = max(ends + instants)
         else:
             run.t0_us = run.t1_us = 0.0
-
-
-def _cache_current(source: _Source) -> bool:
-    """The source's cache matches its file exactly (size and mtime), read cheaply: only
-    the cache's small ``meta`` member is decompressed, not its columns."""
-    if source.kind == "horovod":
-        return False
-    try:
-        st = os.stat(source.path)
-        with np.load(source.cache_path(), allow_pickle=False) as z:
-            meta = orjson.loads(bytes(z["meta"]))
-    except _BAD_CACHE:
-        return False
-    return (
-        meta.get("version") == CACHE_VERSION
-        and meta.get("size") == st.st_size
-        and meta.get("mtime_ns") == st.st_mtime_ns
-    )
 
 
 def _is_horovod(path: str) -> bool:
