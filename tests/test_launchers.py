@@ -323,3 +323,10 @@ def test_hvdprof_run_hosts_errors(argv: list[str], message: str) -> None:
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_missing_rendezvous_hint_names_what_to_do() -> None:
+    assert "pip install 'hvdprof[mpi]'" in envmod.missing_rendezvous_hint(
+        envmod.Launch(envmod.OPENMPI, 0, 2)
+    )
+    assert "hvdprof run -np N" in envmod.missing_rendezvous_hint(envmod.Launch(envmod.NONE))

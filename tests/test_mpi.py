@@ -13,6 +13,7 @@ Without mpi4py and an mpirun these skip with the reason, except under ``CI=true`
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -140,7 +141,9 @@ def test_mpi_backend_without_mpi4py_says_how_to_install(tmp_path: Path) -> None:
     (fake / "__init__.py").write_text("raise ImportError('libmpi.so.40: cannot open')\n")
     proc = _init_once(MPI, pythonpath=str(tmp_path))
     assert proc.returncode != 0, proc.stdout
-    assert "HVDPROF_BACKEND=mpi needs mpi4py and an MPI library" in proc.stderr, proc.stderr
+    assert "HVDPROF_BACKEND=mpi, or auto under mpirun) needs mpi4py and an MPI library" in (
+        proc.stderr
+    ), proc.stderr
     assert "pip install 'hvdprof[mpi]'" in proc.stderr
 
 
@@ -164,3 +167,19 @@ def test_dead_rank_under_mpirun_ends_the_job() -> None:
     )
     assert result.returncode != 0, result.describe()
     assert "unreachable" not in result.output
+
+
+def test_benchmark_quick_run_writes_results(tmp_path: Path) -> None:
+    """benchmarks/allreduce_mpi.py end to end (quick): every variant verified and timed."""
+    mpi_or_skip()
+    out = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "allreduce_mpi.py"), "--quick", "--mpi",
+         "openmpi", "--output", str(out), "--timeout", "240"],
+        capture_output=True, text=True, timeout=280, cwd=REPO, env=child_env(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    variants = result["results"]["openmpi"]["variants"]
+    assert set(variants) == set(result["variants"]), variants
+    assert variants["raw_mpi"]["ratio_of_medians"] == 1.0

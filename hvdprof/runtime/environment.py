@@ -217,6 +217,16 @@ def data_backend(requested: str, launch: Launch, mpi_installed: bool) -> str:
     return "gloo"
 
 
+def missing_rendezvous_hint(launch: Launch) -> str:
+    """What to do when a multi-rank job has no rendezvous address (the end of an error)."""
+    if launch.is_mpi:
+        return (
+            f"under {launch.launcher}, install mpi4py (pip install 'hvdprof[mpi]') so the "
+            "ranks meet over MPI, or set HVDPROF_CONTROLLER_ADDR and HVDPROF_CONTROLLER_PORT"
+        )
+    return "start it with `hvdprof run -np N`"
+
+
 def check_mpi_launch(launch: Launch, size: int) -> None:
     """``HVDPROF_BACKEND=mpi`` under a launcher that did not start an MPI world."""
     if size > 1 and not launch.is_mpi:

@@ -219,7 +219,8 @@ class Runtime:
         if port is None:
             if self.size > 1:
                 raise ConfigError(
-                    "HVDPROF_CONTROLLER_PORT is not set for a multi-rank job: start it with `hvdprof run -np N`"
+                    "HVDPROF_CONTROLLER_PORT is not set for a multi-rank job: "
+                    + environment.missing_rendezvous_hint(self.launch)
                 )
             port = _free_port()
         try:

