@@ -135,9 +135,7 @@ def _add_run(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    run.add_argument(
-        "-np", "--num-proc", type=_positive_int, metavar="N", help="number of ranks"
-    )
+    run.add_argument("-np", "--num-proc", type=_positive_int, metavar="N", help="number of ranks")
     from hvdprof.elastic_launcher import add_elastic_options
 
     add_elastic_options(run)
