@@ -183,3 +183,24 @@ def test_benchmark_quick_run_writes_results(tmp_path: Path) -> None:
     variants = result["results"]["openmpi"]["variants"]
     assert set(variants) == set(result["variants"]), variants
     assert variants["raw_mpi"]["ratio_of_medians"] == 1.0
+
+
+def test_autotune_under_mpirun_applies_identical_params(tmp_path: Path) -> None:
+    """Rank 0's tuner proposes over the MPI control channel; every rank applies the same
+    parameters at the same cycles and the sums stay right (autotune_worker's checks)."""
+    mpi_or_skip()
+    from test_autotune_e2e import FAST_TUNING, assert_same_history
+
+    env = {
+        **FAST_TUNING,
+        **MPI,
+        "HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "40",
+        "HVDPROF_AUTOTUNE_LOG": str(tmp_path / "autotune.csv"),
+    }
+    result = run_mpi(
+        "autotune_worker.py", 2, str(tmp_path), "--stop", "samples", "--samples", "4",
+        "--max-seconds", "120", env=env, timeout=240,
+    )  # fmt: skip
+    result.assert_section("run", 2)
+    result.assert_done(2)
+    assert_same_history(result, 2)
