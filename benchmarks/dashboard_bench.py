@@ -50,13 +50,9 @@ from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run  # noq
 
 NAME = "dashboard_bench"
 RESULTS = Path(__file__).resolve().parent / "results"
-GOALS = {
-    "startup_cold_s": 1.5,  # a fresh trace: no cache yet
-    "startup_s": 1.5,  # warm: the cache written by an earlier start or analysis
-    "zoom_ms": 150.0,
-    "live_s": 2.0,
-    "rss_mb": 1024.0,
-}
+#: startup_s is checked against the slower of cold (a fresh trace, no cache yet) and warm
+#: (the cache written by an earlier start or ``hvdprof analyze``)
+GOALS = {"startup_s": 1.5, "zoom_ms": 150.0, "live_s": 2.0, "rss_mb": 1024.0}
 TENSORS = 100
 RUN_ID = "."
 
@@ -316,8 +312,7 @@ def main() -> int:
         args.events, args.zooms, args.live_rounds = 50_000, 4, 2
     result = measure(args.events, args.ranks, args.zooms, args.live_rounds)
     checks = {
-        "startup_cold_s": result["startup_cold_s"],
-        "startup_s": result["startup_warm_s"],
+        "startup_s": max(result["startup_cold_s"], result["startup_warm_s"]),
         "zoom_ms": result["zoom_ms_median"],
         "live_s": result["live_to_window_s_median"],
         "rss_mb": result["server_peak_rss_mb"],
