@@ -214,7 +214,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=60, help=argparse.SUPPRESS)
     p.add_argument("--reps", type=int, default=3, help="recoveries per size (default 3)")
     p.add_argument("--quick", action="store_true", help="one recovery per size, 3 commits")
-    p.add_argument("--output", type=Path, help="results file (default benchmarks/results/)")
+    p.add_argument("-o", "--output", type=Path, help="results file (default benchmarks/results/)")
     args = p.parse_args()
     if args.worker:
         worker(args)

@@ -251,9 +251,12 @@ class ElasticJob:
             code = self._reap()
             if code is not None:
                 return code
-            if all(w.proc.returncode is not None for w in self.workers):
-                ok = [w for w in self.workers if w.wid in self.plan and w.proc.returncode == 0]
-                return 0 if ok else 1
+            members = [w for w in self.workers if w.wid in self.plan]
+            if all(w.proc.returncode is not None for w in members):
+                # the training is over; a worker started too late to join it stops here
+                # (it would otherwise wait for a generation that never comes)
+                self._stop_all(signal.SIGTERM, quiet=True)
+                return 0 if any(w.proc.returncode == 0 for w in members) else 1
             if not self._finishing:
                 self._answer_reset_requests()
                 self._admit_ready_workers()

@@ -179,6 +179,45 @@ def test_job_grows_when_discovery_reports_a_new_slot(tmp_path: Path):
     assert result.values(0, "WEIGHTS")
 
 
+def test_dead_worker_is_replaced_while_discovery_reports_its_slot(tmp_path: Path):
+    """Discovery keeps reporting 2 slots: after worker 1's SIGKILL the job goes on at 1
+    rank, the launcher starts worker 2 in the free slot, and the job grows back to 2;
+    across both re-formations every sample is trained exactly once per epoch."""
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:2\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    result = run_job(
+        WORKER,
+        2,
+        "--epochs",
+        "3",
+        "--kill-worker",
+        "1",
+        "--kill-step",
+        "5",
+        "--step-sleep",
+        "0.1",
+        launcher_args=(
+            "--min-np",
+            "1",
+            "--max-np",
+            "2",
+            "--host-discovery-script",
+            str(script),
+        ),
+        timeout=150,
+    )
+    assert result.returncode == 0, result.describe()
+    resets = [json.loads(v) for v in result.values(0, "RESET")]
+    assert [(r["old_size"], r["new_size"]) for r in resets] == [(2, 1), (1, 2)], result.describe()
+    assert result.values(2, "FINAL")[0].startswith("size=2 rank=1"), result.describe()
+    committed = _committed(result)
+    assert sorted(committed) == [0, 1, 2]
+    for epoch, counts in committed.items():
+        assert sorted(counts) == list(range(SAMPLES)), (epoch, result.describe())
+        assert set(counts.values()) == {1}, (epoch, counts)
+
+
 def _benchmark_command(*extra: str) -> list[str]:
     return [
         sys.executable,
@@ -294,6 +333,33 @@ def test_elastic_options_are_checked_before_any_worker_starts():
     )
     assert run.returncode != 0
     assert "--min-np 3 and --max-np 2" in run.stderr, run.stderr
+
+
+def test_recovery_benchmark_quick_run(tmp_path: Path):
+    """benchmarks/elastic_recovery.py end to end (no timing asserted: see the README)."""
+    out = tmp_path / "result.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "elastic_recovery.py"),
+            "--quick",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=child_env(deadline=200),
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for size in ("2_ranks", "3_ranks"):
+        run = result["recovery"][size]["runs"][0]
+        assert run["death_to_first_step_s"] > 0
+        parts = run["detection_s"] + run["reformation_s"] + run["first_step_s"]
+        assert abs(parts - run["death_to_first_step_s"]) < 1e-3
+    assert result["resnet50_commit"]["parameters"] == 25_557_032
 
 
 def test_elastic_sampler_deals_the_rest_of_the_epoch_after_a_reset():

@@ -104,8 +104,10 @@ def train(state: hvd.elastic.TorchState) -> None:
             state.steps += 1
             if hvd.size() == 3:
                 state.at_three += 1
-            state.commit()
+            # printed before commit(): its save() makes the batch committed even when its
+            # host check then raises HostsUpdatedInterrupt (the batch is not trained again)
             print(f"COMMITTED {state.epoch} {json.dumps(idx)}", flush=True)
+            state.commit()
             if args.step_sleep:
                 time.sleep(args.step_sleep)
             if args.grow_file and state.at_three >= 5:
