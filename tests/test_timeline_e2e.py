@@ -581,7 +581,8 @@ def test_merge_with_torch_profiler(main_job: tuple[JobResult, Path], tmp_path: P
         reduces = [
             span(e)
             for e in events
-            if e["pid"] == rank and e["name"] in ("GLOO_ALLREDUCE", "TCP_ALLREDUCE")
+            if e["pid"] == rank
+            and e["name"] in ("GLOO_ALLREDUCE", "TCP_ALLREDUCE", "SHM_ALLREDUCE", "MPI_ALLREDUCE")
         ]
         p_lo = min(ns(e["ts"]) for e in prof_x)
         p_hi = max(span(e)[1] for e in prof_x)

@@ -239,6 +239,21 @@ class Executor:
             record.t_collective_start = timebase.now_ns()
         self.backend_calls += 1
         run.flat = flat
+        if run.backend is self.shm:
+            # Finished inside the call, and each rank scales only the slice it reduces,
+            # before sharing it: no second pass over the whole buffer for Average.
+            finish = None
+            if sig.postscale != 1.0 or sig.reduce_op == ReduceOp.AVERAGE:
+                size = self.size
+
+                def finish(t: torch.Tensor) -> None:
+                    _postscale(t, sig, size)
+
+            both = [flat.view(-1)]  # (the same list: reduced in place)
+            self.shm.allreduce(both, both, ReduceOp(sig.reduce_op), finish, None)
+            run.scaled = True
+            run.work = DONE
+            return
         run.work = run.backend.allreduce_async(flat, ReduceOp(sig.reduce_op))
 
     def _shm_in_place(self, run: _Running) -> bool:
@@ -311,7 +326,8 @@ class Executor:
             nvtx.pop()
         if record is not None:
             record.t_collective_end = timebase.now_ns()
-        _postscale(flat, run.ops[0].signature, self.size)
+        if not run.scaled:
+            _postscale(flat, run.ops[0].signature, self.size)
         if run.group.fused:
             if record is not None:
                 record.t_unpack_start = timebase.now_ns()
@@ -496,6 +512,7 @@ class _Running:
         "positions",
         "record",
         "requests",
+        "scaled",
         "work",
     )
 
@@ -518,6 +535,8 @@ class _Running:
         self.inputs: list[torch.Tensor] = []
         self.flat: torch.Tensor | None = None
         self.work: Any = None
+        #: the backend already applied the postscale / Average division
+        self.scaled = False
 
 
 def _positions(positions: list[int], indices: list[int]) -> range | list[int]:
