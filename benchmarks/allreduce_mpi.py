@@ -76,9 +76,10 @@ def launch(flavor: str, install: dict[str, str], args: argparse.Namespace) -> di
         env.update(
             OMPI_ALLOW_RUN_AS_ROOT="1",
             OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-            OMP_NUM_THREADS=str(args.threads),
             PYTHONUNBUFFERED="1",
         )
+        if args.threads > 0:
+            env["OMP_NUM_THREADS"] = str(args.threads)
         env = {k: v for k, v in env.items() if not k.startswith("HVDPROF_")}
         if "MPI4PY_LIBMPI" in install:
             env["MPI4PY_LIBMPI"] = install["MPI4PY_LIBMPI"]
@@ -126,7 +127,13 @@ def main() -> None:
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--rounds", type=int, default=12, help="rounds (default 12)")
     p.add_argument("--block", type=int, default=3, help="timed steps per block (default 3)")
-    p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per rank")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="OMP_NUM_THREADS per rank; 0 (default) leaves the environment as it is, "
+        "what a user's mpirun gives",
+    )
     p.add_argument("--mpi", default="all", help="openmpi, mpich or all (the installed ones)")
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--quick", action="store_true", help="2 rounds of 1 step (a smoke run)")
@@ -201,7 +208,8 @@ def worker(args: argparse.Namespace) -> None:
 
     import hvdprof.torch as hvd
 
-    torch.set_num_threads(args.threads)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     comm = MPI.COMM_WORLD.Dup()
     rank = comm.Get_rank()
     shapes = resnet50_param_shapes()

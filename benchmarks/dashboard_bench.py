@@ -319,13 +319,13 @@ def main() -> int:
     }
     rows = [
         ("start to first timeline, cold (s)", result["startup_cold_s"], GOALS["startup_s"]),
-        ("  server CPU until then, cold (s)", result["startup_cold_cpu_s"], GOALS["startup_s"]),
+        ("  server CPU until then, cold (s)", result["startup_cold_cpu_s"], None),
         ("start to first timeline, warm (s)", result["startup_warm_s"], GOALS["startup_s"]),
-        ("  server CPU until then, warm (s)", result["startup_warm_cpu_s"], GOALS["startup_s"]),
+        ("  server CPU until then, warm (s)", result["startup_warm_cpu_s"], None),
         ("start to first timeline, run still open (s)", result["startup_open_s"], GOALS["startup_s"]),
-        ("  server CPU until then, open (s)", result["startup_open_cpu_s"], GOALS["startup_s"]),
+        ("  server CPU until then, open (s)", result["startup_open_cpu_s"], None),
         ("restart on the open run, grown (s)", result["startup_open_grown_s"], GOALS["startup_s"]),
-        ("  server CPU until then, restart (s)", result["startup_open_grown_cpu_s"], GOALS["startup_s"]),
+        ("  server CPU until then, restart (s)", result["startup_open_grown_cpu_s"], None),
         ("zoomed window, median (ms)", result["zoom_ms_median"], GOALS["zoom_ms"]),
         ("zoomed window, worst (ms)", result["zoom_ms_max"], GOALS["zoom_ms"]),
         ("expanded rank window (ms)", result["zoom_expanded_ms"], GOALS["zoom_ms"]),
@@ -336,7 +336,9 @@ def main() -> int:
     print(f"\n{result['events']:,} events, {result['ranks']} ranks")
     for label, value, goal in rows:
         shown = f"{value:.3f}" if isinstance(value, float) else value
-        print(f"  {label:<42} {shown:>12}   goal <= {goal:g}")
+        # (CPU rows: no goal of their own; the wall time above them is what is promised)
+        target = f"goal <= {goal:g}" if goal is not None else "(CPU, for scale)"
+        print(f"  {label:<42} {shown:>12}   {target}")
     result["goals"] = GOALS
     result["met"] = {k: checks[k] <= GOALS[k] for k in GOALS}
     result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(),
