@@ -410,6 +410,20 @@ def test_empty_and_unreadable_inputs(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+def test_elastic_job_directory_names_its_generations(tmp_path: Path) -> None:
+    """An elastic job's timeline directory holds one run per generation: analysing the
+    directory itself says which subfolders to name, in numeric order."""
+    root = tmp_path / "elastic"
+    for g in (1, 2, 10):
+        synth(root, f"generation.{g}", ranks=2, steps=2)
+    (root / "elastic.json").write_text("{}")
+    proc = cli("analyze", str(root))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "subfolders hold runs (generation.1, generation.2, generation.10)" in proc.stderr
+    assert str(root / "generation.10") in proc.stderr and "Traceback" not in proc.stderr
+    assert cli("analyze", str(root / "generation.2")).returncode == 0
+
+
 def test_gzip_and_truncated_gzip(tmp_path: Path) -> None:
     d, _ = synth(tmp_path, ranks=2, steps=4)
     plain = load_run(d, cache=False)

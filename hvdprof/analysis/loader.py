@@ -459,7 +459,7 @@ class RunLoader:
             if self.sources:
                 self.fmt = "horovod"
                 return
-            raise LoadError(f"no timeline files (rank.<r>.json or a Horovod timeline) in {path}")
+            raise LoadError(_no_timeline_message(path, names))
         if not os.path.isfile(path):
             raise LoadError(f"{path}: no such file or directory")
         name = os.path.basename(path)
@@ -736,3 +736,28 @@ def load_run(
 
 
 __all__ = ["LoadError", "RunLoader", "load_run"]
+
+
+def _no_timeline_message(path: str, names: list[str]) -> str:
+    """Why ``path`` holds no run, naming the runs in its subfolders when it has some: an
+    elastic job writes one timeline per generation (``DIR/generation.<g>/``)."""
+    message = f"no timeline files (rank.<r>.json or a Horovod timeline) in {path}"
+    inner = sorted(
+        (n for n in names if os.path.isdir(os.path.join(path, n))),
+        key=lambda n: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", n)],
+    )
+    runs = [n for n in inner if any(TRACE_RE.match(f) for f in _listdir(os.path.join(path, n)))]
+    if runs:
+        shown = ", ".join(runs[:6]) + (f" and {len(runs) - 6} more" if len(runs) > 6 else "")
+        message += (
+            f"; its subfolders hold runs ({shown}): name one, e.g. "
+            f"{os.path.join(path, runs[-1])}, or open {path} in `hvdprof dashboard`, which lists them"
+        )
+    return message
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
