@@ -28,6 +28,7 @@ from hvdprof.analysis import (
     timeline_window,
 )
 from hvdprof.analysis.loader import RunLoader
+from hvdprof.analysis.model import PHASE_NEGOTIATE, PHASE_OP
 from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
 
 DATA = Path(__file__).resolve().parent / "data" / "horovod"
@@ -230,6 +231,32 @@ def test_diff_puts_the_regression_first(tmp_path: Path) -> None:
     proc = cli("diff", str(a), str(b))
     assert proc.returncode == 0, proc.stderr
     assert "Biggest regression" in proc.stdout
+
+
+def test_diff_counts_a_once_only_tensor_per_step(tmp_path: Path) -> None:
+    """A tensor reduced in the first step only (a start-up broadcast) is compared per
+    step like every other row: its time over the run / (ranks x steps), not per op."""
+    a, _ = synth(tmp_path, "a", ranks=2, steps=5, tensors=2, group_size=1)
+    b, _ = synth(tmp_path, "b", ranks=2, steps=5, tensors=2, group_size=1, step_us=20_000.0)
+    once = "allreduce.layer1.grad"
+    for path in b.glob("rank.*.json"):  # layer1 only in step 0 (events before 21 ms)
+        kept = []
+        for line in path.read_text().splitlines():
+            body = line.rstrip(",")
+            event = json.loads(body) if body.startswith("{") else None
+            if event and event.get("tid") == 17 and event.get("ts", 0) >= 1_021_000:
+                continue
+            kept.append(line)
+        path.write_text("\n".join(kept) + "\n")
+    run_b = load_run(b, cache=False)
+    s = run_b.slices
+    index = run_b.tensors.index(once)
+    timed = ((s.phase == PHASE_NEGOTIATE) | (s.phase == PHASE_OP)) & (s.tensor == index)
+    assert 0 < int((timed & (s.phase == PHASE_OP)).sum()) == 2  # one op per rank
+    rank_steps = sum(r.steps for r in time_breakdown(run_b).ranks)
+    d = diff_runs(load_run(a, cache=False), run_b)
+    row = next(r for r in d.rows if r.kind == "tensor" and r.key == once)
+    assert row.b_ms == pytest.approx(float(s.dur_us[timed].sum()) / 1000.0 / rank_steps)
 
 
 # --- timeline_window ---------------------------------------------------------------------------

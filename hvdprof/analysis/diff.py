@@ -1,8 +1,10 @@
 """Q7: what changed between two runs? Per phase, per rank and per tensor, worst first.
 
 Runs differ in length, so everything is compared per step: a phase's mean wall time per
-step (averaged over ranks), a rank's busy time per step, a tensor's mean op time (from
-submission to done, i.e. negotiation + op). Rows are sorted by how much slower run B is
+step (averaged over ranks), a rank's busy time per step, a tensor's time per step (its
+negotiation + op time over the run, per rank and step). One unit for every row, so a
+once-only op (a start-up broadcast that waited for a slow rank) weighs what it costs a
+step on average rather than its whole wait. Rows are sorted by how much slower run B is
 than run A (``delta_ms = b_ms - a_ms``), biggest regression first.
 """
 
@@ -75,16 +77,19 @@ def _per_step(b: Breakdown) -> dict[str, float]:
     return out
 
 
-def _tensor_ms(run: Run) -> dict[str, float]:
+def _tensor_ms(run: Run, breakdown: Breakdown) -> dict[str, float]:
+    """Each tensor's negotiation + op time per rank and step (ms)."""
     s = run.slices
     mask = ((s.phase == PHASE_NEGOTIATE) | (s.phase == PHASE_OP)) & (s.tensor >= 0)
-    if not mask.any():
+    rank_steps = sum(r.steps for r in breakdown.ranks)  # (rank, step) pairs
+    if not mask.any() or rank_steps <= 0:
         return {}
     t = s.tensor[mask]
     total = np.bincount(t, weights=s.dur_us[mask], minlength=len(run.tensors))
     ops = np.bincount(t, weights=(s.phase[mask] == PHASE_OP), minlength=len(run.tensors))
     return {
-        run.tensors[i]: float(total[i] / ops[i]) / 1000.0 for i in np.flatnonzero(ops > 0).tolist()
+        run.tensors[i]: float(total[i]) / rank_steps / 1000.0
+        for i in np.flatnonzero(ops > 0).tolist()
     }
 
 
@@ -104,7 +109,7 @@ def diff_runs(run_a: Run, run_b: Run) -> RunDiff:
         a = sum(ra[rank].mean_step_ms(c) for c in busy) if rank in ra else 0.0
         b = sum(rb[rank].mean_step_ms(c) for c in busy) if rank in rb else 0.0
         out.rows.append(DiffRow("rank", f"rank {rank}", a, b))
-    ta, tb = _tensor_ms(run_a), _tensor_ms(run_b)
+    ta, tb = _tensor_ms(run_a, ba), _tensor_ms(run_b, bb)
     for name in sorted(set(ta) & set(tb)):
         out.rows.append(DiffRow("tensor", name, ta[name], tb[name]))
     out.only_in_a = sorted(set(ta) - set(tb))
