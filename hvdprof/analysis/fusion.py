@@ -24,8 +24,8 @@ REASON_WORDS = {
     "alone": "nothing else was ready in the same cycle",
     "dtype": "the others ready had another dtype",
     "op": "the others ready were another collective",
-    "threshold": "it would not fit in the fusion buffer with the others (threshold)",
-    "not_fusable": "this collective is never fused",
+    "threshold": "they would not fit in the fusion buffer with the others (threshold)",
+    "not_fusable": "they are broadcasts, allgathers or other collectives never fused",
     "unknown": "reason not recorded",
 }
 #: Horovod's default HOROVOD_FUSION_THRESHOLD, for Horovod timelines.
@@ -159,5 +159,7 @@ def _verdict(report: FusionReport) -> str | None:
     text += f"), {r.unfused} unfused"
     if r.unfused and r.unfused_reasons:
         top = max(r.unfused_reasons, key=lambda k: r.unfused_reasons[k])
-        text += f" (mostly because {REASON_WORDS[top]}: {r.unfused_reasons[top]})"
+        n = r.unfused_reasons[top]
+        share = "all of them" if n == r.unfused else f"{n} of them"
+        text += f" ({share} because {REASON_WORDS[top]})"
     return text + "."
