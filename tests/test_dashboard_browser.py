@@ -103,6 +103,10 @@ def test_page_timeline_zoom_expand_stragglers_autotune(
     with dashboard_server(served) as base:
         page, errors = open_page(browser, base + "?run=demo")
         page.screenshot(path=str(tmp_path / "1-loaded.png"), full_page=True)
+        # a finished run: connected for updates, but not called "live"
+        page.wait_for_function("window.HVD_STATE.live === true")
+        assert page.evaluate("window.HVD_STATE.info.complete") is True
+        assert page.locator("#live-text").text_content() == "watching"
 
         # every chart says what its axes are, with units
         assert any("ms since the run started" in t for t in axis_titles(page, "timeline"))
@@ -357,6 +361,7 @@ def test_live_updates_while_a_job_writes(browser: object, tmp_path: Path) -> Non
         page.wait_for_function(
             f"window.HVD_STATE.updates >= 2 && window.HVD_STATE.version > {first}"
             " && window.HVD_STATE.info && window.HVD_STATE.info.complete === false"
+            " && document.getElementById('live-text').textContent === 'live'"
         )
         assert job.poll() is None, "the job ended before the page saw it grow"
         page.wait_for_timeout(1500)  # the sections refresh a second after a change

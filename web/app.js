@@ -574,6 +574,7 @@
       (hosts.length ? " on " + hosts.join(", ") : "") + " \u00b7 " + info.tensors + " tensors" +
       (info.t1_us != null && info.t0_us != null ? " \u00b7 " + fmtUs(info.t1_us - info.t0_us) : "") +
       (info.complete ? "" : " \u00b7 still being written") + " \u00b7 v" + info.version);
+    showLive();
     const laneOptions = [["", "one row per rank"]];
     for (const r of info.ranks) {
       laneOptions.push([String(r), "rank " + r + ": tensor lanes"], [r + ":phase", "rank " + r + ": phase lanes"]);
@@ -657,13 +658,24 @@
     if (!sectionsTimer) sectionsTimer = setTimeout(() => { sectionsTimer = null; loadSections(); }, 1000);
   }
 
+  // Connected: "live" while the run is still being written, "watching" once every file
+  // is closed (a finished run: nothing arrives unless a job writes to it again).
+  function showLive() {
+    if (!state.live) return;
+    const done = state.info && state.info.complete;
+    text($("live-text"), done ? "watching" : "live");
+    $("live").title = done
+      ? "the run is finished; the page still updates by itself if a job writes to it again"
+      : "updates by itself while the job writes";
+  }
+
   function connectLive() {
     if (EMBEDDED || !window.EventSource) {
       text($("live-text"), EMBEDDED ? "report (offline)" : "no live updates");
       return;
     }
     const source = new EventSource(apiUrl("api/events"));
-    source.addEventListener("hello", () => { $("live").classList.add("on"); text($("live-text"), "live"); state.live = true; });
+    source.addEventListener("hello", () => { $("live").classList.add("on"); state.live = true; showLive(); });
     source.addEventListener("changed", (e) => onChanged(JSON.parse(e.data)));
     source.addEventListener("runs", async () => {
       const had = state.run;
