@@ -215,6 +215,30 @@ def test_autotune_windows(tmp_path: Path) -> None:
     assert got == pytest.approx([t for w in truth.sample_windows for t in w])
     assert [x.fusion_threshold_bytes for x in a.samples] == [1 << 20, 2 << 20, 4 << 20]
     assert a.best == 2 and a.params_changes == 3
+    assert a.recommended is None  # no sample marked: only the highest window is named
+    assert "highest-scoring window was sample 2" in a.verdict
+
+
+def test_autotune_verdict_names_the_recommendation_not_the_highest_window(
+    tmp_path: Path,
+) -> None:
+    """The tuner marks the samples of its recommendation (``is_best``); a higher single
+    window (sample 2) is a noisy measurement. The verdict and ``recommended`` follow the
+    last marked sample, and compare its windows with the starting configuration's."""
+    d, _ = synth(tmp_path, ranks=2, steps=12, autotune_samples=3)
+    trace = d / "rank.0.json"
+    lines = trace.read_text().splitlines()
+    samples = [i for i, line in enumerate(lines) if '"is_best":false' in line]
+    assert len(samples) == 3
+    for i in samples[:2]:  # samples 0 and 1 marked, as the tuner marks its incumbents
+        lines[i] = lines[i].replace('"is_best":false', '"is_best":true')
+    trace.write_text("\n".join(lines) + "\n")
+    a = autotune_report(load_run(d, cache=False))
+    assert (a.best, a.recommended) == (2, 1)
+    assert "still tuning when the recording ended" in a.verdict
+    assert "recommendation so far is fusion threshold 2 MiB" in a.verdict
+    scores = [x.score_mb_per_s for x in a.samples]
+    assert f"{scores[1]:.3g} MB/s against {scores[0]:.3g} MB/s" in a.verdict, a.verdict
 
 
 def test_diff_puts_the_regression_first(tmp_path: Path) -> None:

@@ -120,6 +120,13 @@ def test_autotune_samples_and_windows_listed(autotune_run: tuple[Path, Path]) ->
     assert report.samples[report.best].score_mb_per_s == pytest.approx(
         best.score_bytes_per_s / 1e6, rel=1e-5
     )
+    # the recommendation is the log's last row marked is_best (what a warm start reads)
+    marked = [i for i, r in enumerate(rows[: len(report.samples)]) if r.is_best]
+    assert marked, "the tuner marks its starting configuration as best at least"
+    assert report.recommended == marked[-1]
+    rec = rows[marked[-1]].params
+    assert f"fusion threshold {rec.fusion_threshold_bytes / 1048576:.3g} MiB" in report.verdict
+    assert f"cycle time {rec.cycle_time_ms:.3g} ms" in report.verdict
 
 
 def test_autotune_table_in_cli(autotune_run: tuple[Path, Path]) -> None:

@@ -208,10 +208,13 @@ def test_page_timeline_zoom_expand_stragglers_autotune(
         points = page.locator("#autotune-score .scatterlayer .trace").first.locator(".point")
         assert points.count() == len(samples)
         assert page.locator("#autotune-params .scatterlayer .trace").count() == 2
-        # the ringed "best sample" is the one the analysis (and its verdict) names
+        # the ringed sample is the tuner's recommendation, the one the verdict names
         report = autotune_report(run)
         ringed = page.evaluate("document.getElementById('autotune-score').data[2].x")
-        assert ringed == [samples[report.best].index]
+        assert report.recommended is not None, "the demo's tuner marks its recommendation"
+        assert ringed == [samples[report.recommended].index]
+        recommended = samples[report.recommended]
+        assert f"cycle time {recommended.cycle_time_ms:.3g} ms" in report.verdict
         assert (
             page.locator("#autotune-surface .contourlayer, #autotune-surface .empty").count() >= 1
         )

@@ -447,15 +447,18 @@
       "threshold " + fmtBytes(s.fusion_threshold_bytes) + ", cycle " + s.cycle_time_ms + " ms, cache " +
       (s.cache_enabled ? "on" : "off") + "<br>steps " + s.first_step + "-" + s.last_step + " (" + s.phase + ")" +
       (s.is_best ? "<br>ran the tuner's best configuration at the time" : ""));
-    // the analysis' best sample (highest score: the one the verdict names)
-    const chosen = data.best != null && samples[data.best] ? [samples[data.best]] : [];
+    // the tuner's recommendation (the last sample it marked best: the one the verdict
+    // names); the highest single window only when no sample is marked
+    const ringed = data.recommended != null ? data.recommended : data.best;
+    const chosen = ringed != null && samples[ringed] ? [samples[ringed]] : [];
+    const ringName = data.recommended != null ? "tuner's recommendation (last run)" : "highest-scoring window";
     draw(scoreEl, [
       // trace 0 holds every sample, in order (the click handler relies on it)
       { type: "scatter", mode: "markers", name: "sample", x: idx, y: score, text: hover,
         hovertemplate: "sample %{x}: %{y:.2f} MB/s<br>%{text}<extra>click: show on the timeline</extra>",
         marker: { size: 9, color: PHASE_COLORS.autotune } },
       { type: "scatter", mode: "lines", name: "best so far", x: idx, y: best, hoverinfo: "skip", line: { shape: "hv", color: "#1a7f37" } },
-      { type: "scatter", mode: "markers", name: "best sample (highest score)", x: chosen.map((s) => s.index),
+      { type: "scatter", mode: "markers", name: ringName, x: chosen.map((s) => s.index),
         y: chosen.map((s) => s.score_mb_per_s), hoverinfo: "skip",
         marker: { size: 15, color: "rgba(0,0,0,0)", line: { color: "#1a7f37", width: 2.5 } } },
     ], Object.assign(baseLayout(), {

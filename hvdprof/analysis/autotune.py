@@ -5,6 +5,12 @@ its window, and each change of parameters (``AUTOTUNE_PARAMS``) when it is appli
 sample's window therefore runs from the later of the previous sample and the last change
 of parameters before it, to the sample itself. The dashboard jumps from a sample to
 that window.
+
+The tuner's recommendation is the configuration of the last sample it marked ``is_best``
+(the same rule its warm start reads from a log). It compares candidates with the incumbent
+in paired windows, so the single highest-scoring window is one noisy measurement, not
+what it recommends: the verdict names the recommendation, and how windows run with it
+scored against windows run with the starting configuration.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ class SampleWindow:
 class AutotuneReport:
     samples: list[SampleWindow] = field(default_factory=list)
     best: int | None = None  # index into samples of the highest score
+    #: index of the last sample marked ``is_best``: the tuner's recommendation when the
+    #: recording ended (None when no sample is marked, e.g. a trace from before the mark)
+    recommended: int | None = None
     params_changes: int = 0
     verdict: str | None = None
 
@@ -41,6 +50,7 @@ class AutotuneReport:
         return {
             "samples": [x.__dict__ for x in self.samples],
             "best": self.best,
+            "recommended": self.recommended,
             "params_changes": self.params_changes,
             "verdict": self.verdict,
         }
@@ -80,12 +90,56 @@ def autotune_report(run: Run) -> AutotuneReport:
         return out
     best = max(out.samples, key=lambda x: x.score_mb_per_s)
     out.best = best.index
-    first = out.samples[0]
-    gain = best.score_mb_per_s / first.score_mb_per_s if first.score_mb_per_s > 0 else 0.0
-    out.verdict = (
-        f"Autotune scored {len(out.samples)} samples; the best (sample {best.index}: fusion "
-        f"threshold {best.fusion_threshold_bytes / 1048576:.3g} MiB, cycle time "
-        f"{best.cycle_time_ms:.3g} ms, response cache {'on' if best.cache_enabled else 'off'}) "
-        f"reduced {best.score_mb_per_s:.3g} MB/s, {gain:.2f}x the first sample."
-    )
+    marked = [x for x in out.samples if x.is_best]
+    out.recommended = marked[-1].index if marked else None
+    out.verdict = _verdict(out)
     return out
+
+
+def _params(x: SampleWindow) -> tuple[int, float, bool]:
+    return (x.fusion_threshold_bytes, round(x.cycle_time_ms, 6), x.cache_enabled)
+
+
+def _describe(x: SampleWindow) -> str:
+    return (
+        f"fusion threshold {x.fusion_threshold_bytes / 1048576:.3g} MiB, cycle time "
+        f"{x.cycle_time_ms:.3g} ms, response cache {'on' if x.cache_enabled else 'off'}"
+    )
+
+
+def _mean_score(samples: list[SampleWindow], params: tuple[int, float, bool]) -> float:
+    scores = [x.score_mb_per_s for x in samples if _params(x) == params]
+    return sum(scores) / len(scores) if scores else 0.0
+
+
+def _verdict(report: AutotuneReport) -> str:
+    samples = report.samples
+    n = len(samples)
+    if report.recommended is None:  # no sample marked: name the highest window only
+        best = samples[report.best or 0]
+        return (
+            f"Autotune scored {n} samples; the highest-scoring window was sample "
+            f"{best.index} ({_describe(best)}) at {best.score_mb_per_s:.3g} MB/s."
+        )
+    rec = samples[report.recommended]
+    start = _params(samples[0])
+    tuning = samples[-1].phase == "tune"  # the job ended (or the recording) mid-search
+    if tuning:
+        text = (
+            f"Autotune scored {n} samples and was still tuning when the recording ended; "
+            f"its recommendation so far is {_describe(rec)}"
+        )
+    else:
+        text = f"Autotune scored {n} samples; the tuner recommends {_describe(rec)}"
+    if _params(rec) == start:
+        if tuning:
+            return text + " (the starting configuration: no candidate confirmed better yet)."
+        return text + " (it kept the starting configuration: no candidate beat it)."
+    ratio_of = _mean_score(samples, _params(rec)), _mean_score(samples, start)
+    text += (
+        f": its windows averaged {ratio_of[0]:.3g} MB/s against {ratio_of[1]:.3g} MB/s for "
+        f"the starting configuration"
+    )
+    if ratio_of[1] > 0:
+        text += f" ({ratio_of[0] / ratio_of[1]:.2f}x)"
+    return text + "."

@@ -297,7 +297,7 @@ def print_report(report: Report) -> None:
             "score (MB/s)",
             "steps",
             "window (s)",
-            "best",
+            "recommended",
         ):
             table.add_column(col, justify="right")
         for x in a.samples:
@@ -309,7 +309,7 @@ def print_report(report: Report) -> None:
                 f"{x.score_mb_per_s:.3g}",
                 f"{x.first_step}-{x.last_step}",
                 f"{(x.t0_us - t0) / 1e6:.3f} - {(x.t1_us - t0) / 1e6:.3f}",
-                "*" if a.best == x.index else "",
+                "*" if a.recommended == x.index else "",
             )
         console.print(table)
 
