@@ -138,7 +138,12 @@ def test_autotune_table_in_cli(autotune_run: tuple[Path, Path]) -> None:
     assert f"Autotune scored {len(samples)} samples" in proc.stdout.replace("\n", " ")
     # one table row per sample: its index, then its threshold
     for sample in samples:
-        assert re.search(rf"│\s+{sample.index}\s+│", proc.stdout), sample
+        assert re.search(rf"│\s+\*?{sample.index}\s+│", proc.stdout), sample
+    # the tuner's recommendation is starred, once, with the legend under the table
+    report = autotune_report(load_run(tl, cache=False))
+    starred = re.findall(r"│\s+\*(\d+)\s+│", proc.stdout)
+    assert starred == [str(report.recommended)], starred
+    assert "*: the tuner's recommendation" in proc.stdout
 
 
 def test_real_run_report_is_json_safe(autotune_run: tuple[Path, Path]) -> None:

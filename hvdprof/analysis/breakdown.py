@@ -55,15 +55,17 @@ LABELS = {
     "idle": "no collective activity (compute)",
 }
 
-#: Column headers for tables (short forms of LABELS).
+#: Column headers for tables (short forms of LABELS, one word or two short ones, so the
+#: whole table fits an 80-column terminal without truncated headers; the CLI prints a
+#: legend for the two that need one).
 SHORT_LABELS = {
-    "collective": "backend call",
+    "collective": "backend",
     "memcpy_in": "copy in",
     "memcpy_out": "copy out",
     "queue": "queue",
     "other": "other",
-    "negotiate": "negotiation wait",
-    "idle": "idle (compute)",
+    "negotiate": "waiting",
+    "idle": "idle",
 }
 
 

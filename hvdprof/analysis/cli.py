@@ -122,7 +122,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         what = row.key if row.kind == "rank" else f"{row.kind}: {LABELS.get(row.key, row.key)}"
         ratio = f"{row.ratio:.2f}x" if row.ratio is not None else "new"
         table.add_row(what, f"{row.a_ms:.3f}", f"{row.b_ms:.3f}", f"{row.delta_ms:+.3f}", ratio)
-    console.print(table)
+    console.print(_fitted(table))
     for run in (run_a, run_b):
         for p in run.problems:
             console.print(f"[yellow]skipped[/yellow] {p}")
@@ -166,23 +166,30 @@ def print_report(report: Report) -> None:
 
     b = report.breakdown
     if b.ranks:
+        steps = sorted({rb.steps for rb in b.ranks})
+        # the step count goes in the title when every rank has the same (a column fewer:
+        # the table then fits 80 columns with whole headers)
+        per_rank = len(steps) > 1
+        shown = "" if per_rank else f", {steps[0]} steps"
         table = Table(
-            title="1. Where the time goes, per rank (mean ms per step, share of wall time)"
+            title=f"1. Where the time goes, per rank (mean ms per step{shown}, share of wall time)"
         )
         table.add_column("rank", justify="right")
-        table.add_column("steps", justify="right")
+        if per_rank:
+            table.add_column("steps", justify="right")
         for c in CATEGORIES:
             table.add_column(SHORT_LABELS[c], justify="right")
         for rb in b.ranks:
             table.add_row(
                 str(rb.rank),
-                str(rb.steps),
+                *([str(rb.steps)] if per_rank else []),
                 *[f"{rb.mean_step_ms(c):.2f} ({rb.share(c):.0%})" for c in CATEGORIES],
             )
-        console.print(table)
+        console.print(_fitted(table))
         console.print(
-            "  idle = no collective activity on the rank (compute, data loading);"
-            " negotiation wait = submitted, waiting for the other ranks",
+            "  waiting = negotiation wait: submitted, waiting for the other ranks;"
+            " idle = no collective activity on the rank (compute, data loading);"
+            " backend = the backend's collective call",
             highlight=False,
         )
 
@@ -205,7 +212,7 @@ def print_report(report: Report) -> None:
                 _ms(x.wait_caused_ms),
                 _ms(x.cost_per_step_ms),
             )
-        console.print(table)
+        console.print(_fitted(table))
 
     f = report.fusion
     if f.ranks:
@@ -215,14 +222,14 @@ def print_report(report: Report) -> None:
             "rank",
             "collectives",
             "fused",
-            "tensors per fused op",
-            "buffer fill",
+            "tensors per fused",
+            "fill",
             "unfused",
             "why unfused",
         ):
             table.add_column(col, justify="left" if col == "why unfused" else "right")
         for x in f.ranks:
-            why = ", ".join(f"{k} {n}" for k, n in x.unfused_reasons.items())
+            why = "\n".join(f"{k} {n}" for k, n in x.unfused_reasons.items())
             table.add_row(
                 str(x.rank),
                 f"{x.groups:,}",
@@ -232,7 +239,7 @@ def print_report(report: Report) -> None:
                 f"{x.unfused:,}",
                 why or "-",
             )
-        console.print(table)
+        console.print(_fitted(table))
         used = sorted({k for x in f.ranks for k in x.unfused_reasons})
         for k in used:
             console.print(f"  {k}: {REASON_WORDS[k]}", highlight=False)
@@ -246,23 +253,23 @@ def print_report(report: Report) -> None:
             "op",
             "message size",
             "calls",
-            "median time (ms)",
-            "algbw (GB/s)",
-            "busbw (GB/s)",
+            "median ms",
+            "algbw",
+            "busbw",
             "of best busbw",
         ):
             table.add_column(col, justify="right")
         for x in bw.bins:
             table.add_row(
                 x.op.lower(),
-                f"{_bytes(x.min_bytes)} - {_bytes(2 * x.min_bytes)}",
+                _size_range(x.min_bytes),
                 f"{x.count:,}",
                 f"{x.median_ms:.3f}",
-                f"{x.algbw_gbps:.4g}",
-                f"{x.busbw_gbps:.4g}",
+                f"{x.algbw_gbps:.3g}",
+                f"{x.busbw_gbps:.3g}",
                 f"{x.vs_best:.0%}",
             )
-        console.print(table)
+        console.print(_fitted(table))
 
     o = report.overlap
     if o is not None and o.ranks:
@@ -283,7 +290,7 @@ def print_report(report: Report) -> None:
                 _ms(x.overlap_ms),
                 f"{x.fraction:.0%}",
             )
-        console.print(table)
+        console.print(_fitted(table))
 
     a = report.autotune
     if a.samples:
@@ -291,27 +298,27 @@ def print_report(report: Report) -> None:
         table = Table(title="6. Autotune samples (window in seconds from the start of the trace)")
         for col in (
             "#",
-            "fusion threshold",
-            "cycle time (ms)",
+            "threshold",
+            "cycle ms",
             "cache",
-            "score (MB/s)",
+            "MB/s",
             "steps",
             "window (s)",
-            "recommended",
         ):
             table.add_column(col, justify="right")
         for x in a.samples:
             table.add_row(
-                str(x.index),
+                f"*{x.index}" if a.recommended == x.index else str(x.index),
                 _bytes(x.fusion_threshold_bytes),
                 f"{x.cycle_time_ms:.3g}",
                 "on" if x.cache_enabled else "off",
                 f"{x.score_mb_per_s:.3g}",
                 f"{x.first_step}-{x.last_step}",
-                f"{(x.t0_us - t0) / 1e6:.3f} - {(x.t1_us - t0) / 1e6:.3f}",
-                "*" if a.recommended == x.index else "",
+                f"{(x.t0_us - t0) / 1e6:.3f}-{(x.t1_us - t0) / 1e6:.3f}",
             )
-        console.print(table)
+        console.print(_fitted(table))
+        if a.recommended is not None:
+            console.print("  *: the tuner's recommendation when the recording ended")
 
     if report.problems:
         table = Table(title="What could not be read (skipped)")
@@ -319,7 +326,7 @@ def print_report(report: Report) -> None:
             table.add_column(col)
         for p in report.problems[:50]:
             table.add_row(os.path.basename(p.file), p.where or "-", p.reason)
-        console.print(table)
+        console.print(_fitted(table))
         if len(report.problems) > 50:
             console.print(f"... and {len(report.problems) - 50} more (see --json)")
     sys.stdout.flush()
@@ -330,3 +337,25 @@ def _bytes(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.4g} {unit}"
     return f"{int(n)} B"
+
+
+def _size_range(low: float) -> str:
+    """A message-size bin [low, 2 low) compactly: "8-16 B", "16-32 KiB", "512 B-1 KiB"."""
+    a, b = _bytes(low).split(), _bytes(2 * low).split()
+    if a[1] == b[1]:
+        return f"{a[0]}-{b[0]} {a[1]}"
+    return f"{a[0]} {a[1]}-{b[0]} {b[1]}"
+
+
+def _fitted(table: Any) -> Any:
+    """``table`` with no header or cell cut to an ellipsis ("backe..."): each column at
+    least as wide as the longest word in it (header and cells wrap between words) and
+    no wider than its longest line, so a narrow terminal wraps rather than truncates."""
+    for column in table.columns:
+        header = str(column.header)
+        lines = [line for cell in column._cells for line in str(cell).splitlines()]
+        words = [w for text in (header, *lines) for w in text.split()] or [""]
+        column.min_width = max(len(w) for w in words)  # wrap between words, never cut
+        column.max_width = max(len(header), *map(len, lines), 1)
+        column.overflow = "fold"
+    return table
