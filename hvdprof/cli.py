@@ -129,8 +129,9 @@ def _add_dashboard(commands: Any) -> None:
 def _add_run(commands: Any) -> None:
     run = commands.add_parser(
         "run",
-        help="start N local ranks of a command (like horovodrun)",
-        description="Start N local ranks of COMMAND, prefix their output, stop all on failure.",
+        help="start N ranks of a command (like horovodrun): local, on hosts, or elastic",
+        description="Start N ranks of COMMAND, prefix their output, stop all on failure. "
+        "Local by default; -H hands the job to mpirun; --min-np/--max-np make it elastic.",
         epilog=_RUN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
