@@ -142,6 +142,19 @@ def test_fusion_pattern_counted_exactly(tmp_path: Path) -> None:
         assert r.group_size_histogram == {"1": 7, "2": 7, "4": 14}
         assert r.unfused_reasons == {"dtype": 7}
         assert r.fill_mean == pytest.approx((4 + 4 + 2) / 3 / 64)
+        # 4 MiB and 2 MiB groups against 64 MiB: every fused group under 10% full
+        assert r.fill_histogram == {
+            "<10%": 21, "10-25%": 0, "25-50%": 0, "50-75%": 0, "75-90%": 0, ">=90%": 0
+        }  # fmt: skip
+
+
+def test_fill_bands_against_a_smaller_threshold(tmp_path: Path) -> None:
+    """8 MiB threshold: the 4 MiB groups fill half (50-75%), the 2 MiB ones a quarter
+    (the band's lower edge belongs to it: 25-50%)."""
+    d, _ = synth(tmp_path, ranks=2, steps=5, tensors=10, group_size=4, threshold_bytes=8 << 20)
+    for r in fusion_report(load_run(d, cache=False)).ranks:
+        assert r.fill_histogram["50-75%"] == 5 * 2 and r.fill_histogram["25-50%"] == 5
+        assert sum(r.fill_histogram.values()) == r.fused == 5 * 3
 
 
 def test_unfused_reasons_threshold_and_alone(tmp_path: Path) -> None:

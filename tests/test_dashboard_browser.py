@@ -114,12 +114,21 @@ def test_page_timeline_zoom_expand_stragglers_autotune(
             "breakdown": ["ms"],
             "stragglers": ["step"],
             "fusion": ["tensors fused", "collectives"],
+            "fusion-fill": ["buffer fill", "threshold", "fused collectives"],
             "bandwidth": ["message size (bytes)", "MB/s"],
             "autotune-score": ["sample", "MB/s"],
             "autotune-params": ["sample", "MiB", "ms"],
         }.items():
             titles = " | ".join(axis_titles(page, plot))
             assert all(w in titles for w in words), (plot, titles)
+
+        # the fill chart holds every fused collective of each rank, by band
+        from hvdprof.analysis import fusion_report
+
+        fill = page.evaluate(
+            "document.getElementById('fusion-fill').data.map(t => t.y.reduce((a, b) => a + b, 0))"
+        )
+        assert fill == [r.fused for r in fusion_report(run).ranks] and sum(fill) > 0
 
         # one row per rank, labelled, drawn by Plotly as y tick labels
         assert lanes(page) == [f"rank {r} ({run.hosts[r]})" for r in run.ranks]

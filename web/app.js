@@ -405,6 +405,23 @@
       yaxis: axis("number of collectives"),
       title: { text: "fill (legend) = a fused collective's bytes / the " + fmtBytes(data.threshold_bytes) + " threshold, on average", font: { size: 11 } },
     }), plotConfig);
+    // how full each fused collective's buffer was: all low means a threshold larger than
+    // the job needs; all near 100% means the threshold is what splits the groups
+    const fillEl = $("fusion-fill");
+    const bands = Object.keys(ranks[0].fill_histogram || {});
+    const fusedAny = ranks.some((r) => Object.values(r.fill_histogram || {}).some((n) => n > 0));
+    if (!bands.length || !fusedAny || !data.threshold_bytes) {
+      empty(fillEl, data.threshold_bytes ? "no fused collectives to show the fill of" : "fusion threshold not recorded: no fill");
+      return;
+    }
+    draw(fillEl, ranks.map((r) => ({
+      type: "bar", name: "rank " + r.rank, x: bands, y: bands.map((b) => (r.fill_histogram || {})[b] || 0),
+      hovertemplate: "%{y} fused collectives filled the buffer %{x}<extra>rank " + r.rank + "</extra>",
+    })), Object.assign(baseLayout(), {
+      barmode: "group", showlegend: true,
+      xaxis: axis("buffer fill: a fused collective's bytes / the " + fmtBytes(data.threshold_bytes) + " threshold", { type: "category" }),
+      yaxis: axis("fused collectives"),
+    }), plotConfig);
   }
 
   function drawBandwidth(data) {
@@ -451,7 +468,7 @@
     // names); the highest single window only when no sample is marked
     const ringed = data.recommended != null ? data.recommended : data.best;
     const chosen = ringed != null && samples[ringed] ? [samples[ringed]] : [];
-    const ringName = data.recommended != null ? "tuner's recommendation (last run)" : "highest-scoring window";
+    const ringName = data.recommended != null ? "tuner's recommendation (its last window)" : "highest-scoring window";
     draw(scoreEl, [
       // trace 0 holds every sample, in order (the click handler relies on it)
       { type: "scatter", mode: "markers", name: "sample", x: idx, y: score, text: hover,
@@ -607,7 +624,7 @@
 
   // Nothing of another run may stay on screen under this run's name.
   function clearRun(message) {
-    for (const id of ["timeline", "breakdown", "stragglers", "fusion", "bandwidth", "autotune-score", "autotune-params", "autotune-surface"]) {
+    for (const id of ["timeline", "breakdown", "stragglers", "fusion", "fusion-fill", "bandwidth", "autotune-score", "autotune-params", "autotune-surface"]) {
       empty($(id), message);
     }
     for (const id of ["breakdown-verdict", "straggler-verdict", "fusion-verdict", "bandwidth-verdict", "autotune-summary", "stragglers-note", "timeline-status", "run-meta"]) {

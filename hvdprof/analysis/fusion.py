@@ -28,6 +28,11 @@ REASON_WORDS = {
     "not_fusable": "they are broadcasts, allgathers or other collectives never fused",
     "unknown": "reason not recorded",
 }
+#: Fill bands of fused groups (bytes / threshold): lower edges, and their labels. A
+#: threshold that fused groups never come near is a larger buffer than the job needs; one
+#: they all fill is the one holding tensors back.
+FILL_EDGES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9)
+FILL_LABELS = ("<10%", "10-25%", "25-50%", "50-75%", "75-90%", ">=90%")
 #: Horovod's default HOROVOD_FUSION_THRESHOLD, for Horovod timelines.
 HOROVOD_DEFAULT_THRESHOLD = 64 << 20
 _ALLREDUCE = OPS.index("ALLREDUCE")
@@ -44,6 +49,8 @@ class RankFusion:
     fill_mean: float  # fused groups' bytes / threshold
     unfused_reasons: dict[str, int] = field(default_factory=dict)
     group_size_histogram: dict[str, int] = field(default_factory=dict)  # tensors -> groups
+    #: fused groups by fill band (bytes / threshold), every band present, in order
+    fill_histogram: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -84,6 +91,11 @@ def fusion_report(run: Run) -> FusionReport:
         fused = sizes > 1
         gbytes = np.where(s.group_bytes[g_rows] >= 0, s.group_bytes[g_rows], 0)
         fill = float(np.mean(gbytes[fused] / threshold)) if threshold and fused.any() else 0.0
+        bands = dict.fromkeys(FILL_LABELS, 0)
+        if threshold and fused.any():
+            band = np.searchsorted(FILL_EDGES, gbytes[fused] / threshold, side="right") - 1
+            for b, n in zip(*np.unique(band, return_counts=True), strict=True):
+                bands[FILL_LABELS[int(b)]] = int(n)
         hist = {
             str(int(k)): int(v) for k, v in zip(*np.unique(sizes, return_counts=True), strict=True)
         }
@@ -99,6 +111,7 @@ def fusion_report(run: Run) -> FusionReport:
                 fill_mean=fill,
                 unfused_reasons=reasons,
                 group_size_histogram=hist,
+                fill_histogram=bands,
             )
         )
     out.verdict = _verdict(out)
