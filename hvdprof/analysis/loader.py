@@ -44,6 +44,9 @@ from hvdprof.errors import HvdprofError
 from hvdprof.timeline.manifest import MANIFEST_RE, TRACE_RE, read_manifest
 
 _log = logging.getLogger("hvdprof.analysis")
+#: How a problem about a file's cut last event begins (a file still being written almost
+#: always ends so; the dashboard folds these into its "still being written" notice).
+PARTIAL_TAIL = "incomplete last event"
 
 #: bytes read per block (whole lines are cut from it)
 BLOCK_BYTES = 8 << 20
@@ -222,7 +225,7 @@ class _Source:
                 Problem(
                     self.path,
                     f"end (line {self.lines})",
-                    f"incomplete last event ({len(tail)} bytes cut off): still being written, or cut",
+                    f"{PARTIAL_TAIL} ({len(tail)} bytes cut off): still being written, or cut",
                 )
             )
         elif not parser.closed and parser.started:

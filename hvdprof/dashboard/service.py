@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from hvdprof.analysis.loader import PARTIAL_TAIL
 from hvdprof.dashboard.catalog import LoadedRun, RunCatalog, RunLoadError
 from hvdprof.dashboard.models import CompareResponse, Problem, RunInfo, Section
 
@@ -61,10 +62,18 @@ def run_info(catalog: RunCatalog, run_id: str) -> RunInfo:
     complete = (
         bool(complete) and all(complete.values()) if isinstance(complete, dict) else bool(complete)
     )
+    # A file still being written ends in a half-written event on almost every read: that
+    # is the state of a live run, said by its notice, not a problem to alarm anyone with.
+    tails = [p for p in problems if p.reason.startswith(PARTIAL_TAIL)]
+    others = [p for p in problems if not p.reason.startswith(PARTIAL_TAIL)]
     if not complete:
-        notices.append("the run is still being written (or was cut off): showing what is there")
-    if problems:
-        notices.append(f"{len(problems)} problem(s) reading the files: see the list below")
+        cut = f" ({len(tails)} file(s) end in an event not yet written whole)" if tails else ""
+        notices.append(
+            f"the run is still being written (or was cut off): showing what is there{cut}"
+        )
+    if others or (complete and tails):
+        count = len(others) + (len(tails) if complete else 0)
+        notices.append(f"{count} problem(s) reading the files: see the list below")
     hosts = getattr(run, "hosts", {}) or {}
     if not isinstance(hosts, dict):
         hosts = dict(zip(ranks, hosts, strict=False))
