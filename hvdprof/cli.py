@@ -130,19 +130,31 @@ def _add_run(commands: Any) -> None:
     run = commands.add_parser(
         "run",
         help="start N ranks of a command (like horovodrun): local, on hosts, or elastic",
-        description="Start N ranks of COMMAND, prefix their output, stop all on failure. "
+        description="Start N ranks of COMMAND, prefix their output, stop all on failure.\n"
         "Local by default; -H hands the job to mpirun; --min-np/--max-np make it elastic.",
         epilog=_RUN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
     run.add_argument("-np", "--num-proc", type=_positive_int, metavar="N", help="number of ranks")
-    from hvdprof.elastic_launcher import add_elastic_options
-
-    add_elastic_options(run)
-    from hvdprof.mpi_launcher import add_hosts_option
-
-    add_hosts_option(run)
+    run.add_argument(
+        "--min-np", type=_positive_int, metavar="N", help="elastic: fewest ranks the job may run on"
+    )
+    run.add_argument(
+        "--max-np", type=_positive_int, metavar="N", help="elastic: most ranks the job may run on"
+    )
+    run.add_argument(
+        "--host-discovery-script",
+        metavar="SCRIPT",
+        help="elastic: executable printing HOST:SLOTS lines (this host only); polled every second",
+    )
+    run.add_argument(
+        "-H",
+        "--hosts",
+        metavar="HOST:SLOTS,...",
+        help="run on these hosts through mpirun (e.g. host1:2,host2:2); -np defaults to "
+        "the total slots",
+    )
     run.add_argument("--timeline", metavar="DIR", help="write per-rank timelines to DIR")
     run.add_argument("--autotune", action="store_true", help="tune fusion and cycle time live")
     run.add_argument("--autotune-log", metavar="PATH", help="CSV log of autotune samples")

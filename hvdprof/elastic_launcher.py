@@ -446,32 +446,6 @@ def launch_elastic(
 
 
 # ------------------------------------------------------------------------- the CLI
-def add_elastic_options(run: object) -> None:
-    """``--min-np``, ``--max-np`` and ``--host-discovery-script`` of ``hvdprof run``."""
-    import argparse
-
-    def positive(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-        return value
-
-    run.add_argument(  # type: ignore[attr-defined]
-        "--min-np", type=positive, metavar="N", help="elastic: fewest ranks the job may run on"
-    )
-    run.add_argument(  # type: ignore[attr-defined]
-        "--max-np", type=positive, metavar="N", help="elastic: most ranks the job may run on"
-    )
-    run.add_argument(  # type: ignore[attr-defined]
-        "--host-discovery-script",
-        metavar="SCRIPT",
-        help="elastic: executable printing HOST:SLOTS lines (this host only); polled every second",
-    )
-
-
 def elastic_requested(args: object) -> bool:
     return any(
         getattr(args, name, None) is not None

@@ -13,7 +13,6 @@ directory every host can write (a shared file system) or per-host copies merged 
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import signal
@@ -27,16 +26,6 @@ from hvdprof.errors import HvdprofError
 
 #: variables forwarded besides HVDPROF_*: threads, and where Python finds packages
 _FORWARD = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONPATH", "PYTHONUNBUFFERED")
-
-
-def add_hosts_option(run: argparse.ArgumentParser) -> None:
-    run.add_argument(
-        "-H",
-        "--hosts",
-        metavar="HOST:SLOTS,...",
-        help="run on these hosts through mpirun (e.g. host1:2,host2:2); -np defaults to "
-        "the total slots",
-    )
 
 
 def parse_hosts(spec: str) -> list[tuple[str, int]]:

@@ -25,12 +25,14 @@ PACKAGE = "hvdprof"
 #: The real package's folder, from this module's own spec (never ``hvdprof.__file__``,
 #: which is None for a namespace package).
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__spec__.origin if __spec__ else __file__))
-#: Where installs put packages. A folder ``hvdprof`` there is the installation's own (an
-#: editable install by hatchling leaves the page's files in ``hvdprof/_web``), not one the
-#: user should rename, so it is never named as the culprit.
-INSTALL_DIRS = frozenset(
-    os.path.abspath(sysconfig.get_paths()[key]) for key in ("purelib", "platlib")
-)
+
+
+def install_dirs() -> frozenset[str]:
+    """Where installs put packages. A folder ``hvdprof`` there is the installation's own
+    (an editable install by hatchling leaves the page's files in ``hvdprof/_web``), not
+    one the user should rename, so it is never named as the culprit. Asked only once a
+    namespace package is found: every import of hvdprof passes through this module."""
+    return frozenset(os.path.abspath(sysconfig.get_paths()[key]) for key in ("purelib", "platlib"))
 
 
 def shadowing_folders(module: object) -> list[str] | None:
@@ -44,8 +46,9 @@ def shadowing_folders(module: object) -> list[str] | None:
     path = getattr(module, "__path__", None)
     if path is None:
         return None
+    installed = install_dirs()
     folders = [os.path.abspath(p) for p in path]
-    return [f for f in folders if f != PACKAGE_DIR and os.path.dirname(f) not in INSTALL_DIRS]
+    return [f for f in folders if f != PACKAGE_DIR and os.path.dirname(f) not in installed]
 
 
 def shadowing_message(folders: list[str], package_dir: str = PACKAGE_DIR) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -147,6 +148,30 @@ def run_job(
     parse_output(proc.stdout, result)
     parse_output(proc.stderr, result)
     return result
+
+
+def run_in_group(
+    argv: list[str], *, env: dict[str, str], cwd: Path, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in a session of its own, no stdin; past ``timeout`` kill the whole
+    group (launchers leave ranks behind) and fail the test with what it printed."""
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(f"{argv[0]} still running after {timeout:g} s; output:\n{out}\n{err}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 @pytest.fixture

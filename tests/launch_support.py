@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
-from conftest import REPO, WORKERS, JobResult, child_env, parse_output
+from conftest import REPO, WORKERS, JobResult, child_env, parse_output, run_in_group
 
 BIN = Path(sys.executable).parent
 LAUNCHED = WORKERS / "launched.py"
@@ -117,26 +117,11 @@ def _worker_argv(worker: str, args: Sequence[str]) -> list[str]:
 def run_command(command: list[str], env: dict[str, str], timeout: float) -> JobResult:
     """Run ``command`` in its own process group; kill the group at ``timeout``."""
     started = time.monotonic()
-    proc = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        env=env,
-        cwd=REPO,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate(timeout=30)
-        pytest.fail(f"{command[0]} still running after {timeout:g} s; output:\n{out}\n{err}")
-    result = JobResult(proc.returncode, out + err, time.monotonic() - started)
+    done = run_in_group(command, env=env, cwd=REPO, timeout=timeout)
+    result = JobResult(done.returncode, done.stdout + done.stderr, time.monotonic() - started)
     result.launcher = [" ".join(command)]
-    parse_output(out, result)
-    parse_output(err, result)
+    parse_output(done.stdout, result)
+    parse_output(done.stderr, result)
     return result
 
 

@@ -140,12 +140,18 @@ def test_shrinking_below_min_np_fails_naming_the_ranks_gone():
     assert "DONE" not in result.lines(0)
 
 
+def _discovery_script(directory: Path, command: str) -> Path:
+    """An executable ``--host-discovery-script`` that runs one shell ``command``."""
+    script = directory / "discover.sh"
+    script.write_text(f"#!/bin/sh\n{command}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script
+
+
 def test_job_grows_when_discovery_reports_a_new_slot(tmp_path: Path):
     slots = tmp_path / "slots"
     slots.write_text("localhost:2\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {slots}\n")
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    script = _discovery_script(tmp_path, f"cat {slots}")
     result = run_job(
         WORKER,
         2,
@@ -183,9 +189,7 @@ def test_dead_worker_is_replaced_while_discovery_reports_its_slot(tmp_path: Path
     """Discovery keeps reporting 2 slots: after worker 1's SIGKILL the job goes on at 1
     rank, the launcher starts worker 2 in the free slot, and the job grows back to 2;
     across both re-formations every sample is trained exactly once per epoch."""
-    script = tmp_path / "discover.sh"
-    script.write_text("#!/bin/sh\necho localhost:2\n")
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    script = _discovery_script(tmp_path, "echo localhost:2")
     result = run_job(
         WORKER,
         2,

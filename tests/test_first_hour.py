@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import RANK_LINE, REPO, child_env
+from conftest import RANK_LINE, REPO, child_env, run_in_group
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -52,23 +51,7 @@ COMMAND_TIMEOUT = 150.0
 def _run(
     argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float = COMMAND_TIMEOUT
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` in its own session; on timeout kill the whole group and fail."""
-    proc = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{argv} ran past {timeout:g} s; output:\n{out}\n{err}")
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    return run_in_group(argv, env=env, cwd=cwd, timeout=timeout)
 
 
 def _launch(

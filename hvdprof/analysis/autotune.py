@@ -135,11 +135,11 @@ def _verdict(report: AutotuneReport) -> str:
         if tuning:
             return text + " (the starting configuration: no candidate confirmed better yet)."
         return text + " (it kept the starting configuration: no candidate beat it)."
-    ratio_of = _mean_score(samples, _params(rec)), _mean_score(samples, start)
+    rec_mean, start_mean = _mean_score(samples, _params(rec)), _mean_score(samples, start)
     text += (
-        f": its windows averaged {ratio_of[0]:.3g} MB/s against {ratio_of[1]:.3g} MB/s for "
+        f": its windows averaged {rec_mean:.3g} MB/s against {start_mean:.3g} MB/s for "
         f"the starting configuration"
     )
-    if ratio_of[1] > 0:
-        text += f" ({ratio_of[0] / ratio_of[1]:.2f}x)"
+    if start_mean > 0:
+        text += f" ({rec_mean / start_mean:.2f}x)"
     return text + "."

@@ -353,7 +353,7 @@ def _fitted(table: Any) -> Any:
     no wider than its longest line, so a narrow terminal wraps rather than truncates."""
     for column in table.columns:
         header = str(column.header)
-        lines = [line for cell in column._cells for line in str(cell).splitlines()]
+        lines = [line for cell in column.cells for line in str(cell).splitlines()]
         words = [w for text in (header, *lines) for w in text.split()] or [""]
         column.min_width = max(len(w) for w in words)  # wrap between words, never cut
         column.max_width = max(len(header), *map(len, lines), 1)

@@ -661,20 +661,8 @@ class HvdprofFileParser:
                     s["dtype"].append(ctx[8])
                     s["cached"].append(ctx[9])
                     s["occurrence"].append(self._occ.get(ctx[0], 0) - 1 if ctx[0] >= 0 else -1)
-                elif ph == "C":
-                    args = e.get("args") or {}
-                    value = args.get("value")
-                    if value is None and args:
-                        value = next(iter(args.values()))
-                    self.cols.counters.setdefault(e["name"], []).append(
-                        (rank, float(e["ts"]), float(value))
-                    )
-                elif ph == "i" or ph == "I":
-                    self._instant(e)
-                elif ph == "M":
-                    self._meta(e)
-                elif not isinstance(ph, str):
-                    raise TypeError("'ph' is not a string")
+                else:
+                    self._other(e)
                 self.events += 1
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 what = (

@@ -32,6 +32,7 @@ from hvdprof.analysis.horovod_format import looks_like_horovod, parse_horovod
 from hvdprof.analysis.hvdprof_format import Columns, HvdprofFileParser, Tables
 from hvdprof.analysis.model import (
     MARK_COLUMNS,
+    PARTIAL_TAIL,
     SLICE_COLUMNS,
     AutotuneSample,
     MarkTable,
@@ -44,9 +45,6 @@ from hvdprof.errors import HvdprofError
 from hvdprof.timeline.manifest import MANIFEST_RE, TRACE_RE, read_manifest
 
 _log = logging.getLogger("hvdprof.analysis")
-#: How a problem about a file's cut last event begins (a file still being written almost
-#: always ends so; the dashboard folds these into its "still being written" notice).
-PARTIAL_TAIL = "incomplete last event"
 
 #: bytes read per block (whole lines are cut from it)
 BLOCK_BYTES = 8 << 20

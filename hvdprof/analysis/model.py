@@ -174,6 +174,10 @@ class MarkTable(_Table):
     slice: np.ndarray
 
 
+#: How a problem about a file's cut last event begins (see ``Problem.partial_tail``).
+PARTIAL_TAIL = "incomplete last event"
+
+
 @dataclass(frozen=True)
 class Problem:
     """Something that could not be read: which file, where in it, and why."""
@@ -181,6 +185,12 @@ class Problem:
     file: str
     where: str  # "line 12", "byte 4096", "" when it concerns the whole file
     reason: str
+
+    @property
+    def partial_tail(self) -> bool:
+        """The file ends in an event not written whole: what a file still being written
+        almost always looks like (the dashboard says so instead of counting a problem)."""
+        return self.reason.startswith(PARTIAL_TAIL)
 
     def __str__(self) -> str:
         where = f" ({self.where})" if self.where else ""

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hvdprof.analysis.loader import PARTIAL_TAIL
 from hvdprof.dashboard.catalog import LoadedRun, RunCatalog, RunLoadError
 from hvdprof.dashboard.models import CompareResponse, Problem, RunInfo, Section
 
@@ -64,16 +63,16 @@ def run_info(catalog: RunCatalog, run_id: str) -> RunInfo:
     )
     # A file still being written ends in a half-written event on almost every read: that
     # is the state of a live run, said by its notice, not a problem to alarm anyone with.
-    tails = [p for p in problems if p.reason.startswith(PARTIAL_TAIL)]
-    others = [p for p in problems if not p.reason.startswith(PARTIAL_TAIL)]
+    counted = len(problems)
     if not complete:
-        cut = f" ({len(tails)} file(s) end in an event not yet written whole)" if tails else ""
+        tails = sum(1 for p in getattr(run, "problems", []) if getattr(p, "partial_tail", False))
+        cut = f" ({tails} file(s) end in an event not yet written whole)" if tails else ""
         notices.append(
             f"the run is still being written (or was cut off): showing what is there{cut}"
         )
-    if others or (complete and tails):
-        count = len(others) + (len(tails) if complete else 0)
-        notices.append(f"{count} problem(s) reading the files: see the list below")
+        counted -= tails
+    if counted:
+        notices.append(f"{counted} problem(s) reading the files: see the list below")
     hosts = getattr(run, "hosts", {}) or {}
     if not isinstance(hosts, dict):
         hosts = dict(zip(ranks, hosts, strict=False))

@@ -30,7 +30,33 @@ class ControlError(RuntimeError):
     """A peer is gone or too late: the job cannot continue."""
 
 
-class ControlChannel:
+class CycleVectors:
+    """The cycle's allgather buffers, kept while the vector's width holds: shared by the
+    socket channel here and the MPI one (``backends/mpi.py``), which differ only in how
+    they move the bytes."""
+
+    size: int
+
+    def _init_vectors(self) -> None:
+        self._width = -1
+        self._send_np = np.zeros(0, dtype=np.uint8)
+        self._recv_np = np.zeros((self.size, 0), dtype=np.uint8)
+
+    def send_buffer(self, width: int) -> np.ndarray:
+        """This rank's next vector for ``allgather_sent``, to fill in place."""
+        if width != self._width:
+            self._send_np = np.zeros(width, dtype=np.uint8)
+            self._recv_np = np.zeros((self.size, width), dtype=np.uint8)
+            self._width = width
+        return self._send_np
+
+    @property
+    def last_matrix(self) -> np.ndarray:
+        """What the last ``allgather_sent`` returned."""
+        return self._recv_np
+
+
+class ControlChannel(CycleVectors):
     """Rank 0 holds one connection per other rank; the others one connection to rank 0.
 
     Every method is collective (all ranks call it in the same order), and only the cycle
@@ -42,9 +68,7 @@ class ControlChannel:
         self.size = size
         #: rank 0: rank -> connection; other ranks: {0: connection}
         self.peers = peers
-        self._width = -1
-        self._send_np = np.zeros(0, dtype=np.uint8)
-        self._recv_np = np.zeros((size, 0), dtype=np.uint8)
+        self._init_vectors()
         self._scratch = bytearray(0)
         self._token_buf = memoryview(bytearray(1))
 
@@ -98,14 +122,6 @@ class ControlChannel:
         self.peers = {}
 
     # --- the cycle's allgather ------------------------------------------------------------
-    def send_buffer(self, width: int) -> np.ndarray:
-        """This rank's next vector for :meth:`allgather_sent`, to fill in place."""
-        if width != self._width:
-            self._send_np = np.zeros(width, dtype=np.uint8)
-            self._recv_np = np.zeros((self.size, width), dtype=np.uint8)
-            self._width = width
-        return self._send_np
-
     def allgather_sent(self) -> np.ndarray:
         """Every rank's send buffer, as a (size, width) array (valid until the next call)."""
         recv = self._recv_np
@@ -126,11 +142,6 @@ class ControlChannel:
             _send(conn, self._send_np.tobytes(), 0)
             _recv_into(conn, memoryview(recv).cast("B"), recv.nbytes, 0)
         return recv
-
-    @property
-    def last_matrix(self) -> np.ndarray:
-        """What the last :meth:`allgather_sent` returned."""
-        return self._recv_np
 
     # --- small reductions ---------------------------------------------------------------
     def reduce_in_place(self, data: memoryview, combine: Callable[[memoryview], None]) -> None:

@@ -29,6 +29,7 @@ import torch
 
 from hvdprof.errors import ConfigError
 from hvdprof.runtime.backends.base import DONE
+from hvdprof.runtime.control import CycleVectors
 from hvdprof.runtime.requests import ReduceOp
 
 _TAG_CLOCK = 7
@@ -90,6 +91,16 @@ def _mpi_type(MPI: Any, dtype: torch.dtype) -> Any:
         torch.int32: MPI.INT32_T,
         torch.int64: MPI.INT64_T,
     }[dtype]
+
+
+def _row_bytes(tensor: torch.Tensor) -> int:
+    """Bytes in one row (first dimension) of ``tensor``: what the splits count."""
+    return tensor.element_size() * math.prod(tensor.shape[1:])
+
+
+def _displacements(counts: list[int]) -> list[int]:
+    """Where each rank's block starts in a ``v`` collective's buffer."""
+    return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(int).tolist()
 
 
 def _bytes(t: torch.Tensor) -> np.ndarray:
@@ -158,9 +169,9 @@ class MpiBackend:
     def allgatherv(self, output: torch.Tensor, tensor: torch.Tensor, rows: list[int]) -> None:
         """Every rank's ``tensor`` (``rows[r]`` rows on rank r) concatenated into ``output``
         along the first dimension, with ``MPI_Allgatherv`` (no padding)."""
-        per_row = tensor.element_size() * math.prod(tensor.shape[1:])
+        per_row = _row_bytes(tensor)
         counts = [r * per_row for r in rows]
-        displs = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
+        displs = _displacements(counts)
         self.comm.Allgatherv(
             [_bytes(tensor.contiguous()), self.MPI.BYTE],
             [_bytes(output), counts, displs, self.MPI.BYTE],
@@ -182,13 +193,10 @@ class MpiBackend:
         if self.size == 1:
             output.copy_(tensor)
             return
-        per_row = tensor.element_size()
-        for d in tensor.shape[1:]:
-            per_row *= d
+        per_row = _row_bytes(tensor)
         send = [s * per_row for s in input_splits]
         recv = [s * per_row for s in output_splits]
-        sdispl = np.concatenate(([0], np.cumsum(send)[:-1])).tolist()
-        rdispl = np.concatenate(([0], np.cumsum(recv)[:-1])).tolist()
+        sdispl, rdispl = _displacements(send), _displacements(recv)
         self.comm.Alltoallv(
             [_bytes(tensor.contiguous()), send, sdispl, self.MPI.BYTE],
             [_bytes(output), recv, rdispl, self.MPI.BYTE],
@@ -223,7 +231,7 @@ _SUPPORTED = frozenset(
 )
 
 
-class MpiControlChannel:
+class MpiControlChannel(CycleVectors):
     """The control channel's collective methods (see ``runtime/control.py``) on an MPI
     communicator, so a job started by ``mpirun`` needs no socket of ours. Same message
     pattern, rank 0 at the centre, so the cycle behaves the same on every engine."""
@@ -234,9 +242,7 @@ class MpiControlChannel:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.peers: dict[int, Any] = {}
-        self._width = -1
-        self._send_np = np.zeros(0, dtype=np.uint8)
-        self._recv_np = np.zeros((self.size, 0), dtype=np.uint8)
+        self._init_vectors()
         self._scratch = np.zeros(0, dtype=np.uint8)
         self._length = np.zeros(1, dtype=np.int64)
 
@@ -245,23 +251,12 @@ class MpiControlChannel:
         if comm is not None and not self.MPI.Is_finalized():
             comm.Free()
 
-    # --- the cycle's allgather --------------------------------------------------------
-    def send_buffer(self, width: int) -> np.ndarray:
-        if width != self._width:
-            self._send_np = np.zeros(width, dtype=np.uint8)
-            self._recv_np = np.zeros((self.size, width), dtype=np.uint8)
-            self._width = width
-        return self._send_np
-
+    # --- the cycle's allgather (buffers: CycleVectors) ---------------------------------
     def allgather_sent(self) -> np.ndarray:
         if self.size == 1:
             self._recv_np[0] = self._send_np
         else:
             self.comm.Allgather([self._send_np, self.MPI.BYTE], [self._recv_np, self.MPI.BYTE])
-        return self._recv_np
-
-    @property
-    def last_matrix(self) -> np.ndarray:
         return self._recv_np
 
     # --- small reductions -------------------------------------------------------------
