@@ -59,8 +59,9 @@ def parser(description: str, *, steps: int, warmup: int) -> argparse.ArgumentPar
     p.add_argument(
         "--threads",
         type=int,
-        default=1,
-        help="torch intra-op threads per rank (default 1: the ranks share 2 cores)",
+        default=0,
+        help="torch intra-op threads per rank; 0 (default): what a user gets from hvdprof "
+        "run (OMP_NUM_THREADS = cores // ranks); N pins N",
     )
     p.add_argument("--timeout", type=float, default=None, help="kill the job after S seconds")
     p.add_argument(
@@ -465,3 +466,8 @@ def hvdprof_backend() -> str:
 def knob_env(prefix: str = "HVDPROF_") -> dict[str, str]:
     """The runtime knobs set in this environment, for the record."""
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefix)}
+
+
+def threads_setting(args: Any) -> int | str:
+    """The ``--threads`` choice as the results record it."""
+    return args.threads if args.threads > 0 else "launcher default (cores // ranks)"

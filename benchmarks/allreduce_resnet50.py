@@ -402,7 +402,7 @@ def main() -> None:
                 "steps": args.steps,
                 "warmup": args.warmup,
                 "quick": args.quick,
-                "torch_threads_per_rank": args.threads,
+                "torch_threads_per_rank": h.threads_setting(args),
                 "tensors": EXPECTED_TENSORS,
                 "numel": EXPECTED_NUMEL,
                 "dtype": "float32",

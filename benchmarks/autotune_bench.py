@@ -418,7 +418,8 @@ def worker(args: Any) -> None:
 
     import hvdprof.torch as hvd
 
-    torch.set_num_threads(args.threads)
+    if args.threads > 0:  # 0: the launcher's default, as a user runs
+        torch.set_num_threads(args.threads)
     hvd.init()
     h.init_baseline_group()
     rank, size = hvd.rank(), hvd.size()
@@ -826,7 +827,7 @@ def main() -> None:
                 "quick": args.quick,
                 "workload_name": args.workload,
                 "workload_env": WORKLOAD_ENVS[args.workload],
-                "torch_threads_per_rank": args.threads,
+                "torch_threads_per_rank": h.threads_setting(args),
                 "workload": {
                     "layers": args.layers,
                     "small_per_layer": args.small,

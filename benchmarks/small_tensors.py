@@ -29,7 +29,8 @@ def worker(args: Any) -> None:
 
     import hvdprof.torch as hvd
 
-    torch.set_num_threads(args.threads)
+    if args.threads > 0:  # 0: the launcher's default, as a user runs
+        torch.set_num_threads(args.threads)
     hvd.init()
     h.init_baseline_group()
     rank, size = hvd.rank(), hvd.size()
@@ -157,7 +158,7 @@ def main() -> None:
                 "per_tensor_steps": args.per_tensor_steps,
                 "per_tensor_warmup": min(1, args.warmup),
                 "quick": args.quick,
-                "torch_threads_per_rank": args.threads,
+                "torch_threads_per_rank": h.threads_setting(args),
                 "tensors": args.tensors,
                 "numel_per_tensor": args.numel,
                 "dtype": "float32",

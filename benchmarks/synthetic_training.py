@@ -313,7 +313,6 @@ MODEL_DESCRIPTIONS = {
 
 def main() -> None:
     p = h.parser(__doc__.splitlines()[0], steps=16, warmup=1)
-    p.set_defaults(threads=0)
     p.add_argument(
         "--block", type=int, default=5, help="iterations per interleaved block (default 5)"
     )

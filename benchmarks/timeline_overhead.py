@@ -109,7 +109,8 @@ def worker(args: Any) -> None:
     import hvdprof.torch as hvd
     from hvdprof.runtime import runtime as rt
 
-    torch.set_num_threads(args.threads)
+    if args.threads > 0:  # 0: the launcher's default, as a user runs
+        torch.set_num_threads(args.threads)
     hvd.init()
     h.init_baseline_group()
     rank, size = hvd.rank(), hvd.size()
@@ -472,7 +473,7 @@ def main() -> None:
                 "steps_per_block": args.block,
                 "settle_s_after_each_switch": args.settle,
                 "quick": args.quick,
-                "torch_threads_per_rank": args.threads,
+                "torch_threads_per_rank": h.threads_setting(args),
                 "workloads": {
                     "resnet50": "161 ResNet-50 gradients, 25,557,032 float32, sum",
                     "small": f"{SMALL_TENSORS} x {SMALL_NUMEL} float32, sum",
