@@ -31,6 +31,8 @@ SECTIONS = {
     "missing names: ValueError; too many backward passes: AssertionError; step() after "
     "synchronize() warns, not inside "
     "skip_synchronize(); averaged gradients identical on every rank",
+    "misuse_after_reduction": "a second backward() while the first one's allreduces are "
+    "in flight (forced: rank 0 is held back) raises and leaves every gradient as it was",
 }
 
 

@@ -61,6 +61,27 @@ def _named_parameters(param_groups: list[dict[str, Any]], named_parameters: Any)
     return named_parameters
 
 
+def _guard_accumulation(optimizer: Any, p: torch.Tensor) -> None:
+    """Raise the too-many-backward-passes error *before* autograd accumulates into
+    ``p.grad``.
+
+    ``p.grad`` is the buffer the in-place allreduce started by the previous backward pass
+    reduces. A post-accumulate hook raises only after autograd has added the new gradient
+    into that buffer while the reduction may be reading or writing it: a read-modify-write
+    race that left each rank stepping with its own unaveraged gradient (ranks diverged
+    silently under mpirun). A pre-hook on the parameter's AccumulateGrad node runs before
+    the addition, so a misuse error leaves the gradients as they were. The node is kept
+    alive here: autograd holds it weakly and a new one (without the hook) would replace it.
+    """
+    node = torch.autograd.graph.get_gradient_edge(p).node
+
+    def before_accumulation(grad_outputs: Any) -> None:
+        optimizer._check_not_overdue(p)
+
+    node.register_prehook(before_accumulation)
+    optimizer._grad_accs.append(node)
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(
         self,
@@ -89,6 +110,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.gradient_predivide_factor = gradient_predivide_factor
         self._handles: dict[torch.Tensor, tuple[int | None, Any]] = {}
         self._hook_handles: list[Any] = []
+        self._grad_accs: list[Any] = []
         self._synchronized = False
         self._should_synchronize = True
         if size() > 1:
@@ -98,7 +120,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.requires_grad:
+                    _guard_accumulation(self, p)
                     self._hook_handles.append(p.register_post_accumulate_grad_hook(self._hook))
+
+    def _check_not_overdue(self, p: torch.Tensor) -> None:
+        if self._allreduce_delay[p] <= 0:
+            raise AssertionError(
+                "Gradients were computed more than backward_passes_per_step times before call "
+                "to step(). Increase backward_passes_per_step to accumulate gradients locally."
+            )
 
     def _allreduce_grad_async(self, p: torch.Tensor) -> tuple[int, Any]:
         name = self._parameter_names.get(p)
@@ -120,11 +150,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _hook(self, p: torch.Tensor) -> None:
         if p.grad is None:
             return
-        if self._allreduce_delay[p] <= 0:
-            raise AssertionError(
-                "Gradients were computed more than backward_passes_per_step times before call "
-                "to step(). Increase backward_passes_per_step to accumulate gradients locally."
-            )
+        self._check_not_overdue(p)  # normally raised already, before accumulation
         handle, ctx = None, None
         self._allreduce_delay[p] -= 1
         if self._allreduce_delay[p] == 0:
@@ -220,13 +246,22 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         }
         self._requires_update: list[torch.Tensor] = []
         self._hook_handles: list[Any] = []
+        self._grad_accs: list[Any] = []
         for group in self.param_groups:
             for p in group["params"]:
                 if p.requires_grad:
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
                     self._requires_update.append(p)
+                    _guard_accumulation(self, p)
                     self._hook_handles.append(p.register_post_accumulate_grad_hook(self._hook))
+
+    def _check_not_overdue(self, p: torch.Tensor) -> None:
+        if self._handles.get(p, (None,))[0] is not None and self._allreduce_delay[p] <= 0:
+            raise AssertionError(
+                "Gradients were computed more than backward_passes_per_step times before call "
+                "to step(). Increase backward_passes_per_step to accumulate gradients locally."
+            )
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         self.backward_passes_per_step = passes
@@ -254,11 +289,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         return handle, (ctx, compressed)
 
     def _hook(self, p: torch.Tensor) -> None:
-        if self._handles.get(p, (None,))[0] is not None and self._allreduce_delay[p] <= 0:
-            raise AssertionError(
-                "Gradients were computed more than backward_passes_per_step times before call "
-                "to step(). Increase backward_passes_per_step to accumulate gradients locally."
-            )
+        self._check_not_overdue(p)
         handle, ctx = None, None
         self._allreduce_delay[p] -= 1
         if self._allreduce_delay[p] == 0:

@@ -11,6 +11,7 @@ Then the optimizer's safety checks. Prints ``SECTION ...`` lines and ``DONE``.
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 
 import _common
@@ -197,6 +198,65 @@ def check_safety() -> None:
     ck.tensor(everyone[-1], everyone[0], "weights still equal on every rank")
 
 
+def check_misuse_after_reduction() -> None:
+    """A second backward() while the first one's allreduces are still in flight raises,
+    and leaves the gradients as they were.
+
+    The interleaving is forced: rank 0 holds back its first backward until every other
+    rank has made its second (misused) one, so the other ranks' allreduces of ``p.grad``
+    are certainly pending then. Autograd must not have accumulated into a buffer that a
+    reduction owns: the check has to fire before the gradient is accumulated, not after.
+    """
+    import tempfile
+    import time
+
+    torch.manual_seed(11)
+    model = mlp()
+    x, y = batches("mlp", 1)
+    batch = (x[0, R * BATCH : (R + 1) * BATCH], y[0, R * BATCH : (R + 1) * BATCH])
+    token = int(hvd.broadcast(torch.randint(0, 2**30, (1,)), root_rank=0, name="misuse.token"))
+    marks = os.path.join(tempfile.gettempdir(), f"hvdprof-misuse-{token}")
+
+    def backward() -> None:
+        F.mse_loss(model(batch[0]), batch[1]).backward()
+
+    params = list(model.parameters())
+    dopt = hvd.DistributedOptimizer(sgd(params), named_parameters=model.named_parameters())
+    if R == 0:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(
+            os.path.exists(f"{marks}.{r}") for r in range(1, N)
+        ):
+            time.sleep(0.01)
+        ck.true(time.monotonic() < deadline, "the other ranks made their second backward")
+        backward()
+    else:
+        backward()  # its allreduces wait for rank 0, which is held back
+        before = [p.grad.clone() for p in params]
+        ck.raises(AssertionError, backward, "backward_passes_per_step")
+        after = [p.grad for p in params]
+        changed = [
+            name
+            for (name, _), b, a in zip(model.named_parameters(), before, after, strict=True)
+            if not torch.equal(b, a)
+        ]
+        ck.eq(changed, [], "a misused backward leaves every gradient as it was")
+        open(f"{marks}.{R}", "w").close()
+    dopt.synchronize()
+    grads = torch.cat([p.grad.reshape(-1) for p in params])
+    everyone = hvd.allgather(grads.unsqueeze(0), name="misuse.grads")
+    for r in range(N):
+        ck.tensor(everyone[r], everyone[0], f"rank {r} has the averaged gradients")
+    with dopt.skip_synchronize():
+        dopt.step()
+    dopt.zero_grad()
+    everyone = hvd.allgather(flat(model).unsqueeze(0), name="misuse.weights")
+    ck.tensor(everyone[-1], everyone[0], "weights still equal on every rank")
+    hvd.barrier()
+    if R != 0:
+        os.unlink(f"{marks}.{R}")
+
+
 SECTIONS = {
     "sgd_mlp": lambda: train_case("sgd_mlp", "mlp", sgd),
     "adam_convnet": lambda: train_case("adam_convnet", "conv", adam),
@@ -212,11 +272,16 @@ SECTIONS = {
         "adam_fp16", "conv", adam, compression=hvd.Compression.fp16, tol=1e-3
     ),
     "optimizer_safety": check_safety,
+    "misuse_after_reduction": check_misuse_after_reduction,
 }
 
 
 def main() -> None:
+    # HVDTEST_ONLY=a,b runs only those sections (for repeating one section many times)
+    only = [n for n in os.environ.get("HVDTEST_ONLY", "").split(",") if n]
     for name, check in SECTIONS.items():
+        if only and name not in only:
+            continue
         with ck.section(name):
             check()
     hvd.shutdown()
