@@ -302,6 +302,18 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "0 (never)",
     ),
     EnvVar(
+        "HVDPROF_CHECK_DIVERGENCE",
+        "check_divergence",
+        _int(0),
+        0,
+        "Every N optimizer steps, `DistributedOptimizer` compares bit-exact checksums of "
+        "the parameters and of the averaged gradients across ranks (one small allgather); "
+        "the first step where ranks differ is reported on every rank with the first "
+        "differing parameters' names, and goes on the timeline (`DIVERGENCE`). Off by "
+        "default: a check costs about a full pass over the model's weights.",
+        "0 (off)",
+    ),
+    EnvVar(
         "HVDPROF_GC_FREEZE",
         "gc_freeze",
         _bool,
@@ -507,6 +519,7 @@ class Config:
     clock_sync_interval_s: float = 60.0
     clock_skew_us: float = 0.0
     disable_nvtx: bool = False
+    check_divergence: int = 0
     autotune: bool = False
     autotune_log: str = ""
     autotune_warm_start: str = ""

@@ -21,12 +21,14 @@ import orjson
 
 from hvdprof.analysis.model import (
     MARK_COLUMNS,
+    NOTICE_NAMES,
     PHASE_CYCLE,
     PHASE_NEGOTIATE,
     PHASE_OP,
     PHASE_OTHER,
     SLICE_COLUMNS,
     AutotuneSample,
+    Notice,
     ParamsChange,
     Problem,
     classify,
@@ -147,6 +149,7 @@ class Columns:
         self.rows = 0  # slice rows in the chunks
         self.samples: list[AutotuneSample] = []
         self.params: list[ParamsChange] = []
+        self.notices: list[Notice] = []
         self.counters: dict[str, list[tuple[int, float, float]]] = {}
 
     def slices(self) -> dict[str, np.ndarray]:
@@ -445,6 +448,7 @@ class HvdprofFileParser:
             len(cols.samples),
             len(cols.params),
             {k: len(v) for k, v in cols.counters.items()},
+            len(cols.notices),
             dict(self._lane_tensor),
             self.host,
             self.trace_end,
@@ -455,12 +459,13 @@ class HvdprofFileParser:
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
             del cols.samples[saved[0] :]
             del cols.params[saved[1] :]
+            del cols.notices[saved[3] :]
             for key in list(cols.counters):
                 if key in saved[2]:
                     del cols.counters[key][saved[2][key] :]
                 else:
                     del cols.counters[key]
-            self._lane_tensor, self.host, self.trace_end = saved[3], saved[4], saved[5]
+            self._lane_tensor, self.host, self.trace_end = saved[4], saved[5], saved[6]
             return False
         return True
 
@@ -744,6 +749,10 @@ class HvdprofFileParser:
                     cache_enabled=bool(args["cache_enabled"]),
                     rank=self.rank,
                 )
+            )
+        elif name in NOTICE_NAMES:
+            self.cols.notices.append(
+                Notice(name=str(name), ts_us=float(e["ts"]), rank=self.rank, args=dict(args))
             )
         # READY instants repeat the negotiate slice's ready_us args (clamped): not needed
 

@@ -228,6 +228,21 @@ class ParamsChange:
 
 
 @dataclass
+class Notice:
+    """An instant the runtime raised because something went wrong on a rank (e.g.
+    ``DIVERGENCE``), with its arguments as recorded; the analysis turns it into a verdict."""
+
+    name: str
+    ts_us: float
+    rank: int
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+#: instants kept as :class:`Notice` (by name)
+NOTICE_NAMES = frozenset({act.DIVERGENCE})
+
+
+@dataclass
 class Run:
     """A parsed run: every rank's timeline as columns, with what could not be read.
 
@@ -259,6 +274,7 @@ class Run:
     marks: MarkTable = field(default_factory=MarkTable)
     autotune_samples: list[AutotuneSample] = field(default_factory=list)
     params_changes: list[ParamsChange] = field(default_factory=list)
+    notices: list[Notice] = field(default_factory=list)
     #: counter tracks: name -> (rank, ts_us, value) arrays
     counters: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     events: int = 0  # events read, all files

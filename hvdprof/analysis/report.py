@@ -9,6 +9,7 @@ from typing import Any
 from hvdprof.analysis.autotune import AutotuneReport, autotune_report
 from hvdprof.analysis.bandwidth import BandwidthReport, bandwidth_report
 from hvdprof.analysis.breakdown import Breakdown, time_breakdown
+from hvdprof.analysis.divergence import DivergenceReport, divergence_report
 from hvdprof.analysis.fusion import FusionReport, fusion_report
 from hvdprof.analysis.model import Problem, Run
 from hvdprof.analysis.overlap import OverlapReport, overlap_report
@@ -27,6 +28,7 @@ class Report:
     bandwidth: BandwidthReport
     overlap: OverlapReport | None
     autotune: AutotuneReport
+    divergence: DivergenceReport = field(default_factory=DivergenceReport)
     problems: list[Problem] = field(default_factory=list)
     verdicts: list[str] = field(default_factory=list)
 
@@ -46,6 +48,7 @@ class Report:
             "bandwidth": self.bandwidth.to_dict(),
             "overlap": self.overlap.to_dict() if self.overlap is not None else None,
             "autotune": self.autotune.to_dict(),
+            "divergence": self.divergence.to_dict(),
             "problems": [p.to_dict() for p in self.problems],
         }
 
@@ -61,9 +64,12 @@ def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
         bandwidth=bandwidth_report(run),
         overlap=overlap,
         autotune=autotune_report(run),
+        divergence=divergence_report(run),
         problems=list(run.problems) + (overlap.problems if overlap else []),
     )
     verdicts: list[str] = []
+    if report.divergence.verdict:
+        verdicts.append(report.divergence.verdict)
     if report.problems:
         verdicts.append(
             f"Some input could not be read ({len(report.problems)} problem(s)); the report "

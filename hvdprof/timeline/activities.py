@@ -33,6 +33,8 @@ READY_PREFIX = "READY rank "
 CYCLE_PREFIX = "CYCLE "
 #: Instant: the autotuner applied new parameters at this cycle.
 AUTOTUNE_PARAMS = "AUTOTUNE_PARAMS"
+#: ranks found holding different weights or averaged gradients (HVDPROF_CHECK_DIVERGENCE)
+DIVERGENCE = "DIVERGENCE"
 #: Instant: the autotuner scored one sample.
 AUTOTUNE_SAMPLE = "AUTOTUNE_SAMPLE"
 

@@ -15,12 +15,15 @@ from typing import Any
 
 import torch
 
+from hvdprof.runtime import runtime as _rt
 from hvdprof.runtime.adasum import AdasumUnsupportedError, is_power_of_two
 from hvdprof.torch.compression import Compression
+from hvdprof.torch.divergence import DivergenceCheck
 from hvdprof.torch.mpi_ops import (
     Adasum,
     Average,
     _check_process_set,
+    allgather,
     allreduce_async_,
     global_process_set,
     size,
@@ -59,6 +62,25 @@ def _named_parameters(param_groups: list[dict[str, Any]], named_parameters: Any)
             f"named. Python object ids: {', '.join(str(i) for i in sorted(unnamed))}"
         )
     return named_parameters
+
+
+def _divergence_check(named_parameters: list[Any]) -> DivergenceCheck | None:
+    """The HVDPROF_CHECK_DIVERGENCE check for this optimizer, or None when off (or 1 rank)."""
+    runtime = _rt.get()
+    every = runtime.config.check_divergence
+    if every <= 0 or runtime.size <= 1:
+        return None
+    named = sorted(named_parameters, key=lambda kv: kv[0])  # the same order on every rank
+    return DivergenceCheck(
+        every,
+        named,
+        lambda t: allgather(t, name="hvdprof.divergence_check"),
+        runtime.rank,
+    )
+
+
+def _timeline_sink() -> Any:
+    return getattr(getattr(_rt.get(), "timeline", None), "sink", None)
 
 
 def _guard_accumulation(optimizer: Any, p: torch.Tensor) -> None:
@@ -113,6 +135,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._grad_accs: list[Any] = []
         self._synchronized = False
         self._should_synchronize = True
+        self._divergence = _divergence_check(named_parameters)
         if size() > 1:
             self._register_hooks()
 
@@ -207,6 +230,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 )
             self.synchronize()
         self._synchronized = False
+        if self._divergence is not None and self._divergence.due():
+            self._divergence.check(_timeline_sink())
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -1,0 +1,74 @@
+"""Did the ranks stop holding one model? (``DIVERGENCE`` instants, HVDPROF_CHECK_DIVERGENCE).
+
+Every rank records the finding on its own timeline; they agree, so the earliest step is
+the answer. It comes first among the verdicts: when the ranks train different models,
+every timing question is moot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hvdprof.analysis.model import Run
+from hvdprof.timeline import activities as act
+
+
+@dataclass
+class DivergenceReport:
+    #: the first step (optimizer steps, counted from 1) at which ranks differed; None: none seen
+    step: int | None = None
+    ranks: list[int] = field(default_factory=list)
+    weights: list[str] = field(default_factory=list)
+    grads: list[str] = field(default_factory=list)
+    weights_total: int = 0
+    grads_total: int = 0
+    #: ranks whose timelines recorded the finding
+    seen_by: list[int] = field(default_factory=list)
+    verdict: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "ranks": list(self.ranks),
+            "weights": list(self.weights),
+            "weights_total": self.weights_total,
+            "grads": list(self.grads),
+            "grads_total": self.grads_total,
+            "seen_by": list(self.seen_by),
+            "verdict": self.verdict,
+        }
+
+
+def _names(names: list[str], total: int) -> str:
+    shown = ", ".join(f"'{n}'" for n in names)
+    return shown + (f" and {total - len(names)} more" if total > len(names) else "")
+
+
+def divergence_report(run: Run) -> DivergenceReport:
+    found = [n for n in run.notices if n.name == act.DIVERGENCE and "step" in n.args]
+    if not found:
+        return DivergenceReport()
+    first = min(found, key=lambda n: (int(n.args["step"]), n.rank))
+    a = first.args
+    report = DivergenceReport(
+        step=int(a["step"]),
+        ranks=[int(r) for r in a.get("ranks", [])],
+        weights=[str(x) for x in a.get("weights", [])],
+        grads=[str(x) for x in a.get("grads", [])],
+        weights_total=int(a.get("weights_total", 0)),
+        grads_total=int(a.get("grads_total", 0)),
+        seen_by=sorted({n.rank for n in found}),
+    )
+    what = []
+    if report.weights_total:
+        what.append(f"the weights of {_names(report.weights, report.weights_total)}")
+    if report.grads_total:
+        what.append(f"the averaged gradients of {_names(report.grads, report.grads_total)}")
+    ranks = ", ".join(str(r) for r in report.ranks)
+    report.verdict = (
+        f"The ranks diverged at step {report.step}: rank(s) {ranks} differ from rank 0 in "
+        f"{' and in '.join(what) or 'their values'}, so they no longer train one model. "
+        "Look for rank-dependent code that changes weights or gradients before that step."
+    )
+    return report
