@@ -23,6 +23,9 @@ from hvdprof.dashboard.app import create_app
 from hvdprof.dashboard.settings import DashboardSettings
 from hvdprof.errors import ConfigError
 
+#: TestClient must address the app by a loopback name (the DNS-rebinding guard)
+LOOPBACK = "http://127.0.0.1"
+
 
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -47,7 +50,9 @@ def served(real_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def client(served: Path):
-    with TestClient(create_app(DashboardSettings(served)), raise_server_exceptions=False) as c:
+    with TestClient(
+        create_app(DashboardSettings(served)), raise_server_exceptions=False, base_url=LOOPBACK
+    ) as c:
         yield c
 
 
@@ -121,7 +126,7 @@ def test_symlinks_out_of_web_are_refused(served: Path, tmp_path: Path) -> None:
     os.symlink(tmp_path / "private.txt", web / "leak.js")
     os.symlink(tmp_path, web / "up")
     app = create_app(DashboardSettings(served, web_dir=web))
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with TestClient(app, raise_server_exceptions=False, base_url=LOOPBACK) as c:
         assert c.get("/static/app.js").status_code == 200
         for path in ("/static/leak.js", "/static/up/private.txt", "/static/up%2fprivate.txt"):
             response = c.get(path)
@@ -138,7 +143,9 @@ def test_run_with_a_rank_file_linked_out_is_refused(real_run: Path, tmp_path: Pa
     shutil.copy(real_run / "rank.1.json", outside / "rank.1.json")
     os.symlink(outside / "rank.1.json", root / "run" / "rank.1.json")
     os.symlink(outside / "rank.1.json", root / "single.json")
-    with TestClient(create_app(DashboardSettings(root)), raise_server_exceptions=False) as c:
+    with TestClient(
+        create_app(DashboardSettings(root)), raise_server_exceptions=False, base_url=LOOPBACK
+    ) as c:
         assert "single.json" not in [r["id"] for r in c.get("/api/runs").json()["runs"]]
         for path in ("/api/run", "/api/timeline", "/api/analysis/breakdown"):
             for run in ("run", "single.json", "run/rank.1.json"):
@@ -252,7 +259,7 @@ def test_non_loopback_without_token_is_refused(tmp_path: Path) -> None:
 
 def test_token_checked_on_every_request(served: Path) -> None:
     app = create_app(DashboardSettings(served, host="0.0.0.0", token="s3cret"))
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with TestClient(app, raise_server_exceptions=False, base_url=LOOPBACK) as c:
         for path in ("/", "/api/runs", "/static/plotly.min.js", "/openapi.json", "/api/events"):
             assert c.get(path).status_code == 401, path
         assert c.get("/api/runs", params={"token": "wrong"}).status_code == 401
@@ -286,7 +293,9 @@ def _check_never_500(c: TestClient, run: str) -> list[str]:
 
 
 def test_empty_directory(tmp_path: Path) -> None:
-    with TestClient(create_app(DashboardSettings(tmp_path)), raise_server_exceptions=False) as c:
+    with TestClient(
+        create_app(DashboardSettings(tmp_path)), raise_server_exceptions=False, base_url=LOOPBACK
+    ) as c:
         body = c.get("/api/runs").json()
         assert body["runs"] == [] and "no timeline" in body["notices"][0]
         assert c.get("/").status_code == 200
@@ -307,7 +316,9 @@ def test_truncated_corrupt_and_missing_rank(tmp_path: Path, real_run: Path) -> N
     (tmp_path / "empty" / "rank.1.json").write_bytes(b"[\n")
     (tmp_path / "bad.json.gz").write_bytes(b"not gzip at all")
     (tmp_path / "noevents.json").write_text('{"traceEvents": []}')
-    with TestClient(create_app(DashboardSettings(tmp_path)), raise_server_exceptions=False) as c:
+    with TestClient(
+        create_app(DashboardSettings(tmp_path)), raise_server_exceptions=False, base_url=LOOPBACK
+    ) as c:
         ids = [r["id"] for r in c.get("/api/runs").json()["runs"]]
         assert {"broken", "empty", "bad.json.gz"} <= set(ids)
         info = c.get("/api/run", params={"run": "broken"}).json()
@@ -342,7 +353,7 @@ def test_growing_file_refreshes(tmp_path: Path, real_run: Path) -> None:
     cut = full.index(b"\n", len(full) // 3) + 1
     (run / "rank.0.json").write_bytes(full[:cut])
     app = create_app(DashboardSettings(tmp_path))
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with TestClient(app, raise_server_exceptions=False, base_url=LOOPBACK) as c:
         before = c.get("/api/run", params={"run": "live"}).json()
         with (run / "rank.0.json").open("ab") as f:
             f.write(full[cut:])
@@ -377,7 +388,7 @@ def test_rank_appearing_later_is_picked_up(tmp_path: Path, real_run: Path) -> No
     run.mkdir()
     shutil.copy(real_run / "rank.0.json", run / "rank.0.json")
     app = create_app(DashboardSettings(tmp_path))
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with TestClient(app, raise_server_exceptions=False, base_url=LOOPBACK) as c:
         assert c.get("/api/run", params={"run": "late"}).json()["ranks"] == [0]
         shutil.copy(real_run / "rank.1.json", run / "rank.1.json")
         catalog = app.state.catalog

@@ -45,7 +45,7 @@ from hvdprof.dashboard.paths import web_directory
 from hvdprof.dashboard.settings import DashboardSettings
 
 served = {}
-with TestClient(create_app(DashboardSettings(sys.argv[1])), raise_server_exceptions=False) as c:
+with TestClient(create_app(DashboardSettings(sys.argv[1])), raise_server_exceptions=False, base_url="http://127.0.0.1") as c:
     for path in ("/", "/static/app.js", "/static/style.css"):
         r = c.get(path)
         served[path] = [r.status_code, hashlib.sha256(r.content).hexdigest(), r.text[:300]]

@@ -398,6 +398,29 @@ def _fingerprint(path: str, offset: int) -> int | None:
     return zlib.crc32(data) if len(data) == min(offset, FINGERPRINT_BYTES) else None
 
 
+def _worker_start(parent: int) -> None:
+    """First thing in each parse worker: die with the parent, whatever kills it.
+
+    The workers are forked, so they hold copies of every descriptor the parent had,
+    the dashboard's listening socket included. A parent stopped by SIGTERM while they
+    parsed left them orphaned, blocked on their pipe, keeping the port (requests hung;
+    a restart said "Address already in use"). Linux's parent-death signal ends them
+    with the parent; Ctrl+C is the parent's to handle (the workers ignore SIGINT, so a
+    terminal's interrupt prints one message, not one traceback per worker).
+    """
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(0)
+
+
 def _read_in_worker(
     path: str, rank: int, kind: str, cache: bool
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -501,7 +524,12 @@ class RunLoader:
 
             try:
                 context = multiprocessing.get_context("fork")
-                pool = ProcessPoolExecutor(workers, mp_context=context)
+                pool = ProcessPoolExecutor(
+                    workers,
+                    mp_context=context,
+                    initializer=_worker_start,
+                    initargs=(os.getpid(),),
+                )
                 futures = [
                     (s, pool.submit(_read_in_worker, s.path, s.rank, s.kind, self.cache))
                     for s in todo

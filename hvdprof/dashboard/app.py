@@ -12,7 +12,6 @@ import contextlib
 import hmac
 import threading
 from collections.abc import AsyncIterator
-from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -24,7 +23,12 @@ from hvdprof.dashboard.catalog import RunCatalog, RunNotFoundError
 from hvdprof.dashboard.live import ChangeFeed, RunWatcher
 from hvdprof.dashboard.paths import OutsideRootError
 from hvdprof.dashboard.routes import analyses, compare, docs, live, page, runs, timeline
-from hvdprof.dashboard.settings import TOKEN_HEADER, TOKEN_QUERY, DashboardSettings
+from hvdprof.dashboard.settings import (
+    TOKEN_HEADER,
+    TOKEN_QUERY,
+    DashboardSettings,
+    is_loopback,
+)
 
 #: Cookie that carries the token once a page was opened with ``?token=``.
 TOKEN_COOKIE = "hvdprof_token"
@@ -58,8 +62,7 @@ class TokenCheck:
             values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get(TOKEN_QUERY)
             given, from_query = (values[0].encode(), True) if values else (b"", False)
         if not given:
-            cookies = SimpleCookie(headers.get(b"cookie", b"").decode("latin-1"))
-            given = cookies[TOKEN_COOKIE].value.encode() if TOKEN_COOKIE in cookies else b""
+            given = _cookie(headers.get(b"cookie", b""), TOKEN_COOKIE.encode())
         if not hmac.compare_digest(given, self.token):
             response = JSONResponse(
                 {"detail": f"missing or wrong token: pass ?{TOKEN_QUERY}=... or {TOKEN_HEADER}"},
@@ -79,6 +82,65 @@ class TokenCheck:
             await send(message)
 
         await self.app(scope, receive, send_with_cookie)
+
+
+def _cookie(header: bytes, name: bytes) -> bytes:
+    """The value of cookie ``name`` in a Cookie header, b"" when absent.
+
+    Parsed by hand, not with ``http.cookies``: browsers send other local apps' cookies
+    too, and SimpleCookie raises on names it deems illegal (``a@b=c``), which turned a
+    valid token into an error.
+    """
+    for part in header.split(b";"):
+        key, sep, value = part.strip().partition(b"=")
+        if sep and key.strip() == name:
+            return value.strip().strip(b'"')
+    return b""
+
+
+def _host_name(value: str) -> str:
+    """The host of a Host header or an Origin's netloc, without port or brackets."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value[1:]
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+class HostCheck:
+    """ASGI middleware against DNS rebinding: a server on loopback answers only requests
+    addressed to a loopback name (or the name it was bound to), and any request carrying
+    an ``Origin`` must come from that same host and port.
+
+    Without it, a web page the user visits could point its own host name at 127.0.0.1
+    and read ``/api/*`` (the served directory's absolute path, host names) in the
+    default mode, which has no token.
+    """
+
+    def __init__(self, app: Any, bound_host: str) -> None:
+        self.app = app
+        self.allowed = {"localhost", "127.0.0.1", "::1", _host_name(bound_host)}
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        host = headers.get(b"host", b"").decode("latin-1")
+        problem = None
+        if _host_name(host) not in self.allowed:
+            problem = (
+                f"host {host!r} is not this dashboard's (it answers on "
+                f"{', '.join(sorted(self.allowed))}: a guard against DNS rebinding)"
+            )
+        origin = headers.get(b"origin")
+        if problem is None and origin is not None and origin != b"null":
+            netloc = origin.decode("latin-1").partition("://")[2]
+            if netloc.lower() != host.lower():
+                problem = f"requests from {origin.decode('latin-1')!r} are refused (another origin)"
+        if problem is not None:
+            await JSONResponse({"detail": problem}, status_code=403)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def _preload_first_run(catalog: RunCatalog) -> None:
@@ -143,4 +205,6 @@ def create_app(settings: DashboardSettings, *, catalog: RunCatalog | None = None
 
     if settings.token is not None:
         app.add_middleware(TokenCheck, token=settings.token)
+    if is_loopback(settings.host):  # elsewhere the token guards: it is not in a rebound page
+        app.add_middleware(HostCheck, bound_host=settings.host)
     return app

@@ -156,10 +156,14 @@ class RunCatalog:
         try:
             from hvdprof.analysis.loader import RunLoader
 
-            entries = self.entries()
-            entry = self.entry(run_id) if run_id is not None else (entries or [None])[0]
-            if entry is None:
-                return None
+            if run_id is None:
+                entries = self.entries()
+                if not entries:
+                    return None
+                run_id = entries[0].id
+            # entry() refuses a run with links out of the served directory: its cache
+            # (.hvdprof-cache) would be written wherever such a link points
+            entry = self.entry(run_id)
             signature = entry.signature()
             loader = RunLoader(str(entry.path))
             loader.start()

@@ -101,19 +101,15 @@ def write_report(
     if not root.is_dir():
         raise HvdprofError(f"report: {root} is not a directory")
     catalog = RunCatalog(root)
-    if run_id is not None:
-        try:
-            catalog.entry(run_id)
-        except (OutsideRootError, RunNotFoundError) as exc:
-            raise HvdprofError(f"report: {exc}") from None
-    else:
+    if run_id is None:
         entries = catalog.entries()
         if not entries:
             raise HvdprofError(f"report: no timeline found under {root}")
         run_id = entries[0].id
     try:
+        catalog.entry(run_id)  # the escaping-link check, for the default run too
         catalog.loaded(run_id)
-    except RunLoadError as exc:
+    except (OutsideRootError, RunNotFoundError, RunLoadError) as exc:
         raise HvdprofError(f"report: {exc}") from None
     html = render_report(embedded_responses(catalog, run_id))
     out = Path(output)

@@ -33,8 +33,13 @@ GRACEFUL_SHUTDOWN_S = 1
 def bind(settings: DashboardSettings) -> socket.socket:
     """A listening socket on the settings' address; HvdprofError naming it when taken."""
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose
+    # proto says TCP, and the accepted sockets inherit the listener's proto. With Nagle
+    # on, every response after the first on a kept-alive connection waited ~40 ms for
+    # the client's delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((settings.host.strip("[]"), settings.port))
     except OSError as exc:

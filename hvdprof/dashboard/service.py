@@ -9,6 +9,7 @@ per run version: a page re-asking for the same window costs a dictionary lookup.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -20,16 +21,22 @@ MAX_CACHED_RESULTS = 64
 
 
 def _cached(loaded: LoadedRun, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+    # Requests run in a thread pool: every look at the shared dict holds its own lock
+    # (iterating it while another request inserted raised "dictionary changed size
+    # during iteration"); the computation holds the run's lock, not this one.
     cache: dict[tuple[Any, ...], Any] = loaded.__dict__.setdefault("results", {})
-    full_key = (loaded.version, *key)
-    if full_key in cache:
-        return cache[full_key]
+    cache_lock: threading.Lock = loaded.__dict__.setdefault("results_lock", threading.Lock())
+    with cache_lock:
+        full_key = (loaded.version, *key)
+        if full_key in cache:
+            return cache[full_key]
     with loaded.lock:
         value = compute()
-    if len(cache) >= MAX_CACHED_RESULTS or any(k[0] != loaded.version for k in cache):
-        for stale in [k for k in cache if k[0] != loaded.version] or list(cache)[:8]:
-            cache.pop(stale, None)
-    cache[full_key] = value
+    with cache_lock:
+        if len(cache) >= MAX_CACHED_RESULTS or any(k[0] != loaded.version for k in cache):
+            for stale in [k for k in cache if k[0] != loaded.version] or list(cache)[:8]:
+                cache.pop(stale, None)
+        cache[full_key] = value
     return value
 
 

@@ -11,6 +11,7 @@ after a crash.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -38,9 +39,16 @@ def write_manifest(path: str, manifest: dict[str, Any]) -> None:
     """Replace ``path`` with ``manifest`` atomically (temporary file + ``os.replace``)."""
     tmp = f"{path}.tmp.{os.getpid()}"
     text = json.dumps(manifest, indent=1, sort_keys=True, default=str, allow_nan=False)
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text + "\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        # a full disk: the previous manifest stays as it was, and no temporary file is
+        # left beside it
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def read_manifest(path: str) -> dict[str, Any]:

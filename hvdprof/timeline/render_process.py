@@ -83,6 +83,7 @@ class RenderChild:
             self.rank, str(init.get("hostname", "")), mark_cycles=bool(init.get("mark_cycles")),
             yield_gil=False,
         )  # fmt: skip
+        self._manifest_failed = False
         self.writer = TimelineWriter(
             path,
             fd=fd,
@@ -211,7 +212,11 @@ class RenderChild:
         try:
             write_manifest(self.manifest_path, manifest)
         except OSError as exc:
-            log.error("cannot write %s: %s", self.manifest_path, exc)
+            # said once, and not at all when the trace's own write already said the disk
+            # is full: one line per rank, naming the file and the error
+            if not self._manifest_failed and not self.writer.write_failed:
+                log.error("cannot write %s: %s", self.manifest_path, exc)
+            self._manifest_failed = True
 
     def _periodic(self) -> None:
         self.write_manifest()

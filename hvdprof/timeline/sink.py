@@ -158,6 +158,7 @@ class TimelineSink:
         self._last_bytes: int | None = None
         self._last_params: TunableParams | None = None
         self._manifest_lock = threading.Lock()
+        self._manifest_failed = False
         self._manifest_state: tuple[int, int, int] | None = None
         self._closed = False
         self._owner_pid = os.getpid()
@@ -375,7 +376,20 @@ class TimelineSink:
             if not force and state == self._manifest_state:
                 return
             self._manifest_state = state
-            write_manifest(self.manifest_path, self.manifest())
+            try:
+                write_manifest(self.manifest_path, self.manifest())
+            except OSError as exc:
+                # A full disk: training goes on, the trace keeps what was written. Said
+                # once, and not when the trace's write already said it
+                # (with a renderer process, that process writes the manifest too, and says it)
+                quiet = self._process is not None or getattr(self._writer, "write_failed", False)
+                if not self._manifest_failed and not quiet:
+                    log.error(
+                        "hvdprof: timeline: cannot write %s (%s); the trace keeps what was written",
+                        self.manifest_path,
+                        exc,
+                    )
+                self._manifest_failed = True
 
     def _final_event(self) -> dict[str, Any]:
         current = self.clock.current

@@ -273,6 +273,11 @@ class TimelineWriter:
         mode = zlib.Z_FINISH if final else zlib.Z_SYNC_FLUSH
         return self._compressor.compress(data) + self._compressor.flush(mode)
 
+    @property
+    def write_failed(self) -> bool:
+        """True once a write failed (a full disk): said then, and nothing is written after."""
+        return self._write_failed
+
     def _write_raw(self, data: bytes) -> bool:
         """One ``os.write`` (looping only on a short write); False after an I/O error."""
         if self._write_failed:

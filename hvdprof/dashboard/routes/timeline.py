@@ -16,15 +16,21 @@ router = APIRouter(prefix="/api", tags=["timeline"])
 
 #: Most items one window may ask for (the page asks for about its width in pixels x lanes).
 MAX_ITEMS_LIMIT = 20000
+#: Ranks are int32 in the analysis' columns; anything beyond cannot name a rank.
+MAX_RANK = 2**31 - 1
 
 
 def _ranks(text: str | None) -> tuple[int, ...] | None:
     if text is None or not text.strip():
         return None
     try:
-        return tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+        ranks = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
     except ValueError:
         raise HTTPException(422, f"ranks must be comma-separated integers, got {text!r}") from None
+    bad = [r for r in ranks if not 0 <= r < MAX_RANK]
+    if bad:
+        raise HTTPException(422, f"ranks must lie in 0..{MAX_RANK - 1}, got {bad[0]}")
+    return ranks
 
 
 @router.get(
@@ -45,7 +51,8 @@ def timeline(
     t1_us: Annotated[float | None, Query(description="window end (timeline microseconds)")] = None,
     ranks: Annotated[str | None, Query(description="comma-separated ranks (default all)")] = None,
     expand_rank: Annotated[
-        int | None, Query(description="show this rank's slices in lanes (see `lanes`)")
+        int | None,
+        Query(ge=0, lt=MAX_RANK, description="show this rank's slices in lanes (see `lanes`)"),
     ] = None,
     lanes: Annotated[
         Literal["tensor", "phase"],
