@@ -125,6 +125,7 @@ def main() -> None:
             "hvdprof_backend": data["hvdprof_backend"],
             "wall_s": data["wall_s"],
         },
+        output=args.output,
         quick=args.quick,
     )
     print(f"results: {path}")

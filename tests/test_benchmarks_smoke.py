@@ -20,6 +20,7 @@ BENCHMARKS = [
     "timeline_overhead.py",
     "autotune_bench.py",
     "divergence_check.py",
+    "dashboard_load.py",
 ]
 
 
