@@ -380,7 +380,28 @@ ENV_VARS: tuple[EnvVar, ...] = (
         _int(1),
         200_000,
         "Events a rank holds back while its timeline renderer lags by more than the pipe "
-        "holds; beyond this, events are dropped and counted.",
+        "holds; beyond this, `HVDPROF_TIMELINE_WHEN_FULL` decides.",
+    ),
+    EnvVar(
+        "HVDPROF_TIMELINE_WHEN_FULL",
+        "timeline_when_full",
+        _choice("wait", "drop"),
+        "wait",
+        "When a rank holds `HVDPROF_TIMELINE_QUEUE_SIZE` events its renderer has not taken: "
+        "`wait` (lossless: the recording thread waits for room, slowing the job instead, "
+        "and the renderer leaves its background priority; events are dropped only if it "
+        "takes nothing for `HVDPROF_TIMELINE_STUCK_SECONDS`) or `drop` (never slow the "
+        "job: drop and count). Drops are "
+        "said on stderr when they start and in total at the end, and lead `hvdprof analyze`.",
+    ),
+    EnvVar(
+        "HVDPROF_TIMELINE_STUCK_SECONDS",
+        "timeline_stuck_s",
+        _float(0, exclusive=True),
+        2.0,
+        "With `HVDPROF_TIMELINE_WHEN_FULL=wait`: how long the recording thread waits for a "
+        "renderer that takes nothing at all (stopped, hung) before it drops instead, so a "
+        "broken renderer never hangs the training.",
     ),
     EnvVar(
         "HVDPROF_CLOCK_SYNC_INTERVAL_SECONDS",
@@ -516,6 +537,8 @@ class Config:
     timeline_sample_every: int = 1
     timeline_gzip: bool = False
     timeline_queue_size: int = 200_000
+    timeline_when_full: str = "wait"
+    timeline_stuck_s: float = 2.0
     clock_sync_interval_s: float = 60.0
     clock_skew_us: float = 0.0
     disable_nvtx: bool = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,17 @@ class Report:
         }
 
 
+def _dropped_events(run: Run) -> dict[int, int]:
+    """Events each rank's manifest says were dropped (ranks with none left out)."""
+    out = {}
+    for rank, manifest in run.manifests.items():
+        with contextlib.suppress(TypeError, ValueError):
+            n = int(manifest.get("events_dropped", 0) or 0)
+            if n > 0:
+                out[rank] = n
+    return out
+
+
 def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
     """All the analyses of ``run`` (and the overlap one when Kineto traces are given)."""
     overlap = overlap_report(run, list(kineto_paths)) if kineto_paths else None
@@ -70,6 +82,17 @@ def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
     verdicts: list[str] = []
     if report.divergence.verdict:
         verdicts.append(report.divergence.verdict)
+    dropped = _dropped_events(run)
+    if dropped:
+        total = sum(dropped.values())
+        written = sum(int(m.get("events_written", 0) or 0) for m in run.manifests.values())
+        who = ", ".join(f"rank {r}: {n:,}" for r, n in sorted(dropped.items()))
+        verdicts.append(
+            f"The timeline is incomplete: {total:,} events were dropped while recording "
+            f"({100.0 * total / max(1, total + written):.1f}% of them; {who}), so times "
+            "and counts below undercount. Record again with the default "
+            "HVDPROF_TIMELINE_WHEN_FULL=wait, or a larger HVDPROF_TIMELINE_QUEUE_SIZE."
+        )
     if report.problems:
         verdicts.append(
             f"Some input could not be read ({len(report.problems)} problem(s)); the report "

@@ -1,24 +1,38 @@
 """The bounded queue between the cycle thread and whatever ships events out.
 
-Bounded in events, not items (one cycle can carry thousands), and it never blocks the
-producer: when full, an item is dropped and counted. The in-process writer and the feeder
-to the renderer process share it.
+Bounded in events, not items (one cycle can carry thousands). When full, the producer
+waits for the consumer (``wait_when_full``, the default: lossless, the job slows down
+instead), unless the consumer took nothing for ``stuck_s``; otherwise, or with waiting
+off, the item is dropped and counted.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from typing import Any
 
 
 class EventQueue:
-    def __init__(self, capacity: int, batch_events: int) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        batch_events: int,
+        wait_when_full: bool = True,
+        stuck_s: float = 2.0,
+    ) -> None:
         self.capacity = max(1, int(capacity))
+        self.wait_when_full = wait_when_full
+        #: a consumer that takes nothing for this long is stuck: waiting producers drop
+        self.stuck_s = stuck_s
+        #: seconds producers spent waiting for room
+        self.waited_s = 0.0
         #: pending events that wake the consumer before its flush interval
         self.batch_events = max(1, min(batch_events, self.capacity))
         self.wake = threading.Event()
         self.lock = threading.Lock()  # guards the counters and ``closed``
+        self._room = threading.Condition(self.lock)
         self.closed = False
         self.dropped_events = 0
         self.dropped_items = 0
@@ -32,6 +46,9 @@ class EventQueue:
             pending = self._put_weight - self._taken_weight
             # An item larger than the whole queue is still taken when the queue is empty:
             # otherwise a big enough cycle could never be recorded.
+            if pending and pending + weight > self.capacity and self.wait_when_full:
+                self._wait_for_room_locked(weight)
+                pending = self._put_weight - self._taken_weight
             if self.closed or (pending and pending + weight > self.capacity):
                 self.dropped_events += weight
                 self.dropped_items += 1
@@ -43,6 +60,22 @@ class EventQueue:
             self.wake.set()
         return True
 
+    def _wait_for_room_locked(self, weight: int) -> None:
+        started = time.monotonic()
+        progress_at, taken = started, self._taken_weight
+        self.wake.set()
+        while not self.closed:
+            pending = self._put_weight - self._taken_weight
+            if not pending or pending + weight <= self.capacity:
+                break
+            self._room.wait(0.05)
+            now = time.monotonic()
+            if self._taken_weight != taken:
+                progress_at, taken = now, self._taken_weight
+            elif now - progress_at > self.stuck_s:
+                break
+        self.waited_s += time.monotonic() - started
+
     def __len__(self) -> int:
         """Items queued now (a consumer takes only these, so that it cannot chase
         producers past a close while it yields the GIL)."""
@@ -53,6 +86,7 @@ class EventQueue:
         item, weight = self._items.popleft()
         with self.lock:
             self._taken_weight += weight
+            self._room.notify_all()
         return item, weight
 
     def count_dropped(self, events: int, items: int = 1) -> None:
@@ -70,6 +104,7 @@ class EventQueue:
             if self.closed:
                 return False
             self.closed = True
+            self._room.notify_all()
             return True
 
     @property

@@ -158,6 +158,7 @@ class TimelineSink:
         self._last_bytes: int | None = None
         self._last_params: TunableParams | None = None
         self._manifest_lock = threading.Lock()
+        self._drops_said = False
         self._manifest_failed = False
         self._manifest_state: tuple[int, int, int] | None = None
         self._closed = False
@@ -178,6 +179,8 @@ class TimelineSink:
                 self.path,
                 fd=fd,
                 queue_size=config.timeline_queue_size,
+                wait_when_full=config.timeline_when_full == "wait",
+                stuck_s=config.timeline_stuck_s,
                 compress=config.timeline_gzip,
                 render=self._renderer.render,
                 periodic=self._refresh_manifest,
@@ -211,6 +214,8 @@ class TimelineSink:
                 fd,
                 init,
                 queue_size=self.config.timeline_queue_size,
+                wait_when_full=self.config.timeline_when_full == "wait",
+                stuck_s=self.config.timeline_stuck_s,
                 manifest=self.manifest,
                 manifest_version=lambda: self.clock.version,
             )
@@ -241,7 +246,7 @@ class TimelineSink:
             return  # an idle cycle adds nothing to the trace
         self._last_bytes = record.bytes_reduced
         self._last_params = record.params
-        self._writer.put((ITEM_CYCLE, record, self.clock.shift_ns), len(ops) * self._per_op + 6)
+        self._put((ITEM_CYCLE, record, self.clock.shift_ns), len(ops) * self._per_op + 6)
 
     # --- other producers -----------------------------------------------------------------
 
@@ -272,14 +277,14 @@ class TimelineSink:
             lane,
             scope,
         )
-        return self._writer.put(item, 1)
+        return self._put(item, 1)
 
     def add_counter(
         self, name: str, values: Mapping[str, float], *, t_ns: int | None = None
     ) -> bool:
         """Add a sample to the counter track ``name`` (one series per key of ``values``)."""
         t = self.clock.now_ns() if t_ns is None else t_ns
-        return self._writer.put((ITEM_COUNTER, name, t, self.clock.shift_ns, dict(values)), 1)
+        return self._put((ITEM_COUNTER, name, t, self.clock.shift_ns, dict(values)), 1)
 
     def add_autotune_sample(
         self,
@@ -361,6 +366,7 @@ class TimelineSink:
             "config": _config_dict(self.config),
             "events_written": self._writer.events_written,
             "events_dropped": self._writer.events_dropped,
+            "waited_for_renderer_s": round(float(getattr(self._writer, "waited_s", 0.0)), 3),
             "items_dropped": self._writer.items_dropped,
             "lanes_clamped": (
                 self._process.lanes_clamped
@@ -406,6 +412,37 @@ class TimelineSink:
             },
         }
 
+    def _put(self, item: Any, weight: int) -> bool:
+        if self._writer.put(item, weight):
+            return True
+        if not self._drops_said and not self._closed:
+            self._drops_said = True
+            log.warning(
+                "hvdprof rank %d: the timeline is dropping events: its renderer fell %d "
+                "events behind%s. The count is in the manifest and `hvdprof analyze` "
+                "reports it; HVDPROF_TIMELINE_QUEUE_SIZE holds more back.",
+                self.rank,
+                self.config.timeline_queue_size,
+                ""
+                if self.config.timeline_when_full == "drop"
+                else f" and took nothing for {self.config.timeline_stuck_s:g} s (stopped or hung?)",
+            )
+        return False
+
+    def _say_total_drops(self) -> None:
+        dropped = self._writer.events_dropped
+        if dropped:
+            written = self._writer.events_written
+            share = 100.0 * dropped / max(1, dropped + written)
+            log.warning(
+                "hvdprof rank %d: the timeline dropped %d events in all (%.1f%% of what "
+                "was recorded); %s is missing them",
+                self.rank,
+                dropped,
+                share,
+                self.path,
+            )
+
     def close(self) -> None:
         """Flush and terminate the trace, then write the final manifest. Idempotent."""
         if self._closed or os.getpid() != self._owner_pid:
@@ -421,6 +458,7 @@ class TimelineSink:
             self._writer.close()
             self._end_pair = _clock_pair(self.clock)
         self._refresh_manifest(force=True)
+        self._say_total_drops()
 
 
 @atexit.register

@@ -329,6 +329,8 @@ class RenderProcess:
         manifest_version: Callable[[], int] | None = None,
         terminate_on_eof: bool | None = None,
         python: str | None = None,
+        wait_when_full: bool = True,
+        stuck_s: float = 2.0,
     ) -> None:
         self.path = path
         self.manifest_path = str(init.get("manifest_path") or "")
@@ -338,6 +340,12 @@ class RenderProcess:
         self._manifest_version = manifest_version
         self._capacity = max(1, int(queue_size))
         self._lock = threading.Lock()  # the pipe, the backlog, the counters, ``_closed``
+        #: signalled (under ``_lock``) whenever the feeder moved backlog into the pipe
+        self._room = threading.Condition(self._lock)
+        self._wait_when_full = wait_when_full
+        self._stuck_s = stuck_s
+        #: seconds producers spent waiting for room (``wait_when_full``)
+        self.waited_s = 0.0
         self._wake = threading.Event()
         #: encoded bytes waiting for room in the pipe, oldest first, with the events each
         #: completes (an item's weight sits on its last chunk)
@@ -422,11 +430,41 @@ class RenderProcess:
                 self._dropped_events += weight
                 self._dropped_items += 1
                 return False
-            if self._backlog and self._backlog_events + weight > self._capacity:
+            full = self._backlog and self._backlog_events + weight > self._capacity
+            if full and not (self._wait_when_full and self._wait_for_room_locked(weight)):
                 self._dropped_events += weight
                 self._dropped_items += 1
                 return False
             return self._write_locked(data, weight)
+
+    def _wait_for_room_locked(self, weight: int) -> bool:
+        """Backpressure: wait (``_lock`` held, released while waiting) until the backlog
+        has room for ``weight`` events. False when the child stopped taking anything for
+        ``stuck_s`` (stopped, hung) or the stream closed: then the item drops.
+
+        A lagging renderer under CPU contention still makes progress, so waiting keeps
+        every event at the price of slowing the producer; a renderer that makes none must
+        not hang the training.
+        """
+        started = time.monotonic()
+        progress_at, sent = started, self._sent_events
+        self._wake.set()
+        if self.background and self.waited_s == 0.0:
+            # the rank now waits for the renderer: it may have the rank's share of the CPU
+            set_autogroup_nice(self.pid, 0)
+        try:
+            while self._backlog and self._backlog_events + weight > self._capacity:
+                if self._closed or self._broken or self._stopping:
+                    return False
+                self._room.wait(0.05)
+                now = time.monotonic()
+                if self._sent_events != sent:
+                    progress_at, sent = now, self._sent_events
+                elif now - progress_at > self._stuck_s:
+                    return False
+            return True
+        finally:
+            self.waited_s += time.monotonic() - started
 
     def _write_locked(self, data: bytes, weight: int) -> bool:
         """Write ``data`` now, or queue it (whole, or its unwritten rest) in the backlog."""
@@ -543,6 +581,7 @@ class RenderProcess:
                     self._backlog.popleft()
                     self._backlog_events -= weight
                     self._sent_events += weight
+                    self._room.notify_all()
                 if self._broken:  # nothing will ever take the rest
                     lost = self._backlog_events
                     self._dropped_events += lost

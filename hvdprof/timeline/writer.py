@@ -119,6 +119,8 @@ class TimelineWriter:
         final_event: Callable[[], dict[str, Any]] | None = None,
         fd: int | None = None,
         background: bool = True,
+        wait_when_full: bool = False,
+        stuck_s: float = 2.0,
     ) -> None:
         self.path = os.fspath(path)
         self.compressed = self.path.endswith(".gz") if compress is None else bool(compress)
@@ -132,7 +134,8 @@ class TimelineWriter:
         self._compressor = (
             zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, 31) if self.compressed else None
         )
-        self._queue = EventQueue(queue_size, batch_events)
+        # waiting for room needs a consumer on another thread: only with ``background``
+        self._queue = EventQueue(queue_size, batch_events, wait_when_full and background, stuck_s)
         self._render_failures = 0
         self._written_events = 0
         self._written_bytes = 0
@@ -272,6 +275,11 @@ class TimelineWriter:
             return data
         mode = zlib.Z_FINISH if final else zlib.Z_SYNC_FLUSH
         return self._compressor.compress(data) + self._compressor.flush(mode)
+
+    @property
+    def waited_s(self) -> float:
+        """Seconds producers waited for room (lossless mode)."""
+        return self._queue.waited_s
 
     @property
     def write_failed(self) -> bool:

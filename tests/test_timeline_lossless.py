@@ -1,0 +1,141 @@
+"""The timeline keeps every event by default, and says so loudly when it cannot.
+
+The renderer processes are stopped (SIGSTOP) while the ranks record far more than the
+pipe and the backlog hold (``HVDPROF_TIMELINE_QUEUE_SIZE=50``). With the default
+``HVDPROF_TIMELINE_WHEN_FULL=wait`` the ranks wait for room instead of dropping: the job
+stalls until the renderers continue, and the manifests count 0 dropped events. With
+``drop`` the job never waits; the drops are said on stderr once when they begin and in
+total at the end, and lead ``hvdprof analyze``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, JobResult, child_env, parse_output
+
+from hvdprof.analysis import analyze, load_run
+
+pytestmark = pytest.mark.timeout(300)
+
+OPS = 20_000
+
+
+def _manifests(timeline: Path, ranks: int, deadline_s: float = 60) -> list[dict]:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            found = [
+                json.loads((timeline / f"manifest.rank.{r}.json").read_text()) for r in range(ranks)
+            ]
+            if all(m.get("renderer_pid") for m in found):
+                return found
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError("the ranks wrote no manifests naming their renderers")
+
+
+def _progress(timeline: Path, rank: int) -> int:
+    try:
+        return int((timeline / f"progress.rank.{rank}").read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _start(timeline: Path, go: Path, env: dict[str, str]) -> subprocess.Popen:
+    command = [
+        sys.executable, "-m", "hvdprof", "run", "-np", "2", "--timeout", "240",
+        "--timeline", str(timeline), "--",
+        sys.executable, str(REPO / "tests" / "workers" / "lossless_worker.py"), str(OPS), str(go),
+    ]  # fmt: skip
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=child_env({"HVDPROF_TIMELINE_QUEUE_SIZE": "50", **env}), cwd=REPO,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def _finish(proc: subprocess.Popen) -> JobResult:
+    try:
+        out, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=30)
+    result = JobResult(proc.returncode, out, 0.0)
+    parse_output(out, result)
+    return result
+
+
+def _stop(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        os.kill(pid, sig)
+
+
+def test_by_default_a_stopped_renderer_makes_the_job_wait_and_nothing_is_lost(tmp_path):
+    timeline, go = tmp_path / "tl", tmp_path / "go"
+    # no drop however long the renderers stay stopped here
+    proc = _start(timeline, go, {"HVDPROF_TIMELINE_STUCK_SECONDS": "120"})
+    renderers: list[int] = []
+    try:
+        renderers = [m["renderer_pid"] for m in _manifests(timeline, 2)]
+        _stop(renderers, signal.SIGSTOP)
+        go.touch()
+        # wait until the ranks stop making progress: their renderers' pipes are full
+        deadline, last, still_since = time.monotonic() + 120, -1, time.monotonic()
+        while time.monotonic() < deadline:
+            now = _progress(timeline, 0)
+            if now != last:
+                last, still_since = now, time.monotonic()
+            elif now > 0 and time.monotonic() - still_since > 1.5:
+                break
+            time.sleep(0.05)
+        assert 0 < last < OPS, f"rank 0 never waited for its renderer (progress {last})"
+    finally:
+        _stop(renderers, signal.SIGCONT)
+    result = _finish(proc)
+    result.assert_done(2)
+    out = result.describe()
+    assert "dropping events" not in out and "dropped" not in out, out
+    for m in (json.loads((timeline / f"manifest.rank.{r}.json").read_text()) for r in (0, 1)):
+        assert m["events_dropped"] == 0, m
+        assert m["closed"], m
+    run = load_run(str(timeline))
+    names = {run.tensors[t] for t in set(run.slices.tensor.tolist())}
+    assert all(f"small.{k}" in names for k in range(OPS)), "ops missing from the trace"
+
+
+def test_drop_mode_never_waits_and_says_so_during_the_run_and_at_the_end(tmp_path):
+    timeline, go = tmp_path / "tl", tmp_path / "go"
+    proc = _start(timeline, go, {"HVDPROF_TIMELINE_WHEN_FULL": "drop"})
+    renderers: list[int] = []
+    try:
+        renderers = [m["renderer_pid"] for m in _manifests(timeline, 2)]
+        _stop(renderers, signal.SIGSTOP)
+        go.touch()
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and _progress(timeline, 0) < OPS:
+            time.sleep(0.05)
+        assert _progress(timeline, 0) == OPS, "the job waited although told to drop"
+    finally:
+        _stop(renderers, signal.SIGCONT)
+    result = _finish(proc)
+    result.assert_done(2)
+    manifests = [json.loads((timeline / f"manifest.rank.{r}.json").read_text()) for r in (0, 1)]
+    for rank, m in enumerate(manifests):
+        err = result.text(rank, "stderr")
+        assert m["events_dropped"] > 0, m
+        assert err.count("the timeline is dropping events") == 1, err
+        total = [line for line in err.splitlines() if "dropped" in line and "in all" in line]
+        assert len(total) == 1 and f"dropped {m['events_dropped']} events" in total[0], err
+    report = analyze(load_run(str(timeline)))
+    first = report.verdicts[0]
+    assert first.startswith("The timeline is incomplete:"), report.verdicts
+    assert f"{sum(m['events_dropped'] for m in manifests):,} events were dropped" in first
