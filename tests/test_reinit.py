@@ -23,3 +23,25 @@ def test_fifty_init_op_shutdown_cycles(num_proc: int) -> None:
     result.assert_done(num_proc)
     for rank in range(num_proc):
         assert result.values(rank, "CYCLES_COMPLETED") == [str(CYCLES)], result.describe()
+
+
+def test_each_incarnation_keeps_its_own_timeline(tmp_path) -> None:
+    """Three init()/shutdown() rounds with the timeline on: the first records into DIR,
+    the second and third into DIR/incarnation.2 and .3, each with its own allreduce, and
+    ``analyze DIR`` names the later ones."""
+    from hvdprof.analysis import analyze, load_run
+
+    timeline = tmp_path / "tl"
+    result = run_job(
+        "reinit_worker.py", 2, "3", timeout=180, launcher_args=("--timeline", str(timeline))
+    )
+    result.assert_section("reinit_loop", 2)
+    for directory in (timeline, timeline / "incarnation.2", timeline / "incarnation.3"):
+        run = load_run(str(directory))
+        assert sorted(run.ranks) == [0, 1], directory
+        sums = [i for i, t in enumerate(run.tensors) if t == "reinit.sum"]
+        ops = int(sum((run.slices.tensor == i).sum() for i in sums))
+        assert ops > 0, (directory, run.tensors)
+    assert not (timeline / "incarnation.1").exists()
+    verdicts = analyze(load_run(str(timeline))).verdicts
+    assert any("first of 3 runtimes" in v and "incarnation.2, incarnation.3" in v for v in verdicts)

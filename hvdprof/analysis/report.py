@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +17,7 @@ from hvdprof.analysis.fusion import FusionReport, fusion_report
 from hvdprof.analysis.model import Problem, Run
 from hvdprof.analysis.overlap import OverlapReport, overlap_report
 from hvdprof.analysis.stragglers import Stragglers, find_stragglers
+from hvdprof.timeline.manifest import TRACE_RE
 
 #: version of the ``to_dict`` layout (``hvdprof analyze --json``)
 SCHEMA_VERSION = 1
@@ -52,6 +55,29 @@ class Report:
             "divergence": self.divergence.to_dict(),
             "problems": [p.to_dict() for p in self.problems],
         }
+
+
+def _incarnations_inside(path: str) -> list[str]:
+    """Subfolders ``incarnation.<k>`` holding timelines: the later ``init()``s of the
+    processes that wrote ``path`` (each incarnation records into its own)."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        m = re.fullmatch(r"incarnation\.(\d+)", name)
+        sub = os.path.join(path, name)
+        if m and any(TRACE_RE.match(f) for f in _listdir(sub)):
+            found.append((int(m.group(1)), name))
+    return [name for _, name in sorted(found)]
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 def _dropped_events(run: Run) -> dict[int, int]:
@@ -101,6 +127,14 @@ def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
         )
     if not len(run.slices):
         verdicts.append("No collective operations were found in this timeline.")
+    later = _incarnations_inside(run.path) if os.path.isdir(run.path) else []
+    if later:
+        shown = ", ".join(later[:4]) + (f" ... {later[-1]}" if len(later) > 4 else "")
+        verdicts.append(
+            f"This is the first of {len(later) + 1} runtimes these processes started "
+            f"(init() after shutdown()): the other {len(later)} recorded into subfolders "
+            f"({shown}); analyze each by its path."
+        )
     for part in (
         report.stragglers,
         report.breakdown,

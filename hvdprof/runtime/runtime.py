@@ -447,6 +447,26 @@ def _first_line(exc: BaseException) -> str:
 # -------------------------------------------------------------------- the singleton
 _lock = threading.Lock()
 _runtime: Runtime | None = None
+#: runtimes started in this process (``init()`` after ``shutdown()`` starts another)
+_incarnations = 0
+#: subfolder of the timeline directory for the k-th incarnation (k >= 2)
+INCARNATION_DIR = "incarnation.{}"
+
+
+def _per_incarnation_outputs(cfg: Config, incarnation: int) -> Config:
+    """The second and later ``init()`` of a process record into ``DIR/incarnation.<k>/``.
+
+    Each incarnation numbers its ranks and ops afresh, so writing into the same directory
+    replaced the last one's files: 50 init()/shutdown() rounds left 1 allreduce of 50 on
+    the timeline. The first incarnation keeps ``DIR`` itself (the usual single-init job
+    sees no change), and ``hvdprof analyze DIR`` names the later ones. Every rank counts
+    its own init() calls; ranks that init together get the same number.
+    """
+    if incarnation < 2 or not cfg.timeline_dir:
+        return cfg
+    return cfg.replace(
+        timeline_dir=os.path.join(cfg.timeline_dir, INCARNATION_DIR.format(incarnation))
+    )
 
 
 def init(config: Config | None = None) -> Runtime:
@@ -459,7 +479,11 @@ def init(config: Config | None = None) -> Runtime:
         if cfg.elastic_store:  # rank and size come from the generation this worker joins
             from hvdprof.runtime import elastic
 
-            cfg = elastic.join(cfg)
+            cfg = elastic.join(cfg)  # (each generation has its own timeline already)
+        else:
+            global _incarnations
+            _incarnations += 1
+            cfg = _per_incarnation_outputs(cfg, _incarnations)
         logging.getLogger("hvdprof").setLevel(cfg.log_level.upper())
         if not logging.getLogger("hvdprof").handlers:
             handler = logging.StreamHandler()
