@@ -17,7 +17,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hvdprof import __version__
-from hvdprof.config import Config, MiB, env_var, markdown_table, timeline_path_problem
+from hvdprof.config import (
+    Config,
+    MiB,
+    env_var,
+    horovod_settings,
+    horovod_timeline_paths,
+    markdown_table,
+    timeline_path_problem,
+)
 from hvdprof.errors import ConfigError, HvdprofError
 from hvdprof.launcher import TOPOLOGY_VARS, launch
 
@@ -267,6 +275,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     overrides = run_overrides(args)
     _check_environment(overrides)
+    horovod = horovod_settings({**os.environ, **overrides})
+    if horovod:
+        mapped = ", ".join(f"{h} -> {ours}={v}" for ours, (v, h) in horovod.items())
+        print(f"hvdprof run: honouring Horovod's variables: {mapped}", file=sys.stderr)
+    timeline_file = ""
+    if "HVDPROF_TIMELINE" in horovod:
+        timeline_file = horovod_timeline_paths(os.environ["HOROVOD_TIMELINE"])[1]
     from hvdprof.elastic_launcher import elastic_requested, run_elastic
 
     if elastic_requested(args):
@@ -279,7 +294,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise HvdprofError("run: -np N is required (or --min-np/--max-np for an elastic job)")
     from hvdprof.dashboard.commands import launch_with_dashboard
 
-    return launch_with_dashboard(
+    code = launch_with_dashboard(
         args,
         lambda: launch(
             command,
@@ -289,6 +304,30 @@ def _cmd_run(args: argparse.Namespace) -> int:
             output_dir=args.output_filename,
             verbose=args.verbose,
         ),
+    )
+    if timeline_file:
+        _write_horovod_timeline(horovod["HVDPROF_TIMELINE"][0], timeline_file)
+    return code
+
+
+def _write_horovod_timeline(directory: str, path: str) -> None:
+    """``HOROVOD_TIMELINE=FILE``: leave the merged trace of every rank at FILE, as
+    Horovod leaves its one timeline there (the per-rank files stay in ``directory``)."""
+    try:
+        from hvdprof.timeline.merge import merge_directory
+
+        tmp = f"{path}.tmp.{os.getpid()}"
+        merge_directory(directory, tmp, [])
+        os.replace(tmp, path)
+    except Exception as exc:  # the job's result stands; say what is where
+        print(
+            f"hvdprof run: HOROVOD_TIMELINE={path}: could not write the merged timeline "
+            f"({exc}); the per-rank timelines are in {directory}",
+            file=sys.stderr,
+        )
+        return
+    print(
+        f"hvdprof run: HOROVOD_TIMELINE: merged timeline of every rank in {path}", file=sys.stderr
     )
 
 

@@ -502,6 +502,95 @@ ENV_VARS: tuple[EnvVar, ...] = (
 _BY_NAME = {var.name: var for var in ENV_VARS}
 
 
+def horovod_timeline_paths(value: str) -> tuple[str, str]:
+    """(directory, file) for Horovod's ``HOROVOD_TIMELINE``, which names one file.
+
+    Every rank writes its own file, so the ranks' directory goes beside it:
+    ``/tmp/timeline.json`` -> ``/tmp/timeline.ranks/``. The file itself is rank 0's trace
+    (a link to it) while the job runs, and ``hvdprof run`` replaces it with the merged
+    trace of every rank when the job ends: a file that opens in Perfetto, as Horovod's.
+    An existing directory is used as it is (no file).
+    """
+    if os.path.isdir(value):
+        return value, ""
+    stem = value[: -len(".json")] if value.endswith(".json") else value
+    return stem + ".ranks", value
+
+
+def _horovod_log_level(value: str) -> str:
+    levels = {"trace": "debug", "debug": "debug", "info": "info", "warning": "warning"}
+    return levels.get(value.strip().lower(), "error")  # error, fatal
+
+
+def _horovod_cpu_operations(value: str) -> str:
+    if value.strip().lower() not in ("gloo", "mpi"):
+        raise ValueError(f"HOROVOD_CPU_OPERATIONS={value!r}: hvdprof has gloo and mpi")
+    return value.strip().lower()
+
+
+def _horovod_disable(value: str) -> str:
+    return "0" if _bool(value) else ""
+
+
+#: Horovod's variables that hvdprof honours: (Horovod's name, ours, value translation).
+#: Ours wins when both are set.
+HOROVOD_NAMES: tuple[tuple[str, str, Callable[[str], str] | None], ...] = (
+    ("HOROVOD_TIMELINE", "HVDPROF_TIMELINE", lambda v: horovod_timeline_paths(v)[0]),
+    ("HOROVOD_TIMELINE_MARK_CYCLES", "HVDPROF_TIMELINE_MARK_CYCLES", None),
+    ("HOROVOD_AUTOTUNE", "HVDPROF_AUTOTUNE", None),
+    ("HOROVOD_AUTOTUNE_LOG", "HVDPROF_AUTOTUNE_LOG", None),
+    ("HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "HVDPROF_AUTOTUNE_WARMUP_SAMPLES", None),
+    ("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE", None),
+    ("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", None),
+    (
+        "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+        "HVDPROF_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+        None,
+    ),
+    ("HOROVOD_FUSION_THRESHOLD", "HVDPROF_FUSION_THRESHOLD", None),
+    ("HOROVOD_CYCLE_TIME", "HVDPROF_CYCLE_TIME", None),
+    ("HOROVOD_CACHE_CAPACITY", "HVDPROF_CACHE_CAPACITY", None),
+    ("HOROVOD_STALL_CHECK_TIME_SECONDS", "HVDPROF_STALL_CHECK_TIME_SECONDS", None),
+    ("HOROVOD_STALL_CHECK_DISABLE", "HVDPROF_STALL_CHECK_TIME_SECONDS", _horovod_disable),
+    ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "HVDPROF_STALL_SHUTDOWN_TIME_SECONDS", None),
+    ("HOROVOD_LOG_LEVEL", "HVDPROF_LOG_LEVEL", _horovod_log_level),
+    ("HOROVOD_CPU_OPERATIONS", "HVDPROF_BACKEND", _horovod_cpu_operations),
+)
+
+
+def horovod_settings(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """``{HVDPROF name: (value, Horovod name)}`` for the Horovod variables set in
+    ``environ`` whose HVDPROF counterpart is not set (ours wins). A value Horovod would
+    take but hvdprof cannot is a ConfigError naming both variables."""
+    out: dict[str, tuple[str, str]] = {}
+    for horovod, ours, translate in HOROVOD_NAMES:
+        raw = environ.get(horovod)
+        if raw is None or ours in environ or ours in out:
+            continue
+        try:
+            value = translate(raw) if translate is not None else raw
+        except ValueError as exc:
+            raise ConfigError(f"{horovod}={raw!r} cannot be honoured: {exc}") from None
+        if value != "":
+            out[ours] = (value, horovod)
+    return out
+
+
+def horovod_table() -> str:
+    """The README's table of the Horovod variables hvdprof honours."""
+    rows = ["| Horovod's variable | sets | note |", "|---|---|---|"]
+    notes = {
+        "HOROVOD_TIMELINE": "a file: the ranks' directory goes beside it "
+        "(`t.json` -> `t.ranks/`); the file is rank 0's trace, then the merged one",
+        "HOROVOD_STALL_CHECK_DISABLE": "1 sets the check time to 0 (off)",
+        "HOROVOD_LOG_LEVEL": "trace/debug -> debug, fatal -> error",
+        "HOROVOD_CPU_OPERATIONS": "gloo or mpi (ccl is refused)",
+    }
+    for horovod, ours, _ in HOROVOD_NAMES:
+        rows.append(f"| `{horovod}` | `{ours}` | {notes.get(horovod, 'same value')} |")
+    return "\n".join(rows)
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole configuration, read once at ``init`` and handed to every component."""
@@ -556,11 +645,16 @@ class Config:
     #: names of the HVDPROF_* variables present in the environment (the autotuner
     #: leaves these out of its search).
     explicitly_set: frozenset[str] = field(default_factory=frozenset)
+    #: the file ``HOROVOD_TIMELINE`` named (rank 0 links it to its trace), else ""
+    horovod_timeline_file: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
         """Parse every ``HVDPROF_*`` variable; a malformed one is a ConfigError naming it."""
         env = os.environ if environ is None else environ
+        horovod = horovod_settings(env)
+        if horovod:
+            env = {**env, **{name: value for name, (value, _) in horovod.items()}}
         values: dict[str, Any] = {}
         present = []
         for var in ENV_VARS:
@@ -571,8 +665,11 @@ class Config:
             try:
                 values[var.attr] = var.parse(raw)
             except ValueError as exc:
+                given = (
+                    f"{horovod[var.name][1]} (as {var.name})" if var.name in horovod else var.name
+                )
                 raise ConfigError(
-                    f"{var.name}={raw!r} is malformed: it accepts {exc}. ({var.doc})"
+                    f"{given}={raw!r} is malformed: it accepts {exc}. ({var.doc})"
                 ) from None
         unknown = sorted(k for k in env if k.startswith("HVDPROF_") and k not in _BY_NAME)
         if unknown:
@@ -581,7 +678,10 @@ class Config:
             logging.getLogger("hvdprof").warning(
                 "ignoring unknown environment variable(s): %s", ", ".join(unknown)
             )
-        return cls(**values, explicitly_set=frozenset(present))
+        timeline_file = ""
+        if "HVDPROF_TIMELINE" in horovod:
+            timeline_file = horovod_timeline_paths(env.get("HOROVOD_TIMELINE", ""))[1]
+        return cls(**values, explicitly_set=frozenset(present), horovod_timeline_file=timeline_file)
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)

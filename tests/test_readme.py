@@ -5,7 +5,7 @@ from __future__ import annotations
 import pathlib
 import re
 
-from hvdprof.config import ENV_VARS, markdown_table
+from hvdprof.config import ENV_VARS, horovod_table, markdown_table
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -13,6 +13,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def test_readme_has_the_generated_env_table() -> None:
     readme = (ROOT / "README.md").read_text()
     assert markdown_table() in readme, "README env table is stale: paste `hvdprof env` into it"
+
+
+def test_readme_has_the_horovod_names_table() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert horovod_table() in readme, "README's table of HOROVOD_* names is stale"
 
 
 def test_every_variable_used_in_code_is_registered() -> None:

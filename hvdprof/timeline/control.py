@@ -45,6 +45,8 @@ class TimelineSession:
             run_id=f"{config.controller_addr}:{config.controller_port}:{runtime.size}",
         )
         runtime.cycle.observers.append(self.sink)
+        if runtime.rank == 0 and config.horovod_timeline_file:
+            _link_horovod_file(config.horovod_timeline_file, self.sink.path)
         return self.sink
 
     def add_autotune_sample(
@@ -70,6 +72,27 @@ class TimelineSession:
         if sink in observers:
             observers.remove(sink)
         sink.close()
+
+
+def _link_horovod_file(path: str, trace: str) -> None:
+    """Make ``HOROVOD_TIMELINE``'s file rank 0's trace (a symlink) while the job runs;
+    ``hvdprof run`` replaces it with the merged trace at the end."""
+    import contextlib
+    import logging
+
+    try:
+        if os.path.islink(path) or os.path.isfile(path):
+            os.unlink(path)
+        os.symlink(trace, path)
+    except OSError as exc:
+        with contextlib.suppress(Exception):
+            logging.getLogger("hvdprof.timeline").warning(
+                "hvdprof: HOROVOD_TIMELINE=%s: cannot link it to rank 0's trace (%s); the "
+                "timelines are in %s",
+                path,
+                exc,
+                os.path.dirname(trace),
+            )
 
 
 def _check_writable(directory: str, rank: int) -> None:
