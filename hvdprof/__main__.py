@@ -2,7 +2,10 @@
 
 # First, so that a folder named hvdprof in the current directory, which Python takes for
 # the package under `python -m`, is noticed and repaired (hvdprof/shadowing.py).
-import hvdprof.errors  # noqa: F401
+from hvdprof.shadowing import repair_if_shadowed
+
+repair_if_shadowed()
+
 from hvdprof.cli import main
 
 if __name__ == "__main__":

@@ -354,6 +354,9 @@ def _cmd_env(_args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hvdprof`` command; returns the process exit code."""
+    from hvdprof.shadowing import repair_if_shadowed
+
+    repair_if_shadowed()
     parser = build_parser()
     try:
         args = parser.parse_args(None if argv is None else list(argv))

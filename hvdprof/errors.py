@@ -135,11 +135,3 @@ def install_excepthook() -> None:
 
     hook._hvdprof = True  # type: ignore[attr-defined]
     sys.excepthook = hook
-
-
-# Every entry point (hvdprof.torch, the CLI, the timeline and analysis modules) imports
-# this module first, so this is where a folder that hides the package is noticed, even
-# when hvdprof/__init__.py never ran (see hvdprof/shadowing.py).
-from hvdprof.shadowing import repair_if_shadowed  # noqa: E402
-
-repair_if_shadowed()

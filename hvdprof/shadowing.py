@@ -8,10 +8,11 @@ its top) and, when the installed package is reached only through an import hook 
 while ``hvdprof/__init__.py`` never runs: ``from hvdprof import TensorMismatchError``
 fails and ``hvdprof.__file__`` is None.
 
-:func:`repair_if_shadowed` runs when ``hvdprof.errors`` is imported (every entry point
-imports it first). It says once, on stderr, which folder shadows the package and how to
-fix it, then makes ``sys.modules["hvdprof"]`` the real package for this process, so the
-job runs as it would have. It imports nothing from hvdprof (``errors`` imports it).
+:func:`repair_if_shadowed` is called first by every entry point (``hvdprof.torch``, the
+CLI and ``python -m hvdprof``, the analysis, timeline and dashboard packages): it says
+once, on stderr, which folder shadows the package and how to fix it, then makes
+``sys.modules["hvdprof"]`` the real package for this process, so the job runs as it would
+have. Importing a module changes nothing by itself. It imports nothing from hvdprof.
 """
 
 from __future__ import annotations

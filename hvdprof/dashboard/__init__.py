@@ -11,3 +11,9 @@
 The page (``web/``) is a client of the JSON API and nothing more; the dashboard computes
 nothing itself. Importing this package imports no web framework.
 """
+
+# First: a folder named hvdprof that hides the installed package is noticed and undone
+# before anything reads the package itself (hvdprof/shadowing.py).
+from hvdprof.shadowing import repair_if_shadowed
+
+repair_if_shadowed()

@@ -12,6 +12,12 @@ Importing this package does not import torch.
 
 from __future__ import annotations
 
+# First: a folder named hvdprof that hides the installed package is noticed and undone
+# before anything reads the package itself (hvdprof/shadowing.py).
+from hvdprof.shadowing import repair_if_shadowed
+
+repair_if_shadowed()
+
 import importlib
 from typing import TYPE_CHECKING, Any
 

@@ -1,5 +1,11 @@
 """``import hvdprof.torch as hvd``: a drop-in replacement for ``import horovod.torch as hvd``."""
 
+# First: a folder named hvdprof that hides the installed package is noticed and undone
+# before anything reads the package itself (hvdprof/shadowing.py).
+from hvdprof.shadowing import repair_if_shadowed
+
+repair_if_shadowed()
+
 from hvdprof.errors import install_excepthook
 from hvdprof.torch import elastic
 from hvdprof.torch.compression import Compression
