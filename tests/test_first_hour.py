@@ -441,9 +441,6 @@ NOT_SUPPORTED = {
     "`horovod.run`": lambda capsys: (
         not hasattr(hvdprof, "run") and importlib.util.find_spec("hvdprof.run") is None
     ),
-    "`hvd.SyncBatchNorm` and `hvd.sparse_allreduce_async`": lambda capsys: (
-        not hasattr(hvd, "SyncBatchNorm") and not hasattr(hvd, "sparse_allreduce_async")
-    ),
 }
 
 

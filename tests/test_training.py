@@ -33,6 +33,11 @@ SECTIONS = {
     "skip_synchronize(); averaged gradients identical on every rank",
     "misuse_after_reduction": "a second backward() while the first one's allreduces are "
     "in flight (forced: rank 0 is held back) raises and leaves every gradient as it was",
+    "sparse_allreduce": "hvd.sparse_allreduce_async sums / averages every rank's sparse rows",
+    "sparse_embedding": "nn.Embedding(sparse=True) trains like dense training in one process",
+    "sparse_as_dense": "the same with DistributedOptimizer(sparse_as_dense=True)",
+    "sync_batch_norm": "hvd.SyncBatchNorm on per-rank slices equals BatchNorm in one process "
+    "on the whole batch: outputs, gradients, running statistics",
 }
 
 

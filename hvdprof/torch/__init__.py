@@ -78,6 +78,8 @@ from hvdprof.torch.mpi_ops import (
     synchronize,
 )
 from hvdprof.torch.optimizer import DistributedOptimizer
+from hvdprof.torch.sparse import sparse_allreduce_async
+from hvdprof.torch.sync_batch_norm import SyncBatchNorm
 
 install_excepthook()
 
@@ -101,6 +103,7 @@ __all__ = [
     "ProcessSetUnsupportedError",
     "Product",
     "Sum",
+    "SyncBatchNorm",
     "add_process_set",
     "allgather",
     "allgather_async",
@@ -155,6 +158,7 @@ __all__ = [
     "runtime_stats",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "start_timeline",
     "stop_timeline",
     "synchronize",

@@ -237,8 +237,11 @@ def poll(handle: int) -> bool:
 def synchronize(handle: int) -> Any:
     """Wait for the op and return its output (a tensor, or a list for grouped ops).
 
-    An unknown or already synchronized handle returns None, as in Horovod.
+    An unknown or already synchronized handle returns None, as in Horovod. The function
+    :func:`sparse_allreduce_async` returns is called.
     """
+    if callable(handle):
+        return handle()
     item = _handles.take(handle)
     if item is None:
         return None

@@ -29,6 +29,7 @@ from hvdprof.torch.mpi_ops import (
     size,
     synchronize,
 )
+from hvdprof.torch.sparse import sparse_allreduce_async
 
 
 def _named_parameters(param_groups: list[dict[str, Any]], named_parameters: Any) -> list[Any]:
@@ -129,6 +130,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             v: backward_passes_per_step for _, v in sorted(named_parameters, key=lambda x: x[0])
         }
         self.op = op
+        self._sparse_as_dense = sparse_as_dense
         self.gradient_predivide_factor = gradient_predivide_factor
         self._handles: dict[torch.Tensor, tuple[int | None, Any]] = {}
         self._hook_handles: list[Any] = []
@@ -153,9 +155,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "to step(). Increase backward_passes_per_step to accumulate gradients locally."
             )
 
-    def _allreduce_grad_async(self, p: torch.Tensor) -> tuple[int, Any]:
+    def _allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, Any]:
         name = self._parameter_names.get(p)
         tensor = p.grad
+        if tensor.is_sparse:
+            if not self._sparse_as_dense:
+                # indices and values allgathered, as Horovod does: synchronize() calls it
+                return sparse_allreduce_async(tensor, name=f"allreduce.{name}", op=self.op), None
+            tensor = tensor.to_dense()  # reduced densely; synchronize() replaces p.grad
         prescale, postscale = 1.0, 1.0
         if self.op == Average:
             prescale = 1.0 / self.gradient_predivide_factor
@@ -202,9 +209,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 handle, ctx = self._allreduce_grad_async(p)
             output = synchronize(handle)
             self._allreduce_delay[p] = self.backward_passes_per_step
+            if ctx is None:  # a sparse gradient, reduced sparse
+                p.grad = output
+                continue
             dtype_ctx, _ = ctx
             reduced = self._compression.decompress(output, dtype_ctx)
-            if reduced is not p.grad:
+            if p.grad.is_sparse:  # sparse_as_dense: the gradient becomes the dense result
+                p.grad = reduced
+            elif reduced is not p.grad:
                 p.grad.copy_(reduced)
         self._handles.clear()
         self._synchronized = True

@@ -198,6 +198,108 @@ def check_safety() -> None:
     ck.tensor(everyone[-1], everyone[0], "weights still equal on every rank")
 
 
+def train_embedding(case: str, sparse_as_dense: bool, steps: int = 5) -> None:
+    """An ``nn.Embedding(sparse=True)`` model (sparse gradients: each rank touches its own
+    rows) trained with DistributedOptimizer equals a dense model trained in one process
+    on the whole batch, with the default (allgathered indices and values) and with
+    ``sparse_as_dense``."""
+
+    def make(sparse: bool) -> torch.nn.Module:
+        torch.manual_seed(77)
+        return torch.nn.ModuleDict(
+            {"emb": torch.nn.Embedding(50, 6, sparse=sparse), "out": torch.nn.Linear(6, 3)}
+        )
+
+    def forward(m: torch.nn.Module, idx: torch.Tensor) -> torch.Tensor:
+        return m["out"](m["emb"](idx).mean(1))
+
+    model, reference = make(True), make(False)
+    g = torch.Generator().manual_seed(5)
+    idx = torch.randint(0, 50, (steps, N * BATCH, 4), generator=g)
+    y = torch.randn((steps, N * BATCH, 3), generator=g)
+    dopt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        named_parameters=model.named_parameters(),
+        sparse_as_dense=sparse_as_dense,
+    )
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
+    part = slice(R * BATCH, (R + 1) * BATCH)
+    for step in range(steps):
+        dopt.zero_grad()
+        F.mse_loss(forward(model, idx[step, part]), y[step, part]).backward()
+        ck.true(model["emb"].weight.grad.is_sparse, f"{case}: the embedding's gradient is sparse")
+        dopt.step()
+        ref_opt.zero_grad()
+        F.mse_loss(forward(reference, idx[step]), y[step]).backward()
+        ref_opt.step()
+    mine, ref = flat(model), flat(reference)
+    worst = (mine - ref).abs().max().item()
+    ck.tensor(
+        mine,
+        ref,
+        f"{case}: same weights as dense training in one process ({worst:.1e})",
+        1e-5,
+        1e-5,
+    )
+    everyone = hvd.allgather(mine.unsqueeze(0), name=f"{case}.final")
+    for r in range(N):
+        ck.tensor(everyone[r], everyone[0], f"{case}: rank {r} has rank 0's weights exactly")
+
+
+def check_sparse_allreduce() -> None:
+    """``hvd.sparse_allreduce_async`` sums (or averages) every rank's sparse rows."""
+    dense = torch.zeros(6, 2)
+    dense[R] = float(R + 1)
+    dense[5] = 1.0  # a row every rank touches
+    for op, scale in ((hvd.Sum, 1.0), (hvd.Average, 1.0 / N)):
+        wait = hvd.sparse_allreduce_async(dense.to_sparse(), name=f"sparse.{op}", op=op)
+        got = hvd.synchronize(wait)
+        ck.true(got.is_sparse, "the result is sparse")
+        want = torch.zeros(6, 2)
+        for r in range(N):
+            want[r] += float(r + 1)
+        want[5] = float(N)
+        ck.tensor(got.to_dense(), want * scale, f"op {op}: every rank's rows, duplicates summed")
+
+
+def check_sync_batch_norm() -> None:
+    """``hvd.SyncBatchNorm`` on each rank's slice equals ``BatchNorm`` in one process on the
+    concatenated batch: outputs, input gradients, the summed weight gradients and the
+    running statistics (2-D and 4-D inputs, two steps)."""
+    for dims, ref_cls in (((5,), torch.nn.BatchNorm1d), ((3, 4, 4), torch.nn.BatchNorm2d)):
+        channels = dims[0]
+        g = torch.Generator().manual_seed(21)
+        sync = hvd.SyncBatchNorm(channels, momentum=0.3)
+        ref = ref_cls(channels, momentum=0.3)
+        with torch.no_grad():
+            w, b = torch.randn(channels, generator=g), torch.randn(channels, generator=g)
+            for m in (sync, ref):
+                m.weight.copy_(w)
+                m.bias.copy_(b)
+        for step in range(2):
+            x = torch.randn((N * BATCH, *dims), generator=g) * 3 + 1
+            coeff = torch.randn((N * BATCH, *dims), generator=g)
+            part = slice(R * BATCH, (R + 1) * BATCH)
+            mine = x[part].clone().requires_grad_(True)
+            out = sync(mine)
+            (out * coeff[part]).sum().backward()
+            whole = x.clone().requires_grad_(True)
+            ref_out = ref(whole)
+            (ref_out * coeff).sum().backward()
+            what = f"{len(dims) + 1}-D, step {step}"
+            ck.tensor(out, ref_out[part], f"{what}: outputs", 1e-4, 1e-4)
+            ck.tensor(mine.grad, whole.grad[part], f"{what}: input gradients", 1e-4, 1e-4)
+            wsum = hvd.allreduce(sync.weight.grad, op=hvd.Sum, name="sbn.w")
+            ck.tensor(wsum, ref.weight.grad, f"{what}: weight gradients, summed", 1e-3, 1e-4)
+            ck.tensor(sync.running_mean, ref.running_mean, f"{what}: running mean", 1e-5, 1e-5)
+            ck.tensor(sync.running_var, ref.running_var, f"{what}: running var", 1e-4, 1e-5)
+            for m in (sync, ref):
+                m.zero_grad()
+        sync.eval()
+        probe = torch.randn((2, *dims), generator=g)
+        ck.tensor(sync(probe), ref.eval()(probe), "eval mode: the running statistics", 1e-5, 1e-5)
+
+
 def check_misuse_after_reduction() -> None:
     """A second backward() while the first one's allreduces are still in flight raises,
     and leaves the gradients as they were.
@@ -273,6 +375,10 @@ SECTIONS = {
     ),
     "optimizer_safety": check_safety,
     "misuse_after_reduction": check_misuse_after_reduction,
+    "sparse_allreduce": check_sparse_allreduce,
+    "sparse_embedding": lambda: train_embedding("sparse_embedding", sparse_as_dense=False),
+    "sparse_as_dense": lambda: train_embedding("sparse_as_dense", sparse_as_dense=True),
+    "sync_batch_norm": check_sync_batch_norm,
 }
 
 
