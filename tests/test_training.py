@@ -38,6 +38,8 @@ SECTIONS = {
     "sparse_as_dense": "the same with DistributedOptimizer(sparse_as_dense=True)",
     "sync_batch_norm": "hvd.SyncBatchNorm on per-rank slices equals BatchNorm in one process "
     "on the whole batch: outputs, gradients, running statistics",
+    "optimizer_state_without_grads": "broadcast_optimizer_state before any step with a "
+    "parameter that needs no gradient; reducescatter with Adasum is a RuntimeError",
 }
 
 

@@ -81,10 +81,28 @@ def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
     return out
 
 
+def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create the optimizer's state (momentum buffers, ...) before the first step, as
+    Horovod does: a step on zero gradients for every parameter that requires one. A
+    parameter without ``requires_grad`` keeps ``grad`` None. The wrapped optimizer's own
+    ``step`` runs, never DistributedOptimizer's: that would allreduce, and deadlock unless
+    every rank did the same."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+    if hasattr(optimizer, "_allreduce_delay"):  # a DistributedOptimizer: its base's step
+        super(optimizer.__class__, optimizer).step()
+    else:
+        optimizer.step()
+
+
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
     """Make every rank's optimizer state (buffers and hyper-parameters) equal root's."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    if not optimizer.state_dict()["state"]:
+        _initialize_state(optimizer)
     state = broadcast_object(optimizer.state_dict(), root_rank, name="optimizer.state_dict")
     if rank() != root_rank:
         optimizer.load_state_dict(state)

@@ -921,8 +921,10 @@ def _reducescatter_submit(
     what: str,
 ) -> Handle:
     runtime = _rt.get()
-    if reduce_op is ReduceOp.ADASUM:
-        raise ValueError(f"hvdprof rank {runtime.rank}: {what} does not support op=Adasum")
+    if reduce_op is ReduceOp.ADASUM:  # a RuntimeError (NotImplementedError), as Horovod's
+        raise AdasumUnsupportedError(
+            f"hvdprof rank {runtime.rank}: {what} does not support op=Adasum"
+        )
     tensor = _check_tensor(tensor, what, runtime, False)
     if tensor.dim() == 0:
         raise ValueError(

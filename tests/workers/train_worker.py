@@ -300,6 +300,26 @@ def check_sync_batch_norm() -> None:
         ck.tensor(sync(probe), ref.eval()(probe), "eval mode: the running statistics", 1e-5, 1e-5)
 
 
+def check_state_without_grads() -> None:
+    """``broadcast_optimizer_state`` before any step, with a parameter that needs no
+    gradient (Horovod's test_broadcast_state_no_grad): the state is created by a step on
+    zero gradients, the parameter without ``requires_grad`` keeps ``grad`` None, and the
+    others' gradients can be broadcast. And reducescatter with Adasum raises a
+    RuntimeError, as Horovod's does."""
+    a = torch.nn.Parameter(torch.tensor([1, 3], dtype=torch.int32), requires_grad=False)
+    b = torch.nn.Parameter(torch.rand(4))
+    opt = torch.optim.SGD([a, b], lr=0.001, weight_decay=1e-6, momentum=0.9, nesterov=True)
+    dopt = hvd.DistributedOptimizer(opt, named_parameters=[("a", a), ("b", b)])
+    hvd.broadcast_parameters({"a": a, "b": b}, root_rank=0)
+    hvd.broadcast_optimizer_state(dopt, root_rank=0)
+    ck.true(a.grad is None, "the parameter without requires_grad has no gradient")
+    ck.true(isinstance(b.grad, torch.Tensor), "the others have one (zeros)")
+    got = hvd.broadcast(b.grad, root_rank=0, name="nograd.b")
+    ck.tensor(got, torch.zeros(4), "and it can be broadcast")
+    ck.true("momentum_buffer" in dopt.state[b], "the optimizer's state exists")
+    ck.raises(RuntimeError, lambda: hvd.reducescatter(torch.ones(4 * N), op=hvd.Adasum), "Adasum")
+
+
 def check_misuse_after_reduction() -> None:
     """A second backward() while the first one's allreduces are still in flight raises,
     and leaves the gradients as they were.
@@ -379,6 +399,7 @@ SECTIONS = {
     "sparse_embedding": lambda: train_embedding("sparse_embedding", sparse_as_dense=False),
     "sparse_as_dense": lambda: train_embedding("sparse_as_dense", sparse_as_dense=True),
     "sync_batch_norm": check_sync_batch_norm,
+    "optimizer_state_without_grads": check_state_without_grads,
 }
 
 
