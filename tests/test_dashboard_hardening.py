@@ -76,9 +76,9 @@ def test_stopping_the_dashboard_while_it_parses_leaves_no_process_and_frees_the_
          "--no-browser"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env(), cwd=REPO,
     )  # fmt: skip
+    workers: list[int] = []
     try:
         deadline = time.monotonic() + 60
-        workers: list[int] = []
         while time.monotonic() < deadline and not workers and proc.poll() is None:
             workers = _children(proc.pid)
             time.sleep(0.01)
@@ -96,6 +96,9 @@ def test_stopping_the_dashboard_while_it_parses_leaves_no_process_and_frees_the_
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+        for w in workers:  # never leave an orphan behind, even when the test failed
+            if _alive(w):
+                os.kill(w, signal.SIGKILL)
 
 
 def test_the_preload_never_writes_through_a_link_out_of_the_served_directory(tmp_path):
