@@ -204,3 +204,23 @@ def test_autotune_under_mpirun_applies_identical_params(tmp_path: Path) -> None:
     result.assert_section("run", 2)
     result.assert_done(2)
     assert_same_history(result, 2)
+
+
+def test_small_allreduces_are_named_after_the_mpi_control_channel(tmp_path: Path) -> None:
+    """Under mpirun the control channel is MPI: a small allreduce that went over it is
+    ``MPI_CONTROL_ALLREDUCE`` on the timeline (it said ``TCP_ALLREDUCE``), and the analysis
+    counts it as the collective it is."""
+    from hvdprof.analysis import load_run
+    from hvdprof.analysis.model import PHASE_COLLECTIVE
+
+    mpi_or_skip()
+    timeline = tmp_path / "tl"
+    result = run_mpi("divergence_worker.py", 2, "0", env={"HVDPROF_TIMELINE": str(timeline)})
+    result.assert_done(2)
+    run = load_run(str(timeline))
+    names = set(run.names)
+    assert "MPI_CONTROL_ALLREDUCE" in names, sorted(names)
+    assert "TCP_ALLREDUCE" not in names, sorted(names)
+    code = run.names.index("MPI_CONTROL_ALLREDUCE")
+    phases = set(run.slices.phase[run.slices.name == code].tolist())
+    assert phases == {PHASE_COLLECTIVE}, phases

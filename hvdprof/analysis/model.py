@@ -67,7 +67,7 @@ def classify(name: str) -> tuple[int, int]:
         return PHASE_MEMCPY_OUT, -1
     if name.startswith(act.CYCLE_PREFIX):
         return PHASE_CYCLE, -1
-    backend, _, word = name.partition("_")
+    backend, _, word = name.rpartition("_")  # "MPI_CONTROL_ALLREDUCE": the last word
     word = _OP_ALIASES.get(word, word)
     if backend and word in _OP_CODE:
         return PHASE_COLLECTIVE, _OP_CODE[word]

@@ -236,6 +236,9 @@ class MpiControlChannel(CycleVectors):
     communicator, so a job started by ``mpirun`` needs no socket of ours. Same message
     pattern, rank 0 at the centre, so the cycle behaves the same on every engine."""
 
+    #: how the timeline names small allreduces sent over this channel
+    engine_name = "MPI_CONTROL"
+
     def __init__(self, comm: Any) -> None:
         self.MPI = import_mpi()
         self.comm = comm

@@ -19,10 +19,13 @@ from hvdprof.runtime.requests import ReduceOp
 
 
 class StarAllreduce:
-    name = "TCP"
+    """Named after the channel that really carries it: ``TCP`` for the socket star,
+    ``MPI_CONTROL`` when the control channel is MPI (under ``mpirun``), so the timeline's
+    ``<NAME>_ALLREDUCE`` says which one the bytes went over."""
 
     def __init__(self, control: ControlChannel) -> None:
         self.control = control
+        self.name = getattr(control, "engine_name", "TCP")
 
     def allreduce_async(self, tensor: torch.Tensor, op: ReduceOp) -> Any:
         """Reduce ``tensor`` (contiguous, CPU) in place; returns an already finished work."""
