@@ -45,3 +45,15 @@ def test_each_incarnation_keeps_its_own_timeline(tmp_path) -> None:
     assert not (timeline / "incarnation.1").exists()
     verdicts = analyze(load_run(str(timeline))).verdicts
     assert any("first of 3 runtimes" in v and "incarnation.2, incarnation.3" in v for v in verdicts)
+
+
+def test_init_after_a_peer_exited_is_a_no_op(tmp_path) -> None:
+    """Rank 1 finishes and exits; rank 0's next init() returns the runtime that ended
+    (its ops raise the clear error) instead of starting a rendezvous that waits for rank 1
+    until the start timeout (here 600 s: longer than this test may take)."""
+    result = run_job(
+        "peer_exit_worker.py", 2, str(tmp_path / "marker"), timeout=120,
+        env={"HVDPROF_START_TIMEOUT_SECONDS": "600"},
+    )  # fmt: skip
+    result.assert_section("peer_exit", 2)
+    result.assert_done(2)

@@ -470,10 +470,18 @@ def _per_incarnation_outputs(cfg: Config, incarnation: int) -> Config:
 
 
 def init(config: Config | None = None) -> Runtime:
-    """Start the runtime once per process; later calls return the running one."""
+    """Start the runtime once per process; later calls return the running one.
+
+    Also the one that ended because a peer shut down or failed (its ops raise that
+    error), as Horovod's init() is a no-op until shutdown(): a rank that finished its
+    work and exited must not turn another rank's idempotent init() into a rendezvous
+    that waits for it until the start timeout. Only shutdown() allows a new runtime.
+    """
     global _runtime
     with _lock:
-        if _runtime is not None and _runtime.cycle.thread.is_alive():
+        if _runtime is not None and (
+            _runtime.cycle.thread.is_alive() or _runtime.cycle.failure is not None
+        ):
             return _runtime
         cfg = config or Config.from_env()
         if cfg.elastic_store:  # rank and size come from the generation this worker joins
