@@ -1,6 +1,7 @@
 """``import hvdprof.torch as hvd``: a drop-in replacement for ``import horovod.torch as hvd``."""
 
 from hvdprof.errors import install_excepthook
+from hvdprof.runtime import stacks as _stacks
 from hvdprof.torch import elastic
 from hvdprof.torch.compression import Compression
 from hvdprof.torch.functions import (
@@ -74,6 +75,9 @@ from hvdprof.torch.mpi_ops import (
 from hvdprof.torch.optimizer import DistributedOptimizer
 
 install_excepthook()
+# under ``hvdprof run``, SIGUSR1 prints this rank's stacks from now on (init installs it
+# in any case): the earlier, the smaller the window in which the signal is dropped
+_stacks.install_under_launcher()
 
 
 def runtime_stats() -> dict:
