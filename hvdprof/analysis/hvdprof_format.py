@@ -29,7 +29,9 @@ from hvdprof.analysis.model import (
     AutotuneSample,
     ParamsChange,
     Problem,
+    StallRecord,
     classify,
+    stall_record,
 )
 from hvdprof.timeline import activities as act
 
@@ -147,6 +149,7 @@ class Columns:
         self.rows = 0  # slice rows in the chunks
         self.samples: list[AutotuneSample] = []
         self.params: list[ParamsChange] = []
+        self.stalls: list[StallRecord] = []
         self.counters: dict[str, list[tuple[int, float, float]]] = {}
 
     def slices(self) -> dict[str, np.ndarray]:
@@ -444,6 +447,7 @@ class HvdprofFileParser:
         saved = (
             len(cols.samples),
             len(cols.params),
+            len(cols.stalls),
             {k: len(v) for k, v in cols.counters.items()},
             dict(self._lane_tensor),
             self.host,
@@ -455,12 +459,13 @@ class HvdprofFileParser:
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
             del cols.samples[saved[0] :]
             del cols.params[saved[1] :]
+            del cols.stalls[saved[2] :]
             for key in list(cols.counters):
-                if key in saved[2]:
-                    del cols.counters[key][saved[2][key] :]
+                if key in saved[3]:
+                    del cols.counters[key][saved[3][key] :]
                 else:
                     del cols.counters[key]
-            self._lane_tensor, self.host, self.trace_end = saved[3], saved[4], saved[5]
+            self._lane_tensor, self.host, self.trace_end = saved[4], saved[5], saved[6]
             return False
         return True
 
@@ -745,6 +750,8 @@ class HvdprofFileParser:
                     rank=self.rank,
                 )
             )
+        elif name == act.STALL:
+            self.cols.stalls.append(stall_record(float(e["ts"]), args, self.rank))
         # READY instants repeat the negotiate slice's ready_us args (clamped): not needed
 
     def _meta(self, e: dict[str, Any]) -> None:

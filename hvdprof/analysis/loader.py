@@ -40,6 +40,7 @@ from hvdprof.analysis.model import (
     Problem,
     Run,
     SliceTable,
+    StallRecord,
 )
 from hvdprof.errors import HvdprofError
 from hvdprof.timeline.manifest import MANIFEST_RE, TRACE_RE, read_manifest
@@ -52,7 +53,7 @@ CACHE_DIR = ".hvdprof-cache"
 #: inputs larger than this (bytes, all files) are parsed by a pool of processes
 PARALLEL_MIN_BYTES = 32 << 20
 #: bumped when the cached columns change meaning
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 #: bytes before the parsed offset whose checksum tells an appended file from a rewritten one
 FINGERPRINT_BYTES = 4096
 #: what a missing, cut or foreign cache file raises on reading (it is then ignored)
@@ -320,6 +321,7 @@ class _Source:
         cols.rows = len(slices["rank"])
         cols.samples = [AutotuneSample(**x) for x in meta["samples"]]
         cols.params = [ParamsChange(**x) for x in meta["params"]]
+        cols.stalls = [_stall_from_dict(x) for x in meta.get("stalls", [])]
         cols.counters = {k: [tuple(r) for r in v] for k, v in meta["counters"].items()}
         self.columns = cols
         self.problems = [Problem(**p) for p in meta["problems"]]
@@ -354,6 +356,7 @@ class _Source:
             "dtypes": t.dtypes.items,
             "samples": [asdict(x) for x in self.columns.samples],
             "params": [asdict(x) for x in self.columns.params],
+            "stalls": [_stall_to_dict(x) for x in self.columns.stalls],
             "counters": self.columns.counters,
             "problems": [p.to_dict() for p in self.problems],
             "state": self.parser.export_state() if resumable and self.parser else None,
@@ -610,7 +613,7 @@ class RunLoader:
         run.complete = {}
         run.files = {}
         run.events = 0
-        run.autotune_samples, run.params_changes = [], []
+        run.autotune_samples, run.params_changes, run.stalls = [], [], []
         counters: dict[str, list[tuple[int, float, float]]] = {}
         for source in self.sources:
             cols = source.columns
@@ -630,6 +633,7 @@ class RunLoader:
                 run.hosts[source.rank] = source.host
             run.autotune_samples += cols.samples
             run.params_changes += cols.params
+            run.stalls += cols.stalls
             for k, v in cols.counters.items():
                 counters.setdefault(k, []).extend(v)
         for rank, manifest in run.manifests.items():
@@ -669,6 +673,7 @@ class RunLoader:
         }
         run.autotune_samples.sort(key=lambda x: x.ts_us)
         run.params_changes.sort(key=lambda x: x.ts_us)
+        run.stalls.sort(key=lambda x: x.ts_us)
         # the span covers the slices and the autotune instants (a sample is scored after
         # the ops of its window, possibly after the last op of the run)
         s = run.slices
@@ -680,6 +685,21 @@ class RunLoader:
             run.t1_us = max(ends + instants)
         else:
             run.t0_us = run.t1_us = 0.0
+
+
+def _stall_to_dict(stall: StallRecord) -> dict[str, Any]:
+    x = asdict(stall)
+    x["where"] = {str(k): v for k, v in stall.where.items()}
+    x["collective"] = {str(k): v for k, v in stall.collective.items()}
+    return x
+
+
+def _stall_from_dict(x: dict[str, Any]) -> StallRecord:
+    """A cached StallRecord (JSON made its int keys strings)."""
+    x = dict(x)
+    x["where"] = {int(k): v for k, v in (x.get("where") or {}).items()}
+    x["collective"] = {int(k): v for k, v in (x.get("collective") or {}).items()}
+    return StallRecord(**x)
 
 
 def _is_horovod(path: str) -> bool:

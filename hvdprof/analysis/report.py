@@ -12,6 +12,7 @@ from hvdprof.analysis.breakdown import Breakdown, time_breakdown
 from hvdprof.analysis.fusion import FusionReport, fusion_report
 from hvdprof.analysis.model import Problem, Run
 from hvdprof.analysis.overlap import OverlapReport, overlap_report
+from hvdprof.analysis.stalls import StallReport, stall_report
 from hvdprof.analysis.stragglers import Stragglers, find_stragglers
 
 #: version of the ``to_dict`` layout (``hvdprof analyze --json``)
@@ -27,6 +28,7 @@ class Report:
     bandwidth: BandwidthReport
     overlap: OverlapReport | None
     autotune: AutotuneReport
+    stalls: StallReport = field(default_factory=StallReport)
     problems: list[Problem] = field(default_factory=list)
     verdicts: list[str] = field(default_factory=list)
 
@@ -46,6 +48,7 @@ class Report:
             "bandwidth": self.bandwidth.to_dict(),
             "overlap": self.overlap.to_dict() if self.overlap is not None else None,
             "autotune": self.autotune.to_dict(),
+            "stalls": self.stalls.to_dict()["stalls"],
             "problems": [p.to_dict() for p in self.problems],
         }
 
@@ -61,9 +64,11 @@ def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
         bandwidth=bandwidth_report(run),
         overlap=overlap,
         autotune=autotune_report(run),
+        stalls=stall_report(run),
         problems=list(run.problems) + (overlap.problems if overlap else []),
     )
-    verdicts: list[str] = []
+    # a stall is what someone whose job hung wants to know first
+    verdicts: list[str] = list(report.stalls.verdicts)
     if report.problems:
         verdicts.append(
             f"Some input could not be read ({len(report.problems)} problem(s)); the report "
