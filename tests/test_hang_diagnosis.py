@@ -374,3 +374,40 @@ def test_where_skips_the_library_frames_of_a_wait() -> None:
     ]
     assert stacks.where(frames) == "train (train.py:7) <- <module> (train.py:30)"
     assert stacks.where(frames[:2]).startswith("wait (threading.py:300)")
+
+
+def test_hvdprof_stacks_sends_sigusr1_to_the_pid() -> None:
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, sys, time\n"
+            "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(7))\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(120)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        cli = subprocess.run(
+            [sys.executable, "-m", "hvdprof", "stacks", str(child.pid)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
+        assert cli.returncode == 0, cli.stderr
+        assert child.wait(60) == 7
+    finally:
+        child.kill()
+        child.wait(30)
+    gone = subprocess.run(
+        [sys.executable, "-m", "hvdprof", "stacks", str(child.pid)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert gone.returncode == 2 and f"no process {child.pid}" in gone.stderr, gone.stderr
