@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, WORKERS, child_env, run_job
+from launch_support import LAUNCHED, child_env_mpi, mpi_or_skip, mpirun_prefix
 
 from hvdprof.runtime import stacks
 from hvdprof.runtime.stall import Stall, describe_stall
@@ -47,23 +48,37 @@ def worker_line(tag: str) -> int:
 
 
 class LiveJob:
-    """``hvdprof run -np 2 -- hang_worker.py MODE DIR``, its output read as it comes."""
+    """``hvdprof run -np 2 -- hang_worker.py MODE DIR`` (or, with ``mpirun``, under
+    mpirun through ``launched.py``), its output read as it comes."""
 
     def __init__(
-        self, mode: str, directory: Path, env: dict[str, str], launcher_args: tuple[str, ...] = ()
+        self,
+        mode: str,
+        directory: Path,
+        env: dict[str, str],
+        launcher_args: tuple[str, ...] = (),
+        mpirun: bool = False,
     ) -> None:
         self.dir = directory
-        command = [
-            sys.executable, "-m", "hvdprof", "run", "-np", "2", "--timeout", str(JOB_S),
-            *launcher_args, "--", sys.executable, str(WORKER), mode, str(directory),
-        ]  # fmt: skip
+        if mpirun:
+            command = [
+                *mpirun_prefix(2), sys.executable, str(LAUNCHED), str(WORKER), mode,
+                str(directory),
+            ]  # fmt: skip
+            full_env = child_env_mpi(env, JOB_S)
+        else:
+            command = [
+                sys.executable, "-m", "hvdprof", "run", "-np", "2", "--timeout", str(JOB_S),
+                *launcher_args, "--", sys.executable, str(WORKER), mode, str(directory),
+            ]  # fmt: skip
+            full_env = child_env(env, JOB_S)
         self.proc = subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             text=True,
-            env=child_env(env, JOB_S),
+            env=full_env,
             cwd=REPO,
             start_new_session=True,
         )
@@ -270,6 +285,22 @@ def test_the_dashboard_marks_the_stall_on_the_timeline(asleep_run: AsleepRun) ->
     assert shapes == ["#dc2626"], shapes
     assert "rank 1 kept the job waiting" in verdicts, verdicts
     assert not errors, errors
+
+
+@pytest.mark.parametrize("engine", ["gloo", "mpi"])
+def test_the_late_rank_answers_over_every_control_channel(
+    engine: str, live_job: Callable[..., LiveJob]
+) -> None:
+    """The asleep test above ran on the default engine (shared-memory allreduce, TCP
+    control); here Gloo alone (TCP control), and MPI under mpirun (MPI control)."""
+    if engine == "mpi":
+        mpi_or_skip()
+    job = live_job("sleep", {**STALL_ENV, "HVDPROF_BACKEND": engine}, mpirun=engine == "mpi")
+    line = job.wait_line(RANK1_LATE)
+    job.release()
+    assert job.finish() == 0, job.output
+    assert f"load_batch (hang_worker.py:{worker_line('load_batch')})" in line, line
+    assert "not in a collective" in line, line
 
 
 def test_a_rank_in_another_collective_is_a_mismatch_naming_both(
