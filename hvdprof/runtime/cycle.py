@@ -599,6 +599,12 @@ class CycleLoop:
         self._inspect_deadlock(now, waiting, kinds)
         if self._stall_pending is not None:
             return  # the late ranks' stacks are on their way
+        matrix = self.control.last_matrix
+        joined: frozenset[int] = frozenset()
+        if matrix.shape[1] > _JOINED:
+            joined = frozenset(int(r) for r in np.flatnonzero(matrix[:, _JOINED]))
+        if joined:  # a rank in join() is not late: the others go on without it
+            waiting = {n: (ready | joined, since) for n, (ready, since) in waiting.items()}
         stall = self.stall.inspect(now, waiting, kinds)
         if stall is not None:
             # Ask the late ranks where they are: every rank applies the order at the end

@@ -108,7 +108,9 @@ def format_dump(rank: int | None, main_frame: FrameType | None, reason: str) -> 
     prefix = who + ": "
     lines = [f"{prefix}Python stacks ({reason}, pid {os.getpid()})"]
     main = threading.main_thread()
-    names = {t.ident: t.name for t in threading.enumerate()}
+    # not threading.enumerate(): it takes a lock the interrupted thread may hold (a
+    # Thread.start() in progress), and a signal handler must never wait on its own thread
+    names = {ident: t.name for ident, t in dict(getattr(threading, "_active", {})).items()}
     current = sys._current_frames()
     try:
         idents = [main.ident, *sorted(i for i in current if i != main.ident)]
