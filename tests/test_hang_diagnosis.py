@@ -14,6 +14,7 @@ two ranks' lines may alternate).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -373,6 +374,36 @@ def test_sigusr1_to_the_launcher_prints_every_ranks_stacks_once(
         # no other rank's text under this rank's prefix
         assert f"hvdprof rank {1 - rank}:" not in body, body
     assert sum("received SIGUSR1" in x for x in lines) == 1, job.output
+
+
+def test_hvdprof_stacks_puts_each_ranks_dump_on_its_timeline(
+    live_job: Callable[..., LiveJob], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    timeline = tmp_path_factory.mktemp("stacks-timeline")
+    job = live_job("idle", launcher_args=("--timeline", str(timeline)))
+    job.wait_ready()
+    cli = subprocess.run(
+        [sys.executable, "-m", "hvdprof", "stacks", str(job.proc.pid)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert cli.returncode == 0, cli.stderr
+    for rank in (0, 1):
+        job.wait_line(rf"^\[{rank}\]<stderr>:hvdprof rank {rank}: {stacks.END_MARKER}$")
+    job.release()
+    assert job.finish() == 0, job.output
+    for rank in (0, 1):
+        events = [
+            json.loads(line.rstrip(",\n"))
+            for line in (timeline / f"rank.{rank}.json").read_text().splitlines()
+            if '"name":"STACKS"' in line
+        ]
+        assert len(events) == 1, events
+        text = events[0]["args"]["stacks"]
+        assert f"hvdprof rank {rank}: {stacks.END_MARKER}" in text, text
+        assert "in idle_wait" in text and events[0]["args"]["reason"] == "SIGUSR1", text
 
 
 # ------------------------------------------------------------------ the line, no processes
