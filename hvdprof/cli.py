@@ -1,5 +1,5 @@
-"""The ``hvdprof`` console command: ``run``, ``timeline merge``, ``env``, ``dashboard``,
-``report``, ``analyze``, ``diff``.
+"""The ``hvdprof`` console command: ``run``, ``timeline merge``, ``env``, ``stacks``,
+``dashboard``, ``report``, ``analyze``, ``diff``.
 
 Only argument parsing and error reporting live here; the work is done by
 :func:`hvdprof.launcher.launch`, ``hvdprof.timeline.merge``, :mod:`hvdprof.config`,
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -113,6 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_timeline(commands)
     env = commands.add_parser("env", help="print the table of every HVDPROF_* variable")
     env.set_defaults(handler=_cmd_env)
+    stacks = commands.add_parser(
+        "stacks",
+        help="make a running job print every rank's Python stacks",
+        description="Send SIGUSR1 to PID: `hvdprof run`'s launcher forwards it to every "
+        "rank, and a rank prints its threads' Python stacks to its stderr (each line "
+        "prefixed 'hvdprof rank N:') and puts a STACKS instant on its timeline.",
+    )
+    stacks.add_argument("pid", type=int, metavar="PID", help="the launcher's (or a rank's) pid")
+    stacks.set_defaults(handler=_cmd_stacks)
     _add_dashboard(commands)
     _add_analysis(commands)
     return parser
@@ -341,6 +351,15 @@ def _cmd_timeline_merge(args: argparse.Namespace) -> int:
         raise HvdprofError("timeline merge is not available in this installation") from None
     result = merge_directory(args.directory, args.output, list(args.kineto))
     print(str(result))
+    return 0
+
+
+def _cmd_stacks(args: argparse.Namespace) -> int:
+    try:
+        os.kill(args.pid, signal.SIGUSR1)
+    except ProcessLookupError:
+        raise HvdprofError(f"no process {args.pid}") from None
+    print(f"asked process {args.pid} for its ranks' Python stacks (SIGUSR1): see its output")
     return 0
 
 

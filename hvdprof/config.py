@@ -289,16 +289,22 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "stall_check_time_s",
         _float(0),
         60.0,
-        "Warn when some ranks have submitted a tensor and others have not for this long; a "
-        "deadlock (every rank blocked waiting on names another blocked rank has not "
-        "submitted) is an error on every rank well within it. 0 disables both checks.",
+        "When some ranks have submitted a tensor and others have not for this long, rank 0 "
+        "asks the late ranks for their Python stack and warns, every this many seconds, "
+        "where each is (in another collective: a mismatch; outside any: slow); a deadlock "
+        "(every rank blocked waiting on names another blocked rank has not submitted) is "
+        "an error on every rank well within it. 0 disables both checks.",
     ),
     EnvVar(
         "HVDPROF_STALL_SHUTDOWN_TIME_SECONDS",
         "stall_shutdown_time_s",
         _float(0),
         0.0,
-        "Abort the job when a stall lasts this long. 0 never aborts.",
+        "End the job when a stall lasts this long: under `hvdprof run` every rank prints "
+        "the stall line and exits (code 1) and so does the launcher; elsewhere the late "
+        "ops raise StallAbortError. 0 never ends it: a rank may be away for long on "
+        "purpose (rank 0 alone evaluating or checkpointing, a first download), no single "
+        "time tells slow from stuck, and the warnings already say where each rank is.",
         "0 (never)",
     ),
     EnvVar(

@@ -71,6 +71,8 @@ TOPOLOGY_VARS = (
 
 _LOG_PREFIX = "hvdprof run: "
 _TRAPPED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: forwarded to every rank, which prints its Python stacks (``hvdprof/runtime/stacks.py``)
+_STACKS_SIGNAL: signal.Signals | None = getattr(signal, "SIGUSR1", None)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -235,6 +237,8 @@ class _SignalTrap:
 
     def __init__(self) -> None:
         self.received: list[int] = []
+        #: SIGUSR1s received, to forward to the ranks (each asks for their stacks)
+        self.stack_requests = 0
         self._wake = threading.Event()
         self._previous: dict[int, object] = {}
 
@@ -242,7 +246,21 @@ class _SignalTrap:
         if threading.current_thread() is threading.main_thread():
             for signum in _TRAPPED_SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
+            if _STACKS_SIGNAL is not None:
+                # Ignored while the ranks are spawned: an ignored signal stays ignored
+                # across exec, so a SIGUSR1 that reaches a rank before hvdprof installed
+                # its handler is dropped instead of killing it (the default action).
+                self._previous[_STACKS_SIGNAL] = signal.signal(_STACKS_SIGNAL, signal.SIG_IGN)
         return self
+
+    def forward_stack_requests(self) -> None:
+        """From now on (every rank started), count SIGUSR1s for the watch loop to forward."""
+        if _STACKS_SIGNAL is not None and _STACKS_SIGNAL in self._previous:
+            signal.signal(_STACKS_SIGNAL, self._stack_request)
+
+    def _stack_request(self, _signum: int, _frame: object) -> None:
+        self.stack_requests += 1
+        self._wake.set()
 
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self._previous.items():
@@ -334,6 +352,7 @@ class Job:
             try:
                 code = self._spawn_all()
                 if code is None:
+                    trap.forward_stack_requests()
                     code = self._watch(trap, started)
             finally:
                 self._stop(signal.SIGKILL, trap, quiet=True)
@@ -404,7 +423,11 @@ class Job:
     def _watch(self, trap: _SignalTrap, started: float) -> int:
         """Poll until every rank is done, one fails, a signal arrives or time runs out."""
         deadline = None if self.timeout is None else started + self.timeout
+        forwarded = 0
         while True:
+            if trap.stack_requests > forwarded:
+                forwarded = trap.stack_requests
+                self._forward_stack_request()
             if trap.received:
                 return self._on_launcher_signal(trap)
             if deadline is not None and time.monotonic() >= deadline:
@@ -415,6 +438,16 @@ class Job:
             if all(r.returncode is not None for r in self.ranks):
                 return 0
             trap.sleep(POLL_SECONDS)
+
+    def _forward_stack_request(self) -> None:
+        """SIGUSR1 to each running rank's process (not its group: a data-loader worker
+        has no handler); each prints its Python stacks."""
+        running = self._running()
+        assert _STACKS_SIGNAL is not None
+        self.sink.message(f"received SIGUSR1; asking {_ranks_named(running)} for their stacks")
+        for r in running:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(r.proc.pid, _STACKS_SIGNAL)
 
     def _first_failure(self) -> _Rank | None:
         """The earliest-noticed rank that exited non-zero, if any."""

@@ -25,7 +25,7 @@ from hvdprof.runtime import handles
 from hvdprof.runtime.stall import DeadlockDetector, describe_deadlock
 
 CHECK_S = 6.0
-STALL_WARNING = "hvdprof stall: some ranks submitted tensors that others have not"
+STALL_WARNING = "hvdprof stall: "
 
 
 def deadlock_job(mode: str, num_proc: int) -> None:
@@ -63,7 +63,7 @@ def test_a_slow_rank_is_waited_for_and_only_warned_about() -> None:
     result.assert_section("slow", 2)
     result.assert_done(2)
     warnings = [line for line in result.lines(0, "stderr") if STALL_WARNING in line]
-    assert any("rank(s) [1]" in w and "'dl.slow'" in w for w in warnings), result.describe()
+    assert any("rank 1 has not submitted 'dl.slow'" in w for w in warnings), result.describe()
     assert "hvdprof deadlock" not in result.output, result.describe()
 
 

@@ -13,6 +13,7 @@
     collective: "#3a6ea5", memcpy_out: "#8ecae6", other: "#b8b8b8", cycle: "#e9c46a",
     autotune: "#9d4edd", aggregated: "#64748b",
   };
+  const STALL_COLOR = "#dc2626";
   // The breakdown's categories (hvdprof.analysis.breakdown); idle is compute, drawn quiet.
   const CATEGORY_COLORS = { idle: "#e5e7eb" };
   const state = {
@@ -178,7 +179,32 @@
     drawTimeline(body.data);
   }
 
+  // Stalls (hvdprof.analysis.stall_report): a red band on the timeline from when the late
+  // rank was first waited for to when it came, and a red mark on its lane.
+  function drawStalls(data) {
+    state.stalls = (data && data.stalls) || [];
+    if (state.lastTimeline) drawTimeline(state.lastTimeline);
+  }
+
+  function stallMarks(laneRank, categories, t0) {
+    const shapes = [], marks = { x: [], y: [], text: [] };
+    for (const s of state.stalls || []) {
+      const x0 = (s.start_us - t0) / 1000, x1 = (s.end_us - t0) / 1000;
+      shapes.push({ type: "rect", xref: "x", yref: "paper", x0: x0, x1: x1, y0: 0, y1: 1,
+        fillcolor: STALL_COLOR, opacity: 0.12, line: { width: 1, color: STALL_COLOR }, layer: "below" });
+      for (const rank of s.missing) {
+        let lane = categories[0];
+        for (const [row, r] of laneRank) if (r === rank) { lane = row; break; }
+        marks.x.push(x0);
+        marks.y.push(lane);
+        marks.text.push("<b>stall</b>: " + s.sentence + "<br>" + (s.line || ""));
+      }
+    }
+    return { shapes: shapes, marks: marks };
+  }
+
   function drawTimeline(data) {
+    state.lastTimeline = data;
     const el = $("timeline");
     if (!data) { empty(el, "no events to show yet"); return; }
     // timeline_window().to_dict(): rows (one per rank, or per tensor or per phase of the
@@ -245,6 +271,17 @@
         marker: { opacity: 0 }, hoverinfo: "skip", showlegend: false, name: "lanes",
       });
     }
+    const labelRank = new Map();
+    for (const lane of lanes) if (!labelRank.has(lane.label)) labelRank.set(lane.label, lane.rank);
+    const stalls = stallMarks(labelRank, categories, t0);
+    if (stalls.marks.x.length) {
+      traces.push({
+        type: "scatter", mode: "markers", name: "stall", x: stalls.marks.x, y: stalls.marks.y,
+        hovertext: stalls.marks.text, hoverinfo: "text",
+        marker: { symbol: "x", size: 14, color: STALL_COLOR, line: { width: 2, color: STALL_COLOR } },
+      });
+    }
+    el.dataset.stalls = String((state.stalls || []).length);
     state.lanes = categories;
     state.laneKinds = data.lanes || (data.expand_rank == null ? "rank" : "tensor");
     el.dataset.lanes = String(categories.length);
@@ -260,6 +297,7 @@
       legend: { orientation: "h", x: 0, xanchor: "left", y: 1, yanchor: "bottom", title: { text: "phase: " } },
       uirevision: state.run + "|" + state.expand + "|" + state.laneKind,
       height: Math.max(260, 90 + 34 * Math.max(categories.length, 2)),
+      shapes: stalls.shapes,
     });
     el.style.height = layout.height + "px";
     if (state.view) layout.xaxis.range = [(state.view[0] - t0) / 1000, (state.view[1] - t0) / 1000];
@@ -619,6 +657,7 @@
       loadSection("bandwidth", drawBandwidth),
       loadSection("autotune", drawAutotune),
       loadSection("surrogate", drawSurface),
+      loadSection("stalls", drawStalls),
     ]);
   }
 

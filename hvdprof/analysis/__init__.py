@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from hvdprof.analysis.model import PHASES, Problem, Run
     from hvdprof.analysis.overlap import OverlapReport, overlap_report
     from hvdprof.analysis.report import Report, analyze
+    from hvdprof.analysis.stalls import StallReport, stall_report
     from hvdprof.analysis.stragglers import Stragglers, find_stragglers
     from hvdprof.analysis.window import TimelineWindow, timeline_window
 
@@ -44,6 +45,7 @@ _EXPORTS: dict[str, str] = {
     "Problem": "hvdprof.analysis.model",
     "Report": "hvdprof.analysis.report",
     "Run": "hvdprof.analysis.model",
+    "StallReport": "hvdprof.analysis.stalls",
     "RunDiff": "hvdprof.analysis.diff",
     "Stragglers": "hvdprof.analysis.stragglers",
     "TimelineWindow": "hvdprof.analysis.window",
@@ -55,6 +57,7 @@ _EXPORTS: dict[str, str] = {
     "fusion_report": "hvdprof.analysis.fusion",
     "load_run": "hvdprof.analysis.loader",
     "overlap_report": "hvdprof.analysis.overlap",
+    "stall_report": "hvdprof.analysis.stalls",
     "time_breakdown": "hvdprof.analysis.breakdown",
     "timeline_window": "hvdprof.analysis.window",
 }
@@ -85,6 +88,7 @@ __all__ = [
     "Report",
     "Run",
     "RunDiff",
+    "StallReport",
     "Stragglers",
     "TimelineWindow",
     "analyze",
@@ -95,6 +99,7 @@ __all__ = [
     "fusion_report",
     "load_run",
     "overlap_report",
+    "stall_report",
     "time_breakdown",
     "timeline_window",
 ]

@@ -31,7 +31,9 @@ from hvdprof.analysis.model import (
     Notice,
     ParamsChange,
     Problem,
+    StallRecord,
     classify,
+    stall_record,
 )
 from hvdprof.timeline import activities as act
 
@@ -150,6 +152,7 @@ class Columns:
         self.samples: list[AutotuneSample] = []
         self.params: list[ParamsChange] = []
         self.notices: list[Notice] = []
+        self.stalls: list[StallRecord] = []
         self.counters: dict[str, list[tuple[int, float, float]]] = {}
 
     def slices(self) -> dict[str, np.ndarray]:
@@ -447,6 +450,7 @@ class HvdprofFileParser:
         saved = (
             len(cols.samples),
             len(cols.params),
+            len(cols.stalls),
             {k: len(v) for k, v in cols.counters.items()},
             len(cols.notices),
             dict(self._lane_tensor),
@@ -459,13 +463,14 @@ class HvdprofFileParser:
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
             del cols.samples[saved[0] :]
             del cols.params[saved[1] :]
-            del cols.notices[saved[3] :]
+            del cols.stalls[saved[2] :]
+            del cols.notices[saved[4] :]
             for key in list(cols.counters):
-                if key in saved[2]:
-                    del cols.counters[key][saved[2][key] :]
+                if key in saved[3]:
+                    del cols.counters[key][saved[3][key] :]
                 else:
                     del cols.counters[key]
-            self._lane_tensor, self.host, self.trace_end = saved[4], saved[5], saved[6]
+            self._lane_tensor, self.host, self.trace_end = saved[5], saved[6], saved[7]
             return False
         return True
 
@@ -754,6 +759,8 @@ class HvdprofFileParser:
             self.cols.notices.append(
                 Notice(name=str(name), ts_us=float(e["ts"]), rank=self.rank, args=dict(args))
             )
+        elif name == act.STALL:
+            self.cols.stalls.append(stall_record(float(e["ts"]), args, self.rank))
         # READY instants repeat the negotiate slice's ready_us args (clamped): not needed
 
     def _meta(self, e: dict[str, Any]) -> None:

@@ -41,6 +41,7 @@ from hvdprof.analysis.model import (
     Problem,
     Run,
     SliceTable,
+    StallRecord,
 )
 from hvdprof.errors import HvdprofError
 from hvdprof.timeline.manifest import MANIFEST_RE, TRACE_RE, read_manifest
@@ -322,6 +323,7 @@ class _Source:
         cols.samples = [AutotuneSample(**x) for x in meta["samples"]]
         cols.params = [ParamsChange(**x) for x in meta["params"]]
         cols.notices = [Notice(**x) for x in meta.get("notices", [])]
+        cols.stalls = [_stall_from_dict(x) for x in meta.get("stalls", [])]
         cols.counters = {k: [tuple(r) for r in v] for k, v in meta["counters"].items()}
         self.columns = cols
         self.problems = [Problem(**p) for p in meta["problems"]]
@@ -357,6 +359,7 @@ class _Source:
             "samples": [asdict(x) for x in self.columns.samples],
             "params": [asdict(x) for x in self.columns.params],
             "notices": [asdict(x) for x in self.columns.notices],
+            "stalls": [_stall_to_dict(x) for x in self.columns.stalls],
             "counters": self.columns.counters,
             "problems": [p.to_dict() for p in self.problems],
             "state": self.parser.export_state() if resumable and self.parser else None,
@@ -642,6 +645,7 @@ class RunLoader:
         run.files = {}
         run.events = 0
         run.autotune_samples, run.params_changes, run.notices = [], [], []
+        run.autotune_samples, run.params_changes, run.stalls = [], [], []
         counters: dict[str, list[tuple[int, float, float]]] = {}
         for source in self.sources:
             cols = source.columns
@@ -662,6 +666,7 @@ class RunLoader:
             run.autotune_samples += cols.samples
             run.params_changes += cols.params
             run.notices += cols.notices
+            run.stalls += cols.stalls
             for k, v in cols.counters.items():
                 counters.setdefault(k, []).extend(v)
         for rank, manifest in run.manifests.items():
@@ -702,6 +707,7 @@ class RunLoader:
         run.autotune_samples.sort(key=lambda x: x.ts_us)
         run.params_changes.sort(key=lambda x: x.ts_us)
         run.notices.sort(key=lambda x: (x.ts_us, x.rank))
+        run.stalls.sort(key=lambda x: x.ts_us)
         # the span covers the slices and the autotune instants (a sample is scored after
         # the ops of its window, possibly after the last op of the run)
         s = run.slices
@@ -713,6 +719,21 @@ class RunLoader:
             run.t1_us = max(ends + instants)
         else:
             run.t0_us = run.t1_us = 0.0
+
+
+def _stall_to_dict(stall: StallRecord) -> dict[str, Any]:
+    x = asdict(stall)
+    x["where"] = {str(k): v for k, v in stall.where.items()}
+    x["collective"] = {str(k): v for k, v in stall.collective.items()}
+    return x
+
+
+def _stall_from_dict(x: dict[str, Any]) -> StallRecord:
+    """A cached StallRecord (JSON made its int keys strings)."""
+    x = dict(x)
+    x["where"] = {int(k): v for k, v in (x.get("where") or {}).items()}
+    x["collective"] = {int(k): v for k, v in (x.get("collective") or {}).items()}
+    return StallRecord(**x)
 
 
 def _is_horovod(path: str) -> bool:

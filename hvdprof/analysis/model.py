@@ -243,6 +243,48 @@ NOTICE_NAMES = frozenset({act.DIVERGENCE})
 
 
 @dataclass
+class StallRecord:
+    """A stall line rank 0 logged (``STALL`` instant): ranks kept the others waiting."""
+
+    ts_us: float  # when it was reported
+    line: str
+    missing: list[int]
+    names: list[str]
+    waited_s: float  # how long the oldest name had waited when it was reported
+    step: int = -1  # the runtime's step counter then
+    #: late rank -> where it was: ``load_batch (train.py:4) <- <module> (train.py:8)``
+    where: dict[int, str] = field(default_factory=dict)
+    #: late rank -> the op of ours it waited in (``allgather 'x'``), absent when none
+    collective: dict[int, str] = field(default_factory=dict)
+    shutdown: bool = False
+    rank: int = 0
+
+
+def stall_record(ts_us: float, args: dict[str, Any], rank: int) -> StallRecord:
+    """A ``STALL`` instant's args (see ``CycleLoop._stall_args``) as a record."""
+    ranks = args.get("ranks") or {}
+    where: dict[int, str] = {}
+    collective: dict[int, str] = {}
+    for key, info in ranks.items():
+        where[int(key)] = str(info.get("where", ""))
+        coll = info.get("collective")
+        if coll:
+            collective[int(key)] = f"{str(coll['kind']).lower()} {coll['name']!r}"
+    return StallRecord(
+        ts_us=ts_us,
+        line=str(args.get("line", "")),
+        missing=[int(r) for r in args.get("missing", [])],
+        names=[str(n) for n in args.get("names", [])],
+        waited_s=float(args.get("waited_s", 0.0)),
+        step=int(args.get("step", -1)),
+        where=where,
+        collective=collective,
+        shutdown=bool(args.get("shutdown", False)),
+        rank=rank,
+    )
+
+
+@dataclass
 class Run:
     """A parsed run: every rank's timeline as columns, with what could not be read.
 
@@ -275,6 +317,7 @@ class Run:
     autotune_samples: list[AutotuneSample] = field(default_factory=list)
     params_changes: list[ParamsChange] = field(default_factory=list)
     notices: list[Notice] = field(default_factory=list)
+    stalls: list[StallRecord] = field(default_factory=list)
     #: counter tracks: name -> (rank, ts_us, value) arrays
     counters: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     events: int = 0  # events read, all files

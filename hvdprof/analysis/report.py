@@ -16,6 +16,7 @@ from hvdprof.analysis.divergence import DivergenceReport, divergence_report
 from hvdprof.analysis.fusion import FusionReport, fusion_report
 from hvdprof.analysis.model import Problem, Run
 from hvdprof.analysis.overlap import OverlapReport, overlap_report
+from hvdprof.analysis.stalls import StallReport, stall_report
 from hvdprof.analysis.stragglers import Stragglers, find_stragglers
 from hvdprof.timeline.manifest import TRACE_RE
 
@@ -33,6 +34,7 @@ class Report:
     overlap: OverlapReport | None
     autotune: AutotuneReport
     divergence: DivergenceReport = field(default_factory=DivergenceReport)
+    stalls: StallReport = field(default_factory=StallReport)
     problems: list[Problem] = field(default_factory=list)
     verdicts: list[str] = field(default_factory=list)
 
@@ -53,6 +55,7 @@ class Report:
             "overlap": self.overlap.to_dict() if self.overlap is not None else None,
             "autotune": self.autotune.to_dict(),
             "divergence": self.divergence.to_dict(),
+            "stalls": self.stalls.to_dict()["stalls"],
             "problems": [p.to_dict() for p in self.problems],
         }
 
@@ -103,9 +106,11 @@ def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
         overlap=overlap,
         autotune=autotune_report(run),
         divergence=divergence_report(run),
+        stalls=stall_report(run),
         problems=list(run.problems) + (overlap.problems if overlap else []),
     )
-    verdicts: list[str] = []
+    # what someone whose job hung, or whose ranks diverged, wants to know first
+    verdicts: list[str] = list(report.stalls.verdicts)
     if report.divergence.verdict:
         verdicts.append(report.divergence.verdict)
     dropped = _dropped_events(run)

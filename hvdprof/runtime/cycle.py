@@ -14,7 +14,9 @@ cache entry. From that one exchange every rank knows, identically:
 from __future__ import annotations
 
 import logging
+import os
 import pickle
+import sys
 import threading
 import time
 from collections import deque
@@ -25,10 +27,10 @@ import numpy as np
 
 from hvdprof.config import Config
 from hvdprof.errors import HvdprofInternalError, StallAbortError
-from hvdprof.runtime import timebase
+from hvdprof.runtime import stacks, timebase
 from hvdprof.runtime.control import ControlChannel
 from hvdprof.runtime.executor import Executor
-from hvdprof.runtime.handles import notify_waiters, user_thread_blocked
+from hvdprof.runtime.handles import blocked_handle, notify_waiters, user_thread_blocked
 from hvdprof.runtime.negotiation import (
     AgreedOp,
     Coordinator,
@@ -39,10 +41,10 @@ from hvdprof.runtime.negotiation import (
 )
 from hvdprof.runtime.records import NO_TIME, CycleObserver, CycleRecord, OpBatch, TunableParams
 from hvdprof.runtime.requests import Request
-from hvdprof.runtime.stall import DeadlockDetector, StallInspector, describe_deadlock
+from hvdprof.runtime.stall import DeadlockDetector, Stall, StallInspector, describe_deadlock
 from hvdprof.runtime.steps import StepCounter
 from hvdprof.runtime.threads import limit_this_thread
-from hvdprof.timeline.activities import NVTX_NEGOTIATE
+from hvdprof.timeline.activities import NVTX_NEGOTIATE, STALL
 
 log = logging.getLogger("hvdprof")
 
@@ -77,6 +79,14 @@ class CycleLoop:
         #: receives this rank's clock ping-pong samples (the timeline's clock correction)
         self.on_clock_samples: Callable[[list[tuple[int, int, int]]], None] | None = None
         self.nvtx: Any = None  # PhaseRanges: push(name)/pop(), no-ops when NVTX is off
+        #: ``on_instant(name, args)``: an instant for this rank's timeline (a stall on rank
+        #: 0, a stack dump), called on the cycle thread
+        self.on_instant: Callable[[str, dict[str, Any]], None] | None = None
+        #: a stall that ends the job (HVDPROF_STALL_SHUTDOWN_TIME_SECONDS) ends this process
+        #: with this exit code, after the timeline is closed (``hvdprof run``: the
+        #: launcher then stops the job); None: the user's threads get StallAbortError
+        self.stall_exit_code: int | None = None
+        self._exit_code: int | None = None
         self._last_clock_sync = time.monotonic()
 
         # fed by the user's threads
@@ -96,6 +106,7 @@ class CycleLoop:
         self.deadlock = DeadlockDetector(size, confirm_s=min(2.0, check_s / 2))
         self._stall_every_s = min(_STALL_EVERY_S, max(check_s / 4, 0.05))
         self._deadlock_reported = False
+        self._stall_pending: Stall | None = None  # rank 0: asked the late ranks for stacks
         self._cached_waiting: dict[int, Request] = {}
         self._outbox: list[Request] = []
         self._sent: dict[str, Request] = {}
@@ -182,6 +193,8 @@ class CycleLoop:
                     observer.close()
                 except Exception:  # a sink failing must not hide the real error
                     log.exception("hvdprof: closing %r failed", observer)
+            if self._exit_code is not None:
+                os._exit(self._exit_code)
 
     def _let_burst_finish(self, cycle_s: float) -> None:
         """While the user's thread is still submitting a burst of ops, wait for it.
@@ -472,6 +485,11 @@ class CycleLoop:
             cycle_record = CycleRecord(step=self.steps.step, **record)
             for observer in self.observers:
                 observer.on_cycle(cycle_record)
+        if stacks.pending_instants:  # stack dumps the signal handler took
+            while stacks.pending_instants:
+                name, args = stacks.pending_instants.popleft()
+                if self.on_instant is not None:
+                    self.on_instant(name, args)
         if self.rank == 0:
             self._inspect_stalls()
         self.cycle += 1
@@ -579,9 +597,107 @@ class CycleLoop:
                 waiting[name] = (ready, since)
                 kinds[name] = entries[bit].signature.op.name
         self._inspect_deadlock(now, waiting, kinds)
-        abort = self.stall.inspect(now, waiting)
-        if abort is not None:
-            self._directives.append(("abort", abort))
+        if self._stall_pending is not None:
+            return  # the late ranks' stacks are on their way
+        matrix = self.control.last_matrix
+        joined: frozenset[int] = frozenset()
+        if matrix.shape[1] > _JOINED:
+            joined = frozenset(int(r) for r in np.flatnonzero(matrix[:, _JOINED]))
+        if joined:  # a rank in join() is not late: the others go on without it
+            waiting = {n: (ready | joined, since) for n, (ready, since) in waiting.items()}
+        stall = self.stall.inspect(now, waiting, kinds)
+        if stall is not None:
+            # Ask the late ranks where they are: every rank applies the order at the end
+            # of the same cycle (``_exchange_stacks``), so the user's threads go on.
+            self._stall_pending = stall
+            self._directives.append(("stacks", tuple(stall.missing(self.size))))
+
+    # ---------------------------------------------------------------- stacks
+    def _exchange_stacks(self, ranks: tuple[int, ...]) -> None:
+        """Every rank: the ranks asked (and rank 0) send rank 0 their main thread's stack
+        and the op it waits on, if any; rank 0 then reports the stall."""
+        asked = [1 if r == 0 or r in ranks else 0 for r in range(self.size)]
+        payload = (
+            pickle.dumps(self._where_am_i(), protocol=pickle.HIGHEST_PROTOCOL)
+            if asked[self.rank]
+            else b""
+        )
+        gathered = self.control.gather_bytes(payload, asked)
+        if self.rank != 0 or gathered is None:
+            return
+        states = {r: pickle.loads(b) for r, b in enumerate(gathered) if asked[r] and b}
+        stall, self._stall_pending = self._stall_pending, None
+        if stall is None:
+            return
+        message = self.stall.report(stall, states)
+        if self.on_instant is not None:
+            self.on_instant(STALL, self._stall_args(stall, states, message))
+        if stall.shutdown:
+            self._directives.append(("stall_shutdown", message))
+
+    def _where_am_i(self) -> dict[str, Any]:
+        """This rank's main thread: its stack (read without stopping it) and the op of
+        ours it is blocked on, if any."""
+        ident = threading.main_thread().ident
+        frame = sys._current_frames().get(ident) if ident is not None else None
+        try:
+            frames = stacks.frames_of(frame)
+        finally:
+            del frame
+        handle = blocked_handle(ident)
+        collective = None
+        if handle is not None:
+            signature = getattr(handle, "signature", None)
+            collective = {
+                "kind": signature.op.name if signature is not None else "op",
+                "name": handle.name,
+                "sequence": self._sequence_of(handle),
+            }
+        pending = list(self._cached_waiting.values()) + self._outbox + list(self._sent.values())
+        pending.sort(key=lambda req: req.t_submit)
+        return {
+            "rank": self.rank,
+            "frames": frames,
+            "collective": collective,
+            # submitted, not completed (a thread may poll them instead of waiting)
+            "pending": [(req.signature.op.name, req.name) for req in pending[:5]],
+        }
+
+    def _sequence_of(self, handle: Any) -> int:
+        """The op's place among this rank's ops, from 1: those completed, then those
+        pending that were submitted before it."""
+        t = getattr(handle, "t_submit", None)
+        pending = list(self._cached_waiting.values()) + self._outbox + list(self._sent.values())
+        before = 0 if t is None else sum(1 for req in pending if req.t_submit < t)
+        return self.counters["ops_completed"] + before + 1
+
+    def _stall_args(
+        self, stall: Stall, states: dict[int, dict[str, Any]], message: str
+    ) -> dict[str, Any]:
+        return {
+            "line": message,
+            "missing": stall.missing(self.size),
+            "names": sorted(stall.names),
+            "waited_s": round(stall.waited_s, 3),
+            "step": self.steps.step,
+            "shutdown": stall.shutdown,
+            "ranks": {
+                str(r): {
+                    "where": stacks.where(state["frames"]),
+                    "collective": state.get("collective"),
+                    "frames": [list(f) for f in state["frames"]],
+                }
+                for r, state in states.items()
+                if r in stall.missing(self.size)
+            },
+        }
+
+    def _stall_shutdown(self, message: str) -> None:
+        """Every rank: the stall lasted HVDPROF_STALL_SHUTDOWN_TIME_SECONDS."""
+        stacks.write_all(2, f"{message} (rank {self.rank})\n".encode(errors="replace"))
+        self._fail(StallAbortError(f"{message} (rank {self.rank})"))
+        if self.stall_exit_code is not None:
+            self._exit_code = self.stall_exit_code
 
     def _inspect_deadlock(
         self, now: float, waiting: dict[str, tuple[frozenset[int], float]], kinds: dict[str, str]
@@ -692,6 +808,10 @@ class CycleLoop:
                 changed = self._apply_params(value) or changed
             elif kind == "abort":
                 self._fail(StallAbortError(f"{value} (rank {self.rank})"))
+            elif kind == "stacks":
+                self._exchange_stacks(value)
+            elif kind == "stall_shutdown":
+                self._stall_shutdown(value)
             elif kind == "clock_sync":
                 samples = self.control.clock_samples(timebase.now_ns)
                 if self.on_clock_samples is not None:

@@ -43,6 +43,12 @@ def user_thread_blocked() -> bool:
     return True
 
 
+def blocked_handle(ident: int | None) -> Handle | None:
+    """The unfinished op thread ``ident`` waits on in ``Handle.wait``, if any."""
+    handle = _blocked_on.get(ident) if ident is not None else None
+    return handle if handle is not None and not handle.done_flag else None
+
+
 def notify_waiters() -> None:
     """Wake every thread blocked in ``Handle.wait``; called after a batch of completions."""
     with _cond:

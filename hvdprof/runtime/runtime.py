@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from hvdprof.config import Config
 from hvdprof.errors import ConfigError, HvdprofError, NotInitializedError
-from hvdprof.runtime import environment, timebase
+from hvdprof.runtime import environment, stacks, timebase
 from hvdprof.runtime.backends.gloo import GlooBackend
 from hvdprof.runtime.backends.shm import (
     SHM_DIR,
@@ -39,6 +39,10 @@ from hvdprof.runtime.requests import OpType, Request, Signature
 from hvdprof.runtime.threads import per_rank_threads
 
 log = logging.getLogger("hvdprof")
+
+#: exit code of every rank when HVDPROF_STALL_SHUTDOWN_TIME_SECONDS ends a job under
+#: ``hvdprof run`` (the launcher exits with it)
+STALL_EXIT_CODE = 1
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,7 @@ class Runtime:
         self.topology = resolve_topology(config)
         t = self.topology
         self.rank, self.size = t.rank, t.size
+        stacks.install(self.rank)  # SIGUSR1 prints the stacks (before the rendezvous waits)
         self.host_name = environment.host_name(self.rank, config.hostname)
         self.data_engine = environment.data_backend(
             config.backend, self.launch, environment.mpi4py_installed()
@@ -153,6 +158,8 @@ class Runtime:
             params,
         )
         self.cycle.thread_share = per_rank_threads(t.local_size)
+        if self.launch.launcher == environment.HVDPROF:
+            self.cycle.stall_exit_code = STALL_EXIT_CODE
         self.started_at = time.time()
         timebase.set_skew_us(config.clock_skew_us)
         self.timeline: Any = None
@@ -167,6 +174,7 @@ class Runtime:
 
         self.timeline = TimelineSession(self)
         self.cycle.on_clock_samples = self.timeline.update_clock
+        self.cycle.on_instant = self.timeline.add_instant
         phases = PhaseRanges.from_config(cfg)
         self.cycle.nvtx = phases
         self.executor.nvtx = phases

@@ -1,18 +1,45 @@
 """The stall inspector: names the ranks that stopped submitting, and which tensors.
 
 A stall is the most common way a Horovod job hangs silently (a rank takes a different
-code path and never submits a tensor). Rank 0 sees every rank's readiness, on the
-coordinator path and, through the shared bit vectors, on the cached path. A slow rank
-gets a warning (and the job waits for it); a deadlock, where every rank is blocked on
-something another blocked rank will never submit, is an error on every rank.
+code path and never submits a tensor, or is stuck loading data). Rank 0 sees every
+rank's readiness, on the coordinator path and, through the shared bit vectors, on the
+cached path. Once a name has waited HVDPROF_STALL_CHECK_TIME_SECONDS, rank 0 asks the
+late ranks for their main thread's stack (over the control channel: see
+``CycleLoop._exchange_stacks``) and warns with one line that says where each late rank
+is, and whether it waits in another collective (a mismatch) or is outside any (slow).
+A deadlock, where every rank is blocked on something another blocked rank will never
+submit, is an error on every rank.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hvdprof.runtime import stacks
 
 log = logging.getLogger("hvdprof")
+
+
+@dataclass
+class Stall:
+    """A stall that is due a report: what rank 0 knows before asking for stacks."""
+
+    #: name -> (ranks that submitted it, since when)
+    names: dict[str, tuple[frozenset[int], float]]
+    kinds: dict[str, str]
+    now: float
+    #: the longest any stalled name has waited so far
+    waited_s: float
+    #: HVDPROF_STALL_SHUTDOWN_TIME_SECONDS has elapsed: the job ends
+    shutdown: bool
+
+    def missing(self, size: int) -> list[int]:
+        """Every rank that has not submitted some stalled name."""
+        ready_all = [ready for ready, _ in self.names.values()]
+        return [r for r in range(size) if any(r not in ready for ready in ready_all)]
 
 
 class StallInspector:
@@ -24,46 +51,119 @@ class StallInspector:
         self.warnings: list[str] = []
 
     def inspect(
-        self, now: float, waiting: Mapping[str, tuple[frozenset[int], float]]
-    ) -> str | None:
-        """``waiting``: name -> (ranks ready, since when). Returns an abort message or None."""
+        self,
+        now: float,
+        waiting: Mapping[str, tuple[frozenset[int], float]],
+        kinds: Mapping[str, str] | None = None,
+    ) -> Stall | None:
+        """``waiting``: name -> (ranks ready, since when). A stall due a report (one per
+        check interval, or the shutdown), else None."""
         if not waiting or self.check_s <= 0:
             return None
         stalled = {n: v for n, v in waiting.items() if now - v[1] >= self.check_s}
         if not stalled:
             return None
         oldest = now - min(since for _, since in stalled.values())
-        message = self._describe(stalled, now)
-        if self.shutdown_s > 0 and oldest >= self.shutdown_s:
-            return (
-                f"hvdprof stall: aborting after {oldest:.1f} s "
+        shutdown = self.shutdown_s > 0 and oldest >= self.shutdown_s
+        if not shutdown and now - self._last_warning < self.check_s:
+            return None
+        self._last_warning = now
+        kinds = kinds or {}
+        return Stall(stalled, {n: kinds.get(n, "op") for n in stalled}, now, oldest, shutdown)
+
+    def report(self, stall: Stall, states: Mapping[int, Mapping[str, Any]]) -> str:
+        """The stall line (logged here as a warning unless it ends the job)."""
+        message = describe_stall(self.size, stall, states)
+        if stall.shutdown:
+            message = (
+                f"hvdprof stall: aborting after {stall.waited_s:.1f} s "
                 f"(HVDPROF_STALL_SHUTDOWN_TIME_SECONDS={self.shutdown_s:g}). {message}"
             )
-        if now - self._last_warning >= self.check_s:
-            self._last_warning = now
+        else:
             self.warnings.append(message)
             log.warning("%s", message)
-        return None
+        return message
 
-    def _describe(self, stalled: Mapping[str, tuple[frozenset[int], float]], now: float) -> str:
-        by_missing: dict[tuple[int, ...], list[tuple[str, float]]] = {}
-        for name, (ready, since) in stalled.items():
-            missing = tuple(r for r in range(self.size) if r not in ready)
-            by_missing.setdefault(missing, []).append((name, now - since))
-        parts = []
-        for missing, items in sorted(by_missing.items()):
-            items.sort(key=lambda x: -x[1])
-            names = ", ".join(repr(n) for n, _ in items[:10])
-            more = f" and {len(items) - 10} more" if len(items) > 10 else ""
-            parts.append(
-                f"rank(s) {list(missing)} have not submitted {names}{more} "
-                f"(waiting up to {items[0][1]:.1f} s)"
-            )
-        return (
-            "hvdprof stall: some ranks submitted tensors that others have not: "
-            + "; ".join(parts)
-            + ". Ranks must submit the same collectives (check for rank-dependent code paths)."
+
+def _collective(state: Mapping[str, Any] | None) -> str | None:
+    """``allreduce 'grad.0' (sequence 2)`` when the rank's main thread waits on an op."""
+    coll = state.get("collective") if state else None
+    if not coll:
+        return None
+    return f"{str(coll['kind']).lower()} {coll['name']!r} (sequence {coll['sequence']})"
+
+
+def describe_stall(size: int, stall: Stall, states: Mapping[int, Mapping[str, Any]]) -> str:
+    """One clause per late rank (where it is, in a collective or not), then where the
+    ranks that did submit wait.
+
+    ``states``: rank -> ``{"frames": [(function, file, line), ...] innermost first,
+    "collective": {"kind", "name", "sequence"} or None}`` as the rank answered.
+    """
+    parts: list[str] = []
+    waiting_on: list[str] = []  # the stalled names the clauses lead with
+    mismatch = False
+    for rank in stall.missing(size):
+        mine = [(n, stall.now - since) for n, (ready, since) in stall.names.items()]
+        mine = sorted(
+            ((n, w) for n, w in mine if rank not in stall.names[n][0]), key=lambda x: -x[1]
         )
+        names = ", ".join(repr(n) for n, _ in mine[:5])
+        if len(mine) > 5:
+            names += f" and {len(mine) - 5} more"
+        clause = f"rank {rank} has not submitted {names} for {mine[0][1]:.1f} s; "
+        if mine[0][0] not in waiting_on:
+            waiting_on.append(mine[0][0])
+        state = states.get(rank)
+        inside = _collective(state)
+        if state is None:
+            clause += "its stack did not arrive"
+        elif inside is not None:
+            mismatch = True
+            first = mine[0][0]
+            theirs = f"{stall.kinds.get(first, 'op').lower()} {first!r}"
+            clause += (
+                f"it waits in {inside}, called from {stacks.where(state['frames'])}: "
+                f"a mismatch, it is in a different collective from {theirs}"
+            )
+        elif state.get("pending"):
+            mismatch = True
+            first = mine[0][0]
+            theirs = f"{stall.kinds.get(first, 'op').lower()} {first!r}"
+            ops = ", ".join(f"{str(k).lower()} {n!r}" for k, n in state["pending"])
+            clause += (
+                f"it is in {stacks.where(state['frames'])}, not waiting, with {ops} "
+                f"submitted: a mismatch, a different collective from {theirs}"
+            )
+        else:
+            clause += (
+                f"it is in {stacks.where(state['frames'])}: not in a collective "
+                "(slow: data loading, compute or I/O)"
+            )
+        parts.append(clause)
+    for name in waiting_on:
+        ready = sorted(stall.names[name][0])
+        kind = stall.kinds.get(name, "op").lower()
+        others = [r for r in ready if r != 0]
+        if 0 in ready:
+            inside = _collective(states.get(0))
+            if inside is not None:
+                parts.append(f"rank 0 waits in {inside}")
+            elif states.get(0):
+                where = stacks.where(states[0]["frames"])
+                parts.append(f"rank 0 submitted {kind} {name!r} and is in {where}")
+            else:
+                parts.append(f"rank 0 waits on {kind} {name!r}")
+        if others:
+            who = f"rank {others[0]}" if len(others) == 1 else f"ranks {others}"
+            parts.append(f"{who} submitted {kind} {name!r}")
+    text = "hvdprof stall: " + "; ".join(parts) + "."
+    if mismatch:
+        text += (
+            " Ranks must submit the same collectives in the same order "
+            "(check for rank-dependent code paths)."
+        )
+    return text
 
 
 class DeadlockDetector:

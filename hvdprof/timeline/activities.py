@@ -37,6 +37,11 @@ AUTOTUNE_PARAMS = "AUTOTUNE_PARAMS"
 DIVERGENCE = "DIVERGENCE"
 #: Instant: the autotuner scored one sample.
 AUTOTUNE_SAMPLE = "AUTOTUNE_SAMPLE"
+#: Instant on rank 0: ranks have not submitted what others wait on (args: the stall line,
+#: the missing ranks, the names, the time waited so far, each missing rank's stack).
+STALL = "STALL"
+#: Instant: this rank printed its Python stacks (SIGUSR1); args carry the text.
+STACKS = "STACKS"
 
 #: Counter tracks (``ph: "C"``); each name is one track per rank.
 COUNTER_FUSION_THRESHOLD = "fusion threshold (MiB)"

@@ -49,6 +49,13 @@ class TimelineSession:
             _link_horovod_file(config.horovod_timeline_file, self.sink.path)
         return self.sink
 
+    def add_instant(self, name: str, args: dict[str, Any]) -> None:
+        """Put an instant on this rank's timeline (a stall, a stack dump), when one is
+        recording; whole-rank scope, on the runtime lane."""
+        sink = self.sink
+        if sink is not None:
+            sink.add_instant(name, args, scope="p")
+
     def add_autotune_sample(
         self, params: Any, score: float, first_step: int, last_step: int, is_best: bool, phase: str
     ) -> None:

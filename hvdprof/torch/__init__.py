@@ -7,6 +7,7 @@ from hvdprof.shadowing import repair_if_shadowed
 repair_if_shadowed()
 
 from hvdprof.errors import install_excepthook
+from hvdprof.runtime import stacks as _stacks
 from hvdprof.torch import elastic
 from hvdprof.torch.compression import Compression
 from hvdprof.torch.functions import (
@@ -82,6 +83,9 @@ from hvdprof.torch.sparse import sparse_allreduce_async
 from hvdprof.torch.sync_batch_norm import SyncBatchNorm
 
 install_excepthook()
+# under ``hvdprof run``, SIGUSR1 prints this rank's stacks from now on (init installs it
+# in any case): the earlier, the smaller the window in which the signal is dropped
+_stacks.install_under_launcher()
 
 
 def runtime_stats() -> dict:

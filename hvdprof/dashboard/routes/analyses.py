@@ -31,6 +31,7 @@ ANALYSES: dict[str, tuple[str, str]] = {
     "bandwidth": ("bandwidth_report", "Bus bandwidth by message size"),
     "autotune": ("autotune_report", "Autotune samples: parameters, score, time window"),
     "surrogate": ("autotune_surface", "The autotuner's view over fusion threshold x cycle time"),
+    "stalls": ("stall_report", "Stalls: which rank kept the job waiting, how long, and where"),
 }
 
 

@@ -1,0 +1,174 @@
+"""Where a rank's threads are: its main thread's stack for the stall line, and every
+thread's stack printed on SIGUSR1.
+
+Both read the frames of the running threads (``sys._current_frames``) from another
+thread or from the signal handler: nothing stops the user's thread, which goes on the
+moment the handler returns (a frame walk and a few hundred bytes of text).
+
+On SIGUSR1 the rank prints every thread's stack to its stderr, each line prefixed with
+``hvdprof rank N:``, in one ``os.write`` (so another rank's dump, or this rank's own
+logging, cannot land in the middle of it), ending with an ``end of stacks`` line; and it
+puts a ``STACKS`` instant on its timeline. ``hvdprof run`` starts its ranks with SIGUSR1
+ignored, so a SIGUSR1 forwarded before the handler is installed is dropped rather than
+killing the rank (SIGUSR1's default action); the handler is installed as soon as
+``hvdprof.torch`` is imported under ``hvdprof run``, and by ``init()`` in any case.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import sys
+import sysconfig
+import threading
+import traceback
+from types import FrameType
+from typing import Any
+
+#: (function, file, line), innermost first
+Frame = tuple[str, str, int]
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+#: where the frames of a wait come from, not the user's code: ours, torch's (an autograd
+#: Function's apply) and the standard library's (time.sleep is C: no frame; os.path is)
+_LIBRARY_DIRS = tuple(
+    {
+        _PACKAGE_DIR,
+        *(
+            os.path.join(p, "") if name != "torch" else os.path.join(p, "torch", "")
+            for name, p in (
+                ("stdlib", sysconfig.get_paths().get("stdlib", "")),
+                ("torch", sysconfig.get_paths().get("purelib", "")),
+                ("torch", sysconfig.get_paths().get("platlib", "")),
+            )
+            if p
+        ),
+    }
+)
+END_MARKER = "end of stacks"
+
+#: the rank named in the dumps' prefix (set at install, then by init)
+_rank: int | None = None
+#: (name, args) of dumps taken, for the cycle thread to put on the timeline: the handler
+#: itself takes no lock a thread it interrupted might hold
+pending_instants: collections.deque[tuple[str, dict[str, Any]]] = collections.deque()
+
+
+def frames_of(frame: FrameType | None, limit: int = 64) -> list[Frame]:
+    """The stack from ``frame`` outwards, innermost first."""
+    out: list[Frame] = []
+    while frame is not None and len(out) < limit:
+        code = frame.f_code
+        out.append((code.co_name, code.co_filename, frame.f_lineno or 0))
+        frame = frame.f_back
+    return out
+
+
+def main_thread_frames() -> list[Frame]:
+    """The main thread's stack right now (called from another thread)."""
+    ident = threading.main_thread().ident
+    frame = sys._current_frames().get(ident) if ident is not None else None
+    try:
+        return frames_of(frame)
+    finally:
+        del frame
+
+
+def _library(path: str) -> bool:
+    return path.startswith(_LIBRARY_DIRS) or path.startswith("<frozen ")
+
+
+def user_frames(frames: list[Frame]) -> list[Frame]:
+    """``frames`` without the innermost run of library frames (hvdprof's, torch's, the
+    standard library's): a rank waiting in ``hvd.allreduce`` is shown at the user's line
+    that called it. All of them when no frame is the user's."""
+    i = 0
+    while i < len(frames) and _library(frames[i][1]):
+        i += 1
+    return frames[i:] if i < len(frames) else frames
+
+
+def where(frames: list[Frame], depth: int = 3) -> str:
+    """``load_batch (train.py:4) <- <module> (train.py:8)``: the innermost user frames."""
+    shown = user_frames(frames)[:depth]
+    if not shown:
+        return "an unknown place (no Python frame)"
+    return " <- ".join(f"{fn} ({os.path.basename(path)}:{line})" for fn, path, line in shown)
+
+
+def format_dump(rank: int | None, main_frame: FrameType | None, reason: str) -> str:
+    """Every thread's stack, outermost frame first as in a traceback, each line prefixed.
+
+    ``main_frame``: the main thread's frame to show (the one a signal interrupted, so the
+    handler's own frames are not in the dump); other threads come from
+    ``sys._current_frames``.
+    """
+    who = f"hvdprof rank {rank}" if rank is not None else f"hvdprof pid {os.getpid()}"
+    prefix = who + ": "
+    lines = [f"{prefix}Python stacks ({reason}, pid {os.getpid()})"]
+    main = threading.main_thread()
+    # not threading.enumerate(): it takes a lock the interrupted thread may hold (a
+    # Thread.start() in progress), and a signal handler must never wait on its own thread
+    names = {ident: t.name for ident, t in dict(getattr(threading, "_active", {})).items()}
+    current = sys._current_frames()
+    try:
+        idents = [main.ident, *sorted(i for i in current if i != main.ident)]
+        for ident in idents:
+            frame = main_frame if ident == main.ident else current.get(ident)
+            if frame is None:
+                continue
+            lines.append(f"{prefix}thread {names.get(ident, '?')!s} ({ident}):")
+            summary = traceback.StackSummary.extract(traceback.walk_stack(frame), limit=64)
+            summary.reverse()
+            for entry in summary.format():
+                lines.extend(prefix + part for part in entry.rstrip("\n").split("\n"))
+    finally:
+        del current, main_frame
+    lines.append(f"{prefix}{END_MARKER}")
+    return "\n".join(lines) + "\n"
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until everything is written (a pipe may take less than asked)."""
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except InterruptedError:
+            continue
+        except OSError:
+            return  # stderr is gone: nothing to tell
+        view = view[n:]
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    text = format_dump(_rank, frame, signal.Signals(signum).name)
+    del frame
+    write_all(2, text.encode("utf-8", errors="replace"))
+    pending_instants.append(("STACKS", {"reason": signal.Signals(signum).name, "stacks": text}))
+
+
+def install(rank: int | None) -> bool:
+    """Print the stacks on SIGUSR1 (main thread only; a handler of the user's is kept)."""
+    global _rank
+    if rank is not None:
+        _rank = rank
+    if not hasattr(signal, "SIGUSR1"):
+        return False
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    current = signal.getsignal(signal.SIGUSR1)
+    if current is _on_signal:
+        return True
+    if current not in (signal.SIG_DFL, signal.SIG_IGN, None):
+        return False
+    signal.signal(signal.SIGUSR1, _on_signal)
+    return True
+
+
+def install_under_launcher() -> None:
+    """At import, under ``hvdprof run`` (HVDPROF_RANK set): as early as possible."""
+    raw = os.environ.get("HVDPROF_RANK", "")
+    if raw.isdigit():
+        install(int(raw))
