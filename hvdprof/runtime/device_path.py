@@ -111,11 +111,11 @@ class HostEvent:
     def wait(self, stream: Any = None) -> None:
         (stream or HostStream()).wait_event(self)
 
-    def elapsed_time(self, end: HostEvent) -> float:
-        """Milliseconds from this event to ``end``, as ``torch.cuda.Event.elapsed_time``."""
-        if self.t_ns is None or end.t_ns is None:
-            raise RuntimeError("elapsed_time() needs both events recorded")
-        return (end.t_ns - self.t_ns) / 1e6
+    def elapsed_time(self, end_event: HostEvent) -> float:
+        """Milliseconds from this event to ``end_event``, as ``torch.cuda.Event``'s."""
+        if self.t_ns is None or end_event.t_ns is None:
+            raise RuntimeError("elapsed_time() on an event that was never recorded")
+        return (end_event.t_ns - self.t_ns) / 1e6
 
 
 class HostStream:

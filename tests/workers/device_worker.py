@@ -151,5 +151,42 @@ if "timing" in SECTIONS:
         ck.true(len(watched) > 0, "allreduces were watched")
         print(f"EVENT_MS {total:.6f} {len(watched)}", flush=True)
 
+if "nvtx" in SECTIONS:  # the ranges through NVTX's own Python API, recorded on the way
+    with ck.section("nvtx"):
+        import json
+
+        import nvtx
+
+        from hvdprof.timeline.nvtx_ranges import PhaseRanges
+
+        real = nvtx.get_domain("hvdprof")
+        messages: dict[int, str] = {}
+        log: list[str] = []
+
+        class Recording:
+            def get_event_attributes(self, message: str) -> object:
+                attrs = real.get_event_attributes(message=message)
+                messages[id(attrs)] = message
+                return attrs
+
+            def push_range(self, attrs: object) -> None:
+                log.append("push " + messages[id(attrs)])
+                real.push_range(attrs)
+
+            def pop_range(self) -> None:
+                log.append("pop")
+                real.pop_range()
+
+        executor = rt.get().executor
+        executor.nvtx = PhaseRanges(domain=Recording())
+        ts = [on(value(R, (4,), torch.float32, i)) for i in range(3)]
+        hs = [hvd.allreduce_async_(t, name=f"n.{i}") for i, t in enumerate(ts)]
+        for h in hs:
+            hvd.synchronize(h)
+        hvd.allgather(on(value(R, (2,), torch.float32, 0)), name="n.ag")
+        executor.nvtx = None
+        ck.true(log, "ranges were pushed")
+        print("NVTX " + json.dumps(log), flush=True)
+
 hvd.shutdown()
 ck.done()
