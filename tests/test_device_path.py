@@ -226,6 +226,41 @@ def test_cuda_tensor_is_refused_clearly_without_nccl() -> None:
     assert hvd.cuda_built() == torch.backends.cuda.is_built()
 
 
+def _synthetic_benchmark(extra_env: dict[str, str], timeout: int, tl: Path) -> JobResult:
+    path = [str(WORKERS / "torchvision_standin"), os.environ.get("PYTHONPATH", "")]
+    env = child_env({"PYTHONPATH": os.pathsep.join(p for p in path if p), **extra_env}, timeout)
+    command = [
+        sys.executable, "-m", "hvdprof", "run", "-np", "2", "--timeout", str(timeout),
+        "--timeline", str(tl), "--",
+        sys.executable, str(WORKERS / "horovod_pytorch_synthetic_benchmark.py"),
+        "--model", "tiny_resnet", "--batch-size", "4", "--num-warmup-batches", "1",
+        "--num-batches-per-iter", "2", "--num-iters", "2",
+    ]  # fmt: skip
+    proc = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout + 30, env=env, cwd=REPO
+    )
+    result = JobResult(proc.returncode, proc.stdout + proc.stderr, 0.0)
+    parse_output(proc.stdout, result)
+    assert proc.returncode == 0, result.describe()
+    return result
+
+
+def _device_phases(tl: Path) -> set[str]:
+    run = load_run(tl, cache=False)
+    return {run.names[i] for i in set(run.slices.name.tolist())}
+
+
+def test_horovod_synthetic_benchmark_down_the_device_path_on_cpu(tmp_path: Path) -> None:
+    """Horovod's pytorch_synthetic_benchmark.py (import changed; SyncBatchNorm, the
+    DistributedOptimizer's gradients, broadcasts) with every op on the device path."""
+    result = _synthetic_benchmark(CPU_ENV, 150, tmp_path / "tl")
+    lines = result.lines(0)
+    assert "Number of CPUs: 2" in lines, result.describe()
+    assert any(line.startswith("Total img/sec on 2 CPU(s)") for line in lines), result.describe()
+    seen = _device_phases(tmp_path / "tl")
+    assert {"WAIT_FOR_DATA", "GLOO_ALLREDUCE", "GLOO_BROADCAST"} <= seen, sorted(seen)
+
+
 # ----------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @needs_two_gpus
@@ -265,20 +300,11 @@ def test_gpu_timeline_nccl_durations_match_cuda_events(tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 @needs_two_gpus
-def test_gpu_horovod_pytorch_synthetic_benchmark() -> None:
+def test_gpu_horovod_pytorch_synthetic_benchmark(tmp_path: Path) -> None:
     """Horovod's examples/pytorch/pytorch_synthetic_benchmark.py, only its import changed."""
-    path = [str(WORKERS / "torchvision_standin"), os.environ.get("PYTHONPATH", "")]
-    env = child_env({"PYTHONPATH": os.pathsep.join(p for p in path if p)}, 300)
-    command = [
-        sys.executable, "-m", "hvdprof", "run", "-np", "2", "--timeout", "300", "--",
-        sys.executable, str(WORKERS / "horovod_pytorch_synthetic_benchmark.py"),
-        "--model", "tiny_resnet", "--batch-size", "8", "--num-warmup-batches", "2",
-        "--num-batches-per-iter", "2", "--num-iters", "3",
-    ]  # fmt: skip
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=330, env=env, cwd=REPO)
-    result = JobResult(proc.returncode, proc.stdout + proc.stderr, 0.0)
-    parse_output(proc.stdout, result)
-    assert proc.returncode == 0, result.describe()
+    result = _synthetic_benchmark({}, 300, tmp_path / "tl")
     lines = result.lines(0)
     assert "Number of GPUs: 2" in lines, result.describe()
     assert any(line.startswith("Total img/sec on 2 GPU(s)") for line in lines), result.describe()
+    seen = _device_phases(tmp_path / "tl")
+    assert {"WAIT_FOR_DATA", "NCCL_ALLREDUCE", "NCCL_BROADCAST"} <= seen, sorted(seen)
