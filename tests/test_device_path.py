@@ -173,6 +173,24 @@ def _check_device_timeline(tl: Path, backend: str) -> None:
     assert checked > 0
 
 
+def _watched_groups(tl: Path, backend: str) -> dict[tuple[float, float], float]:
+    """The ``<backend>_ALLREDUCE`` slices of the worker's ``timing`` section on rank 0,
+    one per fusion group (a group is drawn on each of its tensors' lanes): ms by slice."""
+    raw = json.loads((tl / "rank.0.json").read_text())
+    events = raw if isinstance(raw, list) else raw["traceEvents"]
+    lanes = {
+        e["tid"]: e["args"]["name"]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
+    groups: dict[tuple[float, float], float] = {}
+    for e in events:
+        lane = str(lanes.get(e.get("tid"), ""))
+        if e.get("ph") == "X" and e["name"] == f"{backend}_ALLREDUCE" and lane.startswith("t."):
+            groups[(e["ts"], e["dur"])] = e["dur"] / 1000.0
+    return groups
+
+
 def test_device_path_on_cpu_every_op_fusion_and_timeline(tmp_path: Path) -> None:
     """Two real ranks, the device path with a Gloo group and host events: fp16, bf16,
     fp32 collectives, 100 fused tensors, ordering by events, and the timeline."""
@@ -184,6 +202,10 @@ def test_device_path_on_cpu_every_op_fusion_and_timeline(tmp_path: Path) -> None
         result.assert_section(name, 2)
     result.assert_done(2)
     _check_device_timeline(tl, "GLOO")
+    # the timing section: one timeline group per allreduce the test watched (the GPU test
+    # compares their durations; on CPU no timing is asserted)
+    watched = int(result.values(0, "EVENT_MS")[0].split()[1])
+    assert len(_watched_groups(tl, "GLOO")) == watched > 0
 
 
 def _nest(log: list[str]) -> list[tuple[str, list]]:
@@ -284,17 +306,7 @@ def test_gpu_timeline_nccl_durations_match_cuda_events(tmp_path: Path) -> None:
     result = run_job("device_worker.py", 2, "cuda", "timing", launcher_args=("--timeline", str(tl)))
     result.assert_section("timing", 2)
     event_ms = float(result.values(0, "EVENT_MS")[0].split()[0])
-    raw = json.loads((tl / "rank.0.json").read_text())
-    events = raw if isinstance(raw, list) else raw["traceEvents"]
-    groups: dict[int, float] = {}  # one slice per tensor: count each group once
-    for e in events:
-        if (
-            e.get("ph") == "X"
-            and e["name"] == "NCCL_ALLREDUCE"
-            and e["args"]["name"].startswith("t.")
-        ):
-            groups[e["args"]["group"]] = e["dur"] / 1000.0
-    timeline_ms = sum(groups.values())
+    timeline_ms = sum(_watched_groups(tl, "NCCL").values())
     assert abs(timeline_ms - event_ms) <= 0.1 * event_ms, (timeline_ms, event_ms)
 
 

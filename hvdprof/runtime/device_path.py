@@ -317,7 +317,8 @@ class DevicePath:
         stream = self.clock.current_stream(device)
         stream.wait_event(event)
         for t in _tensors(result):
-            self.clock.keep_for(t, stream)
+            if t.device == device:  # (alltoall's received splits are on the host)
+                self.clock.keep_for(t, stream)
 
     # ----------------------------------------------------------- cycle thread
     def _device(self, requests: list[Any]) -> torch.device:
