@@ -430,6 +430,15 @@ ENV_VARS: tuple[EnvVar, ...] = (
         False,
         "Turn off the NVTX ranges that mirror runtime phases.",
     ),
+    # --- device path (issue 28) ---
+    EnvVar(
+        "HVDPROF_DEVICE_PATH_ON_CPU",
+        "device_path_on_cpu",
+        _bool,
+        False,
+        "Send CPU tensors through the GPU (NCCL) code path, with a second Gloo group and "
+        "host events standing in for NCCL and CUDA events: tests that path without a GPU.",
+    ),
     # --- autotune ---
     EnvVar(
         "HVDPROF_AUTOTUNE",
@@ -637,6 +646,7 @@ class Config:
     clock_sync_interval_s: float = 60.0
     clock_skew_us: float = 0.0
     disable_nvtx: bool = False
+    device_path_on_cpu: bool = False
     check_divergence: int = 0
     autotune: bool = False
     autotune_log: str = ""

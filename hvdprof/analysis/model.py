@@ -59,7 +59,7 @@ def classify(name: str) -> tuple[int, int]:
         return PHASE_NEGOTIATE, _OP_CODE.get(name[len(act.NEGOTIATE_PREFIX) :], -1)
     if name in _OP_CODE:
         return PHASE_OP, _OP_CODE[name]
-    if name == act.QUEUE:
+    if name == act.QUEUE or name == act.WAIT_FOR_DATA:  # (both: waiting before the copy)
         return PHASE_QUEUE, -1
     if name == act.MEMCPY_IN_FUSION_BUFFER:
         return PHASE_MEMCPY_IN, -1

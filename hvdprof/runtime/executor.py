@@ -86,6 +86,8 @@ class Executor:
         self.op_done: list[int] = []
         #: whether the last run failed some op's request (its error is on the request)
         self.failed = False
+        #: device path (issue 28): ops on a GPU go to this DevicePath, if set
+        self.device: Any = None
 
     # ----------------------------------------------------------------------------------
     def run(
@@ -128,6 +130,8 @@ class Executor:
             )
         for i in others:
             self._run_other(i, ops[i], requests[i], detailed, records)
+        if detailed and self.device is not None and self.device.pending:  # device path
+            self.device.resolve(self.op_done)
         return reduced, records
 
     # ----------------------------------------------------------------------------------
@@ -144,7 +148,12 @@ class Executor:
         if len(positions) != len(ops):
             ops = [ops[i] for i in positions]
             requests = [requests[i] for i in positions]
-        if self.shm is not None and threshold > 0:  # (0 still means: no fusion)
+        device = self.device  # device path (issue 28): its groups keep the threshold
+        if (
+            self.shm is not None
+            and threshold > 0  # (0 still means: no fusion)
+            and not (device is not None and any(device.routes(op.key.device) for op in ops))
+        ):
             # Through shared memory a group is one pair of barriers, whatever its size up to
             # the segment's: fill the segment. (Groups reduced in place have no fusion
             # buffer to bound, and waiting at fewer barriers is what saves time: 22 groups
@@ -164,7 +173,9 @@ class Executor:
                 self.next_group_id,
                 self.backend,
             )
-            if self.small is not None and group.nbytes <= self.small_bytes:
+            if device is not None and device.routes(group.key.device):  # device path
+                run.backend = device.backend
+            elif self.small is not None and group.nbytes <= self.small_bytes:
                 run.backend = self.small
                 self.small_calls += 1
             elif self.shm is not None:
@@ -201,6 +212,13 @@ class Executor:
         sig = ops[0].signature
         dtype = torch_dtype(sig.dtype)
         if run.backend is self.shm and run.group.fused and self._shm_in_place(run):
+            return
+        if self.device is not None and run.backend is self.device.backend:  # device path
+            self.device.start_allreduce(run, slot, threshold, self.nvtx)
+            self.backend_calls += 1
+            if run.group.fused:
+                self.fused_groups += 1
+                self.fused_tensors += len(ops)
             return
         if run.group.fused:
             if record is not None:
@@ -315,6 +333,10 @@ class Executor:
     def _finish_allreduce(self, run: _Running) -> None:
         nvtx = self.nvtx
         record = run.record
+        if run.device is not None:  # device path: the end and the unpack, by events
+            self.device.finish_allreduce(run, nvtx)
+            self._complete(run)
+            return
         flat = run.flat
         if flat is None:  # reduced in place through shared memory, already complete
             self._complete(run)
@@ -368,10 +390,12 @@ class Executor:
         group_id = self.next_group_id
         self.next_group_id += 1
         if detailed:
+            device = self.device  # device path (issue 28): its backend's name
+            on_device = device is not None and device.routes(sig.device)
             record = GroupRecord(
                 group_id=group_id,
                 op=sig.op.name,
-                backend=self.backend.name,
+                backend=device.backend.name if on_device else self.backend.name,
                 num_tensors=1,
                 nbytes=op.nbytes,
                 buffer_bytes=0,
@@ -381,7 +405,16 @@ class Executor:
             self.op_group[position] = group_id
             record.t_collective_start = timebase.now_ns()
         try:
-            result = self._dispatch(op, req)
+            device = self.device
+            if (
+                device is not None
+                and req is not None
+                and device.routes(sig.device)
+                and sig.op not in (OpType.BARRIER, OpType.ALLREDUCE)
+            ):  # device path (issue 28)
+                result = device.run_other(op, req, record, self.nvtx, position)
+            else:
+                result = self._dispatch(op, req)
         except (ValueError, TypeError) as exc:  # bad input caught late: fail this op only
             _fail(req, TensorMismatchError(f"{sig.op.name.lower()} of {op.name!r} failed: {exc}"))
             self.failed = True
@@ -504,6 +537,7 @@ class _Running:
 
     __slots__ = (
         "backend",
+        "device",
         "flat",
         "group",
         "group_id",
@@ -537,6 +571,8 @@ class _Running:
         self.work: Any = None
         #: the backend already applied the postscale / Average division
         self.scaled = False
+        #: device path: (PhaseEvents, start event, torch.device) between start and finish
+        self.device: Any = None
 
 
 def _positions(positions: list[int], indices: list[int]) -> range | list[int]:

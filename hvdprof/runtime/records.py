@@ -43,6 +43,8 @@ class GroupRecord:
     t_collective_end: int = 0
     t_unpack_start: int = 0  # MEMCPY_OUT_FUSION_BUFFER (0/0 when not fused)
     t_unpack_end: int = 0
+    t_wait_start: int = 0  # WAIT_FOR_DATA (device path only; 0/0 otherwise)
+    t_wait_end: int = 0
 
 
 @dataclass(slots=True)

@@ -90,7 +90,7 @@ class Request(Handle):
     until the op completes costs construction time and garbage-collector work.
     """
 
-    __slots__ = ("output", "signature", "splits", "t_submit", "tensor")
+    __slots__ = ("output", "signature", "splits", "stream_event", "t_submit", "tensor")
 
     def __init__(
         self,
@@ -112,6 +112,9 @@ class Request(Handle):
         self.output = output
         self.t_submit = t_submit
         self.splits = splits
+        #: device path (issue 28): the event after which the data is ready: recorded on
+        #: the user's stream at submit, replaced by the op's done event at completion
+        self.stream_event: Any = None
 
     @property
     def nbytes(self) -> int:

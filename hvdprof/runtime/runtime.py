@@ -32,6 +32,7 @@ from hvdprof.runtime.backends.shm import (
 from hvdprof.runtime.backends.star import StarAllreduce
 from hvdprof.runtime.control import ControlChannel
 from hvdprof.runtime.cycle import CycleLoop
+from hvdprof.runtime.device_path import open_device_path
 from hvdprof.runtime.executor import Executor
 from hvdprof.runtime.handles import Handle
 from hvdprof.runtime.records import TunableParams
@@ -133,6 +134,12 @@ class Runtime:
             self.backend = GlooBackend(self._data_pg, self.rank, self.size)
         self.executor = Executor(self.backend, self.rank, self.size)
         self.executor.retire = self._completed_batch
+        # --- device path (issue 28): CUDA tensors through NCCL, on the same store
+        self.device_path = open_device_path(
+            config, self._store, self.rank, self.size, t.local_rank, self._gloo_group
+        )
+        self.executor.device = self.device_path
+        # --- end device path
         if config.small_allreduce_bytes > 0 and self.size > 1:
             self.executor.small = StarAllreduce(self.control)
             self.executor.small_bytes = config.small_allreduce_bytes
@@ -317,6 +324,9 @@ class Runtime:
                 )
             self._inflight.add(name)
         req = Request(name, signature, tensor, output, timebase.now_ns(), splits)
+        device = self.device_path
+        if device is not None and tensor is not None and device.routes(signature.device):
+            req.stream_event = device.ready_event(tensor)
         req.release = release
         req.retire = self._completed
         cycle.queue.append(req)
@@ -379,6 +389,11 @@ class Runtime:
         cycle.shutdown_requested = True
         with contextlib.suppress(Exception):  # best effort: the peers may be gone
             self._data_pg.shutdown()
+        if self.device_path is not None:  # device path (issue 28)
+            with contextlib.suppress(Exception):
+                self.device_path.backend.pg.shutdown()
+            self.device_path.close()
+            self.device_path.backend.pg = None
         self.control.close()
         if self.shm is not None:
             self.shm.close()

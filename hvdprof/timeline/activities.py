@@ -23,6 +23,8 @@ OPS: tuple[str, ...] = (
 NEGOTIATE_PREFIX = "NEGOTIATE_"
 #: Child of the op slice: negotiated, waiting for its fusion buffer / backend call.
 QUEUE = "QUEUE"
+#: Child of the op slice (device path): until the kernel that produced the tensor is done.
+WAIT_FOR_DATA = "WAIT_FOR_DATA"
 #: Child of the op slice: packing the tensor into the fusion buffer.
 MEMCPY_IN_FUSION_BUFFER = "MEMCPY_IN_FUSION_BUFFER"
 #: Child of the op slice: unpacking the result out of the fusion buffer.

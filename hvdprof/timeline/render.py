@@ -64,7 +64,7 @@ NO_TIME = -(1 << 63)
 GROUP_FIELDS = (
     "group_id", "op", "backend", "num_tensors", "nbytes", "buffer_bytes", "dtype",
     "t_pack_start", "t_pack_end", "t_collective_start", "t_collective_end",
-    "t_unpack_start", "t_unpack_end",
+    "t_unpack_start", "t_unpack_end", "t_wait_start", "t_wait_end",
 )  # fmt: skip
 #: the params row: ``TunableParams``' fields, in this order
 PARAM_FIELDS = ("fusion_threshold_bytes", "cycle_time_ms", "cache_enabled")
@@ -293,12 +293,14 @@ class CycleRenderer:
         """The op's children in order, each starting no earlier than the previous ended."""
         spans: list[tuple[str, int, int]] = []
         cursor = neg_end
-        (_, _, backend, _, _, _, _, pack0, pack1, coll0, coll1, unpack0, unpack1) = group
-        first = pack0 or coll0
+        (_, _, backend, _, _, _, _, pack0, pack1, coll0, coll1, unpack0, unpack1) = group[:13]
+        wait0, wait1 = group[13:15] if len(group) > 13 else (0, 0)  # device path only
+        first = wait0 or pack0 or coll0
         if first and first > cursor:
             spans.append((f'"{act.QUEUE}"', cursor, first))
             cursor = first
         for name, c_start, c_end in (
+            (f'"{act.WAIT_FOR_DATA}"', wait0, wait1),
             (f'"{act.MEMCPY_IN_FUSION_BUFFER}"', pack0, pack1),
             (self._esc(act.collective_name(str(backend), op)), coll0, coll1),
             (f'"{act.MEMCPY_OUT_FUSION_BUFFER}"', unpack0, unpack1),

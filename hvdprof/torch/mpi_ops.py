@@ -169,7 +169,8 @@ def gloo_built() -> bool:
 
 
 def nccl_built() -> bool:
-    return False
+    """Whether this torch has NCCL (CUDA tensors then go through an NCCL group)."""
+    return bool(torch.cuda.is_available() and torch.distributed.is_nccl_available())
 
 
 def ddl_built() -> bool:
@@ -181,7 +182,7 @@ def ccl_built() -> bool:
 
 
 def cuda_built() -> bool:
-    return False
+    return bool(torch.backends.cuda.is_built())
 
 
 def rocm_built() -> bool:
@@ -246,9 +247,23 @@ def synchronize(handle: int) -> Any:
     if item is None:
         return None
     if type(item) is not tuple:
-        return item.wait()
+        if getattr(item, "stream_event", None) is None:
+            return item.wait()
+        return _follow([item], [item.wait()])[0]
     handles, finish = item
+    if handles and getattr(handles[0], "stream_event", None) is not None:  # device path
+        return finish(_follow(handles, [h.wait() for h in handles]))
     return finish([h.wait() for h in handles])
+
+
+def _follow(handles: list[Any], outputs: list[Any]) -> list[Any]:
+    """Device path: the caller's stream waits for each op's done event (no host sync)."""
+    runtime = _rt.current()
+    device = None if runtime is None else runtime.device_path
+    if device is not None:
+        for h, out in zip(handles, outputs, strict=True):
+            device.follow(getattr(h, "stream_event", None), out)
+    return outputs
 
 
 def _single(outputs: list[Any]) -> Any:
@@ -291,6 +306,11 @@ def _resolve_op(op: int | None, average: bool | None) -> ReduceOp:
 
 def _check_adasum(tensor: torch.Tensor, runtime: _rt.Runtime, what: str) -> None:
     """What Horovod requires of an Adasum allreduce on CPU, checked before submitting."""
+    if not tensor.is_cpu:
+        raise AdasumUnsupportedError(
+            f"hvdprof rank {runtime.rank}: {what} with op=Adasum is supported on CPU tensors "
+            f"only, got one on {tensor.device}"
+        )
     if _DTYPE_NAMES[tensor.dtype] not in ADASUM_DTYPES:
         raise ValueError(
             f"hvdprof rank {runtime.rank}: {what} with op=Adasum needs a floating-point tensor, "
@@ -313,11 +333,14 @@ def _check_tensor(tensor: Any, what: str, runtime: _rt.Runtime, in_place: bool) 
             f"hvdprof rank {runtime.rank}: {what} does not support dtype {tensor.dtype}; supported: "
             + ", ".join(sorted(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES))
         )
-    if not tensor.is_cpu:
-        raise ValueError(
-            f"hvdprof rank {runtime.rank}: {what} got a tensor on {tensor.device}; this build has "
-            "the Gloo backend only (CPU tensors)"
-        )
+    if not tensor.is_cpu:  # device path (issue 28): CUDA tensors go to the NCCL group
+        device = runtime.device_path
+        if device is None or not device.routes(tensor.device.type):
+            raise ValueError(
+                f"hvdprof rank {runtime.rank}: {what} got a tensor on {tensor.device}; this "
+                "job has no NCCL group for it (CUDA and NCCL must be available when init() "
+                "runs), only Gloo for CPU tensors"
+            )
     if not tensor.is_contiguous():
         if in_place:
             raise ValueError(
@@ -343,7 +366,7 @@ def _signature(
     prescale: float = 1.0,
     postscale: float = 1.0,
 ) -> Signature:
-    # CPU only (checked by _check_tensor); the device field is there for NCCL later.
+    # the device's kind, not its index: every rank's tensor is on its own GPU
     return Signature(
         op,
         _DTYPE_NAMES[tensor.dtype],
@@ -352,7 +375,7 @@ def _signature(
         root_rank,
         float(prescale),
         float(postscale),
-        "cpu",
+        "cpu" if tensor.is_cpu else tensor.device.type,
     )
 
 
@@ -375,9 +398,9 @@ def _allreduce_signature(
         -1,
         float(prescale_factor),
         float(postscale_factor),
-        "cpu",
+        "cpu" if tensor.is_cpu else tensor.device.type,
     )
-    key = (tensor.dtype, tensor.shape, op, prescale_factor, postscale_factor)
+    key = (tensor.dtype, tensor.shape, op, prescale_factor, postscale_factor, tensor.is_cpu)
     try:
         if len(_ALLREDUCE_SIGNATURES) >= _SIGNATURES_KEPT:
             _ALLREDUCE_SIGNATURES.clear()
@@ -406,7 +429,7 @@ def _allreduce_async(
     # the per-op path: _signature and _check_name inlined (a few hundred ns per op)
     try:
         sig = _ALLREDUCE_SIGNATURES[
-            (tensor.dtype, tensor.shape, op, prescale_factor, postscale_factor)
+            (tensor.dtype, tensor.shape, op, prescale_factor, postscale_factor, tensor.is_cpu)
         ]
     except (KeyError, TypeError):
         sig = _allreduce_signature(tensor, op, prescale_factor, postscale_factor)
