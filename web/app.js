@@ -198,22 +198,41 @@
     const laneRank = new Map();
     lanes.forEach((lane) => { laneLabel.set(lane.row, lane.label); laneRank.set(lane.row, lane.rank); });
     const byPhase = new Map();
-    for (const it of items) {
-      const phase = it.phase || "other";
+    const group = (phase) => {
       if (!byPhase.has(phase)) byPhase.set(phase, { y: [], base: [], x: [], text: [], custom: [] });
-      const g = byPhase.get(phase);
+      return byPhase.get(phase);
+    };
+    // Binned (zoomed out): each bin is drawn as its phases' shares of it, side by side, so
+    // the length drawn in a colour is the time the row spent in that phase (what the
+    // breakdown counts); time with no slice stays blank. The hover names the dominant one.
+    const phaseUs = data.aggregated ? ((data.buckets || {}).phase_us || {}) : {};
+    items.forEach((it, i) => {
+      const phase = it.phase || "other";
       const lane = laneLabel.has(it.row) ? laneLabel.get(it.row) : String(it.row);
+      const rank = laneRank.has(it.row) ? laneRank.get(it.row) : null;
+      if (it.count !== undefined) {
+        const parts = Object.keys(phaseUs).map((p) => [p, phaseUs[p][i] || 0]).filter(([, us]) => us > 0);
+        const idle = Math.max(it.dur_us - it.busy_us, 0);
+        const lines = ["<b>" + fmtUs(it.start_us - t0) + " + " + fmtUs(it.dur_us) + "</b>: " + it.count + " slices, mostly " + (phase === "idle" ? "no slice (compute)" : phase)];
+        for (const [p, us] of parts.slice().sort((a, b) => b[1] - a[1])) lines.push(p + ": " + fmtUs(us));
+        if (idle > 0) lines.push("no slice (compute): " + fmtUs(idle));
+        lines.push("busy " + fmtUs(it.busy_us) + " of " + fmtUs(it.dur_us) + " \u00b7 zoom in to see each slice");
+        const hover = lines.join("<br>");
+        let offset = 0;
+        for (const [p, us] of parts) {
+          const g = group(p);
+          g.y.push(lane); g.base.push((it.start_us + offset - t0) / 1000); g.x.push(us / 1000);
+          g.custom.push(rank); g.text.push(hover);
+          offset += us;
+        }
+        return;
+      }
+      const g = group(phase);
       g.y.push(lane);
       g.base.push((it.start_us - t0) / 1000);
       g.x.push(Math.max(it.dur_us, 0) / 1000);
-      g.custom.push(laneRank.has(it.row) ? laneRank.get(it.row) : null);
+      g.custom.push(rank);
       const lines = [];
-      if (it.count !== undefined) {
-        lines.push("<b>" + it.count + " slices</b>, mostly " + phase + ", busy " + fmtUs(it.busy_us) + " of " + fmtUs(it.dur_us));
-        lines.push("zoom in to see each one");
-        g.text.push(lines.join("<br>"));
-        continue;
-      }
       lines.push("<b>" + (it.name || phase) + "</b>  " + fmtUs(it.dur_us));
       if (it.tensor) lines.push("tensor: " + it.tensor);
       if (it.bytes != null && it.bytes >= 0) lines.push("bytes: " + fmtBytes(it.bytes));
@@ -223,7 +242,7 @@
       if (it.backend) lines.push("backend: " + it.backend);
       if (it.dtype) lines.push("dtype: " + it.dtype);
       g.text.push(lines.join("<br>"));
-    }
+    });
     const traces = [];
     // enclosing op slices first, so the phases inside them are drawn on top
     const order = (p) => (p === "op" ? -1 : Object.keys(PHASE_COLORS).indexOf(p));
@@ -264,8 +283,13 @@
     el.style.height = layout.height + "px";
     if (state.view) layout.xaxis.range = [(state.view[0] - t0) / 1000, (state.view[1] - t0) / 1000];
     else layout.xaxis.autorange = true;
-    draw(el, traces, layout, plotConfig);
-    const agg = data.aggregated ? " (" + data.total + " slices aggregated into time bins: zoom in for single events)" : "";
+    // the mouse wheel zooms the time axis (the lanes stay fixed)
+    draw(el, traces, layout, Object.assign({}, plotConfig, { scrollZoom: true }));
+    el.dataset.binned = data.aggregated ? "1" : "0";
+    const bin = items.length ? items[0].dur_us : 0;
+    const agg = !data.aggregated ? "" : " \u00b7 binned: " + data.total + " slices cut into time bins of " + fmtUs(bin) +
+      ", each drawn as its phases' shares of it (blank: no slice, i.e. compute)" +
+      (EMBEDDED ? "; this offline report holds the bins only (zooming magnifies them): `hvdprof dashboard` shows single slices" : ": zoom in for single slices");
     const span = state.view ? state.view : [data.t0_us, data.t1_us];
     const sample = state.selectedSample != null && state.view ? " \u00b7 the window autotune sample " + state.selectedSample + " ran in" : "";
     const none = emptyLanes.length ? " \u00b7 nothing recorded in this window for: " + emptyLanes.join(", ") : "";

@@ -21,10 +21,14 @@ from typing import Any
 
 import numpy as np
 
+from hvdprof.analysis.breakdown import PRIORITY
+from hvdprof.analysis.intervals import exclusive_segments
 from hvdprof.analysis.model import OPS, PHASE_CYCLE, PHASE_OP, PHASES, Run
 
 #: How ``timeline_window`` splits an expanded rank into rows.
 LANE_KINDS: tuple[str, ...] = ("tensor", "phase")
+#: The phase of a bin in which no slice was active most of the time (compute, waiting on data).
+IDLE = "idle"
 
 
 @dataclass
@@ -151,27 +155,74 @@ def timeline_window(
         }
         return out
     out.aggregated = True
+    out.buckets = _bins(s, idx, rows, n_rows, float(t0_us), float(t1_us), max_items)
+    return out
+
+
+def _bins(
+    s: Any, idx: np.ndarray, rows: np.ndarray, n_rows: int, t0_us: float, t1_us: float,
+    max_items: int,
+) -> dict[str, Any]:  # fmt: skip
+    """Each row cut into equal time bins; a slice's time is spread over every bin it covers.
+
+    Per row the slices are first cut into exclusive segments by phase priority (the
+    breakdown's, then ``op`` and ``cycle``), so overlapping slices (the tensors of a
+    fused group, an op around its children) are counted once: a bin's busy time is at
+    most its width, and the time per phase of a row adds up to what the breakdown says.
+    Each bin is coloured by the phase it spent most time in, ``idle`` (no slice) included,
+    so the share of a row drawn in a colour follows that phase's share of its time.
+    """
     n_bins = max(1, max_items // n_rows)
     width = (t1_us - t0_us) / n_bins if t1_us > t0_us else 1.0
-    a = np.maximum(s.start_us[idx], t0_us)
-    b = np.minimum(s.start_us[idx] + s.dur_us[idx], t1_us)
-    bins = np.clip(((a - t0_us) / width).astype(np.int64), 0, n_bins - 1)
-    n_ph = len(PHASES)
-    cell = rows * n_bins + bins
-    busy = np.bincount(
-        cell * n_ph + s.phase[idx].astype(np.int64),
-        weights=np.maximum(b - a, 0.0),
-        minlength=n_rows * n_bins * n_ph,
-    ).reshape(n_rows * n_bins, n_ph)
-    counts = np.bincount(cell, minlength=n_rows * n_bins)
-    used = np.flatnonzero(counts)
-    dominant = busy[used].argmax(axis=1)
-    out.buckets = {
-        "row": (used // n_bins).tolist(),
-        "start_us": (t0_us + (used % n_bins) * width).tolist(),
-        "dur_us": [width] * len(used),
-        "phase": [PHASES[p] for p in dominant.tolist()],
-        "count": counts[used].tolist(),
-        "busy_us": busy[used].sum(axis=1).round(3).tolist(),
+    a = np.clip(s.start_us[idx], t0_us, t1_us)
+    b = np.clip(s.start_us[idx] + s.dur_us[idx], t0_us, t1_us)
+    # slices overlapping each bin: +1 at a slice's first bin, -1 after its last
+    first = np.clip(np.floor((a - t0_us) / width).astype(np.int64), 0, n_bins - 1)
+    last = np.clip(np.ceil((b - t0_us) / width).astype(np.int64) - 1, first, n_bins - 1)
+    stride = n_bins + 1
+    delta = np.bincount(rows * stride + first, minlength=n_rows * stride) - np.bincount(
+        rows * stride + last + 1, minlength=n_rows * stride
+    )
+    counts = np.cumsum(delta.reshape(n_rows, stride), axis=1)[:, :n_bins]
+    # exclusive segments per row, then each (row, phase)'s covered time at every bin edge
+    order_of = np.full(len(PHASES), len(PHASES), dtype=np.int64)
+    for i, p in enumerate((*PRIORITY, PHASE_OP, PHASE_CYCLE)):
+        order_of[p] = i
+    priority_phase = np.asarray((*PRIORITY, PHASE_OP, PHASE_CYCLE), dtype=np.int64)
+    k = len(priority_phase)
+    seg_row, seg_start, seg_len, seg_class = exclusive_segments(
+        rows, a, b, np.minimum(order_of[s.phase[idx]], k - 1)
+    )
+    span = (t1_us - t0_us) + 2.0 * width + 1.0
+    key = seg_row * k + seg_class
+    shifted = (seg_start - t0_us) + key * span
+    order = np.argsort(shifted, kind="stable")
+    shifted, seg_len = shifted[order], seg_len[order]
+    edges = np.arange(stride, dtype=np.float64) * width
+    q = (np.arange(n_rows * k, dtype=np.float64) * span)[:, None] + edges[None, :]
+    if len(shifted):
+        before = np.concatenate([[0.0], np.cumsum(seg_len)])
+        j = np.maximum(np.searchsorted(shifted, q, side="right") - 1, 0)
+        covered = before[j] + np.clip(q - shifted[j], 0.0, seg_len[j])
+    else:
+        covered = np.zeros_like(q)
+    busy = np.diff(covered, axis=1).reshape(n_rows, k, n_bins)  # row, class, bin
+    busy = np.clip(busy, 0.0, width)
+    total = np.minimum(busy.sum(axis=1), width)  # row, bin
+    idle = np.maximum(width - total, 0.0)
+    # dominant by time, idle included (class k)
+    with_idle = np.concatenate([busy, idle[:, None, :]], axis=1)
+    dominant = with_idle.argmax(axis=1)  # row, bin
+    names = [PHASES[p] for p in priority_phase.tolist()] + [IDLE]
+    used_r, used_b = np.nonzero(counts > 0)
+    present = [c for c in range(k) if busy[used_r, c, used_b].any()] if len(used_r) else []
+    return {
+        "row": used_r.tolist(),
+        "start_us": (t0_us + used_b * width).tolist(),
+        "dur_us": [width] * len(used_r),
+        "phase": [names[c] for c in dominant[used_r, used_b].tolist()],
+        "count": counts[used_r, used_b].tolist(),
+        "busy_us": (np.floor(total[used_r, used_b] * 1000.0) / 1000.0).tolist(),
+        # time of each phase present in the window, per bin (the hover's breakdown)
+        "phase_us": {names[c]: busy[used_r, c, used_b].round(3).tolist() for c in present},
     }
-    return out

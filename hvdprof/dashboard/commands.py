@@ -103,8 +103,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     _require_extra()
     from hvdprof.dashboard.report import write_report
 
-    path = write_report(args.directory, args.output, run_id=args.run)
+    written = write_report(args.directory, args.output, run_id=args.run)
+    path = written.path
     print(f"hvdprof report: wrote {path} ({os.path.getsize(path):,} bytes); it opens offline")
+    if written.binned:
+        print(
+            "hvdprof report: timeline views held as time bins (zooming in the file magnifies "
+            "them; `hvdprof dashboard` shows single slices):"
+        )
+        for line in written.binned:
+            print(f"  {line}")
     return 0
 
 
