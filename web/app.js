@@ -17,7 +17,7 @@
   const CATEGORY_COLORS = { idle: "#e5e7eb" };
   const state = {
     runs: [], run: null, info: null, expand: "", laneKind: "tensor", view: null, version: 0,
-    timelineRequest: 0, lanes: [], live: false, updates: 0,
+    timelineRequest: 0, lanes: [], live: false, updates: 0, offline: false,
   };
   window.HVD_STATE = state; // for the browser tests and the curious
 
@@ -46,7 +46,15 @@
       if (hit === undefined) throw new Error("not included in this report: " + embeddedKey(path, query));
       return hit;
     }
-    const response = await fetch(apiUrl(path, query));
+    let response;
+    try {
+      response = await fetch(apiUrl(path, query));
+    } catch (err) { // no answer at all: the server stopped (or the network went)
+      const gone = new Error("the dashboard server is not answering");
+      gone.offline = true;
+      throw gone;
+    }
+    if (state.offline) { state.offline = false; setNotices("server", []); }
     let body = null;
     try { body = await response.json(); } catch (e) { body = null; }
     if (!response.ok) {
@@ -78,7 +86,8 @@
     Plotly.react(el, traces, layout, config);
   }
   // An axis with a visible title (plotly.js 3+ ignores a plain-string title).
-  function axis(title, extra) { return Object.assign({ title: { text: title } }, extra || {}); }
+  // automargin and a standoff: the title is placed beyond the tick labels, never on them.
+  function axis(title, extra) { return Object.assign({ title: { text: title, standoff: 10 }, automargin: true }, extra || {}); }
   // A log axis labelled at a handful of round values instead of every 2 and 5.
   // values: the data on that axis; ticks go at 1-2-5 steps (or decades when those crowd).
   function logAxis(title, values, extra) {
@@ -153,6 +162,18 @@
     }
   }
 
+  // The server went away (a finished `hvdprof run --dashboard`, a stopped `hvdprof
+  // dashboard`): keep every chart as it was and say so once, instead of blanking them.
+  // True when err was that, so the caller keeps what it shows.
+  function keptOffline(err) {
+    if (!err || !err.offline) return false;
+    if (!state.offline) {
+      state.offline = true;
+      setNotices("server", ["the dashboard server is not answering (stopped?): the page keeps the last data it received"]);
+    }
+    return true;
+  }
+
   // ------------------------------------------------------------------ timeline
   function runT0() { return state.info && state.info.t0_us != null ? state.info.t0_us : 0; }
 
@@ -170,6 +191,7 @@
     try {
       body = await api("api/timeline", query);
     } catch (err) {
+      if (keptOffline(err)) return;
       if (ticket === state.timelineRequest) empty(el, "timeline unavailable: " + err.message);
       return;
     }
@@ -338,6 +360,7 @@
       setNotices(name, body.notices);
       draw(body.data);
     } catch (err) {
+      if (keptOffline(err)) return;
       setNotices(name, [name + " unavailable: " + err.message]);
     }
   }
@@ -377,7 +400,16 @@
     drawWaitHeatmap(data);
   }
 
-  // Stragglers: the breakdown's per-step negotiation wait of each rank, as a heatmap.
+  // The rank the straggler analysis names (hvdprof.analysis.stragglers' result), or null.
+  // The one place the page reads that field: follow a rename here.
+  function stragglerRank(result) {
+    const r = result ? result.straggler : null;
+    return r === undefined || r === null ? null : Number(r);
+  }
+  let stragglersData = null;
+
+  // Stragglers: the breakdown's per-step negotiation wait of each rank, as a heatmap. Dark
+  // is a rank that waited (the victim); the rank it waited for is marked on its row.
   function drawWaitHeatmap(data) {
     const el = $("stragglers");
     const ranks = (data && data.ranks) || [];
@@ -385,18 +417,33 @@
     // Ranks of the run with no row here (a Horovod timeline is written by rank 0 alone).
     const shown = new Set(ranks.filter((r, i) => z[i].length).map((r) => r.rank));
     const missing = ((state.info && state.info.ranks) || []).filter((r) => !shown.has(r));
-    text($("stragglers-note"), missing.length && shown.size
-      ? "no negotiation wait recorded for rank " + missing.join(", ") + " (its timeline has no negotiation slices)" : "");
+    const culprit = stragglerRank(stragglersData);
+    const notes = [];
+    if (missing.length && shown.size) notes.push("no negotiation wait recorded for rank " + missing.join(", ") + " (its timeline has no negotiation slices)");
+    if (culprit !== null && !shown.has(culprit)) notes.push("rank " + culprit + " is the straggler (not drawn: no row here)");
+    text($("stragglers-note"), notes.join(" \u00b7 "));
     if (!ranks.length || !z.some((row) => row.length)) { empty(el, "no negotiation waits recorded in this timeline"); return; }
     const steps = Math.max(...z.map((row) => row.length));
+    const label = (rank) => "rank " + rank + (rank === culprit ? " \u25c0 straggler" : "");
+    const y = ranks.map((r) => label(r.rank));
+    const shapes = [];
+    const annotations = [];
+    const row = ranks.findIndex((r) => r.rank === culprit);
+    if (row >= 0) {
+      // a box around the straggler's row: the others' dark rows are waiting for it
+      shapes.push({ type: "rect", xref: "paper", x0: 0, x1: 1, yref: "y", y0: row - 0.5, y1: row + 0.5,
+        line: { color: "#1d4ed8", width: 3 }, fillcolor: "rgba(0,0,0,0)" });
+      annotations.push({ xref: "paper", x: 0.5, yref: "y", y: row, text: "straggler: the others waited for this rank",
+        showarrow: false, font: { color: "#1d4ed8", size: 12 }, bgcolor: "rgba(255,255,255,0.85)" });
+    }
     draw(el, [{
-      type: "heatmap", z: z, x: Array.from({ length: steps }, (_, i) => i), y: ranks.map((r) => "rank " + r.rank),
-      colorscale: [[0, "#fff7ec"], [0.5, "#fc8d59"], [1, "#7f0000"]], colorbar: { title: { text: "wait ms" } },
+      type: "heatmap", z: z, x: Array.from({ length: steps }, (_, i) => i), y: y,
+      colorscale: [[0, "#fff7ec"], [0.5, "#fc8d59"], [1, "#7f0000"]], colorbar: { title: { text: "waited (ms)" } },
       zmin: 0, zmax: colourCap(z),
       hovertemplate: "%{y}, step %{x}: waited %{z:.2f} ms for the others<extra></extra>",
     }], Object.assign(baseLayout(), {
-      xaxis: axis("training step"), yaxis: { autorange: "reversed", type: "category" }, height: 340,
-      margin: { l: 60, r: 16, t: 10, b: 44 },
+      xaxis: axis("training step"), yaxis: { autorange: "reversed", type: "category", automargin: true },
+      height: 340, margin: { l: 60, r: 16, t: 10, b: 44 }, shapes: shapes, annotations: annotations,
     }), plotConfig);
   }
 
@@ -407,7 +454,9 @@
   }
 
   function drawStragglers(data) {
+    stragglersData = data;
     text($("straggler-verdict"), data && data.verdict);
+    drawWaitHeatmap(breakdownData); // mark the straggler's row (the breakdown may be drawn first)
   }
 
   function drawFusion(data) {
@@ -458,14 +507,15 @@
       const mine = bins.filter((b) => b.op === op);
       return {
         type: "scatter", mode: "lines+markers", name: op.toLowerCase(),
-        x: mine.map((b) => b.median_bytes), y: mine.map((b) => b.busbw_gbps * 1000),
+        x: mine.map((b) => b.median_bytes), y: mine.map((b) => b.busbw_gbps),
         text: mine.map((b) => b.count + " calls, median " + b.median_ms.toFixed(3) + " ms"),
-        hovertemplate: "%{x:.3s}B: %{y:.2f} MB/s<br>%{text}<extra>" + op.toLowerCase() + "</extra>",
+        hovertemplate: "%{x:.3s}B: %{y:.3g} GB/s<br>%{text}<extra>" + op.toLowerCase() + "</extra>",
       };
     });
     draw(el, traces, Object.assign(baseLayout(), {
       xaxis: logAxis("message size (bytes)", bins.map((b) => b.median_bytes), { tickformat: ".2~s" }),
-      yaxis: logAxis("bus bandwidth (MB/s)", bins.map((b) => b.busbw_gbps * 1000)),
+      // GB/s, the unit of the verdict above the chart
+      yaxis: logAxis("bus bandwidth (GB/s)", bins.map((b) => b.busbw_gbps)),
     }), plotConfig);
   }
 
@@ -555,7 +605,7 @@
       const body = await api("api/compare", { a: a, b: b });
       setNotices("compare", body.notices);
       drawCompare(body.data, body.a || a, body.b || b);
-    } catch (err) { empty(el, "comparison unavailable: " + err.message); }
+    } catch (err) { if (!keptOffline(err)) empty(el, "comparison unavailable: " + err.message); }
   }
 
   function drawCompare(data, a, b) {
@@ -594,6 +644,7 @@
       state.runs = body.runs || [];
       setNotices("runs", body.notices);
     } catch (err) {
+      if (keptOffline(err)) return;
       setNotices("runs", ["cannot list runs: " + err.message]);
       return;
     }
@@ -626,12 +677,15 @@
     fillSelect($("expand-select"), laneOptions, expandValue());
     const list = $("problems");
     list.innerHTML = "";
-    for (const p of info.problems || []) {
+    // a file still being written ends in a half-written event: the run's notice says so,
+    // and it is listed as a problem only once the run is finished (then it was cut)
+    const problems = (info.problems || []).filter((p) => info.complete || !p.partial_tail);
+    for (const p of problems) {
       const li = document.createElement("li");
       li.textContent = p.file + (p.where ? " (" + p.where + ")" : "") + ": " + p.reason;
       list.appendChild(li);
     }
-    $("problems-card").hidden = !(info.problems || []).length;
+    $("problems-card").hidden = !problems.length;
   }
 
   async function loadSections() {
@@ -672,6 +726,7 @@
     try {
       await loadInfo();
     } catch (err) {
+      if (keptOffline(err)) { document.body.dataset.ready = "1"; return; }
       clearRun("this run cannot be shown (see the notice above)");
       setNotices("run", ["run " + runId + " cannot be shown: " + err.message]);
       document.body.dataset.ready = "1";
@@ -719,14 +774,23 @@
       return;
     }
     const source = new EventSource(apiUrl("api/events"));
-    source.addEventListener("hello", () => { $("live").classList.add("on"); state.live = true; showLive(); });
+    let dropped = false;
+    source.addEventListener("hello", () => {
+      $("live").classList.add("on"); state.live = true; showLive();
+      // back after a drop (the server restarted): catch up on what changed meanwhile
+      if (dropped && state.run) { dropped = false; loadRuns().then(() => onChanged({ run: state.run })); }
+    });
     source.addEventListener("changed", (e) => onChanged(JSON.parse(e.data)));
     source.addEventListener("runs", async () => {
       const had = state.run;
       await loadRuns();
       if (!had && state.run) selectRun(state.run);
     });
-    source.onerror = () => { $("live").classList.remove("on"); text($("live-text"), "reconnecting"); state.live = false; };
+    source.onerror = () => {
+      dropped = true;
+      $("live").classList.remove("on"); state.live = false;
+      text($("live-text"), "server not answering: showing the last data");
+    };
   }
 
   // ------------------------------------------------------------------ start
