@@ -219,7 +219,13 @@ def test_page_timeline_zoom_expand_stragglers_autotune(
         assert page.locator("#autotune-params .scatterlayer .trace").count() == 2
         # the ringed sample is the tuner's recommendation, the one the verdict names
         report = autotune_report(run)
-        ringed = page.evaluate("document.getElementById('autotune-score').data[2].x")
+        # (the ring is the last trace; no raw best-so-far line: the tuner's incumbent)
+        names = page.evaluate("document.getElementById('autotune-score').data.map(t => t.name)")
+        assert "best so far" not in names and (
+            not report.paired or any("incumbent" in n for n in names)
+        )
+        assert page.locator("#autotune-summary").text_content() == report.verdict
+        ringed = page.evaluate("document.getElementById('autotune-score').data.at(-1).x")
         assert report.recommended is not None, "the demo's tuner marks its recommendation"
         assert ringed == [samples[report.recommended].index]
         recommended = samples[report.recommended]

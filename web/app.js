@@ -532,27 +532,37 @@
     }
     const idx = samples.map((s) => s.index);
     const score = samples.map((s) => s.score_mb_per_s);
-    const best = [];
-    score.forEach((v, i) => best.push(i ? Math.max(best[i - 1], v) : v));
+    const roleWords = { incumbent: "incumbent window", candidate: "candidate window", watch: "re-measure (watching for drift)" };
     const hover = samples.map((s) =>
       "threshold " + fmtBytes(s.fusion_threshold_bytes) + ", cycle " + s.cycle_time_ms + " ms, cache " +
       (s.cache_enabled ? "on" : "off") + "<br>steps " + s.first_step + "-" + s.last_step + " (" + s.phase + ")" +
-      (s.is_best ? "<br>ran the tuner's best configuration at the time" : ""));
-    // the tuner's recommendation (the last sample it marked best: the one the verdict
-    // names); the highest single window only when no sample is marked
-    const ringed = data.recommended != null ? data.recommended : data.best;
+      (s.role ? "<br>" + (roleWords[s.role] || s.role) : "") +
+      (s.ratio_to_default != null ? "<br>tuner's paired estimate: " + s.ratio_to_default.toFixed(3) + "x the default" : ""));
+    // The tuner's recommendation (recorded by the tuner; in older traces, the last sample
+    // it marked best), ringed on the last window that ran it. No best-so-far line: a
+    // running maximum of single windows follows the noise, not the tuner.
+    const ringed = data.recommended;
     const chosen = ringed != null && samples[ringed] ? [samples[ringed]] : [];
-    const ringName = data.recommended != null ? "tuner's recommendation (its last window)" : "highest-scoring window";
-    draw(scoreEl, [
+    const rec = data.recommendation;
+    const ringName = rec ? (rec.kept_default ? "kept: the default (tuner's decision)" : "tuner's recommendation") : "tuner's recommendation (marked best)";
+    const roleColor = { incumbent: "#64748b", candidate: PHASE_COLORS.autotune, watch: "#1a7f37" };
+    const traces = [
       // trace 0 holds every sample, in order (the click handler relies on it)
-      { type: "scatter", mode: "markers", name: "sample", x: idx, y: score, text: hover,
+      { type: "scatter", mode: "markers", name: data.paired ? "window (grey: incumbent, purple: candidate)" : "sample", x: idx, y: score, text: hover,
         hovertemplate: "sample %{x}: %{y:.2f} MB/s<br>%{text}<extra>click: show on the timeline</extra>",
-        marker: { size: 9, color: PHASE_COLORS.autotune } },
-      { type: "scatter", mode: "lines", name: "best so far", x: idx, y: best, hoverinfo: "skip", line: { shape: "hv", color: "#1a7f37" } },
-      { type: "scatter", mode: "markers", name: ringName, x: chosen.map((s) => s.index),
-        y: chosen.map((s) => s.score_mb_per_s), hoverinfo: "skip",
-        marker: { size: 15, color: "rgba(0,0,0,0)", line: { color: "#1a7f37", width: 2.5 } } },
-    ], Object.assign(baseLayout(), {
+        marker: { size: 9, color: samples.map((s) => roleColor[s.role] || PHASE_COLORS.autotune) } },
+    ];
+    if (data.paired) {
+      // the tuner's incumbent: the windows it measured the incumbent in, joined (each
+      // candidate window between two of them is compared with both)
+      const inc = samples.filter((s) => s.role === "incumbent");
+      traces.push({ type: "scatter", mode: "lines", name: "tuner's incumbent (its windows)", x: inc.map((s) => s.index),
+        y: inc.map((s) => s.score_mb_per_s), hoverinfo: "skip", line: { color: "#64748b", width: 1.5, dash: "dot" } });
+    }
+    traces.push({ type: "scatter", mode: "markers", name: ringName, x: chosen.map((s) => s.index),
+      y: chosen.map((s) => s.score_mb_per_s), hoverinfo: "skip",
+      marker: { size: 15, color: "rgba(0,0,0,0)", line: { color: "#1a7f37", width: 2.5 } } });
+    draw(scoreEl, traces, Object.assign(baseLayout(), {
       title: { text: "score per sample (click one)", font: { size: 12 } }, xaxis: axis("sample #"),
       yaxis: axis("score: MB/s reduced"), margin: { l: 55, r: 10, t: 30, b: 90 },
     }), plotConfig);
@@ -579,19 +589,33 @@
   function drawSurface(data) {
     const el = $("autotune-surface");
     if (!data || !data.z || !data.z.length) { empty(el, (data && data.reason) || "no surrogate surface"); return; }
-    const traces = [{
+    // Over the range the samples searched only. A flat model (its whole predicted range
+    // within one window's noise) is drawn at the noise's contrast, not stretched to full
+    // colour over differences no measurement could tell apart.
+    const all = data.z.flat();
+    const lo = Math.min(...all), hi = Math.max(...all);
+    const flat = !!data.flat;
+    const mid = Math.sqrt(lo * hi);
+    const noise = data.noise_log || 0;
+    const span = flat ? { zmin: mid * Math.exp(-2 * noise), zmax: mid * Math.exp(2 * noise) } : {};
+    const traces = [Object.assign({
       type: "contour", x: data.x, y: data.y, z: data.z, colorscale: "Viridis",
       colorbar: { title: { text: "MB/s" } }, contours: { coloring: "heatmap" },
       hovertemplate: "threshold %{x:.3s}B, cycle %{y:.2f} ms: %{z:.2f} MB/s<extra>surrogate</extra>",
-    }];
+    }, span)];
     const pts = data.samples || [];
     traces.push({
       type: "scatter", mode: "markers", name: "samples", x: pts.map((s) => s.fusion_threshold_bytes),
       y: pts.map((s) => s.cycle_time_ms), text: pts.map((s) => s.score_mb_per_s.toFixed(2) + " MB/s"),
       hovertemplate: "sample: %{text}<extra></extra>", marker: { color: "#fff", line: { color: "#000", width: 1 }, size: 7 },
     });
+    const pct = (x) => (100 * (Math.exp(x) - 1)).toFixed(1) + "%";
+    const title = flat
+      ? "flat: the model's range (" + pct(data.range_log) + ") is within the noise (\u00b1" + pct(noise) + " a window)"
+      : "the tuner's model over the searched range: predicted MB/s";
+    el.dataset.flat = flat ? "1" : "0";
     draw(el, traces, Object.assign(baseLayout(), {
-      title: { text: "the tuner's model: predicted MB/s (dots: samples)", font: { size: 12 } }, showlegend: false,
+      title: { text: title, font: { size: 12 } }, showlegend: false,
       xaxis: logAxis("fusion threshold (bytes)", data.x, { tickformat: ".2~s" }), yaxis: logAxis("cycle time (ms)", data.y),
       margin: { l: 55, r: 10, t: 30, b: 44 },
     }), plotConfig);

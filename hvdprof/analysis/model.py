@@ -214,6 +214,18 @@ class AutotuneSample:
     is_best: bool = False
     phase: str = ""
     rank: int = 0
+    # What the tuner decided by this sample (recorded since the paired tuner; absent in
+    # older traces): the window's role (incumbent, candidate, watch), its configuration's
+    # paired ratio to the default, the incumbent after it, the recommendation then
+    # ({fusion_threshold_bytes, cycle_time_ms, cache_enabled, ratio_to_default,
+    # ratio_lower_bound, kept_default}), the noise of one comparison (log units), and the
+    # tuner's verdict once its round ended.
+    role: str = ""
+    ratio_to_default: float | None = None
+    incumbent: dict[str, Any] | None = None
+    recommendation: dict[str, Any] | None = None
+    comparison_noise: float | None = None
+    decision: str | None = None
 
 
 @dataclass
