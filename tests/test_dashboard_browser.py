@@ -537,13 +537,14 @@ def test_live_updates_while_a_job_writes(browser: object, tmp_path: Path) -> Non
             job.wait(10)
 
 
-def test_report_opens_offline(browser: object, served: Path, tmp_path: Path) -> None:
+def test_report_opens_offline(browser: object, served: Path, tmp_path: Path, capsys) -> None:
     """``hvdprof report``: one file, no network, the same charts."""
     from hvdprof.analysis import find_stragglers, load_run
     from hvdprof.cli import main
 
     out = tmp_path / "report.html"
     assert main(["report", str(served), "--run", "demo", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
     context = browser.new_context(offline=True, viewport={"width": 1400, "height": 950})
     page = context.new_page()
     page.set_default_timeout(WAIT_MS)
@@ -556,6 +557,11 @@ def test_report_opens_offline(browser: object, served: Path, tmp_path: Path) -> 
     page.wait_for_timeout(500)
     page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
     assert requests == [out.as_uri()]  # nothing fetched: everything is inside the file
+    # a binned view says so, on the page and when the report is written
+    status = page.locator("#timeline-status").text_content()
+    binned = "binned" in status
+    assert ("timeline views held as time bins" in printed) == binned, (printed, status)
+    assert not binned or "this offline report holds the bins only" in status
     assert lanes(page) == ["rank 0 (vm)", "rank 1 (vm)"] or len(lanes(page)) == 2
     verdict = page.locator("#straggler-verdict").text_content()
     assert verdict == find_stragglers(load_run(str(served / "demo"), cache=False)).verdict
