@@ -120,3 +120,24 @@ def test_real_run_overview_conserves_phase_time(slow_run: Path, max_items: int) 
     rank0 = next(r for r in time_breakdown(run).ranks if r.rank == 0)
     shares, _ = overview_shares(run, max_items)
     assert shares[(0, "negotiate")] / 1000.0 / rank0.wall_ms > 0.5
+
+
+def test_every_phase_has_a_priority_and_lanes_hold_at_most_their_width(tmp_path: Path) -> None:
+    from hvdprof.analysis.breakdown import PRIORITY
+    from hvdprof.analysis.model import PHASE_CYCLE, PHASE_OP, PHASES
+
+    assert sorted((*PRIORITY, PHASE_OP, PHASE_CYCLE)) == list(range(len(PHASES)))
+    d = tmp_path / "run"
+    write_synthetic_run(str(d), SyntheticSpec(ranks=2, steps=6))
+    run = load_run(str(d), cache=False)
+    for lanes in ("tensor", "phase"):
+        w = timeline_window(run, run.t0_us, run.t1_us, expand_rank=0, lanes=lanes, max_items=60)
+        b = w.buckets
+        assert w.aggregated and b["row"]
+        assert all(x <= d for x, d in zip(b["busy_us"], b["dur_us"], strict=True))
+        # overlapping slices (an op around its children, a fused group's tensors) count
+        # once: no lane holds more time than the window lasts
+        per_row: dict[int, float] = defaultdict(float)
+        for row, busy in zip(b["row"], b["busy_us"], strict=True):
+            per_row[row] += busy
+        assert max(per_row.values()) <= run.t1_us - run.t0_us

@@ -6,10 +6,12 @@ the phases tile them), or, for ``expand_rank``, that rank's slices in lanes: one
 tensor (``lanes="tensor"``: which tensor waited, which was reduced) or one row per phase
 (``lanes="phase"``: how negotiation, queueing, copies and the backend call of all tensors
 line up). When more than ``max_items`` slices overlap the window, it returns buckets
-instead: each row is cut into equal time bins (``max_items // rows`` of them) and each
-non-empty bin carries its dominant phase (most busy time), how many slices fell in it
-and their busy time, so a million-event run answers with a bounded payload in
-milliseconds. Columns are returned as lists (one list per field), which is what a
+instead: each row is cut into equal time bins (``max_items // rows`` of them). Each
+slice's time is spread over every bin it covers, overlapping slices count once (the
+breakdown's phase priority), and each non-empty bin carries its time per phase, its busy
+time (at most its width), its dominant phase (most time, no slice included) and how many
+slices overlap it: the time per phase of a row over its bins is what the breakdown says,
+and a million-event run answers with a bounded payload in milliseconds. Columns are returned as lists (one list per field), which is what a
 plotting client wants and keeps the JSON small.
 """
 
@@ -43,7 +45,8 @@ class TimelineWindow:
     #: when not aggregated: row, start_us, dur_us, phase, name, tensor, op, bytes,
     #: group, group_tensors, backend, dtype (one list each)
     slices: dict[str, list[Any]] = field(default_factory=dict)
-    #: when aggregated: row, start_us, dur_us (bin), phase (dominant), count, busy_us
+    #: when aggregated: row, start_us, dur_us (bin), phase (dominant, or "idle"), count
+    #: (slices overlapping the bin), busy_us (<= dur_us), phase_us ({phase: [us per bin]})
     buckets: dict[str, list[Any]] = field(default_factory=dict)
     #: "rank" (one row per rank), or the expanded rank's "tensor" or "phase" lanes
     lanes: str = "rank"
@@ -185,14 +188,11 @@ def _bins(
     )
     counts = np.cumsum(delta.reshape(n_rows, stride), axis=1)[:, :n_bins]
     # exclusive segments per row, then each (row, phase)'s covered time at every bin edge
-    order_of = np.full(len(PHASES), len(PHASES), dtype=np.int64)
-    for i, p in enumerate((*PRIORITY, PHASE_OP, PHASE_CYCLE)):
-        order_of[p] = i
     priority_phase = np.asarray((*PRIORITY, PHASE_OP, PHASE_CYCLE), dtype=np.int64)
     k = len(priority_phase)
-    seg_row, seg_start, seg_len, seg_class = exclusive_segments(
-        rows, a, b, np.minimum(order_of[s.phase[idx]], k - 1)
-    )
+    order_of = np.zeros(len(PHASES), dtype=np.int64)
+    order_of[priority_phase] = np.arange(k)  # every phase has a place: PHASES has k of them
+    seg_row, seg_start, seg_len, seg_class = exclusive_segments(rows, a, b, order_of[s.phase[idx]])
     span = (t1_us - t0_us) + 2.0 * width + 1.0
     key = seg_row * k + seg_class
     shifted = (seg_start - t0_us) + key * span
