@@ -115,8 +115,14 @@ class Breakdown:
         }
 
 
+def rank_segments(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Exclusive segments ``(rank, start, length, category index)`` of busy time, sorted
+    by rank then time (computed once per state of the run: the binned timeline reads
+    them too)."""
+    return run.memo("rank_segments", lambda: _segments(run))
+
+
 def _segments(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Exclusive segments ``(rank, start, length, category index)`` of busy time."""
     s = run.slices
     keep = np.isin(s.phase, PRIORITY) & (s.dur_us > 0)
     prio = np.zeros(len(PRIORITY) + 8, dtype=np.int8)
@@ -128,7 +134,7 @@ def _segments(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 def time_breakdown(run: Run) -> Breakdown:
     """Wall time per rank in each phase and idle, over the run and per step."""
-    seg_rank, seg_start, seg_len, seg_cat = _segments(run)
+    seg_rank, seg_start, seg_len, seg_cat = rank_segments(run)
     starts = step_starts(run)
     s = run.slices
     out = Breakdown()

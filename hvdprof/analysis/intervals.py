@@ -98,7 +98,10 @@ def exclusive_segments(
     g = np.concatenate([lane, lane]).astype(np.int64)
     c = np.concatenate([rank_of, rank_of]).astype(np.int64)
     d = np.concatenate([np.ones(n, np.int32), -np.ones(n, np.int32)])
-    order = np.lexsort((t, g))
+    # one sort on (lane, time): lanes a span apart on a single float key
+    base = float(t.min())
+    span = float(t.max()) - base + 1.0
+    order = np.argsort((t - base) + (g - g.min()).astype(np.float64) * span, kind="stable")
     t, g, c, d = t[order], g[order], c[order], d[order]
     # active count of every class after each point (each lane's counts return to 0)
     active = np.zeros((k, len(t)), dtype=np.int32)

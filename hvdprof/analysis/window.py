@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from hvdprof.analysis.breakdown import PRIORITY
+from hvdprof.analysis.breakdown import PRIORITY, rank_segments
 from hvdprof.analysis.intervals import exclusive_segments
 from hvdprof.analysis.model import OPS, PHASE_CYCLE, PHASE_OP, PHASES, Run
 
@@ -158,13 +158,41 @@ def timeline_window(
         }
         return out
     out.aggregated = True
-    out.buckets = _bins(s, idx, rows, n_rows, float(t0_us), float(t1_us), max_items)
+    if expand_rank is None:
+        lane_keys = row_of
+    elif lanes == "phase":
+        lane_keys = phases
+    else:
+        lane_keys = tensors
+    out.buckets = _bins(
+        run, idx, rows, n_rows, float(t0_us), float(t1_us), max_items, expand_rank, lanes,
+        lane_keys,
+    )  # fmt: skip
     return out
 
 
+#: Phase codes in priority order for the exclusive segments: the breakdown's, then the
+#: enclosing op and cycle marks (drawn only where none of the phases they hold is).
+_PRIORITY_PHASES = np.asarray((*PRIORITY, PHASE_OP, PHASE_CYCLE), dtype=np.int64)
+_ORDER_OF = np.zeros(len(PHASES), dtype=np.int64)
+_ORDER_OF[_PRIORITY_PHASES] = np.arange(len(_PRIORITY_PHASES))
+
+
+def _lane_segments(
+    run: Run, rank: int, lanes: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Exclusive segments of one rank's tensor or phase lanes (lane key: the tensor or
+    phase code)."""
+    s = run.slices
+    m = s.rank == rank
+    lane = (s.tensor if lanes == "tensor" else s.phase)[m].astype(np.int64)
+    start = s.start_us[m]
+    return exclusive_segments(lane, start, start + s.dur_us[m], _ORDER_OF[s.phase[m]])
+
+
 def _bins(
-    s: Any, idx: np.ndarray, rows: np.ndarray, n_rows: int, t0_us: float, t1_us: float,
-    max_items: int,
+    run: Run, idx: np.ndarray, rows: np.ndarray, n_rows: int, t0_us: float, t1_us: float,
+    max_items: int, expand_rank: int | None, lanes: str, lane_keys: np.ndarray,
 ) -> dict[str, Any]:  # fmt: skip
     """Each row cut into equal time bins; a slice's time is spread over every bin it covers.
 
@@ -173,8 +201,11 @@ def _bins(
     fused group, an op around its children) are counted once: a bin's busy time is at
     most its width, and the time per phase of a row adds up to what the breakdown says.
     Each bin is coloured by the phase it spent most time in, ``idle`` (no slice) included,
-    so the share of a row drawn in a colour follows that phase's share of its time.
+    so the share of a row drawn in a colour follows that phase's share of its time. The
+    segments are computed once per run (the rank rows' are the breakdown's own) and only
+    cut to the window here, so zooming costs a selection, not a sweep of the run.
     """
+    s = run.slices
     n_bins = max(1, max_items // n_rows)
     width = (t1_us - t0_us) / n_bins if t1_us > t0_us else 1.0
     a = np.clip(s.start_us[idx], t0_us, t1_us)
@@ -187,17 +218,36 @@ def _bins(
         rows * stride + last + 1, minlength=n_rows * stride
     )
     counts = np.cumsum(delta.reshape(n_rows, stride), axis=1)[:, :n_bins]
-    # exclusive segments per row, then each (row, phase)'s covered time at every bin edge
-    priority_phase = np.asarray((*PRIORITY, PHASE_OP, PHASE_CYCLE), dtype=np.int64)
+    # the run's exclusive segments, cut to the window and put in their rows
+    if expand_rank is None:
+        seg_lane, seg_start, seg_len, seg_class = rank_segments(run)
+    else:
+        seg_lane, seg_start, seg_len, seg_class = run.memo(
+            ("lane_segments", expand_rank, lanes), lambda: _lane_segments(run, expand_rank, lanes)
+        )
+    sa = np.maximum(seg_start, t0_us)
+    sb = np.minimum(seg_start + seg_len, t1_us)
+    keep = sb > sa
+    if expand_rank is None:  # lane_keys: rank -> row (-1: not shown)
+        inside = (seg_lane >= 0) & (seg_lane < len(lane_keys))
+        seg_row = np.where(inside, lane_keys[np.clip(seg_lane, 0, len(lane_keys) - 1)], -1)
+        keep &= seg_row >= 0
+    else:  # lane_keys: the sorted tensor or phase codes of the rows
+        pos = np.clip(np.searchsorted(lane_keys, seg_lane), 0, max(len(lane_keys) - 1, 0))
+        keep &= lane_keys[pos] == seg_lane if len(lane_keys) else False
+        seg_row = pos
+    seg_row, seg_start, seg_len = seg_row[keep], sa[keep], (sb - sa)[keep]
+    seg_class = seg_class[keep].astype(np.int64)
+    priority_phase = _PRIORITY_PHASES
     k = len(priority_phase)
-    order_of = np.zeros(len(PHASES), dtype=np.int64)
-    order_of[priority_phase] = np.arange(k)  # every phase has a place: PHASES has k of them
-    seg_row, seg_start, seg_len, seg_class = exclusive_segments(rows, a, b, order_of[s.phase[idx]])
-    span = (t1_us - t0_us) + 2.0 * width + 1.0
     key = seg_row * k + seg_class
-    shifted = (seg_start - t0_us) + key * span
-    order = np.argsort(shifted, kind="stable")
-    shifted, seg_len = shifted[order], seg_len[order]
+    span = (t1_us - t0_us) + 2.0 * width + 1.0
+    # segments come sorted by (row, time): a stable sort on the (row, phase) key alone
+    # keeps each key's segments in time order (a radix sort for small integer keys)
+    small = np.int16 if n_rows * k < np.iinfo(np.int16).max else np.int64
+    order = np.argsort(key.astype(small), kind="stable")
+    shifted = (seg_start[order] - t0_us) + key[order] * span
+    seg_len = seg_len[order]
     edges = np.arange(stride, dtype=np.float64) * width
     q = (np.arange(n_rows * k, dtype=np.float64) * span)[:, None] + edges[None, :]
     if len(shifted):
