@@ -178,6 +178,30 @@ _ORDER_OF = np.zeros(len(PHASES), dtype=np.int64)
 _ORDER_OF[_PRIORITY_PHASES] = np.arange(len(_PRIORITY_PHASES))
 
 
+class _SegmentIndex:
+    """Exclusive segments (sorted by lane, then time) and where each lane's lie, so that
+    a window takes only the segments that overlap it: two binary searches per lane."""
+
+    def __init__(self, segments: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> None:
+        self.lane, self.start, self.length, self.klass = segments
+        n = len(self.lane)
+        cut = np.flatnonzero(self.lane[1:] != self.lane[:-1]) + 1 if n else np.zeros(0, int)
+        self.bounds = np.concatenate([[0], cut, [n]]).astype(np.int64)
+        self.end = self.start + self.length  # sorted within a lane too: segments are disjoint
+
+    def within(
+        self, t0_us: float, t1_us: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        pieces = []
+        for lo, hi in zip(self.bounds[:-1].tolist(), self.bounds[1:].tolist(), strict=True):
+            a = lo + int(np.searchsorted(self.end[lo:hi], t0_us, side="right"))
+            b = lo + int(np.searchsorted(self.start[lo:hi], t1_us, side="left"))
+            if b > a:
+                pieces.append(np.arange(a, b))
+        take = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+        return self.lane[take], self.start[take], self.length[take], self.klass[take]
+
+
 def _lane_segments(
     run: Run, rank: int, lanes: str
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -220,11 +244,14 @@ def _bins(
     counts = np.cumsum(delta.reshape(n_rows, stride), axis=1)[:, :n_bins]
     # the run's exclusive segments, cut to the window and put in their rows
     if expand_rank is None:
-        seg_lane, seg_start, seg_len, seg_class = rank_segments(run)
+        segments = rank_segments(run)
+        found = run.memo("rank_segments_index", lambda: _SegmentIndex(segments))
     else:
-        seg_lane, seg_start, seg_len, seg_class = run.memo(
-            ("lane_segments", expand_rank, lanes), lambda: _lane_segments(run, expand_rank, lanes)
+        found = run.memo(
+            ("lane_segments", expand_rank, lanes),
+            lambda: _SegmentIndex(_lane_segments(run, expand_rank, lanes)),
         )
+    seg_lane, seg_start, seg_len, seg_class = found.within(t0_us, t1_us)
     sa = np.maximum(seg_start, t0_us)
     sb = np.minimum(seg_start + seg_len, t1_us)
     keep = sb > sa
