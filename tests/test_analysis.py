@@ -314,7 +314,10 @@ def test_window_exact_and_aggregated(tmp_path: Path) -> None:
     agg = timeline_window(run, t0, t1, max_items=30)
     assert agg.aggregated and agg.total == w.total
     assert len(agg.buckets["row"]) <= 30
-    assert sum(agg.buckets["count"]) == w.total
+    # a slice counts in every bin it overlaps: each at least once
+    assert sum(agg.buckets["count"]) >= w.total
+    widths = agg.buckets["dur_us"]
+    assert all(b <= d for b, d in zip(agg.buckets["busy_us"], widths, strict=True))
     lanes = timeline_window(run, run.t0_us, run.t1_us, expand_rank=1, max_items=10**6)
     assert {r["label"] for r in lanes.rows} == set(run.tensors)
     assert json.dumps(agg.to_dict()) and json.dumps(lanes.to_dict())

@@ -465,6 +465,13 @@ def test_timeline_records_samples_and_changes(two_rank_run: dict[str, Any]) -> N
         )
         assert args["is_best"] == row.is_best
         assert args["score"] == pytest.approx(row.score_bytes_per_s, rel=1e-5)
+        # the tuner's decisions travel with the sample, as the log has them
+        assert args["role"] == row.role
+        if row.ratio_to_default is None:
+            assert "ratio_to_default" not in args
+        else:
+            assert args["ratio_to_default"] == pytest.approx(row.ratio_to_default, rel=1e-5)
+        assert "recommendation" in args and "incumbent" in args
     scores = [e for e in events if e.get("name") == act.COUNTER_AUTOTUNE_SCORE]
     assert len(scores) == len(rows)
 

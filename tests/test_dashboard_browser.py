@@ -115,7 +115,7 @@ def test_page_timeline_zoom_expand_stragglers_autotune(
             "stragglers": ["step"],
             "fusion": ["tensors fused", "collectives"],
             "fusion-fill": ["buffer fill", "threshold", "fused collectives"],
-            "bandwidth": ["message size (bytes)", "MB/s"],
+            "bandwidth": ["message size (bytes)", "GB/s"],
             "autotune-score": ["sample", "MB/s"],
             "autotune-params": ["sample", "MiB", "ms"],
         }.items():
@@ -135,7 +135,7 @@ def test_page_timeline_zoom_expand_stragglers_autotune(
         ticks = page.locator("#timeline .ytick text").all_text_contents()
         assert sorted(ticks) == sorted(lanes(page))
         status = page.locator("#timeline-status").text_content()
-        assert "aggregated" in status  # the whole run is more than the screen shows
+        assert "binned" in status  # the whole run is more than the screen shows
 
         # zoom by dragging across the plot, starting where rank 1 ran its middle
         # allreduce (where that is depends on how long start-up and broadcast took):
@@ -161,7 +161,7 @@ def test_page_timeline_zoom_expand_stragglers_autotune(
         assert run.t0_us < view[0] < view[1] < run.t1_us
         assert view[1] - view[0] < 0.05 * (run.t1_us - run.t0_us)
         page.wait_for_function(
-            "!/aggregated/.test(document.getElementById('timeline-status').textContent)"
+            "!/binned/.test(document.getElementById('timeline-status').textContent)"
         )
         # hovering a backend call shows its arguments
         names = page.evaluate(
@@ -219,7 +219,13 @@ def test_page_timeline_zoom_expand_stragglers_autotune(
         assert page.locator("#autotune-params .scatterlayer .trace").count() == 2
         # the ringed sample is the tuner's recommendation, the one the verdict names
         report = autotune_report(run)
-        ringed = page.evaluate("document.getElementById('autotune-score').data[2].x")
+        # (the ring is the last trace; no raw best-so-far line: the tuner's incumbent)
+        names = page.evaluate("document.getElementById('autotune-score').data.map(t => t.name)")
+        assert "best so far" not in names and (
+            not report.paired or any("incumbent" in n for n in names)
+        )
+        assert page.locator("#autotune-summary").text_content() == report.verdict
+        ringed = page.evaluate("document.getElementById('autotune-score').data.at(-1).x")
         assert report.recommended is not None, "the demo's tuner marks its recommendation"
         assert ringed == [samples[report.recommended].index]
         recommended = samples[report.recommended]
@@ -340,6 +346,147 @@ def test_token_page_keeps_working(browser: object, served: Path, tmp_path: Path)
         assert errors == []
 
 
+@pytest.fixture(scope="module")
+def slow_served(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real 2-rank job whose rank 1 sleeps 15 ms before each step (the straggler)."""
+    from conftest import run_job
+
+    root = tmp_path_factory.mktemp("browser-slow")
+    job = run_job(
+        "analysis_worker.py", 2, "--steps", "120", "--sleep-rank", "1", "--sleep-ms", "15",
+        launcher_args=("--timeline", str(root / "slow")),
+    )  # fmt: skip
+    job.assert_done(2)
+    return root
+
+
+#: Largest gap between the share of a rank's time the overview colours in a phase and the
+#: breakdown's share of that phase.
+SHARE_TOLERANCE = 0.03
+
+
+def overlapping_titles(page, plot: str) -> list[str]:
+    """Axis titles of ``plot`` whose box overlaps one of that axis's tick labels."""
+    return page.evaluate(
+        """(plot) => {
+          const el = document.getElementById(plot);
+          const hit = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+          const out = [];
+          for (const [title, ticks] of [["g-xtitle", "xtick"], ["g-ytitle", "ytick"], ["g-y2title", "y2tick"]]) {
+            for (const t of el.querySelectorAll("." + title + " text")) {
+              if (!t.textContent.trim()) continue;
+              const box = t.getBoundingClientRect();
+              for (const tick of el.querySelectorAll("." + ticks + " text")) {
+                if (tick.textContent.trim() && hit(box, tick.getBoundingClientRect())) {
+                  out.push(t.textContent + " / " + tick.textContent);
+                }
+              }
+            }
+          }
+          return out;
+        }""",
+        plot,
+    )
+
+
+def test_overview_conserves_time_marks_the_straggler_and_wheel_zooms(
+    browser: object, slow_served: Path, tmp_path: Path
+) -> None:
+    from hvdprof.analysis import find_stragglers, load_run, time_breakdown
+
+    run = load_run(str(slow_served / "slow"), cache=False)
+    breakdown = time_breakdown(run)
+    with dashboard_server(slow_served) as base:
+        page, errors = open_page(browser, base + "?run=slow")
+        page.wait_for_timeout(500)
+        page.screenshot(path=str(tmp_path / "slow.png"), full_page=True)
+        assert "binned" in page.locator("#timeline-status").text_content()
+        # the length drawn in each phase's colour on a rank's row is that phase's time
+        drawn = page.evaluate(
+            """() => {
+              const out = {};
+              for (const t of document.getElementById('timeline').data) {
+                if (t.type !== 'bar') continue;
+                t.y.forEach((lane, i) => {
+                  const key = lane + '|' + t.name;
+                  out[key] = (out[key] || 0) + t.x[i];
+                });
+              }
+              return out;
+            }"""
+        )
+        for r in breakdown.ranks:
+            lane = f"rank {r.rank} ({run.hosts[r.rank]})"
+            for category in breakdown.categories:
+                if category == "idle":
+                    continue
+                share = drawn.get(f"{lane}|{category}", 0.0) / r.wall_ms
+                assert share == pytest.approx(r.share(category), abs=SHARE_TOLERANCE), (
+                    lane, category, share, r.share(category),
+                )  # fmt: skip
+        # the heatmap says dark is waiting, and boxes the rank the analysis names
+        assert "dark = this rank waited" in page.locator("#stragglers-card").text_content()
+        culprit = find_stragglers(run).straggler
+        assert culprit is not None, "rank 1 slept 15 ms a step: it should be named"
+        ticks = page.locator("#stragglers .ytick text").all_text_contents()
+        assert [t for t in ticks if "straggler" in t] == [f"rank {culprit} \u25c0 straggler"]
+        # the bandwidth chart in the verdict's unit
+        assert "GB/s" in page.locator("#bandwidth-verdict").text_content()
+        assert any("GB/s" in t for t in axis_titles(page, "bandwidth"))
+        # no axis title sits on its tick labels
+        for plot in ("timeline", "breakdown", "stragglers", "fusion", "fusion-fill", "bandwidth"):
+            assert overlapping_titles(page, plot) == [], plot
+        # the mouse wheel zooms the time axis, and the page asks for the narrower window
+        box = page.locator("#timeline .nsewdrag").first.bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        for _ in range(6):
+            page.mouse.wheel(0, -400)
+            page.wait_for_timeout(100)
+        wait_for_timeline(page, "window.HVD_STATE.view !== null")
+        view = page.evaluate("window.HVD_STATE.view")
+        assert run.t0_us < view[0] < view[1] < run.t1_us
+        assert view[1] - view[0] < 0.8 * (run.t1_us - run.t0_us)
+        page.wait_for_function(
+            f"(() => {{ const d = document.getElementById('timeline')._fullLayout.xaxis.range;"
+            f" return Math.abs(d[1] - d[0] - {(view[1] - view[0]) / 1000}) < 1e-6; }})()"
+        )
+        page.screenshot(path=str(tmp_path / "slow-wheel-zoomed.png"), full_page=False)
+        assert errors == []
+
+
+def test_page_keeps_its_data_when_the_server_goes_away(
+    browser: object, slow_served: Path, tmp_path: Path
+) -> None:
+    with dashboard_server(slow_served) as base:
+        page, errors = open_page(browser, base + "?run=slow")
+        page.wait_for_function("window.HVD_STATE.live === true")
+        before = {
+            "items": page.evaluate("document.getElementById('timeline').dataset.items"),
+            "verdict": page.locator("#straggler-verdict").text_content(),
+            "breakdown": page.evaluate("document.getElementById('breakdown').data.length"),
+            "empty": page.locator("main .empty").count(),  # cards with nothing to show
+        }
+        assert int(before["items"]) > 0 and before["verdict"] and before["breakdown"] > 0
+    # the server has stopped: the live indicator says so, and asking for more (whole run,
+    # other lanes) keeps every chart as it was, with one notice
+    page.wait_for_function("window.HVD_STATE.live === false")
+    page.click("#reset-zoom")
+    page.select_option("#expand-select", "1")
+    page.wait_for_function("window.HVD_STATE.offline === true")
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(tmp_path / "server-gone.png"), full_page=False)
+    assert "server not answering" in page.locator("#live-text").text_content()
+    notices = page.locator("#notices").text_content()
+    assert notices.count("not answering") == 1 and "unavailable" not in notices, notices
+    assert page.evaluate("document.getElementById('timeline').dataset.items") == before["items"]
+    assert page.locator("#timeline .empty").count() == 0
+    assert page.locator("#straggler-verdict").text_content() == before["verdict"]
+    assert page.evaluate("document.getElementById('breakdown').data.length") == before["breakdown"]
+    assert page.locator("main .empty").count() == before["empty"]  # no card blanked
+    assert errors == []
+    page.close()
+
+
 def test_live_updates_while_a_job_writes(browser: object, tmp_path: Path) -> None:
     """``hvdprof run --timeline DIR --dashboard``: the printed URL shows the job as it runs."""
     chromium_or_skip()
@@ -390,13 +537,14 @@ def test_live_updates_while_a_job_writes(browser: object, tmp_path: Path) -> Non
             job.wait(10)
 
 
-def test_report_opens_offline(browser: object, served: Path, tmp_path: Path) -> None:
+def test_report_opens_offline(browser: object, served: Path, tmp_path: Path, capsys) -> None:
     """``hvdprof report``: one file, no network, the same charts."""
     from hvdprof.analysis import find_stragglers, load_run
     from hvdprof.cli import main
 
     out = tmp_path / "report.html"
     assert main(["report", str(served), "--run", "demo", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
     context = browser.new_context(offline=True, viewport={"width": 1400, "height": 950})
     page = context.new_page()
     page.set_default_timeout(WAIT_MS)
@@ -409,6 +557,11 @@ def test_report_opens_offline(browser: object, served: Path, tmp_path: Path) -> 
     page.wait_for_timeout(500)
     page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
     assert requests == [out.as_uri()]  # nothing fetched: everything is inside the file
+    # a binned view says so, on the page and when the report is written
+    status = page.locator("#timeline-status").text_content()
+    binned = "binned" in status
+    assert ("timeline views held as time bins" in printed) == binned, (printed, status)
+    assert not binned or "this offline report holds the bins only" in status
     assert lanes(page) == ["rank 0 (vm)", "rank 1 (vm)"] or len(lanes(page)) == 2
     verdict = page.locator("#straggler-verdict").text_content()
     assert verdict == find_stragglers(load_run(str(served / "demo"), cache=False)).verdict

@@ -18,7 +18,7 @@
   const CATEGORY_COLORS = { idle: "#e5e7eb" };
   const state = {
     runs: [], run: null, info: null, expand: "", laneKind: "tensor", view: null, version: 0,
-    timelineRequest: 0, lanes: [], live: false, updates: 0,
+    timelineRequest: 0, lanes: [], live: false, updates: 0, offline: false,
   };
   window.HVD_STATE = state; // for the browser tests and the curious
 
@@ -47,7 +47,15 @@
       if (hit === undefined) throw new Error("not included in this report: " + embeddedKey(path, query));
       return hit;
     }
-    const response = await fetch(apiUrl(path, query));
+    let response;
+    try {
+      response = await fetch(apiUrl(path, query));
+    } catch (err) { // no answer at all: the server stopped (or the network went)
+      const gone = new Error("the dashboard server is not answering");
+      gone.offline = true;
+      throw gone;
+    }
+    if (state.offline) { state.offline = false; setNotices("server", []); }
     let body = null;
     try { body = await response.json(); } catch (e) { body = null; }
     if (!response.ok) {
@@ -79,7 +87,8 @@
     Plotly.react(el, traces, layout, config);
   }
   // An axis with a visible title (plotly.js 3+ ignores a plain-string title).
-  function axis(title, extra) { return Object.assign({ title: { text: title } }, extra || {}); }
+  // automargin and a standoff: the title is placed beyond the tick labels, never on them.
+  function axis(title, extra) { return Object.assign({ title: { text: title, standoff: 10 }, automargin: true }, extra || {}); }
   // A log axis labelled at a handful of round values instead of every 2 and 5.
   // values: the data on that axis; ticks go at 1-2-5 steps (or decades when those crowd).
   function logAxis(title, values, extra) {
@@ -154,6 +163,18 @@
     }
   }
 
+  // The server went away (a finished `hvdprof run --dashboard`, a stopped `hvdprof
+  // dashboard`): keep every chart as it was and say so once, instead of blanking them.
+  // True when err was that, so the caller keeps what it shows.
+  function keptOffline(err) {
+    if (!err || !err.offline) return false;
+    if (!state.offline) {
+      state.offline = true;
+      setNotices("server", ["the dashboard server is not answering (stopped?): the page keeps the last data it received"]);
+    }
+    return true;
+  }
+
   // ------------------------------------------------------------------ timeline
   function runT0() { return state.info && state.info.t0_us != null ? state.info.t0_us : 0; }
 
@@ -171,6 +192,7 @@
     try {
       body = await api("api/timeline", query);
     } catch (err) {
+      if (keptOffline(err)) return;
       if (ticket === state.timelineRequest) empty(el, "timeline unavailable: " + err.message);
       return;
     }
@@ -224,22 +246,41 @@
     const laneRank = new Map();
     lanes.forEach((lane) => { laneLabel.set(lane.row, lane.label); laneRank.set(lane.row, lane.rank); });
     const byPhase = new Map();
-    for (const it of items) {
-      const phase = it.phase || "other";
+    const group = (phase) => {
       if (!byPhase.has(phase)) byPhase.set(phase, { y: [], base: [], x: [], text: [], custom: [] });
-      const g = byPhase.get(phase);
+      return byPhase.get(phase);
+    };
+    // Binned (zoomed out): each bin is drawn as its phases' shares of it, side by side, so
+    // the length drawn in a colour is the time the row spent in that phase (what the
+    // breakdown counts); time with no slice stays blank. The hover names the dominant one.
+    const phaseUs = data.aggregated ? ((data.buckets || {}).phase_us || {}) : {};
+    items.forEach((it, i) => {
+      const phase = it.phase || "other";
       const lane = laneLabel.has(it.row) ? laneLabel.get(it.row) : String(it.row);
+      const rank = laneRank.has(it.row) ? laneRank.get(it.row) : null;
+      if (it.count !== undefined) {
+        const parts = Object.keys(phaseUs).map((p) => [p, phaseUs[p][i] || 0]).filter(([, us]) => us > 0);
+        const idle = Math.max(it.dur_us - it.busy_us, 0);
+        const lines = ["<b>" + fmtUs(it.start_us - t0) + " + " + fmtUs(it.dur_us) + "</b>: " + it.count + " slices, mostly " + (phase === "idle" ? "no slice (compute)" : phase)];
+        for (const [p, us] of parts.slice().sort((a, b) => b[1] - a[1])) lines.push(p + ": " + fmtUs(us));
+        if (idle > 0) lines.push("no slice (compute): " + fmtUs(idle));
+        lines.push("busy " + fmtUs(it.busy_us) + " of " + fmtUs(it.dur_us) + " \u00b7 zoom in to see each slice");
+        const hover = lines.join("<br>");
+        let offset = 0;
+        for (const [p, us] of parts) {
+          const g = group(p);
+          g.y.push(lane); g.base.push((it.start_us + offset - t0) / 1000); g.x.push(us / 1000);
+          g.custom.push(rank); g.text.push(hover);
+          offset += us;
+        }
+        return;
+      }
+      const g = group(phase);
       g.y.push(lane);
       g.base.push((it.start_us - t0) / 1000);
       g.x.push(Math.max(it.dur_us, 0) / 1000);
-      g.custom.push(laneRank.has(it.row) ? laneRank.get(it.row) : null);
+      g.custom.push(rank);
       const lines = [];
-      if (it.count !== undefined) {
-        lines.push("<b>" + it.count + " slices</b>, mostly " + phase + ", busy " + fmtUs(it.busy_us) + " of " + fmtUs(it.dur_us));
-        lines.push("zoom in to see each one");
-        g.text.push(lines.join("<br>"));
-        continue;
-      }
       lines.push("<b>" + (it.name || phase) + "</b>  " + fmtUs(it.dur_us));
       if (it.tensor) lines.push("tensor: " + it.tensor);
       if (it.bytes != null && it.bytes >= 0) lines.push("bytes: " + fmtBytes(it.bytes));
@@ -249,7 +290,7 @@
       if (it.backend) lines.push("backend: " + it.backend);
       if (it.dtype) lines.push("dtype: " + it.dtype);
       g.text.push(lines.join("<br>"));
-    }
+    });
     const traces = [];
     // enclosing op slices first, so the phases inside them are drawn on top
     const order = (p) => (p === "op" ? -1 : Object.keys(PHASE_COLORS).indexOf(p));
@@ -302,8 +343,13 @@
     el.style.height = layout.height + "px";
     if (state.view) layout.xaxis.range = [(state.view[0] - t0) / 1000, (state.view[1] - t0) / 1000];
     else layout.xaxis.autorange = true;
-    draw(el, traces, layout, plotConfig);
-    const agg = data.aggregated ? " (" + data.total + " slices aggregated into time bins: zoom in for single events)" : "";
+    // the mouse wheel zooms the time axis (the lanes stay fixed)
+    draw(el, traces, layout, Object.assign({}, plotConfig, { scrollZoom: true }));
+    el.dataset.binned = data.aggregated ? "1" : "0";
+    const bin = items.length ? items[0].dur_us : 0;
+    const agg = !data.aggregated ? "" : " \u00b7 binned: " + data.total + " slices cut into time bins of " + fmtUs(bin) +
+      ", each drawn as its phases' shares of it (blank: no slice, i.e. compute)" +
+      (EMBEDDED ? "; this offline report holds the bins only (zooming magnifies them): `hvdprof dashboard` shows single slices" : ": zoom in for single slices");
     const span = state.view ? state.view : [data.t0_us, data.t1_us];
     const sample = state.selectedSample != null && state.view ? " \u00b7 the window autotune sample " + state.selectedSample + " ran in" : "";
     const none = emptyLanes.length ? " \u00b7 nothing recorded in this window for: " + emptyLanes.join(", ") : "";
@@ -352,6 +398,7 @@
       setNotices(name, body.notices);
       draw(body.data);
     } catch (err) {
+      if (keptOffline(err)) return;
       setNotices(name, [name + " unavailable: " + err.message]);
     }
   }
@@ -391,7 +438,16 @@
     drawWaitHeatmap(data);
   }
 
-  // Stragglers: the breakdown's per-step negotiation wait of each rank, as a heatmap.
+  // The rank the straggler analysis names (hvdprof.analysis.stragglers' result), or null.
+  // The one place the page reads that field: follow a rename here.
+  function stragglerRank(result) {
+    const r = result ? result.straggler : null;
+    return r === undefined || r === null ? null : Number(r);
+  }
+  let stragglersData = null;
+
+  // Stragglers: the breakdown's per-step negotiation wait of each rank, as a heatmap. Dark
+  // is a rank that waited (the victim); the rank it waited for is marked on its row.
   function drawWaitHeatmap(data) {
     const el = $("stragglers");
     const ranks = (data && data.ranks) || [];
@@ -399,18 +455,33 @@
     // Ranks of the run with no row here (a Horovod timeline is written by rank 0 alone).
     const shown = new Set(ranks.filter((r, i) => z[i].length).map((r) => r.rank));
     const missing = ((state.info && state.info.ranks) || []).filter((r) => !shown.has(r));
-    text($("stragglers-note"), missing.length && shown.size
-      ? "no negotiation wait recorded for rank " + missing.join(", ") + " (its timeline has no negotiation slices)" : "");
+    const culprit = stragglerRank(stragglersData);
+    const notes = [];
+    if (missing.length && shown.size) notes.push("no negotiation wait recorded for rank " + missing.join(", ") + " (its timeline has no negotiation slices)");
+    if (culprit !== null && !shown.has(culprit)) notes.push("rank " + culprit + " is the straggler (not drawn: no row here)");
+    text($("stragglers-note"), notes.join(" \u00b7 "));
     if (!ranks.length || !z.some((row) => row.length)) { empty(el, "no negotiation waits recorded in this timeline"); return; }
     const steps = Math.max(...z.map((row) => row.length));
+    const label = (rank) => "rank " + rank + (rank === culprit ? " \u25c0 straggler" : "");
+    const y = ranks.map((r) => label(r.rank));
+    const shapes = [];
+    const annotations = [];
+    const row = ranks.findIndex((r) => r.rank === culprit);
+    if (row >= 0) {
+      // a box around the straggler's row: the others' dark rows are waiting for it
+      shapes.push({ type: "rect", xref: "paper", x0: 0, x1: 1, yref: "y", y0: row - 0.5, y1: row + 0.5,
+        line: { color: "#1d4ed8", width: 3 }, fillcolor: "rgba(0,0,0,0)" });
+      annotations.push({ xref: "paper", x: 0.5, yref: "y", y: row, text: "straggler: the others waited for this rank",
+        showarrow: false, font: { color: "#1d4ed8", size: 12 }, bgcolor: "rgba(255,255,255,0.85)" });
+    }
     draw(el, [{
-      type: "heatmap", z: z, x: Array.from({ length: steps }, (_, i) => i), y: ranks.map((r) => "rank " + r.rank),
-      colorscale: [[0, "#fff7ec"], [0.5, "#fc8d59"], [1, "#7f0000"]], colorbar: { title: { text: "wait ms" } },
+      type: "heatmap", z: z, x: Array.from({ length: steps }, (_, i) => i), y: y,
+      colorscale: [[0, "#fff7ec"], [0.5, "#fc8d59"], [1, "#7f0000"]], colorbar: { title: { text: "waited (ms)" } },
       zmin: 0, zmax: colourCap(z),
       hovertemplate: "%{y}, step %{x}: waited %{z:.2f} ms for the others<extra></extra>",
     }], Object.assign(baseLayout(), {
-      xaxis: axis("training step"), yaxis: { autorange: "reversed", type: "category" }, height: 340,
-      margin: { l: 60, r: 16, t: 10, b: 44 },
+      xaxis: axis("training step"), yaxis: { autorange: "reversed", type: "category", automargin: true },
+      height: 340, margin: { l: 60, r: 16, t: 10, b: 44 }, shapes: shapes, annotations: annotations,
     }), plotConfig);
   }
 
@@ -421,7 +492,9 @@
   }
 
   function drawStragglers(data) {
+    stragglersData = data;
     text($("straggler-verdict"), data && data.verdict);
+    drawWaitHeatmap(breakdownData); // mark the straggler's row (the breakdown may be drawn first)
   }
 
   function drawFusion(data) {
@@ -472,14 +545,15 @@
       const mine = bins.filter((b) => b.op === op);
       return {
         type: "scatter", mode: "lines+markers", name: op.toLowerCase(),
-        x: mine.map((b) => b.median_bytes), y: mine.map((b) => b.busbw_gbps * 1000),
+        x: mine.map((b) => b.median_bytes), y: mine.map((b) => b.busbw_gbps),
         text: mine.map((b) => b.count + " calls, median " + b.median_ms.toFixed(3) + " ms"),
-        hovertemplate: "%{x:.3s}B: %{y:.2f} MB/s<br>%{text}<extra>" + op.toLowerCase() + "</extra>",
+        hovertemplate: "%{x:.3s}B: %{y:.3g} GB/s<br>%{text}<extra>" + op.toLowerCase() + "</extra>",
       };
     });
     draw(el, traces, Object.assign(baseLayout(), {
       xaxis: logAxis("message size (bytes)", bins.map((b) => b.median_bytes), { tickformat: ".2~s" }),
-      yaxis: logAxis("bus bandwidth (MB/s)", bins.map((b) => b.busbw_gbps * 1000)),
+      // GB/s, the unit of the verdict above the chart
+      yaxis: logAxis("bus bandwidth (GB/s)", bins.map((b) => b.busbw_gbps)),
     }), plotConfig);
   }
 
@@ -496,27 +570,37 @@
     }
     const idx = samples.map((s) => s.index);
     const score = samples.map((s) => s.score_mb_per_s);
-    const best = [];
-    score.forEach((v, i) => best.push(i ? Math.max(best[i - 1], v) : v));
+    const roleWords = { incumbent: "incumbent window", candidate: "candidate window", watch: "re-measure (watching for drift)" };
     const hover = samples.map((s) =>
       "threshold " + fmtBytes(s.fusion_threshold_bytes) + ", cycle " + s.cycle_time_ms + " ms, cache " +
       (s.cache_enabled ? "on" : "off") + "<br>steps " + s.first_step + "-" + s.last_step + " (" + s.phase + ")" +
-      (s.is_best ? "<br>ran the tuner's best configuration at the time" : ""));
-    // the tuner's recommendation (the last sample it marked best: the one the verdict
-    // names); the highest single window only when no sample is marked
-    const ringed = data.recommended != null ? data.recommended : data.best;
+      (s.role ? "<br>" + (roleWords[s.role] || s.role) : "") +
+      (s.ratio_to_default != null ? "<br>tuner's paired estimate: " + s.ratio_to_default.toFixed(3) + "x the default" : ""));
+    // The tuner's recommendation (recorded by the tuner; in older traces, the last sample
+    // it marked best), ringed on the last window that ran it. No best-so-far line: a
+    // running maximum of single windows follows the noise, not the tuner.
+    const ringed = data.recommended;
     const chosen = ringed != null && samples[ringed] ? [samples[ringed]] : [];
-    const ringName = data.recommended != null ? "tuner's recommendation (its last window)" : "highest-scoring window";
-    draw(scoreEl, [
+    const rec = data.recommendation;
+    const ringName = rec ? (rec.kept_default ? "kept: the default (tuner's decision)" : "tuner's recommendation") : "tuner's recommendation (marked best)";
+    const roleColor = { incumbent: "#64748b", candidate: PHASE_COLORS.autotune, watch: "#1a7f37" };
+    const traces = [
       // trace 0 holds every sample, in order (the click handler relies on it)
-      { type: "scatter", mode: "markers", name: "sample", x: idx, y: score, text: hover,
+      { type: "scatter", mode: "markers", name: data.paired ? "window (grey: incumbent, purple: candidate)" : "sample", x: idx, y: score, text: hover,
         hovertemplate: "sample %{x}: %{y:.2f} MB/s<br>%{text}<extra>click: show on the timeline</extra>",
-        marker: { size: 9, color: PHASE_COLORS.autotune } },
-      { type: "scatter", mode: "lines", name: "best so far", x: idx, y: best, hoverinfo: "skip", line: { shape: "hv", color: "#1a7f37" } },
-      { type: "scatter", mode: "markers", name: ringName, x: chosen.map((s) => s.index),
-        y: chosen.map((s) => s.score_mb_per_s), hoverinfo: "skip",
-        marker: { size: 15, color: "rgba(0,0,0,0)", line: { color: "#1a7f37", width: 2.5 } } },
-    ], Object.assign(baseLayout(), {
+        marker: { size: 9, color: samples.map((s) => roleColor[s.role] || PHASE_COLORS.autotune) } },
+    ];
+    if (data.paired) {
+      // the tuner's incumbent: the windows it measured the incumbent in, joined (each
+      // candidate window between two of them is compared with both)
+      const inc = samples.filter((s) => s.role === "incumbent");
+      traces.push({ type: "scatter", mode: "lines", name: "tuner's incumbent (its windows)", x: inc.map((s) => s.index),
+        y: inc.map((s) => s.score_mb_per_s), hoverinfo: "skip", line: { color: "#64748b", width: 1.5, dash: "dot" } });
+    }
+    traces.push({ type: "scatter", mode: "markers", name: ringName, x: chosen.map((s) => s.index),
+      y: chosen.map((s) => s.score_mb_per_s), hoverinfo: "skip",
+      marker: { size: 15, color: "rgba(0,0,0,0)", line: { color: "#1a7f37", width: 2.5 } } });
+    draw(scoreEl, traces, Object.assign(baseLayout(), {
       title: { text: "score per sample (click one)", font: { size: 12 } }, xaxis: axis("sample #"),
       yaxis: axis("score: MB/s reduced"), margin: { l: 55, r: 10, t: 30, b: 90 },
     }), plotConfig);
@@ -543,19 +627,33 @@
   function drawSurface(data) {
     const el = $("autotune-surface");
     if (!data || !data.z || !data.z.length) { empty(el, (data && data.reason) || "no surrogate surface"); return; }
-    const traces = [{
+    // Over the range the samples searched only. A flat model (its whole predicted range
+    // within one window's noise) is drawn at the noise's contrast, not stretched to full
+    // colour over differences no measurement could tell apart.
+    const all = data.z.flat();
+    const lo = Math.min(...all), hi = Math.max(...all);
+    const flat = !!data.flat;
+    const mid = Math.sqrt(lo * hi);
+    const noise = data.noise_log || 0;
+    const span = flat ? { zmin: mid * Math.exp(-2 * noise), zmax: mid * Math.exp(2 * noise) } : {};
+    const traces = [Object.assign({
       type: "contour", x: data.x, y: data.y, z: data.z, colorscale: "Viridis",
       colorbar: { title: { text: "MB/s" } }, contours: { coloring: "heatmap" },
       hovertemplate: "threshold %{x:.3s}B, cycle %{y:.2f} ms: %{z:.2f} MB/s<extra>surrogate</extra>",
-    }];
+    }, span)];
     const pts = data.samples || [];
     traces.push({
       type: "scatter", mode: "markers", name: "samples", x: pts.map((s) => s.fusion_threshold_bytes),
       y: pts.map((s) => s.cycle_time_ms), text: pts.map((s) => s.score_mb_per_s.toFixed(2) + " MB/s"),
       hovertemplate: "sample: %{text}<extra></extra>", marker: { color: "#fff", line: { color: "#000", width: 1 }, size: 7 },
     });
+    const pct = (x) => (100 * (Math.exp(x) - 1)).toFixed(1) + "%";
+    const title = flat
+      ? "flat: the model's range (" + pct(data.range_log) + ") is within the noise (\u00b1" + pct(noise) + " a window)"
+      : "the tuner's model over the searched range: predicted MB/s";
+    el.dataset.flat = flat ? "1" : "0";
     draw(el, traces, Object.assign(baseLayout(), {
-      title: { text: "the tuner's model: predicted MB/s (dots: samples)", font: { size: 12 } }, showlegend: false,
+      title: { text: title, font: { size: 12 } }, showlegend: false,
       xaxis: logAxis("fusion threshold (bytes)", data.x, { tickformat: ".2~s" }), yaxis: logAxis("cycle time (ms)", data.y),
       margin: { l: 55, r: 10, t: 30, b: 44 },
     }), plotConfig);
@@ -569,7 +667,7 @@
       const body = await api("api/compare", { a: a, b: b });
       setNotices("compare", body.notices);
       drawCompare(body.data, body.a || a, body.b || b);
-    } catch (err) { empty(el, "comparison unavailable: " + err.message); }
+    } catch (err) { if (!keptOffline(err)) empty(el, "comparison unavailable: " + err.message); }
   }
 
   function drawCompare(data, a, b) {
@@ -608,6 +706,7 @@
       state.runs = body.runs || [];
       setNotices("runs", body.notices);
     } catch (err) {
+      if (keptOffline(err)) return;
       setNotices("runs", ["cannot list runs: " + err.message]);
       return;
     }
@@ -640,12 +739,15 @@
     fillSelect($("expand-select"), laneOptions, expandValue());
     const list = $("problems");
     list.innerHTML = "";
-    for (const p of info.problems || []) {
+    // a file still being written ends in a half-written event: the run's notice says so,
+    // and it is listed as a problem only once the run is finished (then it was cut)
+    const problems = (info.problems || []).filter((p) => info.complete || !p.partial_tail);
+    for (const p of problems) {
       const li = document.createElement("li");
       li.textContent = p.file + (p.where ? " (" + p.where + ")" : "") + ": " + p.reason;
       list.appendChild(li);
     }
-    $("problems-card").hidden = !(info.problems || []).length;
+    $("problems-card").hidden = !problems.length;
   }
 
   async function loadSections() {
@@ -687,6 +789,7 @@
     try {
       await loadInfo();
     } catch (err) {
+      if (keptOffline(err)) { document.body.dataset.ready = "1"; return; }
       clearRun("this run cannot be shown (see the notice above)");
       setNotices("run", ["run " + runId + " cannot be shown: " + err.message]);
       document.body.dataset.ready = "1";
@@ -734,14 +837,23 @@
       return;
     }
     const source = new EventSource(apiUrl("api/events"));
-    source.addEventListener("hello", () => { $("live").classList.add("on"); state.live = true; showLive(); });
+    let dropped = false;
+    source.addEventListener("hello", () => {
+      $("live").classList.add("on"); state.live = true; showLive();
+      // back after a drop (the server restarted): catch up on what changed meanwhile
+      if (dropped && state.run) { dropped = false; loadRuns().then(() => onChanged({ run: state.run })); }
+    });
     source.addEventListener("changed", (e) => onChanged(JSON.parse(e.data)));
     source.addEventListener("runs", async () => {
       const had = state.run;
       await loadRuns();
       if (!had && state.run) selectRun(state.run);
     });
-    source.onerror = () => { $("live").classList.remove("on"); text($("live-text"), "reconnecting"); state.live = false; };
+    source.onerror = () => {
+      dropped = true;
+      $("live").classList.remove("on"); state.live = false;
+      text($("live-text"), "server not answering: showing the last data");
+    };
   }
 
   // ------------------------------------------------------------------ start

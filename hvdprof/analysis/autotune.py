@@ -6,11 +6,13 @@ sample's window therefore runs from the later of the previous sample and the las
 of parameters before it, to the sample itself. The dashboard jumps from a sample to
 that window.
 
-The tuner's recommendation is the configuration of the last sample it marked ``is_best``
-(the same rule its warm start reads from a log). It compares candidates with the incumbent
-in paired windows, so the single highest-scoring window is one noisy measurement, not
-what it recommends: the verdict names the recommendation, and how windows run with it
-scored against windows run with the starting configuration.
+The tuner compares candidates with the incumbent in paired windows, so the single
+highest-scoring window is one noisy measurement, not what it recommends. Since the paired
+tuner, each sample also records what the tuner decided by then (its role, the paired
+ratio to the default, the incumbent, the recommendation with its lower bound, and the
+verdict once the round ended): the verdict here is the tuner's own. Older traces have
+only ``is_best``: the recommendation is then the configuration of the last sample marked
+so (the rule the warm start reads from a log), compared by the mean of its windows.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class SampleWindow:
     phase: str
     t0_us: float
     t1_us: float
+    role: str = ""  # incumbent, candidate or watch ("" in older traces)
+    ratio_to_default: float | None = None  # the tuner's paired estimate for its configuration
+    incumbent: dict[str, Any] | None = None  # the tuner's incumbent after this window
 
 
 @dataclass
@@ -45,12 +50,22 @@ class AutotuneReport:
     recommended: int | None = None
     params_changes: int = 0
     verdict: str | None = None
+    #: the tuner's recommendation when the recording ended ({fusion_threshold_bytes,
+    #: cycle_time_ms, cache_enabled, ratio_to_default, ratio_lower_bound, kept_default}),
+    #: and its verdict once a round ended; None in traces from before they were recorded
+    recommendation: dict[str, Any] | None = None
+    decision: str | None = None
+    #: True when the samples carry the tuner's paired decisions (roles, estimates)
+    paired: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "samples": [x.__dict__ for x in self.samples],
             "best": self.best,
             "recommended": self.recommended,
+            "recommendation": self.recommendation,
+            "decision": self.decision,
+            "paired": self.paired,
             "params_changes": self.params_changes,
             "verdict": self.verdict,
         }
@@ -82,6 +97,9 @@ def autotune_report(run: Run) -> AutotuneReport:
                 phase=x.phase,
                 t0_us=t0,
                 t1_us=x.ts_us,
+                role=x.role,
+                ratio_to_default=x.ratio_to_default,
+                incumbent=x.incumbent,
             )
         )
         previous = x.ts_us
@@ -90,10 +108,63 @@ def autotune_report(run: Run) -> AutotuneReport:
         return out
     best = max(out.samples, key=lambda x: x.score_mb_per_s)
     out.best = best.index
+    recorded = [x for x in samples if x.recommendation is not None]
+    if recorded:  # the tuner's own recommendation, as it stood at the last sample
+        out.paired = True
+        out.recommendation = dict(recorded[-1].recommendation or {})
+        decided = [x.decision for x in samples if x.decision]
+        out.decision = decided[-1] if decided else None
+        key = _key(out.recommendation)
+        ran = [x for x in out.samples if _params(x) == key]
+        out.recommended = ran[-1].index if ran else None
+        out.verdict = _paired_verdict(out)
+        return out
     marked = [x for x in out.samples if x.is_best]
     out.recommended = marked[-1].index if marked else None
     out.verdict = _verdict(out)
     return out
+
+
+def _key(params: dict[str, Any]) -> tuple[int, float, bool]:
+    return (
+        int(params.get("fusion_threshold_bytes", 0)),
+        round(float(params.get("cycle_time_ms", 0.0)), 6),
+        bool(params.get("cache_enabled", False)),
+    )
+
+
+def _describe_params(p: dict[str, Any]) -> str:
+    return (
+        f"fusion threshold {float(p.get('fusion_threshold_bytes', 0)) / 1048576:.3g} MiB, "
+        f"cycle time {float(p.get('cycle_time_ms', 0.0)):.3g} ms, response cache "
+        f"{'on' if p.get('cache_enabled') else 'off'}"
+    )
+
+
+def _paired_verdict(report: AutotuneReport) -> str:
+    """The tuner's recommendation and decision, in its own paired terms."""
+    rec = report.recommendation or {}
+    n = len(report.samples)
+    tuning = report.decision is None  # no round ended: the recording stopped mid-search
+    head = f"Autotune scored {n} samples" + (
+        " and was still tuning when the recording ended" if tuning else ""
+    )
+    if rec.get("kept_default", False):
+        text = (
+            f"{head}; it keeps the default ({_describe_params(rec)}): no configuration beat "
+            "it in paired measurements"
+        )
+    else:
+        ratio = rec.get("ratio_to_default")
+        lower = rec.get("ratio_lower_bound")
+        text = f"{head}; the tuner {'so far ' if tuning else ''}recommends {_describe_params(rec)}"
+        if isinstance(ratio, int | float):
+            text += f": {ratio:.3f}x the default's throughput in paired measurements"
+            if isinstance(lower, int | float):
+                text += f" (at least {lower:.3f}x)"
+    if report.decision:
+        text += f". The tuner's decision: {report.decision}"
+    return text + "."
 
 
 def _params(x: SampleWindow) -> tuple[int, float, bool]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from hvdprof.analysis.intervals import exclusive_segments
 from hvdprof.analysis.model import (
     PHASE_COLLECTIVE,
     PHASE_MEMCPY_IN,
@@ -36,7 +37,8 @@ CATEGORIES: tuple[str, ...] = (
     "negotiate",
     "idle",
 )
-_PRIORITY = (
+#: Phase codes in the same priority order (a rank at an instant is in the first one active).
+PRIORITY: tuple[int, ...] = (
     PHASE_COLLECTIVE,
     PHASE_MEMCPY_IN,
     PHASE_MEMCPY_OUT,
@@ -113,52 +115,30 @@ class Breakdown:
         }
 
 
+def rank_segments(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Exclusive segments ``(rank, start, length, category index)`` of busy time, sorted
+    by rank then time (computed once per state of the run: the binned timeline reads
+    them too)."""
+    return run.memo("rank_segments", lambda: _segments(run))
+
+
 def _segments(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Exclusive segments ``(rank, start, length, category index)`` of busy time."""
     s = run.slices
-    keep = np.isin(s.phase, _PRIORITY) & (s.dur_us > 0)
-    if not keep.any():
-        z = np.zeros(0)
-        return z.astype(np.int32), z, z, z.astype(np.int8)
-    rank = s.rank[keep]
-    start = s.start_us[keep]
-    end = start + s.dur_us[keep]
-    prio = np.zeros(len(_PRIORITY) + 8, dtype=np.int8)
-    for i, p in enumerate(_PRIORITY):
+    keep = np.isin(s.phase, PRIORITY) & (s.dur_us > 0)
+    prio = np.zeros(len(PRIORITY) + 8, dtype=np.int8)
+    for i, p in enumerate(PRIORITY):
         prio[p] = i
-    cat = prio[s.phase[keep]]
-    n = len(start)
-    t = np.concatenate([start, end])
-    r = np.concatenate([rank, rank])
-    c = np.concatenate([cat, cat])
-    d = np.concatenate([np.ones(n, np.int32), -np.ones(n, np.int32)])
-    # one sort on (rank, time): ranks a span apart on a single float key
-    base = float(t.min())
-    span = float(t.max()) - base + 1.0
-    order = np.argsort((t - base) + r.astype(np.float64) * span, kind="stable")
-    t, r, c, d = t[order], r[order], c[order], d[order]
-    k = len(_PRIORITY)
-    # active count of every category after each point (each rank's counts return to 0)
-    active = np.zeros((k, len(t)), dtype=np.int32)
-    for i in range(k):
-        active[i] = np.cumsum(np.where(c == i, d, 0))
-    busy = active > 0
-    has_any = busy.any(axis=0)
-    dominant = np.argmax(busy, axis=0).astype(np.int8)  # first category active = priority
-    length = np.zeros(len(t))
-    same = r[1:] == r[:-1]
-    length[:-1] = np.where(same, t[1:] - t[:-1], 0.0)
-    sel = has_any & (length > 0)
-    return r[sel], t[sel], length[sel], dominant[sel]
+    start = s.start_us[keep]
+    return exclusive_segments(s.rank[keep], start, start + s.dur_us[keep], prio[s.phase[keep]])
 
 
 def time_breakdown(run: Run) -> Breakdown:
     """Wall time per rank in each phase and idle, over the run and per step."""
-    seg_rank, seg_start, seg_len, seg_cat = _segments(run)
+    seg_rank, seg_start, seg_len, seg_cat = rank_segments(run)
     starts = step_starts(run)
     s = run.slices
     out = Breakdown()
-    k = len(_PRIORITY)
+    k = len(PRIORITY)
     for rank in run.ranks:
         mask_r = s.rank == rank
         if not mask_r.any():

@@ -743,6 +743,12 @@ class HvdprofFileParser:
                     is_best=bool(args.get("is_best", False)),
                     phase=str(args.get("phase", "")),
                     rank=self.rank,
+                    role=str(args.get("role", "")),
+                    ratio_to_default=_number(args.get("ratio_to_default")),
+                    incumbent=_mapping(args.get("incumbent")),
+                    recommendation=_mapping(args.get("recommendation")),
+                    comparison_noise=_number(args.get("comparison_noise")),
+                    decision=args["decision"] if isinstance(args.get("decision"), str) else None,
                 )
             )
         elif name == act.AUTOTUNE_PARAMS:
@@ -778,3 +784,14 @@ class HvdprofFileParser:
                 self.host = text[text.index("(") + 1 : -1]
         elif name == act.TRACE_END:
             self.trace_end = dict(args)
+
+
+def _number(value: Any) -> float | None:
+    """A finite number from an event's args, else None (absent, a string, NaN)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if value == value and abs(value) != float("inf") else None
+
+
+def _mapping(value: Any) -> dict[str, Any] | None:
+    return dict(value) if isinstance(value, dict) else None

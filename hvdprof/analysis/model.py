@@ -214,6 +214,18 @@ class AutotuneSample:
     is_best: bool = False
     phase: str = ""
     rank: int = 0
+    # What the tuner decided by this sample (recorded since the paired tuner; absent in
+    # older traces): the window's role (incumbent, candidate, watch), its configuration's
+    # paired ratio to the default, the incumbent after it, the recommendation then
+    # ({fusion_threshold_bytes, cycle_time_ms, cache_enabled, ratio_to_default,
+    # ratio_lower_bound, kept_default}), the noise of one comparison (log units), and the
+    # tuner's verdict once its round ended.
+    role: str = ""
+    ratio_to_default: float | None = None
+    incumbent: dict[str, Any] | None = None
+    recommendation: dict[str, Any] | None = None
+    comparison_noise: float | None = None
+    decision: str | None = None
 
 
 @dataclass
@@ -322,6 +334,19 @@ class Run:
     counters: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     events: int = 0  # events read, all files
     _loader: Any = field(default=None, repr=False, compare=False)
+    #: results derived from the slices that several analyses share (the exclusive
+    #: segments of the breakdown and the binned timeline), keyed with the slice table's
+    #: identity and length so that a refreshed run recomputes them
+    _memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def memo(self, key: Any, compute: Any) -> Any:
+        """``compute()``, once per ``key`` and state of the slice table (a few kept)."""
+        full = (key, id(self.slices.start_us), len(self.slices))
+        if full not in self._memo:
+            if len(self._memo) >= 8:
+                self._memo.clear()
+            self._memo[full] = compute()
+        return self._memo[full]
 
     @property
     def clean(self) -> bool:

@@ -7,6 +7,12 @@ fusion threshold and cycle time, scaled to the tuner's unit box, on the log of t
 to those samples and evaluates it on a grid, so a person can see which region the samples
 favoured. It is a picture of the evidence, not the tuner's exact internal state (which
 also pooled paired comparisons and the cache axis).
+
+It is drawn over the range the samples searched (a model says nothing where nothing was
+measured), and called ``flat`` when its whole predicted range is within the noise of one
+window (the tuner's recorded comparison noise, else the model's own noise term): a
+colour scale stretched over differences the measurements cannot tell apart would show
+structure that is not there.
 """
 
 from __future__ import annotations
@@ -28,6 +34,13 @@ from hvdprof.autotune.space import (
 
 #: Fewest distinct samples a surface is fitted to (fewer says nothing about a 2-D space).
 MIN_SAMPLES = 3
+#: The grid reaches this factor beyond the lowest and highest value sampled on each axis
+#: (a single sampled value: that factor either side).
+RANGE_PAD = 1.15
+SINGLE_VALUE_PAD = 1.5
+#: A surface is flat when log(highest / lowest prediction) is below this many window
+#: noise standard deviations (two: about what two windows of one configuration differ by).
+FLAT_NOISE_MULTIPLE = 2.0
 
 
 @dataclass
@@ -40,10 +53,24 @@ class SurrogateSurface:
     samples: list[dict[str, Any]] = field(default_factory=list)
     best: dict[str, float] | None = None  # grid point of the highest prediction
     reason: str | None = None  # why there is no surface
+    #: the predicted range (log of highest / lowest) against one window's noise (log
+    #: units), and whether the range is within it: then nothing here is a real difference
+    range_log: float | None = None
+    noise_log: float | None = None
+    flat: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"x": self.x, "y": self.y, "z": self.z, "samples": self.samples,
-                "best": self.best, "reason": self.reason}  # fmt: skip
+                "best": self.best, "reason": self.reason, "range_log": self.range_log,
+                "noise_log": self.noise_log, "flat": self.flat}  # fmt: skip
+
+
+def _searched(values: np.ndarray, lo: float, hi: float, grid: int) -> np.ndarray:
+    """``grid`` log-spaced points over the sampled range of one axis, a little beyond it,
+    inside the tuner's bounds."""
+    a, b = float(values.min()), float(values.max())
+    pad = SINGLE_VALUE_PAD if a == b else RANGE_PAD
+    return np.geomspace(max(a / pad, lo), min(b * pad, hi), grid)
 
 
 def _unit(threshold: np.ndarray, cycle: np.ndarray) -> np.ndarray:
@@ -91,8 +118,8 @@ def autotune_surface(run: Run, grid: int = 40) -> SurrogateSurface:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model.fit(_unit(thr, cyc), y - mean)
-    xs = np.geomspace(FUSION_THRESHOLD_MIN_BYTES, FUSION_THRESHOLD_MAX_BYTES, grid)
-    ys = np.geomspace(CYCLE_TIME_MIN_MS, CYCLE_TIME_MAX_MS, grid)
+    xs = _searched(thr, FUSION_THRESHOLD_MIN_BYTES, FUSION_THRESHOLD_MAX_BYTES, grid)
+    ys = _searched(cyc, CYCLE_TIME_MIN_MS, CYCLE_TIME_MAX_MS, grid)
     gx, gy = np.meshgrid(xs, ys)
     pred = np.exp(model.predict(_unit(gx.ravel(), gy.ravel())) + mean).reshape(gx.shape)
     i, j = np.unravel_index(int(np.argmax(pred)), pred.shape)
@@ -100,4 +127,11 @@ def autotune_surface(run: Run, grid: int = 40) -> SurrogateSurface:
     out.z = np.round(pred, 6).tolist()
     out.best = {"fusion_threshold_bytes": float(xs[j]), "cycle_time_ms": float(ys[i]),
                 "score_mb_per_s": float(pred[i, j])}  # fmt: skip
+    out.range_log = float(np.log(pred.max() / pred.min()))
+    recorded = [s.comparison_noise for s in samples if s.comparison_noise]
+    if recorded:  # the tuner's noise of one comparison (sqrt 2 windows): one window's
+        out.noise_log = float(recorded[-1]) / math.sqrt(2.0)
+    else:  # the model's own noise term (a variance of the log score)
+        out.noise_log = math.sqrt(float(model.kernel_.k2.noise_level))
+    out.flat = out.range_log < FLAT_NOISE_MULTIPLE * out.noise_log
     return out

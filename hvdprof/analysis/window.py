@@ -6,10 +6,12 @@ the phases tile them), or, for ``expand_rank``, that rank's slices in lanes: one
 tensor (``lanes="tensor"``: which tensor waited, which was reduced) or one row per phase
 (``lanes="phase"``: how negotiation, queueing, copies and the backend call of all tensors
 line up). When more than ``max_items`` slices overlap the window, it returns buckets
-instead: each row is cut into equal time bins (``max_items // rows`` of them) and each
-non-empty bin carries its dominant phase (most busy time), how many slices fell in it
-and their busy time, so a million-event run answers with a bounded payload in
-milliseconds. Columns are returned as lists (one list per field), which is what a
+instead: each row is cut into equal time bins (``max_items // rows`` of them). Each
+slice's time is spread over every bin it covers, overlapping slices count once (the
+breakdown's phase priority), and each non-empty bin carries its time per phase, its busy
+time (at most its width), its dominant phase (most time, no slice included) and how many
+slices overlap it: the time per phase of a row over its bins is what the breakdown says,
+and a million-event run answers with a bounded payload in milliseconds. Columns are returned as lists (one list per field), which is what a
 plotting client wants and keeps the JSON small.
 """
 
@@ -21,10 +23,14 @@ from typing import Any
 
 import numpy as np
 
+from hvdprof.analysis.breakdown import PRIORITY, rank_segments
+from hvdprof.analysis.intervals import exclusive_segments
 from hvdprof.analysis.model import OPS, PHASE_CYCLE, PHASE_OP, PHASES, Run
 
 #: How ``timeline_window`` splits an expanded rank into rows.
 LANE_KINDS: tuple[str, ...] = ("tensor", "phase")
+#: The phase of a bin in which no slice was active most of the time (compute, waiting on data).
+IDLE = "idle"
 
 
 @dataclass
@@ -39,7 +45,8 @@ class TimelineWindow:
     #: when not aggregated: row, start_us, dur_us, phase, name, tensor, op, bytes,
     #: group, group_tensors, backend, dtype (one list each)
     slices: dict[str, list[Any]] = field(default_factory=dict)
-    #: when aggregated: row, start_us, dur_us (bin), phase (dominant), count, busy_us
+    #: when aggregated: row, start_us, dur_us (bin), phase (dominant, or "idle"), count
+    #: (slices overlapping the bin), busy_us (<= dur_us), phase_us ({phase: [us per bin]})
     buckets: dict[str, list[Any]] = field(default_factory=dict)
     #: "rank" (one row per rank), or the expanded rank's "tensor" or "phase" lanes
     lanes: str = "rank"
@@ -151,27 +158,148 @@ def timeline_window(
         }
         return out
     out.aggregated = True
+    if expand_rank is None:
+        lane_keys = row_of
+    elif lanes == "phase":
+        lane_keys = phases
+    else:
+        lane_keys = tensors
+    out.buckets = _bins(
+        run, idx, rows, n_rows, float(t0_us), float(t1_us), max_items, expand_rank, lanes,
+        lane_keys,
+    )  # fmt: skip
+    return out
+
+
+#: Phase codes in priority order for the exclusive segments: the breakdown's, then the
+#: enclosing op and cycle marks (drawn only where none of the phases they hold is).
+_PRIORITY_PHASES = np.asarray((*PRIORITY, PHASE_OP, PHASE_CYCLE), dtype=np.int64)
+_ORDER_OF = np.zeros(len(PHASES), dtype=np.int64)
+_ORDER_OF[_PRIORITY_PHASES] = np.arange(len(_PRIORITY_PHASES))
+
+
+class _SegmentIndex:
+    """Exclusive segments (sorted by lane, then time) and where each lane's lie, so that
+    a window takes only the segments that overlap it: two binary searches per lane."""
+
+    def __init__(self, segments: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> None:
+        self.lane, self.start, self.length, self.klass = segments
+        n = len(self.lane)
+        cut = np.flatnonzero(self.lane[1:] != self.lane[:-1]) + 1 if n else np.zeros(0, int)
+        self.bounds = np.concatenate([[0], cut, [n]]).astype(np.int64)
+        self.end = self.start + self.length  # sorted within a lane too: segments are disjoint
+
+    def within(
+        self, t0_us: float, t1_us: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        pieces = []
+        for lo, hi in zip(self.bounds[:-1].tolist(), self.bounds[1:].tolist(), strict=True):
+            a = lo + int(np.searchsorted(self.end[lo:hi], t0_us, side="right"))
+            b = lo + int(np.searchsorted(self.start[lo:hi], t1_us, side="left"))
+            if b > a:
+                pieces.append(np.arange(a, b))
+        take = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+        return self.lane[take], self.start[take], self.length[take], self.klass[take]
+
+
+def _lane_segments(
+    run: Run, rank: int, lanes: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Exclusive segments of one rank's tensor or phase lanes (lane key: the tensor or
+    phase code)."""
+    s = run.slices
+    m = s.rank == rank
+    lane = (s.tensor if lanes == "tensor" else s.phase)[m].astype(np.int64)
+    start = s.start_us[m]
+    return exclusive_segments(lane, start, start + s.dur_us[m], _ORDER_OF[s.phase[m]])
+
+
+def _bins(
+    run: Run, idx: np.ndarray, rows: np.ndarray, n_rows: int, t0_us: float, t1_us: float,
+    max_items: int, expand_rank: int | None, lanes: str, lane_keys: np.ndarray,
+) -> dict[str, Any]:  # fmt: skip
+    """Each row cut into equal time bins; a slice's time is spread over every bin it covers.
+
+    Per row the slices are first cut into exclusive segments by phase priority (the
+    breakdown's, then ``op`` and ``cycle``), so overlapping slices (the tensors of a
+    fused group, an op around its children) are counted once: a bin's busy time is at
+    most its width, and the time per phase of a row adds up to what the breakdown says.
+    Each bin is coloured by the phase it spent most time in, ``idle`` (no slice) included,
+    so the share of a row drawn in a colour follows that phase's share of its time. The
+    segments are computed once per run (the rank rows' are the breakdown's own) and only
+    cut to the window here, so zooming costs a selection, not a sweep of the run.
+    """
+    s = run.slices
     n_bins = max(1, max_items // n_rows)
     width = (t1_us - t0_us) / n_bins if t1_us > t0_us else 1.0
-    a = np.maximum(s.start_us[idx], t0_us)
-    b = np.minimum(s.start_us[idx] + s.dur_us[idx], t1_us)
-    bins = np.clip(((a - t0_us) / width).astype(np.int64), 0, n_bins - 1)
-    n_ph = len(PHASES)
-    cell = rows * n_bins + bins
-    busy = np.bincount(
-        cell * n_ph + s.phase[idx].astype(np.int64),
-        weights=np.maximum(b - a, 0.0),
-        minlength=n_rows * n_bins * n_ph,
-    ).reshape(n_rows * n_bins, n_ph)
-    counts = np.bincount(cell, minlength=n_rows * n_bins)
-    used = np.flatnonzero(counts)
-    dominant = busy[used].argmax(axis=1)
-    out.buckets = {
-        "row": (used // n_bins).tolist(),
-        "start_us": (t0_us + (used % n_bins) * width).tolist(),
-        "dur_us": [width] * len(used),
-        "phase": [PHASES[p] for p in dominant.tolist()],
-        "count": counts[used].tolist(),
-        "busy_us": busy[used].sum(axis=1).round(3).tolist(),
+    a = np.clip(s.start_us[idx], t0_us, t1_us)
+    b = np.clip(s.start_us[idx] + s.dur_us[idx], t0_us, t1_us)
+    # slices overlapping each bin: +1 at a slice's first bin, -1 after its last
+    first = np.clip(np.floor((a - t0_us) / width).astype(np.int64), 0, n_bins - 1)
+    last = np.clip(np.ceil((b - t0_us) / width).astype(np.int64) - 1, first, n_bins - 1)
+    stride = n_bins + 1
+    delta = np.bincount(rows * stride + first, minlength=n_rows * stride) - np.bincount(
+        rows * stride + last + 1, minlength=n_rows * stride
+    )
+    counts = np.cumsum(delta.reshape(n_rows, stride), axis=1)[:, :n_bins]
+    # the run's exclusive segments, cut to the window and put in their rows
+    if expand_rank is None:
+        segments = rank_segments(run)
+        found = run.memo("rank_segments_index", lambda: _SegmentIndex(segments))
+    else:
+        found = run.memo(
+            ("lane_segments", expand_rank, lanes),
+            lambda: _SegmentIndex(_lane_segments(run, expand_rank, lanes)),
+        )
+    seg_lane, seg_start, seg_len, seg_class = found.within(t0_us, t1_us)
+    sa = np.maximum(seg_start, t0_us)
+    sb = np.minimum(seg_start + seg_len, t1_us)
+    keep = sb > sa
+    if expand_rank is None:  # lane_keys: rank -> row (-1: not shown)
+        inside = (seg_lane >= 0) & (seg_lane < len(lane_keys))
+        seg_row = np.where(inside, lane_keys[np.clip(seg_lane, 0, len(lane_keys) - 1)], -1)
+        keep &= seg_row >= 0
+    else:  # lane_keys: the sorted tensor or phase codes of the rows
+        pos = np.clip(np.searchsorted(lane_keys, seg_lane), 0, max(len(lane_keys) - 1, 0))
+        keep &= lane_keys[pos] == seg_lane if len(lane_keys) else False
+        seg_row = pos
+    seg_row, seg_start, seg_len = seg_row[keep], sa[keep], (sb - sa)[keep]
+    seg_class = seg_class[keep].astype(np.int64)
+    priority_phase = _PRIORITY_PHASES
+    k = len(priority_phase)
+    key = seg_row * k + seg_class
+    span = (t1_us - t0_us) + 2.0 * width + 1.0
+    # segments come sorted by (row, time): a stable sort on the (row, phase) key alone
+    # keeps each key's segments in time order (a radix sort for small integer keys)
+    small = np.int16 if n_rows * k < np.iinfo(np.int16).max else np.int64
+    order = np.argsort(key.astype(small), kind="stable")
+    shifted = (seg_start[order] - t0_us) + key[order] * span
+    seg_len = seg_len[order]
+    edges = np.arange(stride, dtype=np.float64) * width
+    q = (np.arange(n_rows * k, dtype=np.float64) * span)[:, None] + edges[None, :]
+    if len(shifted):
+        before = np.concatenate([[0.0], np.cumsum(seg_len)])
+        j = np.maximum(np.searchsorted(shifted, q, side="right") - 1, 0)
+        covered = before[j] + np.clip(q - shifted[j], 0.0, seg_len[j])
+    else:
+        covered = np.zeros_like(q)
+    busy = np.diff(covered, axis=1).reshape(n_rows, k, n_bins)  # row, class, bin
+    busy = np.clip(busy, 0.0, width)
+    total = np.minimum(busy.sum(axis=1), width)  # row, bin
+    idle = np.maximum(width - total, 0.0)
+    # dominant by time, idle included (class k)
+    with_idle = np.concatenate([busy, idle[:, None, :]], axis=1)
+    dominant = with_idle.argmax(axis=1)  # row, bin
+    names = [PHASES[p] for p in priority_phase.tolist()] + [IDLE]
+    used_r, used_b = np.nonzero(counts > 0)
+    present = [c for c in range(k) if busy[used_r, c, used_b].any()] if len(used_r) else []
+    return {
+        "row": used_r.tolist(),
+        "start_us": (t0_us + used_b * width).tolist(),
+        "dur_us": [width] * len(used_r),
+        "phase": [names[c] for c in dominant[used_r, used_b].tolist()],
+        "count": counts[used_r, used_b].tolist(),
+        "busy_us": (np.floor(total[used_r, used_b] * 1000.0) / 1000.0).tolist(),
+        # time of each phase present in the window, per bin (the hover's breakdown)
+        "phase_us": {names[c]: busy[used_r, c, used_b].round(3).tolist() for c in present},
     }
-    return out

@@ -52,7 +52,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 from hvdprof.autotune.drift import DriftDetector
 from hvdprof.autotune.log import (
@@ -63,6 +63,7 @@ from hvdprof.autotune.log import (
     make_row,
     read_autotune_log,
 )
+from hvdprof.autotune.paired import RelativeEstimate
 from hvdprof.autotune.scoring import (
     DEFAULT_SUBWINDOWS,
     SampleScore,
@@ -141,7 +142,7 @@ class AutotuneController:
         self.reopened = 0
         self.samples_scored = 0
         #: called on the worker thread for every scored sample:
-        #: (params, bytes_per_s, first_step, last_step, is_best, phase). The runtime points
+        #: (params, bytes_per_s, first_step, last_step, is_best, phase, **decisions). The runtime points
         #: it at the timeline so samples appear next to the phases they tuned.
         self.on_sample: Callable[..., None] | None = None
         self.ignored_cycles = 0
@@ -401,13 +402,16 @@ class AutotuneController:
         best = self._best
         canonical = self.space.canonical(params) if self.space.contains(params) else params
         is_best = best is not None and best.params == canonical
-        listener = self.on_sample
-        if listener is not None:
-            listener(params, score.bytes_per_s, score.first_step, score.last_step, is_best, phase)
-        if self._trial_log is None:
-            return
         tuner = self._tuner
         estimate = tuner.estimate(params) if tuner is not None else None
+        listener = self.on_sample
+        if listener is not None:
+            listener(
+                params, score.bytes_per_s, score.first_step, score.last_step, is_best, phase,
+                **self._decisions(tuner, role, estimate),
+            )  # fmt: skip
+        if self._trial_log is None:
+            return
         row = make_row(
             params,
             score.bytes_per_s,
@@ -424,6 +428,41 @@ class AutotuneController:
             _log.warning("autotune log disabled after a write failed: %s", exc)
             self._trial_log = None
 
+    def _decisions(
+        self, tuner: PairedTuner | None, role: str, estimate: RelativeEstimate | None
+    ) -> dict[str, Any]:
+        """What the tuner decided by this sample, for the timeline: the window's role, its
+        configuration's paired ratio to the default, the incumbent, the recommendation
+        with its bounds, the noise of one comparison, and the verdict once a round ends.
+        A reader (the dashboard) shows these instead of re-ranking noisy single windows."""
+        out: dict[str, Any] = {"role": role}
+        if estimate is not None:
+            out["ratio_to_default"] = estimate.ratio
+        if tuner is None:
+            return out
+        out["incumbent"] = _params_dict(tuner.incumbent)
+        out["comparison_noise"] = tuner.sigma
+        out["comparisons"] = len(tuner.comparisons)
+        best = self._best
+        if best is not None:
+            out["recommendation"] = {
+                **_params_dict(best.params),
+                "ratio_to_default": best.ratio_to_default,
+                "ratio_lower_bound": best.ratio_lower_bound,
+                "kept_default": tuner.kept_default,
+            }
+        if tuner.converged:
+            out["decision"] = tuner.verdict()
+        return out
+
     def _emit(self, line: str) -> None:
         out = self._out if self._out is not None else sys.stderr
         print(line, file=out, flush=True)
+
+
+def _params_dict(params: TunableParams) -> dict[str, Any]:
+    return {
+        "fusion_threshold_bytes": int(params.fusion_threshold_bytes),
+        "cycle_time_ms": float(params.cycle_time_ms),
+        "cache_enabled": bool(params.cache_enabled),
+    }

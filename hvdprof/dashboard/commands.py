@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -80,6 +82,12 @@ def add_run_option(run_parser: argparse.ArgumentParser) -> None:
         help="serve the timeline in a dashboard beside the job (needs --timeline); prints its URL",
     )
     run_parser.add_argument(
+        "--dashboard-exit",
+        action="store_true",
+        help="stop the dashboard when the job ends (default: it keeps serving the finished "
+        "run until Ctrl+C)",
+    )
+    run_parser.add_argument(
         "--dashboard-port",
         type=int,
         default=0,
@@ -103,8 +111,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     _require_extra()
     from hvdprof.dashboard.report import write_report
 
-    path = write_report(args.directory, args.output, run_id=args.run)
+    written = write_report(args.directory, args.output, run_id=args.run)
+    path = written.path
     print(f"hvdprof report: wrote {path} ({os.path.getsize(path):,} bytes); it opens offline")
+    if written.binned:
+        print(
+            "hvdprof report: timeline views held as time bins (zooming in the file magnifies "
+            "them; `hvdprof dashboard` shows single slices):"
+        )
+        for line in written.binned:
+            print(f"  {line}")
     return 0
 
 
@@ -122,11 +138,41 @@ def launch_with_dashboard(args: argparse.Namespace, launch: Callable[[], int]) -
     os.makedirs(directory, exist_ok=True)
     dashboard = DashboardThread(DashboardSettings(directory, port=args.dashboard_port)).start()
     print(f"hvdprof dashboard: {dashboard.url} (live while the job runs)", flush=True)
+    code: int | None = None
     try:
-        return launch()
+        code = launch()
+        stopped = code in _STOPPED_BY_SIGNAL  # Ctrl+C or SIGTERM stopped the job: stop too
+        if not stopped and not getattr(args, "dashboard_exit", False):
+            print(
+                f"hvdprof dashboard: the job ended (exit code {code}); still serving the "
+                f"finished run at {dashboard.url} (Ctrl+C to stop)",
+                flush=True,
+            )
+            _wait_for_stop()
+        return code
     finally:
         dashboard.stop()
-        print(
-            f"hvdprof dashboard: stopped with the job; `hvdprof dashboard {args.timeline}` serves it again",
-            flush=True,
-        )
+        again = f"`hvdprof dashboard {args.timeline}` serves it again"
+        print(f"hvdprof dashboard: stopped; {again}", flush=True)
+
+
+#: Exit codes of a launcher stopped by Ctrl+C or SIGTERM (``128 + signal``).
+_STOPPED_BY_SIGNAL = (128 + signal.SIGINT, 128 + signal.SIGTERM)
+
+
+def _wait_for_stop() -> None:
+    """Block until Ctrl+C, SIGTERM or SIGHUP (the terminal closing). SIGINT gets a handler
+    too: a launcher started in the background of a script inherits it ignored."""
+    stop = threading.Event()
+    handled = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+    previous = {}
+    for signum in handled:
+        previous[signum] = signal.signal(signum, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

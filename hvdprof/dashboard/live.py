@@ -25,6 +25,12 @@ class ChangeFeed:
 
     def __init__(self) -> None:
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
+        #: set when the server stops: open streams end by themselves (within a wake-up),
+        #: so the server's graceful shutdown never has to cancel one
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
 
     def subscribe(self) -> asyncio.Queue[dict[str, Any]]:
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=256)

@@ -18,6 +18,11 @@ class Problem(BaseModel):
     file: str
     where: str
     reason: str
+    partial_tail: bool = Field(
+        default=False,
+        description="the file ends in an event not yet written whole: what a file still "
+        "being written looks like (the page lists it only once the run is finished)",
+    )
 
 
 class RunRef(BaseModel):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,26 @@ def embedded_responses(catalog: RunCatalog, run_id: str) -> dict[str, Any]:
     return out
 
 
+def binned_views(responses: dict[str, Any]) -> list[str]:
+    """One line per embedded timeline view that holds time bins instead of single slices."""
+    out = []
+    for key, body in responses.items():
+        data = body.get("data") if key.startswith("api/timeline?") else None
+        if not data or not data.get("aggregated"):
+            continue
+        width = (data.get("buckets") or {}).get("dur_us") or [0.0]
+        lanes = data.get("lanes", "rank")
+        view = (
+            "one row per rank"
+            if data.get("expand_rank") is None
+            else (f"rank {data['expand_rank']}'s {lanes} lanes")
+        )
+        out.append(
+            f"{view}: {data.get('total', 0)} slices binned into {width[0] / 1000.0:.3g} ms bins"
+        )
+    return out
+
+
 def render_report(responses: dict[str, Any], web_dir: Path | None = None) -> str:
     """The page with every asset inlined and ``responses`` embedded."""
     web = web_dir or web_directory()
@@ -93,9 +114,18 @@ def render_report(responses: dict[str, Any], web_dir: Path | None = None) -> str
     return html
 
 
+@dataclass(frozen=True)
+class ReportWritten:
+    """Where a report went, and which of its timeline views are binned (zooming in the
+    file magnifies those bins: it holds no finer events)."""
+
+    path: Path
+    binned: list[str]
+
+
 def write_report(
     directory: str | os.PathLike[str], output: str | os.PathLike[str], run_id: str | None = None
-) -> Path:
+) -> ReportWritten:
     """Write the report of one run under ``directory`` (the first found by default)."""
     root = Path(directory)
     if not root.is_dir():
@@ -111,9 +141,10 @@ def write_report(
         catalog.loaded(run_id)
     except (OutsideRootError, RunNotFoundError, RunLoadError) as exc:
         raise HvdprofError(f"report: {exc}") from None
-    html = render_report(embedded_responses(catalog, run_id))
+    responses = embedded_responses(catalog, run_id)
+    html = render_report(responses)
     out = Path(output)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(html, encoding="utf-8")
     os.replace(tmp, out)
-    return out
+    return ReportWritten(out, binned_views(responses))

@@ -68,14 +68,25 @@ def _server(settings: DashboardSettings, catalog: RunCatalog | None = None) -> u
 
     from hvdprof.dashboard.app import create_app
 
+    app = create_app(settings, catalog=catalog)
+
+    class DashboardServer(uvicorn.Server):
+        """Ends the live streams first when it stops, however it was told to (Ctrl+C in
+        the foreground, or ``should_exit`` from ``run --dashboard``'s thread): an open
+        stream left to the graceful-shutdown timeout is cancelled with a traceback."""
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            app.state.feed.close()
+            await super().shutdown(sockets=sockets)
+
     config = uvicorn.Config(
-        create_app(settings, catalog=catalog),
+        app,
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         lifespan="on",
     )
-    return uvicorn.Server(config)
+    return DashboardServer(config)
 
 
 def serve(

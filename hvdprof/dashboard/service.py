@@ -57,7 +57,8 @@ def run_info(catalog: RunCatalog, run_id: str) -> RunInfo:
     run = loaded.run
     problems = [
         Problem(file=str(getattr(p, "file", "")), where=str(getattr(p, "where", "")),
-                reason=str(getattr(p, "reason", p)))
+                reason=str(getattr(p, "reason", p)),
+                partial_tail=bool(getattr(p, "partial_tail", False)))
         for p in getattr(run, "problems", [])
     ]  # fmt: skip
     notices = []

@@ -57,9 +57,18 @@ class TimelineSession:
             sink.add_instant(name, args, scope="p")
 
     def add_autotune_sample(
-        self, params: Any, score: float, first_step: int, last_step: int, is_best: bool, phase: str
+        self,
+        params: Any,
+        score: float,
+        first_step: int,
+        last_step: int,
+        is_best: bool,
+        phase: str,
+        **decisions: Any,
     ) -> None:
-        """Put a scored autotune sample on rank 0's timeline, when one is recording."""
+        """Put a scored autotune sample on rank 0's timeline, when one is recording, with
+        what the tuner decided by then (``decisions``: role, paired estimates, incumbent,
+        recommendation; see ``AutotuneController._decisions``)."""
         sink = self.sink
         if sink is not None:
             sink.add_autotune_sample(
@@ -69,6 +78,7 @@ class TimelineSession:
                 last_step=last_step,
                 is_best=is_best,
                 phase=phase,
+                **decisions,
             )
 
     def close(self) -> None:

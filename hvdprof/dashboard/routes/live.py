@@ -37,7 +37,7 @@ async def events(
     async def stream() -> AsyncIterator[dict[str, str]]:
         try:
             yield {"event": "hello", "data": json.dumps({"kind": "hello"})}
-            while not shutdown.is_set() and not await request.is_disconnected():
+            while not shutdown.is_set() and not feed.closed and not await request.is_disconnected():
                 try:
                     event = await asyncio.wait_for(queue.get(), timeout=WAKE_S)
                 except asyncio.TimeoutError:
