@@ -54,7 +54,7 @@ CACHE_DIR = ".hvdprof-cache"
 #: inputs larger than this (bytes, all files) are parsed by a pool of processes
 PARALLEL_MIN_BYTES = 32 << 20
 #: bumped when the cached columns change meaning
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 #: bytes before the parsed offset whose checksum tells an appended file from a rewritten one
 FINGERPRINT_BYTES = 4096
 #: what a missing, cut or foreign cache file raises on reading (it is then ignored)
