@@ -25,6 +25,7 @@ from hvdprof.config import (
     horovod_settings,
     horovod_timeline_paths,
     markdown_table,
+    name_of,
     timeline_path_problem,
 )
 from hvdprof.errors import ConfigError, HvdprofError
@@ -177,7 +178,7 @@ def _add_run(commands: Any) -> None:
     run.add_argument("--autotune", action="store_true", help="tune fusion and cycle time live")
     run.add_argument("--autotune-log", metavar="PATH", help="CSV log of autotune samples")
     run.add_argument(
-        "--cycle-time-ms", type=_like_env("HVDPROF_CYCLE_TIME"), metavar="MS", help="cycle time"
+        "--cycle-time-ms", type=_like_env(name_of("cycle_time_ms")), metavar="MS", help="cycle time"
     )
     run.add_argument(
         "--fusion-threshold-mb",
@@ -193,7 +194,7 @@ def _add_run(commands: Any) -> None:
     )
     run.add_argument(
         "--start-timeout",
-        type=_like_env("HVDPROF_START_TIMEOUT_SECONDS"),
+        type=_like_env(name_of("start_timeout_s")),
         metavar="SECONDS",
         help="how long ranks wait for each other at init",
     )
@@ -249,17 +250,17 @@ def run_overrides(args: argparse.Namespace) -> dict[str, str]:
     """
     overrides: dict[str, str] = {}
     if args.timeline is not None:
-        overrides["HVDPROF_TIMELINE"] = os.path.abspath(args.timeline)
+        overrides[name_of("timeline_dir")] = os.path.abspath(args.timeline)
     if args.autotune:
-        overrides["HVDPROF_AUTOTUNE"] = "1"
+        overrides[name_of("autotune")] = "1"
     if args.autotune_log is not None:
-        overrides["HVDPROF_AUTOTUNE_LOG"] = os.path.abspath(args.autotune_log)
+        overrides[name_of("autotune_log")] = os.path.abspath(args.autotune_log)
     if args.cycle_time_ms is not None:
-        overrides["HVDPROF_CYCLE_TIME"] = args.cycle_time_ms
+        overrides[name_of("cycle_time_ms")] = args.cycle_time_ms
     if args.fusion_threshold_mb is not None:
-        overrides["HVDPROF_FUSION_THRESHOLD"] = str(args.fusion_threshold_mb)
+        overrides[name_of("fusion_threshold_bytes")] = str(args.fusion_threshold_mb)
     if args.start_timeout is not None:
-        overrides["HVDPROF_START_TIMEOUT_SECONDS"] = args.start_timeout
+        overrides[name_of("start_timeout_s")] = args.start_timeout
     return overrides
 
 
@@ -271,7 +272,7 @@ def _check_environment(overrides: dict[str, str]) -> None:
     config = Config.from_env(env)
     problem = timeline_path_problem(config.timeline_dir)
     if problem is not None:
-        given = "--timeline" if "HVDPROF_TIMELINE" in overrides else "HVDPROF_TIMELINE"
+        given = "--timeline" if name_of("timeline_dir") in overrides else name_of("timeline_dir")
         raise ConfigError(f"{given}: {problem}; no rank was started")
 
 
@@ -290,7 +291,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         mapped = ", ".join(f"{h} -> {ours}={v}" for ours, (v, h) in horovod.items())
         print(f"hvdprof run: honouring Horovod's variables: {mapped}", file=sys.stderr)
     timeline_file = ""
-    if "HVDPROF_TIMELINE" in horovod:
+    if name_of("timeline_dir") in horovod:
         timeline_file = horovod_timeline_paths(os.environ["HOROVOD_TIMELINE"])[1]
     from hvdprof.elastic_launcher import elastic_requested, run_elastic
 
@@ -316,7 +317,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         ),
     )
     if timeline_file:
-        _write_horovod_timeline(horovod["HVDPROF_TIMELINE"][0], timeline_file)
+        _write_horovod_timeline(horovod[name_of("timeline_dir")][0], timeline_file)
     return code
 
 

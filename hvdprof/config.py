@@ -515,6 +515,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
 )
 
 _BY_NAME = {var.name: var for var in ENV_VARS}
+_BY_ATTR = {var.attr: var for var in ENV_VARS}
+
+
+def name_of(attr: str) -> str:
+    """The ``HVDPROF_*`` variable that sets ``Config.<attr>``: code names variables
+    through this (KeyError for an unknown attribute), so the registry above is the one
+    place that spells them."""
+    return _BY_ATTR[attr].name
 
 
 def horovod_timeline_paths(value: str) -> tuple[str, str]:

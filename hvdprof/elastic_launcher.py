@@ -32,6 +32,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from hvdprof.config import name_of
 from hvdprof.errors import ConfigError
 from hvdprof.launcher import (
     CONTROLLER_ADDR,
@@ -141,7 +142,7 @@ class ElasticJob:
             wait_for_workers=False,
             timeout=datetime.timedelta(seconds=30),
         )
-        self.env["HVDPROF_ELASTIC_STORE"] = f"{CONTROLLER_ADDR}:{self._store.port}"
+        self.env[name_of("elastic_store")] = f"{CONTROLLER_ADDR}:{self._store.port}"
         started = time.monotonic()
         with _SignalTrap() as trap:
             try:
@@ -207,7 +208,7 @@ class ElasticJob:
 
     def _record_history(self, body: dict[str, object]) -> None:
         """``TIMELINE/elastic.json``: every generation of the job, when a timeline is on."""
-        directory = self.env.get("HVDPROF_TIMELINE")
+        directory = self.env.get(name_of("timeline_dir"))
         if not directory:
             return
         self.history.append(

@@ -123,7 +123,9 @@ def install_excepthook() -> None:
         return
 
     def hook(exc_type: type[BaseException], exc: BaseException, tb: object) -> None:
-        debug = os.environ.get("HVDPROF_LOG_LEVEL", "").strip().lower() == "debug"
+        from hvdprof.config import name_of  # (config imports this module)
+
+        debug = os.environ.get(name_of("log_level"), "").strip().lower() == "debug"
         if not issubclass(exc_type, HvdprofError) or debug:
             previous(exc_type, exc, tb)  # type: ignore[arg-type]
             return

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, BinaryIO, TextIO
 
-from hvdprof.config import env_var
+from hvdprof.config import env_var, name_of
 from hvdprof.errors import ConfigError
 from hvdprof.runtime.threads import per_rank_threads, usable_cores, user_thread_setting
 
@@ -59,14 +59,14 @@ EXIT_NOT_FOUND = 127
 #: Variables the launcher sets for every rank; inherited values are always overwritten,
 #: so a job started from inside another job's rank gets its own topology.
 TOPOLOGY_VARS = (
-    "HVDPROF_RANK",
-    "HVDPROF_SIZE",
-    "HVDPROF_LOCAL_RANK",
-    "HVDPROF_LOCAL_SIZE",
-    "HVDPROF_CROSS_RANK",
-    "HVDPROF_CROSS_SIZE",
-    "HVDPROF_CONTROLLER_ADDR",
-    "HVDPROF_CONTROLLER_PORT",
+    name_of("rank"),
+    name_of("size"),
+    name_of("local_rank"),
+    name_of("local_size"),
+    name_of("cross_rank"),
+    name_of("cross_size"),
+    name_of("controller_addr"),
+    name_of("controller_port"),
 )
 
 _LOG_PREFIX = "hvdprof run: "
@@ -615,9 +615,9 @@ def default_threads(environ: Mapping[str, str], num_proc: int) -> int | None:
     ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` is left alone, and so is a single rank;
     ``HVDPROF_THREADS_DEFAULT=0`` turns the default off.
     """
-    raw = environ.get("HVDPROF_THREADS_DEFAULT")
+    raw = environ.get(name_of("threads_default"))
     if raw is not None:
-        var = env_var("HVDPROF_THREADS_DEFAULT")
+        var = env_var(name_of("threads_default"))
         try:
             enabled = var.parse(raw)
         except ValueError as exc:

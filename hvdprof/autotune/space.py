@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hvdprof.config import Config
+from hvdprof.config import Config, name_of
 from hvdprof.runtime.records import TunableParams
 
 KiB = 1024
@@ -44,9 +44,9 @@ CYCLE_TIME_MIN_MS = 0.2
 CYCLE_TIME_MAX_MS = 50.0
 
 #: the ``HVDPROF_*`` variable behind each tunable knob
-FUSION_THRESHOLD_VAR = "HVDPROF_FUSION_THRESHOLD"
-CYCLE_TIME_VAR = "HVDPROF_CYCLE_TIME"
-CACHE_CAPACITY_VAR = "HVDPROF_CACHE_CAPACITY"
+FUSION_THRESHOLD_VAR = name_of("fusion_threshold_bytes")
+CYCLE_TIME_VAR = name_of("cycle_time_ms")
+CACHE_CAPACITY_VAR = name_of("cache_capacity")
 
 #: axis names, in the order they appear in an optimizer point
 FUSION_AXIS = "fusion_threshold_bytes"

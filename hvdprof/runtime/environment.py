@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from hvdprof.errors import ConfigError, HvdprofError
 
 if TYPE_CHECKING:
-    from hvdprof.config import Config
+    from hvdprof.config import Config, name_of
 
 #: what ``launcher`` is for each kind of start; ``MPI_LAUNCHERS`` are the ones that set up
 #: an MPI world the MPI backend can join
@@ -85,7 +85,7 @@ def detect(environ: Mapping[str, str] | None = None) -> Launch:
     """The launcher that started this process, from its variables (first match wins:
     hvdprof run, Open MPI, MPICH/Hydra, torchrun, Slurm)."""
     env = os.environ if environ is None else environ
-    if env.get("HVDPROF_RANK") or env.get("HVDPROF_ELASTIC_STORE"):
+    if env.get(name_of("rank")) or env.get(name_of("elastic_store")):
         return Launch(HVDPROF)
     if "OMPI_COMM_WORLD_RANK" in env:
         return Launch(
@@ -253,7 +253,7 @@ def with_launcher_rendezvous(config: Config, launch: Launch) -> Config:
     ``MASTER_ADDR``/``MASTER_PORT``, Slurm's first node), unless ``HVDPROF_CONTROLLER_ADDR``/``_PORT``
     were set explicitly."""
     changes: dict[str, object] = {}
-    if launch.addr and "HVDPROF_CONTROLLER_ADDR" not in config.explicitly_set:
+    if launch.addr and name_of("controller_addr") not in config.explicitly_set:
         changes["controller_addr"] = launch.addr
     if launch.port is not None and config.controller_port is None:
         changes["controller_port"] = launch.port

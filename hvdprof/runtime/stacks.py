@@ -26,6 +26,8 @@ import traceback
 from types import FrameType
 from typing import Any
 
+from hvdprof.config import name_of
+
 #: (function, file, line), innermost first
 Frame = tuple[str, str, int]
 
@@ -169,6 +171,6 @@ def install(rank: int | None) -> bool:
 
 def install_under_launcher() -> None:
     """At import, under ``hvdprof run`` (HVDPROF_RANK set): as early as possible."""
-    raw = os.environ.get("HVDPROF_RANK", "")
+    raw = os.environ.get(name_of("rank"), "")
     if raw.isdigit():
         install(int(raw))
