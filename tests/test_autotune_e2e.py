@@ -48,7 +48,7 @@ from hvdprof.autotune.log import PHASE_TUNE, PHASE_WATCH, make_row
 from hvdprof.config import Config
 from hvdprof.runtime.records import TunableParams
 from hvdprof.timeline import activities as act
-from hvdprof.timeline import load_run
+from hvdprof.timeline import load_traces
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -442,7 +442,7 @@ def test_best_printed_at_exit_before_convergence(three_rank_run: dict[str, Any])
 
 
 def test_timeline_records_samples_and_changes(two_rank_run: dict[str, Any]) -> None:
-    run = load_run(str(two_rank_run["timeline"]))
+    run = load_traces(str(two_rank_run["timeline"]))
     assert not run.problems, run.problems
     events = run.traces[0].events
     rows = read_autotune_log(two_rank_run["log"])
@@ -489,7 +489,7 @@ def test_timeline_records_samples_and_changes(two_rank_run: dict[str, Any]) -> N
 def test_timeline_param_changes_at_the_applied_cycle(two_rank_run: dict[str, Any]) -> None:
     """``AUTOTUNE_PARAMS`` names the cycle from which the parameters apply, as
     ``param_history`` does (the cycle that ran with the new parameters first)."""
-    run = load_run(str(two_rank_run["timeline"]))
+    run = load_traces(str(two_rank_run["timeline"]))
     history = history_of(two_rank_run["result"], 0)
     changes = [e for e in run.traces[0].events if e.get("name") == act.AUTOTUNE_PARAMS]
     marked = [e["args"]["cycle"] for e in changes]

@@ -34,7 +34,7 @@ from test_timeline_kill import wait_gone
 
 from hvdprof.config import Config
 from hvdprof.timeline import activities as act
-from hvdprof.timeline import load_run, load_trace
+from hvdprof.timeline import load_trace, load_traces
 from hvdprof.timeline.manifest import timeline_shift_ns
 from hvdprof.timeline.merge import KINETO_PID_BASE, KINETO_PIDS_PER_RANK
 
@@ -334,7 +334,7 @@ def test_files_are_strict_json_with_manifests(
     main_job: tuple[JobResult, Path], main_traces: dict[int, list[dict[str, Any]]]
 ) -> None:
     _, out = main_job
-    run = load_run(str(out / "init"))
+    run = load_traces(str(out / "init"))
     assert run.problems == [], run.problems
     run_ids = set()
     for rank, events in main_traces.items():
@@ -659,7 +659,7 @@ def test_gzip_step_window_and_sampling(tmp_path: Path) -> None:
     assert sorted(os.listdir(directory)) == sorted(
         [f"rank.{r}.json.gz" for r in (0, 1)] + [f"manifest.rank.{r}.json" for r in (0, 1)]
     )
-    run = load_run(str(directory))
+    run = load_traces(str(directory))
     assert run.problems == [], run.problems
     for rank in (0, 1):
         path = directory / f"rank.{rank}.json.gz"
@@ -711,7 +711,7 @@ def test_sigkilled_rank_leaves_a_readable_trace(tmp_path: Path) -> None:
     assert markers(trace.events) >= {"mark.kill.0"}, markers(trace.events)
     manifest = json.loads((directory / "manifest.rank.1.json").read_text())
     assert manifest["closed"] is False
-    problems = " | ".join(load_run(str(directory)).problems)
+    problems = " | ".join(load_traces(str(directory)).problems)
     assert "rank 1" in problems and "closing ']'" in problems, problems
 
     # cut in the middle of the last event: read up to the one before, and say so

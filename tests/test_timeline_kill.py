@@ -20,7 +20,7 @@ import pytest
 from conftest import JobResult, run_job
 
 from hvdprof.timeline import activities as act
-from hvdprof.timeline import load_run, load_trace
+from hvdprof.timeline import load_trace, load_traces
 
 pytestmark = pytest.mark.timeout(200)
 
@@ -86,7 +86,7 @@ def load_killed(directory: Path) -> list[dict[str, Any]]:
     assert manifest["events_written"] == len(events), "the renderer's own count"
     names = {e["name"] for e in events if e["ph"] == "M"}
     assert {"process_name", "thread_name"} <= names, names
-    problems = " | ".join(load_run(str(directory)).problems)
+    problems = " | ".join(load_traces(str(directory)).problems)
     assert f"rank {KILLED}" in problems and "closing ']'" in problems, problems
     return events
 

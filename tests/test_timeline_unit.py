@@ -38,8 +38,8 @@ from hvdprof.timeline import (
     TimelineWriter,
     apply_skew,
     estimate_offset,
-    load_run,
     load_trace,
+    load_traces,
     merge_directory,
     skewed_clock,
     transport,
@@ -476,11 +476,11 @@ def test_manifest_written_atomically_and_updated(tmp_path: Path) -> None:
     assert not [p for p in os.listdir(tmp_path) if ".tmp." in p]
 
 
-def test_load_run_reports_problems(tmp_path: Path) -> None:
+def test_load_traces_reports_problems(tmp_path: Path) -> None:
     record_run(tmp_path, rank=0, cycles=2)
     record_run(tmp_path, rank=1, cycles=2)
     os.remove(tmp_path / "manifest.rank.1.json")
-    run = load_run(str(tmp_path))
+    run = load_traces(str(tmp_path))
     assert sorted(run.ranks) == [0, 1]
     assert run.manifests[0] is not None and run.manifests[1] is None
     assert any("rank 1: no manifest" in p for p in run.problems)
@@ -1065,7 +1065,7 @@ def test_sigkilled_rank_keeps_every_event_it_handed_over(tmp_path: Path, mode: s
     else:
         assert not trace.complete and path.read_text().endswith(",\n")
         assert manifest["events_written"] == len(trace.events)
-    assert any("closing ']'" in p for p in load_run(str(tmp_path)).problems) is (
+    assert any("closing ']'" in p for p in load_traces(str(tmp_path)).problems) is (
         mode == "leave-open"
     )
 

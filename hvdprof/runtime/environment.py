@@ -28,10 +28,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hvdprof.config import name_of
 from hvdprof.errors import ConfigError, HvdprofError
 
 if TYPE_CHECKING:
-    from hvdprof.config import Config, name_of
+    from hvdprof.config import Config
 
 #: what ``launcher`` is for each kind of start; ``MPI_LAUNCHERS`` are the ones that set up
 #: an MPI world the MPI backend can join

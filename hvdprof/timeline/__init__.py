@@ -3,7 +3,7 @@
 * :class:`TimelineSink` is the cycle observer the runtime creates on every rank;
 * :class:`TimelineWriter` is the crash-safe, non-blocking file writer underneath it;
 * :func:`estimate_offset` and :class:`ClockCorrection` put all ranks on rank 0's clock;
-* :func:`load_trace` / :func:`load_run` read traces (complete, truncated or gzipped);
+* :func:`load_trace` / :func:`load_traces` read traces (complete, truncated or gzipped);
 * :func:`merge_directory` merges a run (and torch.profiler traces) into one file;
 * :class:`PhaseRanges` mirrors runtime phases as NVTX ranges.
 
@@ -33,10 +33,10 @@ _WHERE = {
     "merge_directory": "merge",
     "PhaseRanges": "nvtx_ranges",
     "RankTrace": "reader",
-    "Run": "reader",
+    "TraceDirectory": "reader",
     "Skip": "reader",
     "Trace": "reader",
-    "load_run": "reader",
+    "load_traces": "reader",
     "load_trace": "reader",
     "TimelineSink": "sink",
     "TimelineWriter": "writer",
@@ -66,7 +66,14 @@ if TYPE_CHECKING:
     )
     from hvdprof.timeline.merge import MergeResult, merge_directory
     from hvdprof.timeline.nvtx_ranges import PhaseRanges
-    from hvdprof.timeline.reader import RankTrace, Run, Skip, Trace, load_run, load_trace
+    from hvdprof.timeline.reader import (
+        RankTrace,
+        Skip,
+        Trace,
+        TraceDirectory,
+        load_trace,
+        load_traces,
+    )
     from hvdprof.timeline.sink import TimelineSink
     from hvdprof.timeline.writer import TimelineWriter
 
@@ -76,15 +83,15 @@ __all__ = [
     "MergeResult",
     "PhaseRanges",
     "RankTrace",
-    "Run",
     "Skip",
     "TimelineSink",
     "TimelineWriter",
     "Trace",
+    "TraceDirectory",
     "apply_skew",
     "estimate_offset",
-    "load_run",
     "load_trace",
+    "load_traces",
     "merge_directory",
     "skewed_clock",
 ]

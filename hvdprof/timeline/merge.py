@@ -31,7 +31,7 @@ from typing import Any
 
 from hvdprof.timeline import activities as act
 from hvdprof.timeline.manifest import timeline_shift_ns
-from hvdprof.timeline.reader import Run, Trace, load_run, load_trace
+from hvdprof.timeline.reader import Trace, TraceDirectory, load_trace, load_traces
 from hvdprof.timeline.writer import dumps_event
 
 #: torch.profiler processes of rank r get pids KINETO_PID_BASE + r * KINETO_PIDS_PER_RANK + i.
@@ -87,7 +87,7 @@ class MergeResult:
         return "\n".join(lines)
 
 
-def kineto_rank(path: str, trace: Trace, run: Run) -> int | None:
+def kineto_rank(path: str, trace: Trace, run: TraceDirectory) -> int | None:
     """The rank a torch.profiler trace belongs to (rules 2 to 4 of the module docstring)."""
     info = trace.metadata.get("distributedInfo")
     if isinstance(info, dict) and isinstance(info.get("rank"), int):
@@ -119,7 +119,7 @@ def merge_directory(
     it. Nothing is dropped silently: unreadable events and unmatched traces are listed in
     the result.
     """
-    run = load_run(directory)
+    run = load_traces(directory)
     result = MergeResult(output=os.fspath(output))
     result.problems += run.problems
     merged: list[dict[str, Any]] = []
@@ -166,7 +166,9 @@ def _meta(name: str, pid: int, args: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "ph": "M", "pid": pid, "tid": 0, "args": args}
 
 
-def _merge_kineto(spec: str, run: Run, merged: list[dict[str, Any]], result: MergeResult) -> None:
+def _merge_kineto(
+    spec: str, run: TraceDirectory, merged: list[dict[str, Any]], result: MergeResult
+) -> None:
     explicit = _EXPLICIT.match(spec)
     path = explicit.group(2) if explicit and not os.path.exists(spec) else spec
     try:
@@ -220,7 +222,7 @@ def _merge_kineto(spec: str, run: Run, merged: list[dict[str, Any]], result: Mer
     result.kineto[path] = (rank, count)
 
 
-def _other_data(run: Run, result: MergeResult) -> dict[str, Any]:
+def _other_data(run: TraceDirectory, result: MergeResult) -> dict[str, Any]:
     return {
         "merged_by": "hvdprof timeline merge",
         "ranks": result.ranks,

@@ -236,8 +236,10 @@ class RankTrace:
 
 
 @dataclass
-class Run:
-    """Every rank's timeline in one directory, with problems found across files."""
+class TraceDirectory:
+    """Every rank's trace and manifest in one directory, as raw events, with problems
+    found across files (the analysis' columnar :class:`hvdprof.analysis.Run` is another
+    thing: this is what merging and the tests read)."""
 
     directory: str
     ranks: dict[int, RankTrace] = field(default_factory=dict)
@@ -253,10 +255,10 @@ class Run:
         return {r: rt.manifest for r, rt in self.ranks.items()}
 
 
-def load_run(directory: str) -> Run:
+def load_traces(directory: str) -> TraceDirectory:
     """Load ``rank.<r>.json[.gz]`` and ``manifest.rank.<r>.json`` of every rank in ``directory``."""
     directory = os.fspath(directory)
-    run = Run(directory)
+    run = TraceDirectory(directory)
     traces: dict[int, str] = {}
     manifests: dict[int, str] = {}
     for name in sorted(os.listdir(directory)):

@@ -104,7 +104,7 @@ OPS_PER_FRAME = 1024
 CLOSE_TIMEOUT_S = 60.0
 #: When the rank vanishes without closing the sink (SIGKILL), the child writes every event
 #: it received. False: it leaves the file without its closing ``]`` (loadable, and the
-#: missing bracket is how readers and ``load_run`` report the crashed rank). True: it
+#: missing bracket is how readers and ``load_traces`` report the crashed rank). True: it
 #: writes a final event with ``"producer_lost": true`` and ``]``, so the file is strict JSON.
 TERMINATE_ON_PRODUCER_LOSS = False
 #: the module the child runs (``python -m``)
