@@ -259,20 +259,29 @@ def test_autotune_verdict_names_the_recommendation_not_the_highest_window(
     assert f"{scores[1]:.3g} MB/s against {scores[0]:.3g} MB/s" in a.verdict, a.verdict
 
 
-def test_diff_puts_the_regression_first(tmp_path: Path) -> None:
+def test_diff_splits_work_from_waiting(tmp_path: Path) -> None:
+    # rank 3 submits 2 ms, then 8 ms after the others in a step of fixed length: the
+    # others wait 6 ms more per step, and no rank's own work grew (the synthetic step does
+    # not lengthen), so no victim is named as the cause
     a, _ = synth(tmp_path, "a", ranks=4, steps=5, late_rank=3, late_us=2000.0, submit_gap_us=0.0)
     b, _ = synth(tmp_path, "b", ranks=4, steps=5, late_rank=3, late_us=8000.0, submit_gap_us=0.0)
     d = diff_runs(load_run(a, cache=False), load_run(b, cache=False))
-    deltas = [r.delta_ms for r in d.rows]
-    assert deltas == sorted(deltas, reverse=True)
-    top = d.rows[0]
-    assert top.kind == "rank" and top.key in ("rank 0", "rank 1", "rank 2")
-    assert top.delta_ms == pytest.approx(6.0, abs=1e-6)
+    kinds = [r.kind for r in d.rows]
+    work, wait = kinds.count("work"), kinds.count("wait")
+    assert kinds[:work] == ["work"] * work and kinds[work : work + wait] == ["wait"] * wait
+    for part in (d.rows[:work], d.rows[work : work + wait], d.rows[work + wait :]):
+        deltas = [r.delta_ms for r in part]
+        assert deltas == sorted(deltas, reverse=True)
+    waits = {r.key: r for r in d.rows if r.kind == "wait"}
+    for rank in (0, 1, 2):
+        assert waits[f"rank {rank}"].delta_ms == pytest.approx(6.0, abs=1e-6)
+    assert waits["rank 3"].b_ms == 0.0
     neg = next(r for r in d.rows if r.kind == "phase" and r.key == "negotiate")
     assert neg.delta_ms == pytest.approx(6.0 * 3 / 4, abs=1e-6)
+    assert d.cause is None and "No rank's own work grew" in d.verdict
     proc = cli("diff", str(a), str(b))
     assert proc.returncode == 0, proc.stderr
-    assert "Biggest regression" in proc.stdout
+    assert "Consequences: each rank's waiting" in proc.stdout
 
 
 def test_diff_counts_a_once_only_tensor_per_step(tmp_path: Path) -> None:

@@ -115,14 +115,33 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
     console = _console()
     console.print(f"[bold]{diff.verdict}[/bold]")
-    table = Table(title=f"Per step, B ({run_b.path}) against A ({run_a.path}); slowest first")
-    for col in ("what", "A (ms/step)", "B (ms/step)", "change (ms)", "B / A"):
-        table.add_column(col, justify="left" if col == "what" else "right")
-    for row in diff.rows[: args.top]:
-        what = row.key if row.kind == "rank" else f"{row.kind}: {LABELS.get(row.key, row.key)}"
-        ratio = f"{row.ratio:.2f}x" if row.ratio is not None else "new"
-        table.add_row(what, f"{row.a_ms:.3f}", f"{row.b_ms:.3f}", f"{row.delta_ms:+.3f}", ratio)
-    console.print(_fitted(table))
+    sections = (
+        ("work", "Causes: each rank's own work per step (compute and runtime phases)"),
+        ("wait", "Consequences: each rank's waiting for the others per step"),
+        (None, "Phases (mean over ranks) and tensors per step"),
+    )
+    for kind, title in sections:
+        rows = [
+            r
+            for r in diff.rows
+            if (r.kind == kind if kind else r.kind not in ("work", "wait")) and (r.a_ms or r.b_ms)
+        ]
+        if not rows:
+            continue
+        table = Table(title=f"{title}; B ({run_b.path}) against A ({run_a.path})")
+        for col in ("what", "A (ms/step)", "B (ms/step)", "change (ms)", "B / A"):
+            table.add_column(col, justify="left" if col == "what" else "right")
+        for row in rows[: args.top]:
+            if row.kind == "wait":
+                cause = diff.cause is not None and row in diff.effects
+                what = f"{row.key} waiting" + (" (consequence)" if cause else "")
+            elif row.kind == "work":
+                what = row.key + (" (cause)" if row is diff.cause else "")
+            else:
+                what = f"{row.kind}: {LABELS.get(row.key, row.key)}"
+            ratio = f"{row.ratio:.2f}x" if row.ratio is not None else "new"
+            table.add_row(what, f"{row.a_ms:.3f}", f"{row.b_ms:.3f}", f"{row.delta_ms:+.3f}", ratio)
+        console.print(_fitted(table))
     for run in (run_a, run_b):
         for p in run.problems:
             console.print(f"[yellow]skipped[/yellow] {p}")

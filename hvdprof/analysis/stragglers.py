@@ -438,3 +438,59 @@ def _main_op(op_code: np.ndarray) -> str:
     if not len(codes):
         return "op"
     return OPS[int(np.bincount(codes).argmax())]
+
+
+@dataclass
+class RankWork:
+    """One rank's step split into its own work and its waiting for the others (ms/step)."""
+
+    rank: int
+    steps: int
+    step_ms: float  # between its first submissions of consecutive steps
+    wait_ms: float  # blocked on later ranks: union over the step, as the straggler's cost
+    work_ms: float  # step_ms - wait_ms: its own compute, data loading and runtime work
+
+
+def own_work(run: Run) -> dict[int, RankWork]:
+    """Per rank, mean per step of its own work and of its waiting for the others.
+
+    A rank waits on an op it reached before the last rank from its latest submission
+    before the last arrival (it had nothing more to submit) until that arrival; the union
+    of those intervals per step is its waiting, the rest of the step its own work. Empty
+    when the run has no arrivals of every rank.
+    """
+    arr = arrivals(run) if len(run.slices) else None
+    if arr is None or arr.t_us.shape[1] < 2 or not len(arr.t_us):
+        return {}
+    n_ranks = arr.t_us.shape[1]
+    order = np.argsort(arr.step, kind="stable")
+    t, step = arr.t_us[order], arr.step[order]
+    steps, bounds = np.unique(step, return_index=True)
+    bounds = np.append(bounds, len(t))
+    n_steps = len(steps)
+    wait = np.zeros((n_steps, n_ranks))
+    begin = np.zeros((n_steps, n_ranks))
+    for k in range(n_steps):
+        tk = t[bounds[k] : bounds[k + 1]]
+        begin[k] = tk.min(axis=0)
+        t_last = tk.max(axis=1)
+        for r in range(n_ranks):
+            mine = np.sort(tk[:, r])
+            waits = t_last > tk[:, r]
+            if not waits.any():
+                continue
+            ends = t_last[waits]
+            starts = mine[np.searchsorted(mine, ends, side="right") - 1]
+            s0, s1 = merge(starts, ends)
+            wait[k, r] = float((s1 - s0).sum())
+    first = 1 if n_steps >= MIN_STEPS_TO_SKIP_WARMUP else 0
+    if n_steps - first < 2:
+        return {}
+    spans = np.diff(begin[first:], axis=0)  # step k: from its start to step k+1's
+    waits = wait[first:-1]
+    out = {}
+    for r in range(n_ranks):
+        step_ms = float(spans[:, r].mean()) / 1000.0
+        wait_ms = float(waits[:, r].mean()) / 1000.0
+        out[r] = RankWork(r, len(spans), step_ms, wait_ms, max(step_ms - wait_ms, 0.0))
+    return out
