@@ -1,0 +1,179 @@
+"""Answers checked against ground truth: real jobs with a known fault, and the verdicts.
+
+Each scenario trains a small MLP (``workers/answers_worker.py``) at 2, 3 or 4 ranks with
+the timeline on; one rank spends a known ``DELAY_MS`` more per step in data loading, in
+forward or in backward (a hook on a gradient), from the start or from a known step on.
+Rank 0 writes its measured step times: the step-time change ``delta`` the fault caused
+(against a balanced run at the same size, or before the onset in the same run) is the
+ground truth the straggler's cost is checked against, within
+``[0.75 min(delta, d), 1.25 max(delta, d)]``. Balanced runs, repeated, must name no one.
+The delays are large (40 ms against a step of about 20 ms) so the verdicts hold on a
+loaded 2-core machine; the tests never assert how long anything took.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import JobResult, run_job
+from launch_support import run_mpi
+
+from hvdprof.analysis import diff_runs, find_stragglers, load_run
+from hvdprof.analysis.stragglers import Stragglers
+
+pytestmark = pytest.mark.timeout(600)
+
+DELAY_MS = 40.0
+STEPS = 20
+MID_RUN_STEPS, ONSET = 24, 8
+
+
+@dataclass(frozen=True)
+class Scenario:
+    ranks: int
+    slow_rank: int = -1
+    where: str = "data"
+    onset: int = 0
+    steps: int = STEPS
+    backend: str = ""  # HVDPROF_BACKEND ("" = auto: shared memory on one host)
+    mpi: bool = False  # under mpirun (negotiation over MPI) instead of hvdprof run
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "balanced-2": Scenario(2),
+    "balanced-2-again": Scenario(2),
+    "balanced-3": Scenario(3),
+    "data-2-gloo": Scenario(2, slow_rank=1, where="data", backend="gloo"),
+    "forward-3-shm": Scenario(3, slow_rank=2, where="forward", backend="shm"),
+    # 4 ranks: a fault in backward from step ONSET on (its ground truth: the steps before)
+    "backward-4-mid-run": Scenario(
+        4, slow_rank=1, where="backward", onset=ONSET, steps=MID_RUN_STEPS
+    ),
+    "backward-2-mpi": Scenario(2, slow_rank=1, where="backward", mpi=True),
+}
+
+
+@dataclass
+class Outcome:
+    timeline: Path
+    step_ms: list[float]  # rank 0's measured step times (ground truth)
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory):
+    """``scenario(name)``: run it once per module, return its timeline and step times."""
+    done: dict[str, Outcome] = {}
+
+    def get(name: str) -> Outcome:
+        if name in done:
+            return done[name]
+        sc = SCENARIOS[name]
+        base = tmp_path_factory.mktemp(name)
+        tl, out = base / "tl", base / "steps.json"
+        args = ["--steps", str(sc.steps), "--out", str(out)]
+        if sc.slow_rank >= 0:
+            args += ["--slow-rank", str(sc.slow_rank), "--delay-ms", str(DELAY_MS)]
+            args += ["--where", sc.where, "--onset", str(sc.onset)]
+        env = {"HVDPROF_BACKEND": sc.backend} if sc.backend else {}
+        job: JobResult
+        if sc.mpi:
+            env = {"HVDPROF_BACKEND": "mpi", "HVDPROF_TIMELINE": str(tl)}
+            job = run_mpi("answers_worker.py", sc.ranks, *args, env=env, timeout=240)
+        else:
+            job = run_job(
+                "answers_worker.py",
+                sc.ranks,
+                *args,
+                env=env,
+                timeout=240,
+                launcher_args=("--timeline", str(tl)),
+            )
+        job.assert_section("train", sc.ranks)
+        job.assert_done(sc.ranks)
+        steps = json.loads(out.read_text())["step_ms"]
+        done[name] = Outcome(tl, steps)
+        return done[name]
+
+    return get
+
+
+def mean_step(steps: list[float], lo: int = 1, hi: int | None = None) -> float:
+    """Mean step time, leaving out the warm-up step (and one step each side of a cut)."""
+    return float(np.mean(steps[lo:hi]))
+
+
+def assert_cost_within(cost: float, delta: float, s: Stragglers, d: float = DELAY_MS) -> None:
+    lo, hi = 0.75 * min(delta, d), 1.25 * max(delta, d)
+    assert lo <= cost <= hi, (
+        f"cost {cost:.1f} ms outside [{lo:.1f}, {hi:.1f}] (delta {delta:.1f}): {s.verdict}; "
+        f"per step: {s.per_step}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "phase"),
+    [
+        ("data-2-gloo", "before_first_gradient"),
+        ("forward-3-shm", "before_first_gradient"),
+        ("backward-2-mpi", "backward"),
+    ],
+)
+def test_slow_rank_named_with_its_phase_and_cost(scenario, name: str, phase: str) -> None:
+    sc = SCENARIOS[name]
+    slow = scenario(name)
+    balanced = scenario(f"balanced-{sc.ranks}")
+    s = find_stragglers(load_run(slow.timeline, cache=False))
+    assert s.source == "source", s.verdict  # each rank's own submission stamps
+    assert s.straggler == sc.slow_rank, s.verdict
+    assert s.verdict.startswith(f"rank {sc.slow_rank} is the straggler"), s.verdict
+    assert s.phase == phase, s.verdict
+    assert s.onset_step == 1, s.verdict  # from the start (the warm-up step is not counted)
+    top = next(r for r in s.ranks if r.rank == sc.slow_rank)
+    delta = mean_step(slow.step_ms) - mean_step(balanced.step_ms)
+    assert_cost_within(top.cost_per_step_ms, delta, s)
+    # diff names the slow rank's own compute as the cause, the others' waiting as effects
+    d = diff_runs(load_run(balanced.timeline, cache=False), load_run(slow.timeline, cache=False))
+    assert d.cause is not None, d.verdict
+    assert d.cause.key == f"rank {sc.slow_rank}: compute", d.verdict
+    assert d.effects and all(r.key != f"rank {sc.slow_rank}" for r in d.effects), d.verdict
+    assert f"Cause: rank {sc.slow_rank}: compute +" in d.verdict and "as a result" in d.verdict
+
+
+def test_fault_from_mid_run_reports_its_onset(scenario) -> None:
+    sc = SCENARIOS["backward-4-mid-run"]
+    run = scenario("backward-4-mid-run")
+    s = find_stragglers(load_run(run.timeline, cache=False))
+    assert s.straggler == sc.slow_rank, s.verdict
+    assert s.onset_step is not None and abs(s.onset_step - ONSET) <= 1, s.verdict
+    assert f"from step {s.onset_step} on" in s.verdict
+    assert s.phase == "backward", s.verdict
+    delta = mean_step(run.step_ms, ONSET + 1) - mean_step(run.step_ms, 1, ONSET - 1)
+    top = next(r for r in s.ranks if r.rank == sc.slow_rank)
+    assert_cost_within(top.cost_per_step_ms, delta, s)
+    # diff of the run's own halves is not needed: the onset splits it; the diff check of
+    # a fault from the start is in test_slow_rank_named_with_its_phase_and_cost
+
+
+@pytest.mark.parametrize("name", ["balanced-2", "balanced-2-again", "balanced-3"])
+def test_balanced_run_names_no_straggler(scenario, name: str) -> None:
+    s = find_stragglers(load_run(scenario(name).timeline, cache=False))
+    assert s.straggler is None, s.verdict
+    assert s.verdict.startswith("No straggler"), s.verdict
+    # the spread is given, and "most often last" is the rank last most often
+    assert "finish each step within" in s.verdict
+    shares = {r.rank: r.last_share for r in s.ranks}
+    assert shares[s.most_often_last] == max(shares.values())
+    assert f"rank most often last, rank {s.most_often_last}," in s.verdict
+
+
+def test_scenarios_are_known() -> None:
+    # every slow scenario's balanced baseline exists (the cost check needs it)
+    for sc in SCENARIOS.values():
+        if sc.slow_rank >= 0 and sc.onset == 0:
+            assert f"balanced-{sc.ranks}" in SCENARIOS
+    assert os.path.exists(Path(__file__).parent / "workers" / "answers_worker.py")
