@@ -214,24 +214,36 @@ def print_report(report: Report) -> None:
 
     s = report.stragglers
     if s.ranks:
-        table = Table(
-            title=f"2. Who is late ({s.ops_with_marks:,} ops with every rank's readiness, seen by rank {s.observer})"
+        seen = (
+            "each rank's own submission times"
+            if s.source == "source"
+            else f"readiness as rank {s.observer} saw it"
         )
-        for col in (
-            "rank",
-            "ready last in",
-            "waiting it caused (ms, all ranks)",
-            "cost per step (ms, per other rank)",
-        ):
+        since = (
+            f", shares and costs from the onset at step {s.onset_step}"
+            if s.onset_step is not None and s.onset_step > s.first_step
+            else ""
+        )
+        table = Table(
+            title=f"2. Who is late ({s.steps:,} steps, {s.ops_with_marks:,} ops; {seen}{since})"
+        )
+        for col in ("rank", "last in (steps)", "cost per step (ms)", "cost, all steps (ms)"):
             table.add_column(col, justify="right")
-        for x in s.ranks:
+        for x in sorted(s.ranks, key=lambda x: (-x.last_share, x.rank)):  # most often last first
+            mark = " (straggler)" if x.rank == s.straggler else ""
             table.add_row(
-                str(x.rank),
-                f"{x.last_share:.0%} ({x.last_count:,} ops)",
-                _ms(x.wait_caused_ms),
+                f"{x.rank}{mark}",
+                f"{x.last_share:.0%} ({x.last_count:,})",
                 _ms(x.cost_per_step_ms),
+                _ms(x.wait_caused_ms),
             )
         console.print(_fitted(table))
+        console.print(
+            "  cost = the time the other ranks were blocked on this rank per step (union over "
+            "the step's ops, from the rank that arrived just before it): what the job would "
+            "save without its lateness",
+            highlight=False,
+        )
 
     f = report.fusion
     if f.ranks:
