@@ -18,13 +18,14 @@ whether the step reduces one gradient or fifty, and a rank whose gradients are a
 while the others are still computing their own costs nothing until the others are done.
 
 **No false alarms.** A rank is the straggler only when it was last in at least
-:data:`LAST_SHARE` of the steps (from the onset on) and both its mean cost per step and
-its cost in that share of the steps (the lower quartile) reach a bar: the most of
-:data:`MIN_COST_MS`, one negotiation cycle (the run's configured cycle time),
-:data:`MIN_STEP_SHARE` of the step and :data:`NOISE_FACTOR` times the run's step-to-step
-noise (the robust spread of step-to-step changes). Consistent *and* material: a rank last
-by a hair in every step, or late by a lot in a few, is not named. Otherwise the verdict
-says there is none and gives the spread.
+:data:`LAST_SHARE` of the steps (from the onset on), both its mean cost per step and its
+cost in that share of the steps (the lower quartile) reach the most of
+:data:`MIN_COST_MS`, one negotiation cycle (the run's configured cycle time) and
+:data:`MIN_STEP_SHARE` of the step, and its mean cost exceeds :data:`NOISE_FACTOR` times
+the run's step-to-step noise (the robust spread of the step times or of their changes,
+whichever is larger). Consistent *and* material: a rank last by a hair in every step, or
+late by a lot in a few, is not named. Otherwise the verdict says there is none and gives
+the spread.
 
 **Where the time went.** The straggler's lateness at its first gradient of the step
 against its lateness at the end: late from the first gradient on means the time went
@@ -345,10 +346,12 @@ def find_stragglers(run: Run) -> Stragglers:
     in_window = in_window[np.isfinite(in_window)]
     if len(in_window):
         out.step_ms = float(np.median(in_window)) / 1000.0
-    # step-to-step noise: the robust spread of the changes from one step to the next (a
-    # slow drift or the onset's jump does not inflate it), over the steps judged
+    # step-to-step noise over the steps judged: the robust spread of the step times, or of
+    # their changes from one step to the next, whichever is larger
     if len(in_window) > 2:
-        out.noise_ms = _robust_std(np.diff(in_window)) / np.sqrt(2.0) / 1000.0
+        out.noise_ms = (
+            max(_robust_std(in_window), _robust_std(np.diff(in_window)) / np.sqrt(2.0)) / 1000.0
+        )
     ranks: list[RankStraggle] = []
     op_codes = [c for c in np.unique(op_code).tolist() if c >= 0]
     for r in range(n_ranks):
@@ -369,9 +372,8 @@ def find_stragglers(run: Run) -> Stragglers:
     ranks.sort(key=lambda x: (-x.wait_caused_ms, x.rank))
     out.ranks = ranks
     top = next(x for x in ranks if x.rank == candidate)
-    out.threshold_ms = max(
-        MIN_COST_MS, out.cycle_time_ms, MIN_STEP_SHARE * out.step_ms, NOISE_FACTOR * out.noise_ms
-    )
+    bar = max(MIN_COST_MS, out.cycle_time_ms, MIN_STEP_SHARE * out.step_ms)
+    out.threshold_ms = max(bar, NOISE_FACTOR * out.noise_ms)
     # readiness marks on only some steps (Horovod's response cache records them only at a
     # tensor's first negotiation): say so, and judge by the ops and the waiting there
     partial = run_steps > 1 and n_steps < 0.5 * run_steps
@@ -379,16 +381,18 @@ def find_stragglers(run: Run) -> Stragglers:
         share = top.last_share_by_op.get(_main_op(op_code), 0.0)
         named = share >= LAST_SHARE and top.wait_caused_ms >= MIN_COST_MS
     else:
-        # consistent and material: late by more than the bar in LAST_SHARE of the steps
-        # (a few long hiccups of an otherwise punctual rank do not make it the straggler,
-        # nor does a rank last by a hair in every step)
+        # consistent and material: late by the bar in LAST_SHARE of the steps (a few long
+        # hiccups of an otherwise punctual rank do not make it the straggler, nor does a
+        # rank last by a hair in every step), and on average beyond the noise
         steady = (
             float(np.quantile(cost[window, candidate], 1.0 - LAST_SHARE)) / 1000.0
             if n_window
             else 0.0
         )
-        named = top.last_share >= LAST_SHARE and (
-            min(top.cost_per_step_ms, steady) >= out.threshold_ms
+        named = (
+            top.last_share >= LAST_SHARE
+            and min(top.cost_per_step_ms, steady) >= bar
+            and top.cost_per_step_ms > NOISE_FACTOR * out.noise_ms
         )
     where = (
         ""
