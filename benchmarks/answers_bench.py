@@ -12,7 +12,10 @@ mid-run scenario's baseline is its own steps before the onset.
 Per scenario it reports, over the repeats:
 
 * right rank (%): the verdict named the slow rank (goal >= 95%);
-* false alarms (%): a balanced run named a straggler (goal 0);
+* named on balanced (%): a balanced run named a straggler;
+* false alarms (%): ... and the ranks' own measured time (data + forward + backward, each
+  rank timing itself) does not show that rank slower by half the cost named (goal 0): on
+  a shared 2-core machine one rank of a balanced job can really be starved;
 * cost within bounds (%): the verdict's cost per step lies in
   ``[0.75 min(delta, d), 1.25 max(delta, d)]`` (goal >= 95%), with ``d`` the injected delay;
 * phase right (%): data loading / forward reported as "before the first gradient",
@@ -61,7 +64,8 @@ TINY = ["--width", "64", "--layers", "4", "--batch", "16"]
 
 def run_job(
     ranks: int, steps: int, out_dir: Path, worker_args: list[str], timeout: float
-) -> tuple[Path, list[float]]:
+) -> tuple[Path, list[float], list[float]]:
+    """The job's timeline, rank 0's step times and each rank's own time per step (ms)."""
     tl, steps_file = out_dir / "tl", out_dir / "steps.json"
     command = [
         sys.executable, "-m", "hvdprof", "run", "-np", str(ranks), "--timeout", str(timeout),
@@ -77,14 +81,19 @@ def run_job(
         raise SystemExit(
             f"job failed ({proc.returncode}): {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
         )
-    return tl, json.loads(steps_file.read_text())["step_ms"]
+    own = []
+    for r in range(ranks):
+        phases = json.loads(Path(f"{steps_file}.rank{r}").read_text())["phases_ms"][1:]
+        own.append(statistics.median(sum(x[:3]) for x in phases))  # data+forward+backward
+    return tl, json.loads(steps_file.read_text())["step_ms"], own
 
 
 def judge(
     scenario: str,
     tl: Path,
     step_ms: list[float],
-    baseline: tuple[Path, list[float]] | None,
+    own_ms: list[float],
+    baseline: tuple[Path, list[float], list[float]] | None,
     slow: int,
     delay: float,
     onset: int,
@@ -98,8 +107,17 @@ def judge(
         "phase": s.phase,
         "onset_step": s.onset_step,
     }
+    row["own_ms"] = own_ms
     if scenario == "balanced":
-        row["false_alarm"] = s.straggler is not None
+        # no fault injected; a rank named is a false alarm unless the ranks' measured own
+        # time (data + forward + backward) shows it really was slower by half its cost
+        row["named"] = s.straggler is not None
+        row["false_alarm"] = False
+        if s.straggler is not None:
+            cost = next(r.cost_per_step_ms for r in s.ranks if r.rank == s.straggler)
+            others = [x for r, x in enumerate(own_ms) if r != s.straggler]
+            slower = own_ms[s.straggler] - statistics.median(others)
+            row["false_alarm"] = slower < 0.5 * cost
         return row
     top = next(r for r in s.ranks if r.rank == slow)
     row["cost_ms"] = top.cost_per_step_ms
@@ -141,6 +159,7 @@ def summary_rows(rows: list[dict[str, Any]], ranks: int, delay: float) -> list[l
                 f"{scenario} ({ranks} ranks)",
                 str(len(mine)),
                 pct(mine, "right_rank"),
+                pct(mine, "named"),
                 pct(mine, "false_alarm"),
                 pct(mine, "cost_within"),
                 pct(mine, "phase_right"),
@@ -158,6 +177,7 @@ HEADER = [
     "scenario",
     "runs",
     "right rank % (>=95)",
+    "named on balanced %",
     "false alarms % (0)",
     "cost in bounds % (>=95)",
     "phase right %",
@@ -201,10 +221,10 @@ def main() -> None:
                     "--slow-rank", str(slow), "--delay-ms", str(args.delay_ms),
                     "--where", where, "--onset", str(onset if scenario == "mid-run" else 0),
                 ]  # fmt: skip
-                tl, step_ms = run_job(
+                tl, step_ms, own = run_job(
                     args.ranks, steps, base / scenario, model + fault, args.timeout
                 )
-                rows.append(judge(scenario, tl, step_ms, baseline, slow, args.delay_ms, onset))
+                rows.append(judge(scenario, tl, step_ms, own, baseline, slow, args.delay_ms, onset))
                 _harness.log(f"repeat {rep} {scenario}: {rows[-1]['verdict']}")
     table = summary_rows(rows, args.ranks, args.delay_ms)
     print(_harness.table(table, HEADER))

@@ -53,8 +53,9 @@ SCENARIOS: dict[str, Scenario] = {
     "balanced-3-gloo": Scenario(3, backend="gloo"),
     # negotiation over the TCP star, allreduce through shared memory
     "data-2": Scenario(2, slow_rank=1, where="data"),
-    # negotiation over the TCP star, collectives through Gloo
-    "forward-3-gloo": Scenario(3, slow_rank=2, where="forward", backend="gloo"),
+    # negotiation over the TCP star, collectives through Gloo (slower and noisier on the
+    # shared 2-core machine at 3 ranks: a longer delay)
+    "forward-3-gloo": Scenario(3, slow_rank=2, where="forward", backend="gloo", delay_ms=100.0),
     # faults from step ONSET on: their ground truth is the run's own steps before it
     "backward-4-mid-run": Scenario(
         4, slow_rank=1, where="backward", onset=ONSET, steps=MID_RUN_STEPS

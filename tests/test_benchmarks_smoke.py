@@ -19,6 +19,7 @@ BENCHMARKS = [
     "synthetic_training.py",
     "timeline_overhead.py",
     "autotune_bench.py",
+    "answers_bench.py",
 ]
 
 
