@@ -10,8 +10,9 @@ ground truth the straggler's cost is checked against, within
 ``[0.75 min(delta, d), 1.25 max(delta, d)]``. Balanced runs, repeated, must name no one
 unless the worker's own measurements show that rank really was slower (a shared 2-core
 machine can starve one rank: then the verdict is right, not a false alarm).
-The delays are large (60 ms against a step of 10-40 ms) so the verdicts hold on a
-loaded 2-core machine; the tests never assert how long anything took.
+The delays are large (100 ms against a step of 10-40 ms): the verdict's gates include
+twice the run's step-to-step noise, and with other jobs on the 2-core machine that noise
+reaches 30 ms. The tests never assert how long anything took.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from hvdprof.analysis.stragglers import Stragglers
 
 pytestmark = pytest.mark.timeout(600)
 
-DELAY_MS = 60.0
+DELAY_MS = 100.0
 STEPS = 20
 MID_RUN_STEPS, ONSET = 24, 8
 
@@ -53,9 +54,8 @@ SCENARIOS: dict[str, Scenario] = {
     "balanced-3-gloo": Scenario(3, backend="gloo"),
     # negotiation over the TCP star, allreduce through shared memory
     "data-2": Scenario(2, slow_rank=1, where="data"),
-    # negotiation over the TCP star, collectives through Gloo (slower and noisier on the
-    # shared 2-core machine at 3 ranks: a longer delay)
-    "forward-3-gloo": Scenario(3, slow_rank=2, where="forward", backend="gloo", delay_ms=100.0),
+    # negotiation over the TCP star, collectives through Gloo
+    "forward-3-gloo": Scenario(3, slow_rank=2, where="forward", backend="gloo"),
     # faults from step ONSET on: their ground truth is the run's own steps before it
     "backward-4-mid-run": Scenario(
         4, slow_rank=1, where="backward", onset=ONSET, steps=MID_RUN_STEPS
