@@ -34,7 +34,8 @@ the end means backward (its later gradients are late).
 
 **Onset.** A fault that starts mid-run shows as a step in the straggler's per-step cost:
 the split that best fits two levels (least squares) is the onset when the cost before it
-is small next to the cost after it.
+is under half the cost after it and the jump exceeds three times the spread around the
+two levels.
 """
 
 from __future__ import annotations
@@ -249,7 +250,7 @@ def _onset(cost: np.ndarray, min_len: int = 3) -> int:
     best = int(k[np.argmin(sse_a + sse_b)])
     before, after = float(np.mean(cost[:best])), float(np.mean(cost[best:]))
     spread = _robust_std(np.concatenate([cost[:best] - before, cost[best:] - after]))
-    if after > 0 and before < 0.25 * after and after - before > 3.0 * spread:
+    if after > 0 and before < 0.5 * after and after - before > 3.0 * spread:
         return best
     return 0
 
