@@ -60,17 +60,8 @@ SCENARIOS: dict[str, Scenario] = {
     "backward-4-mid-run": Scenario(
         4, slow_rank=1, where="backward", onset=ONSET, steps=MID_RUN_STEPS
     ),
-    # negotiation and collectives over MPI; its progress engine makes the steps on the
-    # shared 2-core machine noisier: a longer delay
-    "backward-2-mpi-mid-run": Scenario(
-        2,
-        slow_rank=1,
-        where="backward",
-        onset=ONSET,
-        steps=MID_RUN_STEPS,
-        mpi=True,
-        delay_ms=100.0,
-    ),
+    # negotiation and collectives over MPI (no MPI baseline: the rank and phase are checked)
+    "backward-2-mpi": Scenario(2, slow_rank=1, where="backward", mpi=True),
 }
 
 
