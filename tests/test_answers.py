@@ -201,11 +201,14 @@ def test_balanced_run_names_no_straggler(scenario, name: str) -> None:
     if s.straggler is not None:
         # No fault was injected, but on a shared 2-core machine one rank can really be
         # slower (its own data + forward + backward, measured by the worker, ground truth):
-        # a verdict is a false alarm unless that measured difference backs it
+        # a verdict is a false alarm unless the named rank measured slowest, by a material
+        # part of the cost (its optimizer step and its release from the last collective,
+        # which the worker cannot time apart from waiting, make up the rest)
         cost = next(r.cost_per_step_ms for r in s.ranks if r.rank == s.straggler)
         others = [x for r, x in enumerate(run.own_ms) if r != s.straggler]
         slower = run.own_ms[s.straggler] - float(np.median(others))
-        assert slower >= 0.5 * cost, (
+        assert run.own_ms[s.straggler] == max(run.own_ms), run.own_ms
+        assert slower >= max(1.0, 0.25 * cost), (
             f"false alarm: {s.verdict}; measured own time per step {run.own_ms}"
         )
         return
