@@ -21,6 +21,7 @@ BENCHMARKS = [
     "autotune_bench.py",
     "divergence_check.py",
     "dashboard_load.py",
+    "answers_bench.py",
 ]
 
 

@@ -115,14 +115,33 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
     console = _console()
     console.print(f"[bold]{diff.verdict}[/bold]")
-    table = Table(title=f"Per step, B ({run_b.path}) against A ({run_a.path}); slowest first")
-    for col in ("what", "A (ms/step)", "B (ms/step)", "change (ms)", "B / A"):
-        table.add_column(col, justify="left" if col == "what" else "right")
-    for row in diff.rows[: args.top]:
-        what = row.key if row.kind == "rank" else f"{row.kind}: {LABELS.get(row.key, row.key)}"
-        ratio = f"{row.ratio:.2f}x" if row.ratio is not None else "new"
-        table.add_row(what, f"{row.a_ms:.3f}", f"{row.b_ms:.3f}", f"{row.delta_ms:+.3f}", ratio)
-    console.print(_fitted(table))
+    sections = (
+        ("work", "Causes: each rank's own work per step (compute and runtime phases)"),
+        ("wait", "Consequences: each rank's waiting for the others per step"),
+        (None, "Phases (mean over ranks) and tensors per step"),
+    )
+    for kind, title in sections:
+        rows = [
+            r
+            for r in diff.rows
+            if (r.kind == kind if kind else r.kind not in ("work", "wait")) and (r.a_ms or r.b_ms)
+        ]
+        if not rows:
+            continue
+        table = Table(title=f"{title}; B ({run_b.path}) against A ({run_a.path})")
+        for col in ("what", "A (ms/step)", "B (ms/step)", "change (ms)", "B / A"):
+            table.add_column(col, justify="left" if col == "what" else "right")
+        for row in rows[: args.top]:
+            if row.kind == "wait":
+                cause = diff.cause is not None and row in diff.effects
+                what = f"{row.key} waiting" + (" (consequence)" if cause else "")
+            elif row.kind == "work":
+                what = row.key + (" (cause)" if row is diff.cause else "")
+            else:
+                what = f"{row.kind}: {LABELS.get(row.key, row.key)}"
+            ratio = f"{row.ratio:.2f}x" if row.ratio is not None else "new"
+            table.add_row(what, f"{row.a_ms:.3f}", f"{row.b_ms:.3f}", f"{row.delta_ms:+.3f}", ratio)
+        console.print(_fitted(table))
     for run in (run_a, run_b):
         for p in run.problems:
             console.print(f"[yellow]skipped[/yellow] {p}")
@@ -195,24 +214,36 @@ def print_report(report: Report) -> None:
 
     s = report.stragglers
     if s.ranks:
-        table = Table(
-            title=f"2. Who is late ({s.ops_with_marks:,} ops with every rank's readiness, seen by rank {s.observer})"
+        seen = (
+            "each rank's own submission times"
+            if s.source == "source"
+            else f"readiness as rank {s.observer} saw it"
         )
-        for col in (
-            "rank",
-            "ready last in",
-            "waiting it caused (ms, all ranks)",
-            "cost per step (ms, per other rank)",
-        ):
+        since = (
+            f", shares and costs from the onset at step {s.onset_step}"
+            if s.onset_step is not None and s.onset_step > s.first_step
+            else ""
+        )
+        table = Table(
+            title=f"2. Who is late ({s.steps:,} steps, {s.ops_with_marks:,} ops; {seen}{since})"
+        )
+        for col in ("rank", "last in (steps)", "cost per step (ms)", "cost, all steps (ms)"):
             table.add_column(col, justify="right")
-        for x in s.ranks:
+        for x in sorted(s.ranks, key=lambda x: (-x.last_share, x.rank)):  # most often last first
+            mark = " (straggler)" if x.rank == s.straggler else ""
             table.add_row(
-                str(x.rank),
-                f"{x.last_share:.0%} ({x.last_count:,} ops)",
-                _ms(x.wait_caused_ms),
+                f"{x.rank}{mark}",
+                f"{x.last_share:.0%} ({x.last_count:,})",
                 _ms(x.cost_per_step_ms),
+                _ms(x.wait_caused_ms),
             )
         console.print(_fitted(table))
+        console.print(
+            "  cost = the time the other ranks were blocked on this rank per step (union over "
+            "the step's ops, from the rank that arrived just before it): what the job would "
+            "save without its lateness",
+            highlight=False,
+        )
 
     f = report.fusion
     if f.ranks:

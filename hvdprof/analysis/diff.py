@@ -1,11 +1,22 @@
-"""Q7: what changed between two runs? Per phase, per rank and per tensor, worst first.
+"""Q7: what changed between two runs? Causes (each rank's own work) before effects (waiting).
 
-Runs differ in length, so everything is compared per step: a phase's mean wall time per
-step (averaged over ranks), a rank's busy time per step, a tensor's time per step (its
-negotiation + op time over the run, per rank and step). One unit for every row, so a
+A rank that computes 15 ms longer makes every other rank wait 15 ms longer, and a diff of
+wall time per phase shows the waiting ranks as the biggest regression: the victims. So
+each rank's step is first split into its own work and its waiting for the others (from
+the ranks' own submission stamps, :func:`hvdprof.analysis.stragglers.own_work`), and its
+own work into the runtime's phases (backend collective, fusion-buffer copies, queue, other)
+and compute (the rest: data loading, forward, backward, optimizer). The rows that grew in
+a rank's own work are the causes and lead; the waiting they made the others do follows,
+labelled as its consequence. Without every rank's stamps (Horovod files) the breakdown's
+negotiation wait stands in for the waiting and its idle time for compute.
+
+Runs differ in length, so everything is compared per step: a rank's work and waiting per
+step, a phase's mean wall time per step (averaged over ranks), a tensor's time per step
+(its negotiation + op time over the run, per rank and step). One unit for every row, so a
 once-only op (a start-up broadcast that waited for a slow rank) weighs what it costs a
-step on average rather than its whole wait. Rows are sorted by how much slower run B is
-than run A (``delta_ms = b_ms - a_ms``), biggest regression first.
+step on average rather than its whole wait. Rows come as: work (causes), then waiting
+(consequences), then phases and tensors, each by how much slower run B is than run A
+(``delta_ms = b_ms - a_ms``), biggest regression first.
 """
 
 from __future__ import annotations
@@ -17,11 +28,19 @@ import numpy as np
 
 from hvdprof.analysis.breakdown import CATEGORIES, LABELS, Breakdown, time_breakdown
 from hvdprof.analysis.model import PHASE_NEGOTIATE, PHASE_OP, Run
+from hvdprof.analysis.stragglers import own_work
+
+#: A cause must add at least this much per step (ms) ...
+MIN_CAUSE_MS = 0.5
+#: ... and this share of run A's step to be named.
+MIN_CAUSE_SHARE = 0.05
+#: A rank's own runtime phases (the rest of its own work is compute).
+RUNTIME_PHASES: tuple[str, ...] = ("collective", "memcpy_in", "memcpy_out", "queue", "other")
 
 
 @dataclass
 class DiffRow:
-    kind: str  # "phase" | "rank" | "tensor"
+    kind: str  # "work" (a rank's own work: cause) | "wait" (consequence) | "phase" | "tensor"
     key: str
     a_ms: float
     b_ms: float
@@ -54,6 +73,8 @@ class RunDiff:
     rows: list[DiffRow] = field(default_factory=list)  # biggest regression first
     only_in_a: list[str] = field(default_factory=list)  # tensors run B never reduced
     only_in_b: list[str] = field(default_factory=list)  # tensors new in run B
+    cause: DiffRow | None = None  # the work row that grew most, when it is material
+    effects: list[DiffRow] = field(default_factory=list)  # the waiting it caused
     verdict: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -62,6 +83,8 @@ class RunDiff:
             "b": self.b,
             "step_ms_a": self.step_ms_a,
             "step_ms_b": self.step_ms_b,
+            "cause": self.cause.to_dict() if self.cause else None,
+            "effects": [r.to_dict() for r in self.effects],
             "rows": [r.to_dict() for r in self.rows],
             "only_in_a": self.only_in_a,
             "only_in_b": self.only_in_b,
@@ -93,40 +116,80 @@ def _tensor_ms(run: Run, breakdown: Breakdown) -> dict[str, float]:
     }
 
 
+def _rank_split(run: Run, b: Breakdown) -> dict[int, dict[str, float]]:
+    """Per rank, ms per step: ``wait`` and its own work as ``compute`` + runtime phases."""
+    work = own_work(run)
+    out: dict[int, dict[str, float]] = {}
+    for r in b.ranks:
+        phases = {c: r.mean_step_ms(c) for c in RUNTIME_PHASES}
+        w = work.get(r.rank)
+        if w is not None:
+            wait, compute = w.wait_ms, max(w.work_ms - sum(phases.values()), 0.0)
+        else:
+            wait, compute = r.mean_step_ms("negotiate"), r.mean_step_ms("idle")
+        out[r.rank] = {"compute": compute, **phases, "wait": wait}
+    return out
+
+
+def _work_label(rank: int, part: str) -> str:
+    return f"rank {rank}: {'compute' if part == 'compute' else LABELS.get(part, part)}"
+
+
 def diff_runs(run_a: Run, run_b: Run) -> RunDiff:
-    """Compare run B with run A; the rows most slowed down in B come first."""
+    """Compare run B with run A: the causes (own work that grew) first, then waiting."""
     ba, bb = time_breakdown(run_a), time_breakdown(run_b)
     pa, pb = _per_step(ba), _per_step(bb)
     step_a = sum(pa.values())
     step_b = sum(pb.values())
     out = RunDiff(run_a.path, run_b.path, step_a, step_b)
-    for c in CATEGORIES:
-        out.rows.append(DiffRow("phase", c, pa[c], pb[c]))
-    ra = {r.rank: r for r in ba.ranks}
-    rb = {r.rank: r for r in bb.ranks}
-    for rank in sorted(set(ra) | set(rb)):
-        busy = [c for c in CATEGORIES if c != "idle"]
-        a = sum(ra[rank].mean_step_ms(c) for c in busy) if rank in ra else 0.0
-        b = sum(rb[rank].mean_step_ms(c) for c in busy) if rank in rb else 0.0
-        out.rows.append(DiffRow("rank", f"rank {rank}", a, b))
+    sa, sb = _rank_split(run_a, ba), _rank_split(run_b, bb)
+    zero: dict[str, float] = {}
+    work: list[DiffRow] = []
+    wait: list[DiffRow] = []
+    for rank in sorted(set(sa) | set(sb)):
+        a, b = sa.get(rank, zero), sb.get(rank, zero)
+        for part in ("compute", *RUNTIME_PHASES):
+            work.append(
+                DiffRow("work", _work_label(rank, part), a.get(part, 0.0), b.get(part, 0.0))
+            )
+        wait.append(DiffRow("wait", f"rank {rank}", a.get("wait", 0.0), b.get("wait", 0.0)))
+    work.sort(key=lambda r: -r.delta_ms)
+    wait.sort(key=lambda r: -r.delta_ms)
+    others: list[DiffRow] = [DiffRow("phase", c, pa[c], pb[c]) for c in CATEGORIES]
     ta, tb = _tensor_ms(run_a, ba), _tensor_ms(run_b, bb)
     for name in sorted(set(ta) & set(tb)):
-        out.rows.append(DiffRow("tensor", name, ta[name], tb[name]))
+        others.append(DiffRow("tensor", name, ta[name], tb[name]))
+    others.sort(key=lambda r: -r.delta_ms)
+    out.rows = work + wait + others
     out.only_in_a = sorted(set(ta) - set(tb))
     out.only_in_b = sorted(set(tb) - set(ta))
-    out.rows.sort(key=lambda r: -r.delta_ms)
-    worst = out.rows[0] if out.rows else None
     change = (step_b / step_a - 1.0) if step_a > 0 else 0.0
     text = f"Step time {step_a:.2f} ms -> {step_b:.2f} ms ({change:+.0%})."
-    if worst is not None and worst.delta_ms > 0:
-        label = LABELS.get(worst.key, worst.key) if worst.kind == "phase" else worst.key
-        kind = "" if worst.kind == "rank" else f"{worst.kind} "
-        text += (
-            f" Biggest regression: {kind}{label}, {worst.a_ms:.2f} -> "
-            f"{worst.b_ms:.2f} ms per step ({worst.delta_ms:+.2f} ms)."
-        )
+    floor = max(MIN_CAUSE_MS, MIN_CAUSE_SHARE * step_a)
+    cause = work[0] if work and work[0].delta_ms >= floor else None
+    if cause is not None:
+        out.cause = cause
+        culprit = cause.key.split(":", 1)[0]
+        out.effects = [r for r in wait if r.key != culprit and r.delta_ms >= floor]
+        text += f" Cause: {cause.key} {cause.delta_ms:+.1f} ms per step"
+        if out.effects:
+            ranks = ", ".join(r.key.removeprefix("rank ") for r in out.effects)
+            deltas = ", ".join(f"{r.delta_ms:+.1f}" for r in out.effects)
+            who = "rank" if len(out.effects) == 1 else "ranks"
+            text += f"; {who} {ranks} wait{'s' if len(out.effects) == 1 else ''} {deltas} ms as a result."
+        else:
+            text += "."
     else:
-        text += " Nothing got slower."
+        worst = next((r for r in others if r.delta_ms > 0), None)
+        if worst is not None:
+            label = LABELS.get(worst.key, worst.key) if worst.kind == "phase" else worst.key
+            text += (
+                f" No rank's own work grew by {floor:.2f} ms per step; biggest change: "
+                f"{worst.kind} {label}, {worst.a_ms:.2f} -> {worst.b_ms:.2f} ms per step "
+                f"({worst.delta_ms:+.2f} ms)."
+            )
+        else:
+            text += " Nothing got slower."
     if out.only_in_a or out.only_in_b:
         text += (
             f" Tensors only in A: {len(out.only_in_a)}, only in B: {len(out.only_in_b)}"
