@@ -98,8 +98,8 @@ class _Args(msgspec.Struct):
     nelems: int | None = msgspec.field(default=None, name="In msg nelems")
     dtype: str | None = None
     group_size: int | None = msgspec.field(default=None, name="Group size")
-    input_dims: msgspec.Raw | None = msgspec.field(default=None, name="Input Dims")
-    input_type: msgspec.Raw | None = msgspec.field(default=None, name="Input type")
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
 
 
 class _Event(msgspec.Struct):
@@ -238,6 +238,8 @@ class GpuActivity:
     dur_us: np.ndarray
     kind: np.ndarray  # GPU_KINDS code
     stream: np.ndarray
+    #: what HTA counts by default: launched before the last ProfilerStep began
+    in_hta: np.ndarray
 
 
 @dataclass
@@ -350,7 +352,7 @@ def _num(x: Any, default: float = 0.0) -> float:
 
 def _elements(raw: msgspec.Raw | None) -> int | None:
     """Elements of the first input of ``Input Dims`` (``[[n, m], ...]``)."""
-    if raw is None:
+    if not raw:
         return None
     try:
         dims = msgspec.json.decode(raw)
@@ -368,7 +370,7 @@ def _elements(raw: msgspec.Raw | None) -> int | None:
 
 
 def _first_type(raw: msgspec.Raw | None) -> str | None:
-    if raw is None:
+    if not raw:
         return None
     try:
         types = msgspec.json.decode(raw)
@@ -472,6 +474,13 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
             step_of_name[code] = int(_num(name[len("ProfilerStep#") :], -1))
             continue
         op = op_code_of(name)
+        if name.startswith(("ncclKernel_", "ncclDevKernel_")):
+            role_of_name[code] = 4  # its op may be unknown (SendRecv): the launch tells
+            op_of_name[code] = op
+            continue
+        if name == "record_param_comms":
+            role_of_name[code] = 5  # carries the message size; not a collective itself
+            continue
         if op < 0:
             continue
         op_of_name[code] = op
@@ -487,14 +496,41 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
     is_gpu = stream >= 0
     role = np.where((role == 2) & is_gpu, 0, role)  # a "nccl:" name on a stream is GPU work
     role = np.where((role == 4) & ~is_gpu, 0, role)
-    # GPU activity, HTA's way
+    # CPU side of each correlation id: (thread, ts) of the runtime call that launched it
     gpu_rows = np.flatnonzero(is_gpu)
+    corr_ts: dict[int, tuple[int, float]] = {}
     if len(gpu_rows):
+        for i in np.flatnonzero(~is_gpu).tolist():
+            c = arg(xs[i], "correlation")
+            if isinstance(c, int):
+                corr_ts[c] = (int(tid[i]), float(ts[i]))
+    # GPU activity, HTA's way: by default HTA leaves out the GPU events launched in the
+    # last ProfilerStep (and, when there are steps, those without a CPU launch)
+    if len(gpu_rows):
+        step_rows = np.flatnonzero((step_of_name[name_code] >= 0) & ~is_gpu)
+        if len(step_rows):
+            last_start = float(ts[step_rows].max())
+            launched = np.array(
+                [
+                    (
+                        hit := corr_ts.get(
+                            c if isinstance(c := arg(xs[i], "correlation"), int) else -1
+                        )
+                    )
+                    is not None
+                    and hit[1] < last_start
+                    for i in gpu_rows.tolist()
+                ],
+                bool,
+            )
+        else:
+            launched = np.ones(len(gpu_rows), bool)
         out.gpu = GpuActivity(
             ts[gpu_rows].copy(),
             dur[gpu_rows].copy(),
             kind_of_name[name_code[gpu_rows]].astype(np.int8),
             stream[gpu_rows].copy(),
+            launched,
         )
     # launches: c10d ops if any, else nccl CPU ranges, else gloo ranges
     present = {int(r) for r in np.unique(role)}
@@ -515,11 +551,6 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
     work_start = np.full(len(launches), np.inf)
     matched = np.zeros(len(works), bool)
     if work_role == 4:  # by correlation: kernel -> runtime call -> launch range on its thread
-        corr_ts: dict[int, tuple[int, float]] = {}
-        for i in np.flatnonzero(~is_gpu).tolist():
-            c = arg(xs[i], "correlation")
-            if isinstance(c, int):
-                corr_ts[c] = (int(tid[i]), float(ts[i]))
         by_tid: dict[int, np.ndarray] = {}
         for t in np.unique(tid[launches]).tolist():
             by_tid[t] = np.flatnonzero(tid[launches] == t)
@@ -578,23 +609,43 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
             lane_names.append(OPS[op])
             occurrence[i] = j
     lane = np.array([tables.tensors.code(x) for x in lane_names], np.int32)
-    # sizes
+
+    # sizes: from the launch, else from a range inside it that has them
+    # (record_param_comms, nccl:<op>), on the same thread
+    def size_of(e: Any) -> tuple[int, str | None]:
+        if e.args is None:
+            return -1, None
+        if lenient:
+            elems, tname = arg(e, "In msg nelems"), arg(e, "dtype")
+        else:
+            elems, tname = arg(e, "nelems"), arg(e, "dtype")
+            if not isinstance(elems, int) or not isinstance(tname, str):
+                elems = _elements(arg(e, "input_dims"))
+                tname = _first_type(arg(e, "input_type"))
+        if isinstance(elems, int) and isinstance(tname, str) and tname in ITEMSIZE:
+            return elems * ITEMSIZE[tname], tname
+        return -1, tname if isinstance(tname, str) and tname in ITEMSIZE else None
+
+    carriers = np.flatnonzero(((role == 5) | (role == 2) | (role == 1)) & ~is_gpu)
+    carriers = carriers[np.lexsort((ts[carriers], tid[carriers]))]
+    c_key = ts[carriers]
+    c_tid = tid[carriers]
     nbytes = np.full(len(launches), -1, np.int64)
     dtype = np.full(len(launches), -1, np.int16)
     for i, row in enumerate(launches.tolist()):
-        e = xs[row]
-        if e.args is None:
-            continue
-        elems, tname = arg(e, "nelems"), arg(e, "dtype")
-        if lenient:
-            elems = arg(e, "In msg nelems")
-        if not isinstance(elems, int):
-            elems = _elements(arg(e, "input_dims")) if not lenient else None
-            tname = _first_type(arg(e, "input_type")) if not lenient else None
-        if isinstance(tname, str):
+        size, tname = size_of(xs[row])
+        if size < 0 and len(carriers):
+            lo = int(np.searchsorted(c_tid, tid[row], side="left"))
+            hi = int(np.searchsorted(c_tid, tid[row], side="right"))
+            k = lo + int(np.searchsorted(c_key[lo:hi], ts[row], side="left"))
+            end = ts[row] + dur[row]
+            while k < hi and c_key[k] <= end and size < 0:
+                if carriers[k] != row:
+                    size, tname = size_of(xs[int(carriers[k])])
+                k += 1
+        nbytes[i] = size
+        if tname is not None:
             dtype[i] = tables.dtypes.code(tname)
-            if isinstance(elems, int) and tname in ITEMSIZE:
-                nbytes[i] = elems * ITEMSIZE[tname]
     backend = tables.backends.code(out.backend or ("NCCL" if launch_role == 2 else "GLOO"))
     l_end = np.maximum(l_ts + dur[launches], np.where(np.isfinite(work_end), work_end, -np.inf))
     # rows: one op row per launch, one collective row per launch with work
@@ -704,7 +755,7 @@ def finish_run(run: Run, files: list[KinetoFile]) -> None:
         if f.gpu is not None:
             g = f.gpu
             gpu[f.rank] = GpuActivity(
-                g.start_us + shifts.get(f.rank, 0.0), g.dur_us, g.kind, g.stream
+                g.start_us + shifts.get(f.rank, 0.0), g.dur_us, g.kind, g.stream, g.in_hta
             )
     run.gpu = gpu
     # readiness: when each rank launched each collective, seen from the lowest rank's rows

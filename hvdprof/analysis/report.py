@@ -12,6 +12,7 @@ from typing import Any
 from hvdprof.analysis.autotune import AutotuneReport, autotune_report
 from hvdprof.analysis.bandwidth import BandwidthReport, bandwidth_report
 from hvdprof.analysis.breakdown import Breakdown, time_breakdown
+from hvdprof.analysis.device import GpuReport, gpu_report
 from hvdprof.analysis.divergence import DivergenceReport, divergence_report
 from hvdprof.analysis.fusion import FusionReport, fusion_report
 from hvdprof.analysis.model import Problem, Run
@@ -33,6 +34,7 @@ class Report:
     overlap: OverlapReport | None
     autotune: AutotuneReport
     divergence: DivergenceReport = field(default_factory=DivergenceReport)
+    gpu: GpuReport = field(default_factory=GpuReport)
     problems: list[Problem] = field(default_factory=list)
     verdicts: list[str] = field(default_factory=list)
 
@@ -53,6 +55,7 @@ class Report:
             "overlap": self.overlap.to_dict() if self.overlap is not None else None,
             "autotune": self.autotune.to_dict(),
             "divergence": self.divergence.to_dict(),
+            "gpu": self.gpu.to_dict(),
             "problems": [p.to_dict() for p in self.problems],
         }
 
@@ -103,6 +106,7 @@ def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
         overlap=overlap,
         autotune=autotune_report(run),
         divergence=divergence_report(run),
+        gpu=gpu_report(run),
         problems=list(run.problems) + (overlap.problems if overlap else []),
     )
     verdicts: list[str] = []
@@ -125,6 +129,7 @@ def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
             f"covers what was read: {report.problems[0]}"
             + (f" (and {len(report.problems) - 1} more)" if len(report.problems) > 1 else "")
         )
+    verdicts += run.notes
     if not len(run.slices):
         verdicts.append("No collective operations were found in this timeline.")
     later = _incarnations_inside(run.path) if os.path.isdir(run.path) else []
@@ -142,6 +147,7 @@ def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
         report.bandwidth,
         report.overlap,
         report.autotune,
+        report.gpu,
     ):
         if part is not None and part.verdict:
             verdicts.append(part.verdict)
