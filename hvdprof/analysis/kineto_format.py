@@ -39,12 +39,15 @@ from hvdprof.analysis.model import (
     MARK_COLUMNS,
     OPS,
     PHASE_COLLECTIVE,
+    PHASE_NEGOTIATE,
     PHASE_OP,
     SLICE_COLUMNS,
     MarkTable,
     Problem,
     Run,
+    SliceTable,
 )
+from hvdprof.timeline.activities import NEGOTIATE_PREFIX
 
 #: file names ``tensorboard_trace_handler`` writes: ``<worker>.<id>.pt.trace.json[.gz]``
 KINETO_NAME_RE = re.compile(r"^.+\.pt\.trace\.json(\.gz)?$")
@@ -689,7 +692,7 @@ def _match_keys(s: Any, rows: np.ndarray) -> np.ndarray:
     return s.tensor[rows].astype(np.int64) * (1 << 32) + s.occurrence[rows].astype(np.int64)
 
 
-def finish_run(run: Run, files: list[KinetoFile]) -> None:
+def finish_run(run: Run, files: list[KinetoFile], tables: Any = None) -> None:
     """Put the ranks on one clock, number steps from 0 and add the readiness marks.
 
     Called on the assembled run (its slices are the files' rows, concatenated)."""
@@ -760,6 +763,8 @@ def finish_run(run: Run, files: list[KinetoFile]) -> None:
     run.gpu = gpu
     # readiness: when each rank launched each collective, seen from the lowest rank's rows
     run.marks = _marks(run)
+    if tables is not None:
+        _split_waiting(run, tables)
     sizes = [f.world_size for f in files if f.world_size]
     if sizes:
         run.size = max(max(sizes), run.size)
@@ -801,3 +806,55 @@ def _marks(run: Run) -> MarkTable:
         "slice": obs_rows[pos[ok]].astype(np.int64),
     }
     return MarkTable(**{k: np.asarray(v, MARK_COLUMNS[k]) for k, v in cols.items()})
+
+
+def _split_waiting(run: Run, tables: Any) -> None:
+    """Waiting for the last rank as negotiation, as the other formats record it.
+
+    A collective cannot start before every rank launched it: from a rank's launch to the
+    last rank's launch it waits (a ``NEGOTIATE_<OP>`` row), and its op and backend rows
+    begin when the last rank arrived. So the breakdown, the diff and the page show the
+    waiting where it is, on the ranks that waited."""
+    s = run.slices
+    ops = np.flatnonzero(s.phase == PHASE_OP)
+    if not len(ops):
+        return
+    keys = _match_keys(s, ops)
+    uniq, inv = np.unique(keys, return_inverse=True)
+    inv = inv.reshape(-1)
+    t_last = np.full(len(uniq), -np.inf)
+    np.maximum.at(t_last, inv, s.start_us[ops])
+    shared = np.bincount(inv, minlength=len(uniq))[inv] >= 2
+    launch = s.start_us[ops].copy()
+    end = launch + s.dur_us[ops]
+    ready = np.where(shared, np.minimum(np.maximum(t_last[inv], launch), end), launch)
+    waits = ready > launch
+    # the backend rows of the same collective (same rank, lane and occurrence)
+    coll = np.flatnonzero(s.phase == PHASE_COLLECTIVE)
+    if len(coll):
+        rk = s.rank[ops].astype(np.int64)
+        op_keys = (rk << 48) ^ keys
+        order = np.argsort(op_keys)
+        sorted_keys = op_keys[order]
+        c_keys = (s.rank[coll].astype(np.int64) << 48) ^ _match_keys(s, coll)
+        pos = np.minimum(np.searchsorted(sorted_keys, c_keys), len(sorted_keys) - 1)
+        hit = sorted_keys[pos] == c_keys
+        c_rows, of_op = coll[hit], order[pos[hit]]
+        c_end = s.start_us[c_rows] + s.dur_us[c_rows]
+        c_start = np.minimum(np.maximum(s.start_us[c_rows], ready[of_op]), c_end)
+        s.start_us[c_rows] = c_start
+        s.dur_us[c_rows] = c_end - c_start
+    rows = ops[waits]
+    neg = s.take(rows)
+    neg.phase[:] = PHASE_NEGOTIATE
+    codes = {
+        int(op): tables.names.code(NEGOTIATE_PREFIX + OPS[int(op)])
+        for op in np.unique(neg.op).tolist()
+        if op >= 0
+    }
+    neg.name[:] = [codes.get(int(op), -1) for op in neg.op.tolist()]
+    neg.dur_us[:] = (ready - launch)[waits]
+    s.start_us[ops] = ready
+    s.dur_us[ops] = end - ready
+    run.slices = SliceTable.concat([s, neg])  # type: ignore[assignment]
+    run.names = tables.names.items

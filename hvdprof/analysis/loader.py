@@ -766,7 +766,9 @@ class RunLoader:
             for k, v in counters.items()
         }
         if self.fmt == "kineto":
-            kineto_format.finish_run(run, [s.kineto for s in self.sources if s.kineto is not None])
+            kineto_format.finish_run(
+                run, [s.kineto for s in self.sources if s.kineto is not None], self.tables
+            )
         run.autotune_samples.sort(key=lambda x: x.ts_us)
         run.params_changes.sort(key=lambda x: x.ts_us)
         run.notices.sort(key=lambda x: (x.ts_us, x.rank))

@@ -23,6 +23,8 @@ from hvdprof.analysis.steps import count_steps
 MIN_COST_PER_STEP_US = 500.0
 #: A rank is "the" straggler when it was last in at least this share of the ops.
 DOMINANT_SHARE = 0.5
+#: How far above chance (standard deviations of a binomial share) "last" must be.
+CHANCE_SIGMAS = 2.8
 
 
 @dataclass
@@ -70,6 +72,16 @@ class Stragglers:
             "per_op": self.per_op,
             "verdict": self.verdict,
         }
+
+
+def _beyond_chance(share: float, n_ranks: int, samples: int) -> bool:
+    """Last in more ops than chance gives: on a balanced job each of ``n_ranks`` is last
+    about ``1/n_ranks`` of the time, and with few steps one rank can be last in most of
+    them by luck (2 ranks, 4 steps, scheduling noise). ``samples``: independent draws
+    (steps; ops of one step are late together)."""
+    p = 1.0 / max(n_ranks, 2)
+    need = p + CHANCE_SIGMAS * (p * (1.0 - p) / max(samples, 1)) ** 0.5
+    return share >= min(need, 1.0)
 
 
 def find_stragglers(run: Run) -> Stragglers:
@@ -164,7 +176,13 @@ def find_stragglers(run: Run) -> Stragglers:
         if partial
         else (top.cost_per_step_ms * 1000.0 >= MIN_COST_PER_STEP_US)
     )
-    if enough and top.last_share >= DOMINANT_SHARE and top.wait_caused_ms >= 0.5 * total_wait:
+    consistent = _beyond_chance(top.last_share, n_ranks, n_ops if partial else out.steps)
+    if (
+        enough
+        and consistent
+        and top.last_share >= DOMINANT_SHARE
+        and top.wait_caused_ms >= 0.5 * total_wait
+    ):
         out.straggler = top.rank
         main_op = max(top.last_share_by_op, key=lambda k: (op_code == OPS.index(k)).sum())
         share = top.last_share_by_op[main_op]

@@ -2,7 +2,7 @@
 
 Started by torchrun (``launched.py`` in front). Usage: ``kineto_ddp_worker.py OUTDIR
 [SLOW_RANK [SLOW_MS]]``: every rank trains a small MLP with DistributedDataParallel on
-Gloo, profiles 4 steps after a warm-up with ``tensorboard_trace_handler(OUTDIR)``
+Gloo, profiles STEPS steps after a warm-up with ``tensorboard_trace_handler(OUTDIR)``
 (``<worker>.<id>.pt.trace.json``); SLOW_RANK (default -1: none) does SLOW_MS of extra
 work before each backward, so it launches every bucket's allreduce last.
 """
@@ -16,6 +16,9 @@ import time
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+#: profiled steps: enough that a balanced job's noise is not taken for a straggler
+STEPS = 20
 
 
 def main() -> None:
@@ -38,12 +41,12 @@ def main() -> None:
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     x = torch.randn(32, 256)
     y = torch.randint(0, 10, (32,))
-    schedule = torch.profiler.schedule(wait=1, warmup=1, active=4, repeat=1)
+    schedule = torch.profiler.schedule(wait=1, warmup=1, active=STEPS, repeat=1)
     handler = torch.profiler.tensorboard_trace_handler(out, worker_name=f"worker{rank}")
     with torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule, on_trace_ready=handler
     ) as prof:
-        for _ in range(7):
+        for _ in range(STEPS + 3):
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(ddp(x), y)
             if rank == slow_rank:
