@@ -227,3 +227,20 @@ def test_dashboard_shows_a_kineto_run(ddp_runs: dict[str, Path], tmp_path: Path)
         finally:
             browser.close()
     assert os.path.exists(tmp_path / "kineto-ddp.png")
+
+
+def test_benchmark_quick_run(tmp_path: Path) -> None:
+    """benchmarks/kineto_bench.py end to end on a small run (HTA left out: not a
+    dependency); no timing is asserted."""
+    out = tmp_path / "kineto_bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "kineto_bench.py"), "--quick", "--no-hta",
+         "--output", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    ours = result["variants"]["hvdprof"]
+    assert result["events"] >= 40_000 and ours["events"] == result["events"]
+    assert ours["straggler"] == result["ranks"] - 1  # the generator's late rank
+    assert len(ours["gpu"]) == result["ranks"]

@@ -57,8 +57,9 @@ _RANK_IN_NAME = re.compile(r"(?:rank|worker)[._-]?(\d+)", re.IGNORECASE)
 SNIFF_BYTES = 1 << 16
 
 #: GPU activity kinds, as HTA names its kernel types
-GPU_KINDS: tuple[str, ...] = ("computation", "communication", "memory")
-GPU_COMPUTE, GPU_COMM, GPU_MEMORY = 0, 1, 2
+GPU_KINDS: tuple[str, ...] = ("computation", "communication", "memory", "other")
+GPU_COMPUTE, GPU_COMM, GPU_MEMORY, GPU_OTHER = 0, 1, 2, 3
+_NCCL_KERNEL = re.compile(r"nccl.*Kernel")
 
 #: bytes per element of the type names Kineto and ``record_param_comms`` write
 ITEMSIZE = {
@@ -111,7 +112,7 @@ class _Event(msgspec.Struct):
     cat: str = ""
     pid: int | str = 0
     tid: int | str = 0
-    ts: float = 0.0
+    ts: float = float("nan")  # missing: NaN (it turns HTA's ts column to floats)
     dur: float = 0.0
     args: _Args | None = None
 
@@ -224,12 +225,15 @@ def op_code_of(name: str) -> int:
 
 
 def gpu_kind(name: str) -> int:
-    """HTA's kernel type of a GPU event: communication (``nccl...``), memory (``Memcpy``/
-    ``Memset``), else computation."""
-    if name.startswith("nccl") or "gloo:" in name:
+    """HTA's kernel type of a GPU event (as HTA 0.5.0 classifies names): communication
+    (starts ``nccl`` and has ``Kernel`` after it), memory (starts ``Memcpy``, ``Memset`` or
+    ``dma``), other (``Memcpy`` or ``Sync`` elsewhere in the name), else computation."""
+    if _NCCL_KERNEL.match(name):
         return GPU_COMM
-    if "Memcpy" in name or "Memset" in name:
+    if name.startswith(("Memcpy", "Memset", "dma")):
         return GPU_MEMORY
+    if "Memcpy" in name or "Sync" in name:
+        return GPU_OTHER
     return GPU_COMPUTE
 
 
@@ -243,6 +247,10 @@ class GpuActivity:
     stream: np.ndarray
     #: what HTA counts by default: launched before the last ProfilerStep began
     in_hta: np.ndarray
+    #: start and end as HTA reads them (whole microseconds when it rounds the file),
+    #: on the file's own clock (shares do not depend on the shift)
+    hta_start: np.ndarray
+    hta_end: np.ndarray
 
 
 @dataclass
@@ -261,6 +269,8 @@ class KinetoFile:
     host: str | None = None
     rank_from: str = "distributedInfo"
     gpu: GpuActivity | None = None
+    #: HTA would round this file's times to whole microseconds (see ``_build``)
+    ns_rounding: bool = False
 
 
 def _empty_slices() -> dict[str, np.ndarray]:
@@ -423,7 +433,13 @@ def parse_kineto(path: str, data: bytes, rank: int, tables: Any) -> KinetoFile:
 
 def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
     """Columns of one file's events (typed or lenient structs)."""
-    xs = [e for e in events if e.ph == "X"]
+    if events and type(events[0]) is _LenientEvent:
+        all_ts = np.fromiter((_num(e.ts, np.nan) for e in events), np.float64, len(events))
+    else:
+        all_ts = np.fromiter((e.ts for e in events), np.float64, len(events))
+    out.ns_rounding = bool(np.isnan(all_ts).any() or (all_ts != np.floor(all_ts)).any())
+    del all_ts
+    xs = [e for e in events if e.ph == "X" and e.ts == e.ts]  # (NaN: no ts)
     bad = 0
     if xs and type(xs[0]) is _LenientEvent:
         good = []
@@ -501,31 +517,33 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
     role = np.where((role == 4) & ~is_gpu, 0, role)
     # CPU side of each correlation id: (thread, ts) of the runtime call that launched it
     gpu_rows = np.flatnonzero(is_gpu)
-    corr_ts: dict[int, tuple[int, float]] = {}
+    corr_ts: dict[int, tuple[int, float, int]] = {}
     if len(gpu_rows):
         for i in np.flatnonzero(~is_gpu).tolist():
             c = arg(xs[i], "correlation")
             if isinstance(c, int):
-                corr_ts[c] = (int(tid[i]), float(ts[i]))
-    # GPU activity, HTA's way: by default HTA leaves out the GPU events launched in the
-    # last ProfilerStep (and, when there are steps, those without a CPU launch)
+                corr_ts[c] = (int(tid[i]), float(ts[i]), i)
+    # GPU activity, HTA's way. HTA rounds a file's times to whole microseconds (start
+    # up, end down) when its ts column is not all integers (fractional or missing ts);
+    # and, when there are two or more ProfilerSteps, it leaves out the GPU events
+    # launched (by correlation) in the last one, and those without a launch after it
     if len(gpu_rows):
+        if out.ns_rounding:
+            h_start, h_end = np.ceil(ts), np.floor(ts + dur)
+        else:
+            h_start, h_end = ts, ts + dur
         step_rows = np.flatnonzero((step_of_name[name_code] >= 0) & ~is_gpu)
-        if len(step_rows):
-            last_start = float(ts[step_rows].max())
-            launched = np.array(
-                [
-                    (
-                        hit := corr_ts.get(
-                            c if isinstance(c := arg(xs[i], "correlation"), int) else -1
-                        )
-                    )
-                    is not None
-                    and hit[1] < last_start
-                    for i in gpu_rows.tolist()
-                ],
-                bool,
-            )
+        if len(np.unique(name_code[step_rows])) >= 2:
+            last_start = float(h_start[step_rows].max())
+            cpu_start = {c: float(h_start[i]) for c, (_, _, i) in corr_ts.items()}
+            kept = []
+            for i in gpu_rows.tolist():
+                c = arg(xs[i], "correlation")
+                if isinstance(c, int) and c != -1:
+                    kept.append(cpu_start.get(c, np.inf) < last_start)
+                else:  # HTA takes it for a CPU event: kept when it began before
+                    kept.append(h_start[i] < last_start)
+            launched = np.array(kept, bool)
         else:
             launched = np.ones(len(gpu_rows), bool)
         out.gpu = GpuActivity(
@@ -534,6 +552,8 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
             kind_of_name[name_code[gpu_rows]].astype(np.int8),
             stream[gpu_rows].copy(),
             launched,
+            h_start[gpu_rows].copy(),
+            h_end[gpu_rows].copy(),
         )
     # launches: c10d ops if any, else nccl CPU ranges, else gloo ranges
     present = {int(r) for r in np.unique(role)}
@@ -758,8 +778,15 @@ def finish_run(run: Run, files: list[KinetoFile], tables: Any = None) -> None:
         if f.gpu is not None:
             g = f.gpu
             gpu[f.rank] = GpuActivity(
-                g.start_us + shifts.get(f.rank, 0.0), g.dur_us, g.kind, g.stream, g.in_hta
+                g.start_us + shifts.get(f.rank, 0.0),
+                g.dur_us,
+                g.kind,
+                g.stream,
+                g.in_hta,
+                g.hta_start,
+                g.hta_end,
             )
+            gpu[f.rank].ns_rounding = f.ns_rounding  # type: ignore[attr-defined]
     run.gpu = gpu
     # readiness: when each rank launched each collective, seen from the lowest rank's rows
     run.marks = _marks(run)
