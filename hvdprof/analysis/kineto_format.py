@@ -271,6 +271,8 @@ class KinetoFile:
     gpu: GpuActivity | None = None
     #: HTA would round this file's times to whole microseconds (see ``_build``)
     ns_rounding: bool = False
+    #: ProfilerStep number -> its start (file's clock)
+    step_starts: dict[int, float] = field(default_factory=dict)
 
 
 def _empty_slices() -> dict[str, np.ndarray]:
@@ -609,6 +611,9 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
     steps = steps[np.argsort(ts[steps], kind="stable")]
     s_start, s_end = ts[steps], ts[steps] + dur[steps]
     s_num = step_of_name[name_code[steps]]
+    out.step_starts = {
+        int(n): float(x) for n, x in zip(s_num.tolist(), s_start.tolist(), strict=True)
+    }
     l_ts = ts[launches]
     k = np.searchsorted(s_start, l_ts, side="right") - 1
     in_step = (
@@ -768,6 +773,7 @@ def finish_run(run: Run, files: list[KinetoFile], tables: Any = None) -> None:
             s.start_us[s.rank == r] += shift
     # steps from 0 (ProfilerStep numbers are absolute)
     occ = s.occurrence
+    lo = 0
     if len(occ):
         lo = int(occ[occ >= 0].min()) if (occ >= 0).any() else 0
         if lo:
@@ -789,7 +795,7 @@ def finish_run(run: Run, files: list[KinetoFile], tables: Any = None) -> None:
             gpu[f.rank].ns_rounding = f.ns_rounding  # type: ignore[attr-defined]
     run.gpu = gpu
     # readiness: when each rank launched each collective, seen from the lowest rank's rows
-    run.marks = _marks(run)
+    run.marks = _marks(run, _in_step_offsets(run, files, shifts, lo))
     if tables is not None:
         _split_waiting(run, tables)
     sizes = [f.world_size for f in files if f.world_size]
@@ -811,7 +817,37 @@ def finish_run(run: Run, files: list[KinetoFile], tables: Any = None) -> None:
     run.notes = notes
 
 
-def _marks(run: Run) -> MarkTable:
+def _in_step_offsets(
+    run: Run, files: list[KinetoFile], shifts: dict[int, float], lo: int
+) -> np.ndarray | None:
+    """Per slice row, what to add to its start to time it from its own step's start.
+
+    A rank's readiness is when it launched the collective *counted from the start of its
+    own step*, put on the earliest rank's step start: a rank that merely began the step
+    late (it was the last to be woken by the previous step's collective, which on a busy
+    machine is the same rank step after step) is not taken for a straggler; a rank that
+    took longer within the step (data, forward, backward) is. Without ``ProfilerStep``
+    ranges on every rank, readiness is the launch itself (None)."""
+    s = run.slices
+    by_rank = {f.rank: f.step_starts for f in files}
+    if not by_rank or any(not v for v in by_rank.values()):
+        return None
+    common = set.intersection(*(set(v) for v in by_rank.values()))
+    if not common:
+        return None
+    # occurrence = N - lo for a collective inside ProfilerStep#N
+    earliest = {n: min(v[n] + shifts.get(r, 0.0) for r, v in by_rank.items()) for n in common}
+    out = np.zeros(len(s))
+    for r, starts in by_rank.items():
+        rows = np.flatnonzero(s.rank == r)
+        occ = s.occurrence[rows].astype(np.int64) + lo
+        for n in np.unique(occ).tolist():
+            if n in common:
+                out[rows[occ == n]] = earliest[n] - (starts[n] + shifts.get(r, 0.0))
+    return out
+
+
+def _marks(run: Run, offsets: np.ndarray | None = None) -> MarkTable:
     s = run.slices
     ops = np.flatnonzero(s.phase == PHASE_OP)
     if not len(ops):
@@ -828,7 +864,7 @@ def _marks(run: Run) -> MarkTable:
     cols = {
         "observer": np.full(len(rows), observer, np.int32),
         "tensor": s.tensor[rows],
-        "ts_us": s.start_us[rows],
+        "ts_us": s.start_us[rows] + (offsets[rows] if offsets is not None else 0.0),
         "ready_rank": s.rank[rows],
         "slice": obs_rows[pos[ok]].astype(np.int64),
     }

@@ -25,6 +25,10 @@ def main() -> None:
     out = sys.argv[1]
     slow_rank = int(sys.argv[2]) if len(sys.argv) > 2 else -1
     slow_ms = float(sys.argv[3]) if len(sys.argv) > 3 else 60.0
+    # both ranks on one core: the scheduler shares it fairly between them, where on two
+    # cores another busy process on one of them would make its rank the slow one
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
