@@ -28,7 +28,7 @@ import numpy as np
 
 from hvdprof.analysis.breakdown import CATEGORIES, LABELS, Breakdown, time_breakdown
 from hvdprof.analysis.model import PHASE_NEGOTIATE, PHASE_OP, Run
-from hvdprof.analysis.stragglers import own_work
+from hvdprof.analysis.stragglers import find_stragglers, own_work
 
 #: A cause must add at least this much per step (ms) ...
 MIN_CAUSE_MS = 0.5
@@ -76,6 +76,8 @@ class RunDiff:
     cause: DiffRow | None = None  # the work row that grew most, when it is material
     effects: list[DiffRow] = field(default_factory=list)  # the waiting it caused
     verdict: str | None = None
+    straggler_a: int | None = None  # the rank find_stragglers names in each run
+    straggler_b: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -89,6 +91,8 @@ class RunDiff:
             "only_in_a": self.only_in_a,
             "only_in_b": self.only_in_b,
             "verdict": self.verdict,
+            "straggler_a": self.straggler_a,
+            "straggler_b": self.straggler_b,
         }
 
 
@@ -195,5 +199,17 @@ def diff_runs(run_a: Run, run_b: Run) -> RunDiff:
             f" Tensors only in A: {len(out.only_in_a)}, only in B: {len(out.only_in_b)}"
             " (not compared)."
         )
-    out.verdict = text
+    out.verdict = text + _straggler_change(run_a, run_b, out)
     return out
+
+
+def _straggler_change(run_a: Run, run_b: Run, out: RunDiff) -> str:
+    """A rank that became (or stopped being) the straggler: waiting shows up on the
+    *other* ranks' rows, so the rows alone would name the wrong rank."""
+    sa, sb = find_stragglers(run_a), find_stragglers(run_b)
+    out.straggler_a, out.straggler_b = sa.straggler, sb.straggler
+    if sb.straggler is not None and sb.straggler != sa.straggler:
+        return f" In B, rank {sb.straggler} is the straggler (not in A): {sb.verdict}"
+    if sa.straggler is not None and sb.straggler is None:
+        return f" Rank {sa.straggler}, the straggler in A, is no longer one in B."
+    return ""

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from hvdprof.analysis import kineto_format
 from hvdprof.analysis.horovod_format import looks_like_horovod, parse_horovod
 from hvdprof.analysis.hvdprof_format import Columns, HvdprofFileParser, Tables
 from hvdprof.analysis.model import (
@@ -60,6 +61,8 @@ FINGERPRINT_BYTES = 4096
 #: what a missing, cut or foreign cache file raises on reading (it is then ignored)
 _BAD_CACHE = (OSError, KeyError, ValueError, TypeError, EOFError, zipfile.BadZipFile)
 _RANK_IN_NAME = re.compile(r"rank[._-]?(\d+)")
+#: kinds read whole on each change, never cached nor parsed in worker processes
+_WHOLE_FILE_KINDS = ("horovod", "kineto")
 
 
 class LoadError(HvdprofError):
@@ -72,7 +75,8 @@ class _Source:
     def __init__(self, path: str, rank: int, kind: str, tables: Tables) -> None:
         self.path = path
         self.rank = rank
-        self.kind = kind  # "hvdprof" | "hvdprof-gz" | "horovod"
+        self.kind = kind  # "hvdprof" | "hvdprof-gz" | "horovod" | "kineto"
+        self.kineto: kineto_format.KinetoFile | None = None
         self.size = -1
         self.mtime_ns = -1
         self.offset = 0  # bytes consumed (plain hvdprof files)
@@ -122,6 +126,22 @@ class _Source:
                 self.ranks_seen = ranks
                 if progress:
                     progress(len(data))
+            elif self.kind == "kineto":
+                with open(self.path, "rb") as f:
+                    data = f.read()
+                k = kineto_format.parse_kineto(self.path, data, self.rank, self.tables)
+                del data
+                self.kineto = k
+                self.rank = k.rank
+                cols = Columns()
+                cols.slice_chunks.append(k.slices)
+                cols.rows = len(k.slices["rank"])
+                self.columns, self.complete, self.events = cols, k.complete, k.events
+                self.problems = k.problems
+                self.ranks_seen = {k.rank}
+                self.host = k.host
+                if progress:
+                    progress(self.size)
             elif self.kind == "hvdprof-gz":
                 self._read_gzip(progress)
             else:
@@ -270,7 +290,7 @@ class _Source:
         """What the cache (its ``meta``, read here when not given) can do for the file as
         it is now: ``"current"``, ``"resume"`` or None (see :meth:`load_cache`). Cheap:
         only the cache's small ``meta`` member is read, not its columns."""
-        if self.kind == "horovod":
+        if self.kind in _WHOLE_FILE_KINDS:
             return None
         try:
             if meta is None:
@@ -376,7 +396,7 @@ class _Source:
     ) -> None:
         """Write the columns (and, for a file still being written, where its parse stopped)
         beside the trace; silently skipped where that is not possible."""
-        if self.kind == "horovod" or self.size < 0:
+        if self.kind in _WHOLE_FILE_KINDS or self.size < 0:
             return
         meta, arrays = exported or self.export_columns()
         path = self.cache_path()
@@ -477,6 +497,8 @@ class RunLoader:
                     traces[rank] = full
                 elif m := MANIFEST_RE.match(name):
                     self.manifest_paths[int(m.group(1))] = full
+            if not traces and self._discover_kineto(path, names):
+                return
             if traces:
                 for rank, full in sorted(traces.items()):
                     kind = "hvdprof-gz" if full.endswith(".gz") else "hvdprof"
@@ -493,6 +515,11 @@ class RunLoader:
         if not os.path.isfile(path):
             raise LoadError(f"{path}: no such file or directory")
         name = os.path.basename(path)
+        if kineto_format.is_kineto_file(path):
+            self.fmt = "kineto"
+            rank = kineto_format.sniff_rank(path)
+            self.sources.append(_Source(path, 0 if rank is None else rank, "kineto", self.tables))
+            return
         if _is_horovod(path):
             self.fmt = "horovod"
             self.sources.append(_Source(path, 0, "horovod", self.tables))
@@ -504,6 +531,41 @@ class RunLoader:
         manifest = os.path.join(os.path.dirname(path) or ".", f"manifest.rank.{rank}.json")
         if os.path.exists(manifest):
             self.manifest_paths[rank] = manifest
+
+    def _discover_kineto(self, path: str, names: list[str]) -> bool:
+        """torch.profiler traces in ``path`` (one per rank): True when there are any."""
+        files = [
+            os.path.join(path, n)
+            for n in names
+            if os.path.isfile(os.path.join(path, n))
+            and kineto_format.is_kineto_file(os.path.join(path, n))
+        ]
+        if not files:
+            return False
+        self.fmt = "kineto"
+        taken: dict[int, str] = {}
+        unranked = []
+        for full in files:
+            rank = kineto_format.sniff_rank(full)
+            if rank is None or rank in taken:
+                if rank is not None:
+                    self.find_problems.append(
+                        Problem(
+                            full,
+                            "",
+                            f"rank {rank} is also {os.path.basename(taken[rank])}; "
+                            "this one is read as another rank",
+                        )
+                    )
+                unranked.append(full)
+                continue
+            taken[rank] = full
+        for full in unranked:  # ranks by file order after the known ones
+            rank = max(taken, default=-1) + 1
+            taken[rank] = full
+        for rank, full in sorted(taken.items()):
+            self.sources.append(_Source(full, rank, "kineto", self.tables))
+        return True
 
     def load(self) -> Run:
         """Read every file (cache, worker processes or here) and assemble the run."""
@@ -522,7 +584,7 @@ class RunLoader:
         big = sum(_size(s.path) for s in todo) >= PARALLEL_MIN_BYTES
         futures: list[tuple[_Source, Any]] = []
         pool = None
-        if workers > 1 and big and all(s.kind != "horovod" for s in todo):
+        if workers > 1 and big and all(s.kind not in _WHOLE_FILE_KINDS for s in todo):
             import multiprocessing
 
             try:
@@ -612,7 +674,11 @@ class RunLoader:
     def refresh(self, run: Run) -> bool:
         changed = self._new_files()
         for source in self.sources:
-            if source.kind != "horovod" and source.parser is None and source.columns.rows:
+            if (
+                source.kind not in _WHOLE_FILE_KINDS
+                and source.parser is None
+                and source.columns.rows
+            ):
                 # came from the cache: it can only change by being rewritten
                 try:
                     st = os.stat(source.path)
@@ -704,6 +770,10 @@ class RunLoader:
             )
             for k, v in counters.items()
         }
+        if self.fmt == "kineto":
+            kineto_format.finish_run(
+                run, [s.kineto for s in self.sources if s.kineto is not None], self.tables
+            )
         run.autotune_samples.sort(key=lambda x: x.ts_us)
         run.params_changes.sort(key=lambda x: x.ts_us)
         run.notices.sort(key=lambda x: (x.ts_us, x.rank))

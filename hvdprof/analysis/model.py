@@ -305,7 +305,7 @@ class Run:
     """
 
     path: str
-    format: str  # "hvdprof" | "horovod"
+    format: str  # "hvdprof" | "horovod" | "kineto"
     ranks: list[int] = field(default_factory=list)
     hosts: dict[int, str] = field(default_factory=dict)
     manifests: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -333,6 +333,10 @@ class Run:
     #: counter tracks: name -> (rank, ts_us, value) arrays
     counters: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
     events: int = 0  # events read, all files
+    #: what a reader wants said about how it read the run (e.g. how clocks were aligned)
+    notes: list[str] = field(default_factory=list)
+    #: per rank's GPU activity (Kineto traces with a GPU): ``kineto_format.GpuActivity``
+    gpu: dict[int, Any] = field(default_factory=dict)
     _loader: Any = field(default=None, repr=False, compare=False)
     #: results derived from the slices that several analyses share (the exclusive
     #: segments of the breakdown and the binned timeline), keyed with the slice table's
@@ -384,4 +388,5 @@ class Run:
             "complete": {str(k): v for k, v in sorted(self.complete.items())},
             "files": {str(k): v for k, v in sorted(self.files.items())},
             "problems": [p.to_dict() for p in self.problems],
+            "notes": list(self.notes),
         }

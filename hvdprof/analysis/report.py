@@ -12,6 +12,7 @@ from typing import Any
 from hvdprof.analysis.autotune import AutotuneReport, autotune_report
 from hvdprof.analysis.bandwidth import BandwidthReport, bandwidth_report
 from hvdprof.analysis.breakdown import Breakdown, time_breakdown
+from hvdprof.analysis.device import GpuReport, gpu_report
 from hvdprof.analysis.divergence import DivergenceReport, divergence_report
 from hvdprof.analysis.fusion import FusionReport, fusion_report
 from hvdprof.analysis.model import Problem, Run
@@ -35,6 +36,7 @@ class Report:
     autotune: AutotuneReport
     divergence: DivergenceReport = field(default_factory=DivergenceReport)
     stalls: StallReport = field(default_factory=StallReport)
+    gpu: GpuReport = field(default_factory=GpuReport)
     problems: list[Problem] = field(default_factory=list)
     verdicts: list[str] = field(default_factory=list)
 
@@ -56,6 +58,7 @@ class Report:
             "autotune": self.autotune.to_dict(),
             "divergence": self.divergence.to_dict(),
             "stalls": self.stalls.to_dict()["stalls"],
+            "gpu": self.gpu.to_dict(),
             "problems": [p.to_dict() for p in self.problems],
         }
 
@@ -107,6 +110,7 @@ def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
         autotune=autotune_report(run),
         divergence=divergence_report(run),
         stalls=stall_report(run),
+        gpu=gpu_report(run),
         problems=list(run.problems) + (overlap.problems if overlap else []),
     )
     # what someone whose job hung, or whose ranks diverged, wants to know first
@@ -130,6 +134,7 @@ def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
             f"covers what was read: {report.problems[0]}"
             + (f" (and {len(report.problems) - 1} more)" if len(report.problems) > 1 else "")
         )
+    verdicts += run.notes
     if not len(run.slices):
         verdicts.append("No collective operations were found in this timeline.")
     later = _incarnations_inside(run.path) if os.path.isdir(run.path) else []
@@ -147,6 +152,7 @@ def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
         report.bandwidth,
         report.overlap,
         report.autotune,
+        report.gpu,
     ):
         if part is not None and part.verdict:
             verdicts.append(part.verdict)

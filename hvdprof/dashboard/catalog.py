@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hvdprof.analysis.kineto_format import KINETO_NAME_RE, is_kineto_file
 from hvdprof.dashboard.paths import OutsideRootError, escaping_links, resolve_inside
 from hvdprof.timeline.manifest import MANIFEST_RE, TRACE_RE
 
@@ -51,7 +52,11 @@ class RunEntry:
             return sorted(
                 p
                 for p in self.path.iterdir()
-                if TRACE_RE.match(p.name) or MANIFEST_RE.match(p.name) or p.suffix == ".csv"
+                if TRACE_RE.match(p.name)
+                or MANIFEST_RE.match(p.name)
+                or p.suffix == ".csv"
+                or KINETO_NAME_RE.match(p.name)
+                or (p.name.endswith(TRACE_SUFFIXES) and is_kineto_file(str(p)))
             )
         except OSError:
             return []
@@ -103,7 +108,10 @@ def discover(root: Path) -> list[RunEntry]:
         except OSError:
             return
         rel = directory.relative_to(root).as_posix()
-        if any(TRACE_RE.match(p.name) or MANIFEST_RE.match(p.name) for p in entries):
+        if any(TRACE_RE.match(p.name) or MANIFEST_RE.match(p.name) for p in entries) or any(
+            p.name.endswith(TRACE_SUFFIXES) and p.is_file() and is_kineto_file(str(p))
+            for p in entries
+        ):  # per-rank files: hvdprof's, or torch.profiler's (one run of many ranks)
             found.append(RunEntry(rel, directory, "directory"))
             return
         for p in entries:
