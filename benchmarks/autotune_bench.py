@@ -209,7 +209,7 @@ class Switcher:
 
 
 def to_tunable(p: Params) -> Any:
-    from hvdprof.runtime.records import TunableParams
+    from hvdprof.common.records import TunableParams
 
     return TunableParams(int(p[0]), float(p[1]), bool(p[2]))
 

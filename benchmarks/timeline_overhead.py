@@ -254,7 +254,7 @@ def offline_cycle(cycle: int, n_ops: int, ranks: int, ops_per_group: int = 500) 
     ``OpBatch``, groups of ``ops_per_group``), with realistic, distinct timestamps."""
     import numpy as np
 
-    from hvdprof.runtime.records import NO_TIME, CycleRecord, GroupRecord, OpBatch, TunableParams
+    from hvdprof.common.records import NO_TIME, CycleRecord, GroupRecord, OpBatch, TunableParams
 
     t0 = 10**12 + cycle * 30_000_000
     ready = np.full((n_ops, ranks), NO_TIME, dtype=np.int64)

@@ -117,8 +117,8 @@ def test_controller_hands_the_timeline_its_decisions() -> None:
     """The real controller, driven with scored windows, tells the timeline's listener the
     role, incumbent, recommendation and, when the round ends, the tuner's verdict."""
     from hvdprof.autotune.controller import AutotuneController
+    from hvdprof.common.records import TunableParams
     from hvdprof.config import Config
-    from hvdprof.runtime.records import TunableParams
 
     config = Config.from_env(
         {"HVDPROF_AUTOTUNE": "1", "HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "6"}

@@ -45,9 +45,9 @@ from conftest import REPO, WORKERS, JobResult, child_env, parse_output
 
 from hvdprof.autotune import AutotuneTrialLog, read_autotune_log
 from hvdprof.autotune.log import PHASE_TUNE, PHASE_WATCH, make_row
+from hvdprof.common import activities as act
+from hvdprof.common.records import TunableParams
 from hvdprof.config import Config
-from hvdprof.runtime.records import TunableParams
-from hvdprof.timeline import activities as act
 from hvdprof.timeline import load_traces
 
 pytestmark = pytest.mark.timeout(240)

@@ -67,8 +67,8 @@ from hvdprof.autotune.space import (
     FUSION_THRESHOLD_MIN_BYTES,
     round_cycle_time,
 )
+from hvdprof.common.records import CycleRecord, TunableParams
 from hvdprof.config import Config
-from hvdprof.runtime.records import CycleRecord, TunableParams
 
 MiB = 1024 * 1024
 DEFAULT = TunableParams(4 * MiB, 1.0, True)

@@ -29,6 +29,8 @@ from conftest import REPO, WORKERS, JobResult, child_env, parse_output, run_job
 
 from hvdprof.analysis import load_run
 from hvdprof.analysis.model import PHASE_COLLECTIVE, PHASE_QUEUE, PHASES, classify
+from hvdprof.common import activities as act
+from hvdprof.common.records import GroupRecord
 from hvdprof.runtime.device_path import (
     DeviceBufferPool,
     HostEvent,
@@ -38,8 +40,6 @@ from hvdprof.runtime.device_path import (
     fill_record,
     phase_names,
 )
-from hvdprof.runtime.records import GroupRecord
-from hvdprof.timeline import activities as act
 
 CPU_ENV = {"HVDPROF_DEVICE_PATH_ON_CPU": "1"}
 

@@ -38,7 +38,7 @@ from packaging.version import Version
 import hvdprof
 import hvdprof.torch as hvd
 from hvdprof.config import timeline_path_problem
-from hvdprof.errors import user_frame
+from hvdprof.excepthook import user_frame
 from hvdprof.torch.mpi_ops import ProcessSetUnsupportedError
 
 pytestmark = pytest.mark.timeout(300)

@@ -32,8 +32,8 @@ import pytest
 from conftest import REPO, JobResult, child_env, run_job
 from test_timeline_kill import wait_gone
 
+from hvdprof.common import activities as act
 from hvdprof.config import Config
-from hvdprof.timeline import activities as act
 from hvdprof.timeline import load_trace, load_traces
 from hvdprof.timeline.manifest import timeline_shift_ns
 from hvdprof.timeline.merge import KINETO_PID_BASE, KINETO_PIDS_PER_RANK

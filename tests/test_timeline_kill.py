@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import JobResult, run_job
 
-from hvdprof.timeline import activities as act
+from hvdprof.common import activities as act
 from hvdprof.timeline import load_trace, load_traces
 
 pytestmark = pytest.mark.timeout(200)

@@ -27,9 +27,10 @@ from typing import Any
 
 import pytest
 
+from hvdprof.common import activities as act
+from hvdprof.common.records import CycleRecord, GroupRecord, OpRecord, TunableParams
 from hvdprof.config import Config
 from hvdprof.errors import HvdprofError
-from hvdprof.runtime.records import CycleRecord, GroupRecord, OpRecord, TunableParams
 from hvdprof.timeline import (
     ClockCorrection,
     ClockOffset,
@@ -44,7 +45,6 @@ from hvdprof.timeline import (
     skewed_clock,
     transport,
 )
-from hvdprof.timeline import activities as act
 from hvdprof.timeline.reader import parse_trace_text
 from hvdprof.timeline.render import (
     ITEM_COLUMNS,
@@ -683,7 +683,7 @@ _CTRL_C_SCRIPT = textwrap.dedent(
     import sys
     from hvdprof.config import Config
     from hvdprof.timeline import TimelineSink
-    from hvdprof.runtime.records import CycleRecord, TunableParams
+    from hvdprof.common.records import CycleRecord, TunableParams
     sink = TimelineSink(Config(timeline_dir=sys.argv[1]), 0, 1, "h")
     p = TunableParams(1 << 20, 1.0)
     for c in range(5):
@@ -1010,7 +1010,7 @@ _KILLED_RANK_SCRIPT = textwrap.dedent(
     """
     import os, signal, sys, time
     from hvdprof.config import Config
-    from hvdprof.runtime.records import CycleRecord, TunableParams
+    from hvdprof.common.records import CycleRecord, TunableParams
     from hvdprof.timeline import TimelineSink, transport
     transport.TERMINATE_ON_PRODUCER_LOSS = sys.argv[2] == "terminate"
     sink = TimelineSink(Config(timeline_dir=sys.argv[1]), 0, 1, "h")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hvdprof.analysis.model import Run
-from hvdprof.timeline import activities as act
+from hvdprof.common import activities as act
 
 
 @dataclass

@@ -35,7 +35,7 @@ from hvdprof.analysis.model import (
     classify,
     stall_record,
 )
-from hvdprof.timeline import activities as act
+from hvdprof.common import activities as act
 
 _NO_CTX = (-1, -1, -1, -1, 0, -1, -1, -1, -1, -1)
 _READY_LINE = b'{"name":"' + act.READY_PREFIX.encode()

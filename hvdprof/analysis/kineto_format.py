@@ -47,7 +47,7 @@ from hvdprof.analysis.model import (
     Run,
     SliceTable,
 )
-from hvdprof.timeline.activities import NEGOTIATE_PREFIX
+from hvdprof.common.activities import NEGOTIATE_PREFIX
 
 #: file names ``tensorboard_trace_handler`` writes: ``<worker>.<id>.pt.trace.json[.gz]``
 KINETO_NAME_RE = re.compile(r"^.+\.pt\.trace\.json(\.gz)?$")

@@ -8,7 +8,7 @@ a few vectorised group-bys and interval sweeps that numpy does directly, numpy i
 installed with torch, and ``np.savez`` gives a cache file with no extra dependency.
 
 Phase codes (:data:`PHASES`) classify each slice name once, by the names in
-:mod:`hvdprof.timeline.activities`, so Horovod's ``GLOO_BCAST`` and our ``SHM_ALLREDUCE``
+:mod:`hvdprof.common.activities`, so Horovod's ``GLOO_BCAST`` and our ``SHM_ALLREDUCE``
 both read as the backend collective.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from hvdprof.timeline import activities as act
+from hvdprof.common import activities as act
 
 #: Phase of a slice, by code. ``op`` is the whole ``<OP>`` slice (it contains the
 #: queue/memcpy/collective children); ``other`` is a child we do not classify

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from hvdprof.timeline import activities as act
+from hvdprof.common import activities as act
 from hvdprof.timeline.manifest import (
     MANIFEST_FORMAT,
     MANIFEST_VERSION,

@@ -73,8 +73,8 @@ from hvdprof.autotune.scoring import (
 )
 from hvdprof.autotune.space import SearchSpace, env_assignments, space_from_config
 from hvdprof.autotune.tuner import Observation, PairedTuner
+from hvdprof.common.records import CycleRecord, TunableParams
 from hvdprof.config import Config
-from hvdprof.runtime.records import CycleRecord, TunableParams
 
 _log = logging.getLogger("hvdprof.autotune")
 

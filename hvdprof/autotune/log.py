@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hvdprof.runtime.records import TunableParams
+from hvdprof.common.records import TunableParams
 
 _log = logging.getLogger("hvdprof.autotune")
 

@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hvdprof.common.records import TunableParams
 from hvdprof.config import Config, name_of
-from hvdprof.runtime.records import TunableParams
 
 KiB = 1024
 MiB = 1024 * KiB

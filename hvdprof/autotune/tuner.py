@@ -78,7 +78,7 @@ from hvdprof.autotune.paired import (
     window_noise,
 )
 from hvdprof.autotune.space import SearchSpace
-from hvdprof.runtime.records import TunableParams
+from hvdprof.common.records import TunableParams
 
 #: most comparisons (candidate windows) one candidate gets against one incumbent
 MAX_COMPARISONS = 4

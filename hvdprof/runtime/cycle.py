@@ -25,9 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from hvdprof.common import timebase
+from hvdprof.common.activities import NVTX_NEGOTIATE, STALL
+from hvdprof.common.records import NO_TIME, CycleObserver, CycleRecord, OpBatch, TunableParams
 from hvdprof.config import Config
 from hvdprof.errors import HvdprofInternalError, StallAbortError
-from hvdprof.runtime import stacks, timebase
+from hvdprof.runtime import stacks
 from hvdprof.runtime.control import ControlChannel
 from hvdprof.runtime.executor import Executor
 from hvdprof.runtime.handles import blocked_handle, notify_waiters, user_thread_blocked
@@ -39,12 +42,10 @@ from hvdprof.runtime.negotiation import (
     RequestMeta,
     ResponseCache,
 )
-from hvdprof.runtime.records import NO_TIME, CycleObserver, CycleRecord, OpBatch, TunableParams
 from hvdprof.runtime.requests import Request
 from hvdprof.runtime.stall import DeadlockDetector, Stall, StallInspector, describe_deadlock
 from hvdprof.runtime.steps import StepCounter
 from hvdprof.runtime.threads import limit_this_thread
-from hvdprof.timeline.activities import NVTX_NEGOTIATE, STALL
 
 log = logging.getLogger("hvdprof")
 

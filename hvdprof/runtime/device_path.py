@@ -37,9 +37,9 @@ from typing import Any, Protocol
 
 import torch
 
-from hvdprof.runtime import timebase
+from hvdprof.common import activities as act
+from hvdprof.common import timebase
 from hvdprof.runtime.requests import OpType, ReduceOp
-from hvdprof.timeline import activities as act
 
 # ------------------------------------------------------------------------ phase names
 

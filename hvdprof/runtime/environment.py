@@ -238,10 +238,6 @@ def check_mpi_launch(launch: Launch, size: int) -> None:
         )
 
 
-#: what the manifest records about this process's job (set by the runtime at init)
-JOB: dict[str, object] = {}
-
-
 def mpi4py_installed() -> bool:
     """Whether mpi4py is installed, without importing it (the import initializes MPI)."""
     import importlib.util

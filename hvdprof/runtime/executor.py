@@ -13,8 +13,10 @@ from typing import Any
 
 import torch
 
+from hvdprof.common import timebase
+from hvdprof.common.activities import NVTX_COLLECTIVE, NVTX_MEMCPY_IN, NVTX_MEMCPY_OUT
+from hvdprof.common.records import GroupRecord
 from hvdprof.errors import TensorMismatchError
-from hvdprof.runtime import timebase
 from hvdprof.runtime.adasum import combine_tree
 from hvdprof.runtime.backends.base import DONE, CollectiveBackend
 from hvdprof.runtime.backends.shm import SharedMemoryAllreduce
@@ -22,9 +24,7 @@ from hvdprof.runtime.dtypes import ITEMSIZE, torch_attr
 from hvdprof.runtime.fusion import FusionGroup, plan_fusion_columns
 from hvdprof.runtime.handles import notify_waiters
 from hvdprof.runtime.negotiation import AgreedOp
-from hvdprof.runtime.records import GroupRecord
 from hvdprof.runtime.requests import OpType, ReduceOp, Request, Signature
-from hvdprof.timeline.activities import NVTX_COLLECTIVE, NVTX_MEMCPY_IN, NVTX_MEMCPY_OUT
 
 #: Through shared memory, a fused group is reduced straight from its tensors when they
 #: average at least this size; below it, a few torch calls per tensor cost more than

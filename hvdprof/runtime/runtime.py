@@ -20,9 +20,11 @@ from typing import Any
 
 import torch.distributed as dist
 
+from hvdprof.common import timebase
+from hvdprof.common.records import TunableParams
 from hvdprof.config import Config
 from hvdprof.errors import ConfigError, HvdprofError, NotInitializedError
-from hvdprof.runtime import environment, stacks, timebase
+from hvdprof.runtime import environment, stacks
 from hvdprof.runtime.backends.gloo import GlooBackend
 from hvdprof.runtime.backends.shm import (
     SHM_DIR,
@@ -35,7 +37,6 @@ from hvdprof.runtime.cycle import CycleLoop
 from hvdprof.runtime.device_path import open_device_path
 from hvdprof.runtime.executor import Executor
 from hvdprof.runtime.handles import Handle
-from hvdprof.runtime.records import TunableParams
 from hvdprof.runtime.requests import OpType, Request, Signature
 from hvdprof.runtime.threads import per_rank_threads
 
@@ -145,7 +146,8 @@ class Runtime:
             self.executor.small_bytes = config.small_allreduce_bytes
         self.shm = self._open_shared_memory()
         self.executor.shm = self.shm
-        environment.JOB.update(
+        #: what the timeline's manifest records about this job
+        self.job: dict[str, object] = dict(
             launcher=self.launch.launcher,
             backend=self.data_engine,
             shared_memory=self.shm is not None,
@@ -176,8 +178,8 @@ class Runtime:
     def _setup_observers(self) -> None:
         """Timeline and autotuner hang off the cycle; neither costs anything when off."""
         cfg = self.config
-        from hvdprof.timeline.control import TimelineSession
         from hvdprof.timeline.nvtx_ranges import PhaseRanges
+        from hvdprof.timeline.session import TimelineSession
 
         self.timeline = TimelineSession(self)
         self.cycle.on_clock_samples = self.timeline.update_clock

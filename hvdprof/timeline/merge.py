@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hvdprof.timeline import activities as act
+from hvdprof.common import activities as act
 from hvdprof.timeline.manifest import timeline_shift_ns
 from hvdprof.timeline.reader import Trace, TraceDirectory, load_trace, load_traces
 from hvdprof.timeline.writer import dumps_event

@@ -1,7 +1,7 @@
 """NVTX ranges around runtime phases, so Nsight Systems shows what the cycle thread does.
 
 The cycle thread calls ``push(name)``/``pop()`` around its phases (names from
-:mod:`hvdprof.timeline.activities`) in the ``hvdprof`` domain. Without the ``nvtx`` package,
+:mod:`hvdprof.common.activities`) in the ``hvdprof`` domain. Without the ``nvtx`` package,
 with ``HVDPROF_DISABLE_NVTX=1``, or when no NVTX tool (e.g. ``nsys``) is attached, ``push``
 and ``pop`` are bound to do-nothing functions: the cost is one Python call. Event
 attributes are built once per phase name, since building them is the expensive part of an
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from hvdprof.timeline.activities import NVTX_DOMAIN
+from hvdprof.common.activities import NVTX_DOMAIN
 
 
 def _noop_push(name: str) -> None:

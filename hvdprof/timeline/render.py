@@ -33,11 +33,11 @@ from collections.abc import Iterable, Mapping
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from hvdprof.timeline import activities as act
+from hvdprof.common import activities as act
 from hvdprof.timeline.writer import Lines, dumps_event
 
 if TYPE_CHECKING:  # the renderer process never imports the runtime (nor numpy)
-    from hvdprof.runtime.records import CycleRecord
+    from hvdprof.common.records import CycleRecord
 
 #: Tensor names that get a lane of their own; later names share the pool.
 MAX_NAMED_LANES = 4096
@@ -58,7 +58,7 @@ ITEM_LINES = 4
 #: process gets cycles this way; see :func:`cycle_columns`)
 ITEM_COLUMNS = 5
 
-#: "not known" in the readiness column (``hvdprof.runtime.records.NO_TIME``)
+#: "not known" in the readiness column (``hvdprof.common.records.NO_TIME``)
 NO_TIME = -(1 << 63)
 #: a group row: ``GroupRecord``'s fields, in this order
 GROUP_FIELDS = (

@@ -264,7 +264,7 @@ def set_autogroup_nice(pid: int, nice: int) -> bool:
 
 
 def _trace_end() -> str:
-    from hvdprof.timeline.activities import TRACE_END
+    from hvdprof.common.activities import TRACE_END
 
     return TRACE_END
 

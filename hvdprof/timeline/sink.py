@@ -37,11 +37,10 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from hvdprof.common import activities as act
+from hvdprof.common.records import CycleRecord, TunableParams
 from hvdprof.config import Config
 from hvdprof.errors import HvdprofError
-from hvdprof.runtime import environment
-from hvdprof.runtime.records import CycleRecord, TunableParams
-from hvdprof.timeline import activities as act
 from hvdprof.timeline import transport
 from hvdprof.timeline.clock import ClockCorrection, skewed_clock
 from hvdprof.timeline.manifest import (
@@ -126,6 +125,7 @@ class TimelineSink:
         run_id: str | None = None,
         directory: str | None = None,
         use_process: bool = True,
+        job: Mapping[str, Any] | None = None,
     ) -> None:
         directory = directory if directory is not None else config.timeline_dir
         if not directory:
@@ -137,6 +137,8 @@ class TimelineSink:
                 f"cannot create the timeline directory {directory!r}: {exc.strerror or exc}"
             ) from exc
         self.config = config
+        #: what the manifest records about the job (launcher, backend), from the runtime
+        self.job = dict(job or {})
         self.rank = int(rank)
         self.size = int(size)
         self.hostname = hostname if hostname is not None else socket.gethostname()
@@ -262,7 +264,7 @@ class TimelineSink:
         """Put an instant event on this rank's timeline (any thread).
 
         ``t_ns`` is on the rank's clock (``clock.now_ns()``, the default: now); ``lane`` is
-        a fixed lane id from :mod:`hvdprof.timeline.activities`; ``scope`` is ``"t"``
+        a fixed lane id from :mod:`hvdprof.common.activities`; ``scope`` is ``"t"``
         (lane), ``"p"`` (whole rank) or ``"g"`` (whole trace).
         """
         if scope not in ("t", "p", "g"):
@@ -340,8 +342,8 @@ class TimelineSink:
             "size": self.size,
             "hostname": self.hostname,
             # how the job was started and which engine moved its tensors (mpi, gloo)
-            "launcher": environment.JOB.get("launcher"),
-            "backend": environment.JOB.get("backend"),
+            "launcher": self.job.get("launcher"),
+            "backend": self.job.get("backend"),
             "os_pid": os.getpid(),
             # the process writing the trace file: until it exits, the file may still grow
             # (after a SIGKILL of the rank it drains what the rank handed over, then exits)

@@ -68,8 +68,8 @@ from collections.abc import Callable, Iterator, Mapping
 from operator import attrgetter
 from typing import Any
 
-from hvdprof.runtime.records import NO_TIME as RECORDS_NO_TIME
-from hvdprof.runtime.records import CycleRecord, GroupRecord, OpBatch, TunableParams
+from hvdprof.common.records import NO_TIME as RECORDS_NO_TIME
+from hvdprof.common.records import CycleRecord, GroupRecord, OpBatch, TunableParams
 from hvdprof.shadowing import PACKAGE_DIR
 from hvdprof.timeline.render import (
     GROUP_FIELDS,

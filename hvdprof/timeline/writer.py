@@ -35,8 +35,8 @@ import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from hvdprof.common.activities import TRACE_END
 from hvdprof.errors import HvdprofError
-from hvdprof.timeline.activities import TRACE_END
 from hvdprof.timeline.event_queue import EventQueue
 
 log = logging.getLogger("hvdprof.timeline")

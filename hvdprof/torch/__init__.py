@@ -6,7 +6,7 @@ from hvdprof.shadowing import repair_if_shadowed
 
 repair_if_shadowed()
 
-from hvdprof.errors import install_excepthook
+from hvdprof.excepthook import install_excepthook
 from hvdprof.runtime import stacks as _stacks
 from hvdprof.torch import elastic
 from hvdprof.torch.compression import Compression

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from hvdprof.timeline import activities as act
+from hvdprof.common import activities as act
 
 log = logging.getLogger("hvdprof")
 

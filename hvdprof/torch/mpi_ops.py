@@ -1106,12 +1106,12 @@ def join(device: int = -1) -> int:
 # ------------------------------------------------------------------ timeline control
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Start recording, at the same cycle on every rank (call it on every rank)."""
-    from hvdprof.timeline.control import start_timeline as _start
+    from hvdprof.timeline.session import start_timeline as _start
 
     _start(_rt.get(), file_path, mark_cycles)
 
 
 def stop_timeline() -> None:
-    from hvdprof.timeline.control import stop_timeline as _stop
+    from hvdprof.timeline.session import stop_timeline as _stop
 
     _stop(_rt.get())

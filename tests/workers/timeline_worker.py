@@ -54,7 +54,7 @@ if ARGS.mode == "init":
     print("INIT SUCCEEDED", flush=True)
     sys.exit(0)
 
-from hvdprof.runtime import timebase  # noqa: E402
+from hvdprof.common import timebase  # noqa: E402
 
 torch.set_num_threads(1)
 hvd.init()

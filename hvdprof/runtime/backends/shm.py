@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from hvdprof.runtime import timebase
+from hvdprof.common import timebase
 from hvdprof.runtime.backends.base import DONE
 from hvdprof.runtime.control import ControlChannel
 from hvdprof.runtime.requests import ReduceOp

@@ -11,9 +11,9 @@ import os
 import socket
 from typing import Any
 
+from hvdprof.common import timebase
 from hvdprof.config import timeline_path_problem
 from hvdprof.errors import HvdprofError
-from hvdprof.runtime import timebase
 from hvdprof.timeline.clock import ClockCorrection, estimate_offset
 from hvdprof.timeline.sink import TimelineSink
 
@@ -43,6 +43,7 @@ class TimelineSession:
             getattr(runtime, "host_name", None) or socket.gethostname(),
             self.clock,
             run_id=f"{config.controller_addr}:{config.controller_port}:{runtime.size}",
+            job=getattr(runtime, "job", None),
         )
         runtime.cycle.observers.append(self.sink)
         if runtime.rank == 0 and config.horovod_timeline_file:
