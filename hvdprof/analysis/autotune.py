@@ -116,7 +116,11 @@ def autotune_report(run: Run) -> AutotuneReport:
         out.decision = decided[-1] if decided else None
         key = _key(out.recommendation)
         ran = [x for x in out.samples if _params(x) == key]
-        out.recommended = ran[-1].index if ran else None
+        # several windows can run the recommended parameters (a candidate equal to the
+        # incumbent): name the one the tuner marked best, as its log does (what a warm
+        # start reads), so the table, the log and the verdict name the same window
+        chosen = [x for x in ran if x.is_best] or ran
+        out.recommended = chosen[-1].index if chosen else None
         out.verdict = _paired_verdict(out)
         return out
     marked = [x for x in out.samples if x.is_best]

@@ -394,14 +394,19 @@ class AutotuneController:
         self._tuner = tuner
         self._post(tuner.ask(), PHASE_TUNE)
 
+    def _canonical(self, params: TunableParams) -> TunableParams:
+        return self.space.canonical(params) if self.space.contains(params) else params
+
     def _post(self, params: TunableParams, phase: str) -> None:
         with self._lock:
             self._proposal = (params, phase)
 
     def _write_row(self, params: TunableParams, score: SampleScore, phase: str, role: str) -> None:
         best = self._best
-        canonical = self.space.canonical(params) if self.space.contains(params) else params
-        is_best = best is not None and best.params == canonical
+        # both sides in the form a proposal carries: a recommendation whose parameters are
+        # not on the space's grid (a warm start, a drift re-measure) must still mark the
+        # windows that ran it, or the log and the timeline name different recommendations
+        is_best = best is not None and self._canonical(best.params) == self._canonical(params)
         tuner = self._tuner
         estimate = tuner.estimate(params) if tuner is not None else None
         listener = self.on_sample
