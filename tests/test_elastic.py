@@ -201,6 +201,8 @@ def test_dead_worker_is_replaced_while_discovery_reports_its_slot(tmp_path: Path
         "5",
         "--step-sleep",
         "0.1",
+        "--hold-until-size",
+        "2",
         launcher_args=(
             "--min-np",
             "1",

@@ -10,6 +10,11 @@ A linear model trained with SGD + momentum over 96 fixed samples, sharded by
 --grow-file PATH --grow-step S rank 0 writes "localhost:3" to PATH (the discovery
                                script's slots) at step S, then trains until it has run
                                5 steps at 3 ranks
+--hold-until-size N            while the job is smaller than N ranks, wait after each
+                               commit (checking for new hosts) until a replacement worker
+                               joins, so the test does not race the worker's start-up
+                               (seconds of imports on a loaded machine) against the end
+                               of the training
 
 Prints ``COMMITTED <epoch> <indices>`` after every commit, ``RESET ...`` per re-formation
 and, on rank 0 at the end, ``WEIGHTS <json>``.
@@ -42,6 +47,7 @@ parser.add_argument("--load", default="")
 parser.add_argument("--grow-file", default="")
 parser.add_argument("--grow-step", type=int, default=-1)
 parser.add_argument("--step-sleep", type=float, default=0.0)
+parser.add_argument("--hold-until-size", type=int, default=0)
 args = parser.parse_args()
 
 N, D, BATCH = 96, 8, 4
@@ -110,6 +116,10 @@ def train(state: hvd.elastic.TorchState) -> None:
             state.commit()
             if args.step_sleep:
                 time.sleep(args.step_sleep)
+            held_until = time.monotonic() + 90
+            while hvd.size() < args.hold_until_size and time.monotonic() < held_until:
+                time.sleep(0.05)
+                state.check_host_updates()  # raises HostsUpdatedInterrupt once it joined
             if args.grow_file and state.at_three >= 5:
                 return
         state.epoch += 1
