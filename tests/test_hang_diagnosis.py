@@ -382,16 +382,30 @@ def test_hvdprof_stacks_puts_each_ranks_dump_on_its_timeline(
     timeline = tmp_path_factory.mktemp("stacks-timeline")
     job = live_job("idle", launcher_args=("--timeline", str(timeline)))
     job.wait_ready()
-    cli = subprocess.run(
-        [sys.executable, "-m", "hvdprof", "stacks", str(job.proc.pid)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-    )
-    assert cli.returncode == 0, cli.stderr
-    for rank in (0, 1):
-        job.wait_line(rf"^\[{rank}\]<stderr>:hvdprof rank {rank}: {stacks.END_MARKER}$")
+    # A SIGUSR1 that reaches the launcher before it has armed forwarding (while it still
+    # spawns) is ignored by design, so a user who sees nothing asks again: so does this
+    # test, up to three times, and then checks every dump it got.
+    markers = [rf"^\[{rank}\]<stderr>:hvdprof rank {rank}: {stacks.END_MARKER}$" for rank in (0, 1)]
+    sent = 0
+    while sent < 3:
+        sent += 1
+        cli = subprocess.run(
+            [sys.executable, "-m", "hvdprof", "stacks", str(job.proc.pid)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
+        assert cli.returncode == 0, cli.stderr
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not all(
+            any(re.search(m, line) for line in job.output.splitlines()) for m in markers
+        ):
+            time.sleep(0.1)
+        if all(any(re.search(m, line) for line in job.output.splitlines()) for m in markers):
+            break
+    for marker in markers:
+        job.wait_line(marker)
     job.release()
     assert job.finish() == 0, job.output
     for rank in (0, 1):
@@ -400,7 +414,7 @@ def test_hvdprof_stacks_puts_each_ranks_dump_on_its_timeline(
             for line in (timeline / f"rank.{rank}.json").read_text().splitlines()
             if '"name":"STACKS"' in line
         ]
-        assert len(events) == 1, events
+        assert 1 <= len(events) <= sent, events
         text = events[0]["args"]["stacks"]
         assert f"hvdprof rank {rank}: {stacks.END_MARKER}" in text, text
         assert "in idle_wait" in text and events[0]["args"]["reason"] == "SIGUSR1", text
