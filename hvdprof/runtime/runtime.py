@@ -523,6 +523,12 @@ def init(config: Config | None = None) -> Runtime:
             handler.setFormatter(logging.Formatter("%(message)s"))
             logging.getLogger("hvdprof").addHandler(handler)
         _runtime = Runtime(cfg)
+        # atexit runs handlers last-registered first. The timeline's writers registered
+        # theirs when Runtime() imported them, after this module's; re-registering puts the
+        # runtime's shutdown first again, so the cycle stops before the sinks close and its
+        # last cycles are written rather than counted as dropped after the close.
+        atexit.unregister(_shutdown_at_exit)
+        atexit.register(_shutdown_at_exit)
         if cfg.gc_freeze:
             # Everything alive now (torch's import-time objects, the user's modules) would
             # be rescanned by every full cyclic collection, which the many small objects

@@ -1,10 +1,11 @@
 """Many small ops with the timeline on, for tests/test_timeline_lossless.py.
 
-Usage: ``lossless_worker.py OPS GO_FILE``. Each rank waits for ``GO_FILE`` to exist (the
+Usage: ``lossless_worker.py OPS GO_FILE [exit]``. Each rank waits for ``GO_FILE`` to exist (the
 test stops the renderers first), then submits ``OPS`` tiny allreduces in batches of 100
 under names of their own, writing how many it has done to ``$HVDPROF_TIMELINE/progress.
 rank.<r>`` every batch (so the test sees when the rank stops making progress), and
-prints ``DONE``.
+prints ``DONE``. With ``exit`` it never calls ``shutdown()``: the interpreter's exit ends
+the runtime, as in a user's script that just returns.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch  # noqa: E402
 import hvdprof.torch as hvd  # noqa: E402
 
 OPS, GO = int(sys.argv[1]), sys.argv[2]
+AT_EXIT = sys.argv[3:] == ["exit"]
 torch.set_num_threads(1)
 hvd.init()
 R = hvd.rank()
@@ -41,5 +43,6 @@ while done < OPS:
     with open(progress + ".tmp", "w") as f:
         f.write(str(done))
     os.replace(progress + ".tmp", progress)
-hvd.shutdown()
+if not AT_EXIT:
+    hvd.shutdown()
 print("DONE", flush=True)
