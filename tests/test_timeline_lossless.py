@@ -139,6 +139,12 @@ def test_drop_mode_never_waits_and_says_so_during_the_run_and_at_the_end(tmp_pat
     first = report.verdicts[0]
     assert first.startswith("The timeline is incomplete:"), report.verdicts
     assert f"{sum(m['events_dropped'] for m in manifests):,} events were dropped" in first
+    # said once, by its one owner: the files themselves were read whole
+    assert sum("dropped" in v for v in report.verdicts) == 1, report.verdicts
+    assert report.problems == [], report.problems
+    assert report.run["events_dropped"] == {
+        str(r): m["events_dropped"] for r, m in enumerate(manifests)
+    }
 
 
 def test_a_script_that_never_calls_shutdown_loses_nothing_at_exit(tmp_path):

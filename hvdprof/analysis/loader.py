@@ -738,15 +738,6 @@ class RunLoader:
         for rank, manifest in run.manifests.items():
             if isinstance(manifest.get("hostname"), str):
                 run.hosts.setdefault(rank, manifest["hostname"])
-            dropped = int(manifest.get("events_dropped", 0) or 0)
-            if dropped:
-                run.problems.append(
-                    Problem(
-                        self.manifest_paths[rank],
-                        "",
-                        f"rank {rank}: {dropped} events were dropped while recording (queue full)",
-                    )
-                )
         for rank in sorted(set(self.manifest_paths) - {s.rank for s in self.sources}):
             run.problems.append(
                 Problem(

@@ -354,8 +354,23 @@ class Run:
 
     @property
     def clean(self) -> bool:
-        """Nothing skipped, every file complete."""
-        return not self.problems and all(self.complete.values())
+        """Nothing skipped, nothing dropped while recording, every file complete."""
+        return not self.problems and not self.dropped_events and all(self.complete.values())
+
+    @property
+    def dropped_events(self) -> dict[int, int]:
+        """Events each rank's manifest says its timeline dropped while recording (ranks
+        with none left out). The files were read whole: the loss happened before them, so
+        it is not a reading problem, and the report's first verdicts say it once."""
+        out = {}
+        for rank, manifest in self.manifests.items():
+            try:
+                n = int(manifest.get("events_dropped", 0) or 0)
+            except (TypeError, ValueError):
+                continue
+            if n > 0:
+                out[rank] = n
+        return out
 
     def refresh(self) -> bool:
         """Read what was appended since the last read; True when anything changed."""
@@ -388,5 +403,6 @@ class Run:
             "complete": {str(k): v for k, v in sorted(self.complete.items())},
             "files": {str(k): v for k, v in sorted(self.files.items())},
             "problems": [p.to_dict() for p in self.problems],
+            "events_dropped": {str(k): v for k, v in sorted(self.dropped_events.items())},
             "notes": list(self.notes),
         }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from collections.abc import Sequence
@@ -86,17 +85,6 @@ def _listdir(path: str) -> list[str]:
         return []
 
 
-def _dropped_events(run: Run) -> dict[int, int]:
-    """Events each rank's manifest says were dropped (ranks with none left out)."""
-    out = {}
-    for rank, manifest in run.manifests.items():
-        with contextlib.suppress(TypeError, ValueError):
-            n = int(manifest.get("events_dropped", 0) or 0)
-            if n > 0:
-                out[rank] = n
-    return out
-
-
 def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
     """All the analyses of ``run`` (and the overlap one when Kineto traces are given)."""
     overlap = overlap_report(run, list(kineto_paths)) if kineto_paths else None
@@ -117,7 +105,7 @@ def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
     verdicts: list[str] = list(report.stalls.verdicts)
     if report.divergence.verdict:
         verdicts.append(report.divergence.verdict)
-    dropped = _dropped_events(run)
+    dropped = run.dropped_events
     if dropped:
         total = sum(dropped.values())
         written = sum(int(m.get("events_written", 0) or 0) for m in run.manifests.values())

@@ -296,9 +296,7 @@ def load_traces(directory: str) -> TraceDirectory:
         if manifest is not None:
             dropped = int(manifest.get("events_dropped", 0) or 0)
             if dropped:
-                run.problems.append(
-                    f"rank {rank}: {dropped} events were dropped while recording (queue full)"
-                )
+                run.problems.append(f"rank {rank}: {dropped} events were dropped while recording")
             if not manifest.get("closed"):
                 run.problems.append(
                     f"rank {rank}: the recording was not closed cleanly (crash or kill?)"
