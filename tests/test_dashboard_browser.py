@@ -172,8 +172,20 @@ def test_page_timeline_zoom_expand_stragglers_autotune(
             f"#timeline .barlayer .trace:nth-child({names.index('collective') + 1})"
         )
         widths = [p.bounding_box()["width"] for p in bars.locator(".point path").all()]
-        bars.locator(".point path").nth(widths.index(max(widths))).hover(force=True)
-        page.wait_for_selector("#timeline .hoverlayer .hovertext")
+        widest = bars.locator(".point path").nth(widths.index(max(widths))).bounding_box()
+        # Plotly hovers on mouse moves over its drag layer: move onto the bar as a user
+        # would, and again if a redraw (the live refresh) cleared the first hover
+        for attempt in range(5):
+            cx = widest["x"] + widest["width"] / 2
+            cy = widest["y"] + widest["height"] / 2
+            page.mouse.move(cx - 20, cy - 20)
+            page.mouse.move(cx, cy, steps=5)
+            try:
+                page.wait_for_selector("#timeline .hoverlayer .hovertext", timeout=5000)
+                break
+            except playwright_api.TimeoutError:
+                if attempt == 4:
+                    raise
         hover = page.locator("#timeline .hoverlayer .hovertext").first.text_content()
         assert all(word in hover for word in ("tensor:", "bytes:", "backend:")), hover
         page.screenshot(path=str(tmp_path / "2-zoomed.png"), full_page=False)
