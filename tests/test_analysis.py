@@ -95,6 +95,16 @@ def test_no_straggler_when_ranks_are_even(tmp_path: Path) -> None:
     assert all(r.wait_caused_ms == 0 for r in s.ranks)
 
 
+def test_a_missing_ranks_file_is_named_instead_of_a_straggler(tmp_path: Path) -> None:
+    # Each rank marks only its own readiness, so with rank 3's file gone the arrivals
+    # cannot be compared: the verdict says which rank is missing instead of guessing.
+    d, _ = synth(tmp_path, ranks=4, steps=6, late_rank=3, late_us=5000.0)
+    (d / "rank.3.json").unlink()
+    s = find_stragglers(load_run(d, cache=False))
+    assert s.straggler is None
+    assert s.verdict.startswith("No readiness marks from rank 3"), s.verdict
+
+
 # --- Q1 breakdown -----------------------------------------------------------------------------
 
 

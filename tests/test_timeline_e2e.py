@@ -389,7 +389,8 @@ def test_phases_ordered_and_lanes_nest(main_traces: dict[int, list[dict[str, Any
 
 
 def test_readiness_marks_and_the_straggler(main_traces: dict[int, list[dict[str, Any]]]) -> None:
-    """READY marks for every rank on both paths; the straggler is named, its lateness shown."""
+    """Each rank marks its own readiness on both paths and names the last rank; the
+    straggler's lateness shows in the punctual rank's file."""
     for rank, events in main_traces.items():
         units = op_units(events)
         seen = {True: 0, False: 0}
@@ -397,10 +398,12 @@ def test_readiness_marks_and_the_straggler(main_traces: dict[int, list[dict[str,
             neg = unit["negotiate"]
             args = neg["args"]
             what = f"rank {rank}: {args['tensor']!r}"
-            assert set(args["ready_us"]) == {"0", "1"}, what
+            # its own mark only: an op's events do not grow with the number of ranks
+            assert set(args["ready_us"]) == {str(rank)}, what
             assert args["last_ready_rank"] in (0, 1), what
+            assert args["last_ready_us"] >= args["ready_us"][str(rank)], what
             marks = {e["name"] for e in unit["ready"]}
-            assert marks == {act.ready_name(0), act.ready_name(1)}, f"{what}: {marks}"
+            assert marks == {act.ready_name(rank)}, f"{what}: {marks}"
             n_start, n_end = span(neg)
             assert all(n_start <= ns(e["ts"]) <= n_end for e in unit["ready"]), what
             seen[args["cached"]] += 1
@@ -418,8 +421,11 @@ def test_readiness_marks_and_the_straggler(main_traces: dict[int, list[dict[str,
                 args = negs[k]["args"]
                 what = f"rank {rank}, {name}, step {k} (cached={args['cached']})"
                 assert args["last_ready_rank"] == STRAGGLER, f"{what}: {args}"
-                late_us = args["ready_us"][str(STRAGGLER)] - args["ready_us"][str(1 - STRAGGLER)]
-                assert late_us >= STRAGGLE_S * 1e6 * 0.6, f"{what}: straggler late by {late_us} us"
+                if rank != STRAGGLER:
+                    late_us = args["last_ready_us"] - args["ready_us"][str(rank)]
+                    assert late_us >= STRAGGLE_S * 1e6 * 0.6, (
+                        f"{what}: straggler late by {late_us} us"
+                    )
             if rank != STRAGGLER:  # the punctual rank waited in negotiation for the straggler
                 assert negs[3]["dur"] >= STRAGGLE_S * 1e6 * 0.6, (name, negs[3])
 

@@ -4,8 +4,9 @@
 slice begins when *it* submitted the tensor, on its own clock mapped onto rank 0's (the
 clock offsets the runtime estimates). That submission is the rank's readiness, measured
 where it happened: an op's arrivals are the submissions of the same tensor's n-th
-negotiation on every rank. Horovod files (and hvdprof runs missing a rank's file) only
-have one observer's view, the moment rank 0 *learned* each rank was ready, rounded to a
+negotiation on every rank. (A rank writes only its own mark, so a run missing a rank's
+file cannot be compared, and the verdict names the rank.) Horovod files only have one
+observer's view, the moment rank 0 *learned* each rank was ready, rounded to a
 negotiation cycle and biased towards the observer; they are read that way, and the
 result says so (``source``).
 
@@ -264,6 +265,20 @@ def _cycle_time_ms(run: Run) -> float:
     return max(values) if values else 0.0
 
 
+def _ranks_without_marks(run: Run, n_ranks: int) -> list[int]:
+    """Ranks of the job that marked no readiness of their own (their file is missing)."""
+    m = run.marks
+    own = (m.slice >= 0) & (m.observer == m.ready_rank)
+    seen = set(np.unique(m.ready_rank[own]).tolist())
+    return [r for r in range(n_ranks) if r not in seen]
+
+
+def _rank_list(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+
+
 def find_stragglers(run: Run) -> Stragglers:
     """Who was last, what it cost per step, from which step on, and in which phase."""
     out = Stragglers()
@@ -274,7 +289,15 @@ def find_stragglers(run: Run) -> Stragglers:
     out.source, out.observer = arr.source, arr.observer
     n_ranks = arr.t_us.shape[1]
     if n_ranks < 2 or not len(arr.t_us):
-        out.verdict = "Fewer than two ranks reported readiness: no straggler to name."
+        missing = _ranks_without_marks(run, n_ranks)
+        if n_ranks >= 2 and missing:
+            out.verdict = (
+                f"No readiness marks from {_rank_list(missing)} (no timeline of "
+                f"{'its' if len(missing) == 1 else 'their'} own was read): arrivals cannot be "
+                "compared, so stragglers cannot be named."
+            )
+        else:
+            out.verdict = "Fewer than two ranks reported readiness: no straggler to name."
         return out
     t = arr.t_us
     n_ops = len(t)

@@ -160,15 +160,15 @@ def write_synthetic_run(directory: str, spec: SyntheticSpec) -> SyntheticTruth:
                     tail = f'"pid":{rank},"tid":{tid}}}'
                     ready = ready_all[t]
                     own = ready[rank]
-                    for r in range(spec.ranks):
-                        lines.append(
-                            f'{{"name":"{act.READY_PREFIX}{r}","ph":"i","s":"t","ts":{_f(max(ready[r], own))},{tail}'
-                        )
-                    stamps = ",".join(f'"{r}":{_f(ready[r])}' for r in range(spec.ranks))
+                    # as the renderer writes them: the rank's own mark, the last rank named
+                    lines.append(
+                        f'{{"name":"{act.READY_PREFIX}{rank}","ph":"i","s":"t","ts":{_f(own)},{tail}'
+                    )
                     last = max(range(spec.ranks), key=lambda r, ready=ready: ready[r])
                     lines.append(
                         f'{{"name":"NEGOTIATE_ALLREDUCE","ph":"X","ts":{_f(own)},"dur":{_f(negotiated - own)},'
-                        f'"args":{{"tensor":"{name}","cached":true,"ready_us":{{{stamps}}},"last_ready_rank":{last}}},{tail}'
+                        f'"args":{{"tensor":"{name}","cached":true,"ready_us":{{"{rank}":{_f(own)}}},'
+                        f'"last_ready_rank":{last},"last_ready_us":{_f(ready[last])}}},{tail}'
                     )
                     lines.append(
                         f'{{"name":"ALLREDUCE","ph":"X","ts":{_f(negotiated)},"dur":{_f(end - negotiated)},'

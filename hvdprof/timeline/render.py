@@ -4,9 +4,10 @@ Layout of one rank (one Chrome process, ``pid = rank``):
 
 * fixed lanes ``runtime`` (instants), ``cycles`` (``CYCLE <n>`` slices) and ``autotune``;
 * one lane per tensor name (``thread_name`` = the name). An op draws
-  ``NEGOTIATE_<OP>`` from submission to negotiation, with a ``READY rank <r>`` instant per
-  rank, then ``<OP>`` until done, containing ``QUEUE``, ``MEMCPY_IN_FUSION_BUFFER``,
-  ``<BACKEND>_<OP>`` and ``MEMCPY_OUT_FUSION_BUFFER``;
+  ``NEGOTIATE_<OP>`` from submission to negotiation, with this rank's ``READY rank <r>``
+  instant and the last rank to be ready in its args (so an op's events do not grow with
+  the ranks), then ``<OP>`` until done, containing ``QUEUE``,
+  ``MEMCPY_IN_FUSION_BUFFER``, ``<BACKEND>_<OP>`` and ``MEMCPY_OUT_FUSION_BUFFER``;
 * counters (fusion threshold, cycle time, cycle duration, bytes reduced) on the process.
 
 Every slice is a complete ``X`` event, so nothing can be left open by a crash, and children
@@ -334,10 +335,9 @@ class CycleRenderer:
         neg_names: dict[str, tuple[str, str]] = {}
         group_args: dict[int, str] = {}
         children_of: dict[tuple[int, str, int], Any] = {}
-        ready_prefix = [
-            f'{{"name":"{act.READY_PREFIX}{r}","ph":"i","s":"t","ts":' for r in range(ranks)
-        ]
-        rank_keys = [f'"{r}":' for r in range(ranks)]
+        me = self.rank
+        own_mark = f'{{"name":"{act.READY_PREFIX}{me}","ph":"i","s":"t","ts":'
+        own_key = f'"{me}":'
         gil_slice = self._gil_slice
         extra = 0  # events beyond one per text
         last_gid, group = None, None
@@ -394,34 +394,38 @@ class CycleRenderer:
             if neg_text is None:
                 neg_text = fmt[neg_end] = us(neg_end + shift)
 
-            # NEGOTIATE_<OP>: submission until every rank is ready, with readiness marks.
-            # One text per op: its events joined as the file wants them (",\n").
+            # NEGOTIATE_<OP>: submission until every rank is ready. This rank's own
+            # readiness (its submission) is its one READY mark; of the others only the
+            # last one is named, so an op's events do not grow with the ranks. The
+            # analysis joins the ranks' own marks across their files.
             ready_args = ""
             marks = ""
             base = i * ranks
-            stamps = []
-            last_rank, last_t = -1, None
+            last_rank, last_t = -1, NO_TIME
             for r in range(ranks):
                 t = ready[base + r]
-                if t == NO_TIME:
-                    continue
-                if t == start:  # this rank's own readiness: its submission
-                    t_text = start_text
-                else:
-                    t_text = fmt.get(t)
-                    if t_text is None:
-                        t_text = fmt[t] = us(t + shift)
-                stamps.append(rank_keys[r] + t_text)
-                if last_t is None or t >= last_t:
+                if t != NO_TIME and (last_t == NO_TIME or t >= last_t):
                     last_rank, last_t = r, t
-                if t < start:
-                    t_text = start_text
-                elif t > neg_end:
-                    t_text = neg_text
-                marks += f"{ready_prefix[r]}{t_text},{tail},\n"
-            if stamps:
-                ready_args = f',"ready_us":{{{",".join(stamps)}}},"last_ready_rank":{last_rank}'
-                extra += len(stamps)
+            if last_t != NO_TIME:
+                own_t = ready[base + me] if me < ranks else NO_TIME
+                if own_t != NO_TIME:
+                    if own_t == start:
+                        t_text = start_text
+                    else:
+                        t_text = fmt.get(own_t)
+                        if t_text is None:
+                            t_text = fmt[own_t] = us(own_t + shift)
+                    ready_args = f',"ready_us":{{{own_key}{t_text}}}'
+                    if own_t < start:
+                        t_text = start_text
+                    elif own_t > neg_end:
+                        t_text = neg_text
+                    marks = f"{own_mark}{t_text},{tail},\n"
+                    extra += 1
+                last_text = fmt.get(last_t)
+                if last_text is None:
+                    last_text = fmt[last_t] = us(last_t + shift)
+                ready_args += f',"last_ready_rank":{last_rank},"last_ready_us":{last_text}'
             neg_name = neg_names.get(op)
             if neg_name is None:
                 neg_name = neg_names[op] = (esc(act.negotiate_name(op)), esc(op))
@@ -555,8 +559,10 @@ def cycle_columns(
 
 
 def events_per_op(size: int) -> int:
-    """Upper bound of the events one op becomes (for the writer's queue accounting)."""
-    return 6 + size
+    """Upper bound of the events one op becomes (for the writer's queue accounting): the
+    same at any ``size``, since an op carries only its own rank's READY mark."""
+    del size
+    return 7
 
 
 def lines_item(lines: Iterable[str]) -> tuple[int, list[str]]:
