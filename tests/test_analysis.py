@@ -105,6 +105,14 @@ def test_a_missing_ranks_file_is_named_instead_of_a_straggler(tmp_path: Path) ->
     assert s.verdict.startswith("No readiness marks from rank 3"), s.verdict
 
 
+def test_a_straggler_early_at_its_first_gradient_is_not_called_late_by_a_negative() -> None:
+    from hvdprof.analysis.stragglers import _lateness
+
+    assert _lateness(57.4) == "late by 57.4 ms"
+    assert _lateness(-3.1) == "early by 3.1 ms"  # was "late by -3.1 ms"
+    assert _lateness(0.01) == "on time"
+
+
 # --- Q1 breakdown -----------------------------------------------------------------------------
 
 

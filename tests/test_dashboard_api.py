@@ -354,15 +354,21 @@ def test_growing_file_refreshes(tmp_path: Path, real_run: Path) -> None:
     (run / "rank.0.json").write_bytes(full[:cut])
     app = create_app(DashboardSettings(tmp_path))
     with TestClient(app, raise_server_exceptions=False, base_url=LOOPBACK) as c:
-        before = c.get("/api/run", params={"run": "live"}).json()
+        urls = ("/api/run", "/api/timeline", "/api/analysis/breakdown")
+        before = {u: c.get(u, params={"run": "live"}).json() for u in urls}
+        # asked again, each answer is the same (served from the per-version cache)
+        assert {u: c.get(u, params={"run": "live"}).json() for u in urls} == before
         with (run / "rank.0.json").open("ab") as f:
             f.write(full[cut:])
         catalog = app.state.catalog
         loaded = catalog.loaded("live")
         assert catalog.refresh(loaded) is True
-        after = c.get("/api/run", params={"run": "live"}).json()
-        assert after["version"] == before["version"] + 1
-        assert after["t1_us"] > before["t1_us"]
+        after = {u: c.get(u, params={"run": "live"}).json() for u in urls}
+        for u in urls:  # a cached answer of the old version is never served again
+            assert after[u]["version"] == before[u]["version"] + 1, u
+        assert after["/api/run"]["t1_us"] > before["/api/run"]["t1_us"]
+        assert after["/api/timeline"]["t1_us"] > before["/api/timeline"]["t1_us"]
+        assert after["/api/analysis/breakdown"]["data"] != before["/api/analysis/breakdown"]["data"]
 
 
 def test_sections_carry_the_library_results(client: TestClient, served: Path) -> None:

@@ -29,5 +29,6 @@ def test_dashboard_bench_quick(tmp_path: Path) -> None:
     for key in ("startup_cold_s", "startup_warm_s", "startup_open_s", "zoom_ms_median",
                 "live_to_window_s_median", "server_peak_rss_mb"):  # fmt: skip
         assert result[key] > 0, key
-    assert result["events"] > 40_000 and result["ranks"] == 4
+    # (a synthetic run written as the renderer writes: one READY mark per op per rank)
+    assert result["events"] > 30_000 and result["ranks"] == 4
     assert set(result["met"]) == {"startup_s", "zoom_ms", "live_s", "rss_mb"}

@@ -265,6 +265,15 @@ def _cycle_time_ms(run: Run) -> float:
     return max(values) if values else 0.0
 
 
+def _lateness(ms: float) -> str:
+    """'late by 2.2 ms', or 'early by 3.1 ms' (never 'late by -3.1 ms')."""
+    if ms >= 0.05:
+        return f"late by {ms:.1f} ms"
+    if ms <= -0.05:
+        return f"early by {-ms:.1f} ms"
+    return "on time"
+
+
 def _ranks_without_marks(run: Run, n_ranks: int) -> list[int]:
     """Ranks of the job that marked no readiness of their own (their file is missing)."""
     m = run.marks
@@ -454,9 +463,9 @@ def find_stragglers(run: Run) -> Stragglers:
         )
         if out.phase is not None:
             out.verdict += (
-                f" Its time went {PHASE_WORDS[out.phase]}: late by "
-                f"{out.late_at_first_ms:.1f} ms at its first gradient, "
-                f"{out.late_at_end_ms:.1f} ms at its last."
+                f" Its time went {PHASE_WORDS[out.phase]}: "
+                f"{_lateness(out.late_at_first_ms)} at its first gradient, "
+                f"{_lateness(out.late_at_end_ms)} at its last."
             )
         return out
     m = next(x for x in ranks if x.rank == most_last.rank)
