@@ -13,9 +13,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from fastapi.responses import Response
-from pydantic import BaseModel
-
 from hvdprof.dashboard.catalog import LoadedRun, RunCatalog, RunLoadError
 from hvdprof.dashboard.models import CompareResponse, Problem, RunInfo, Section
 
@@ -41,39 +38,6 @@ def _cached(loaded: LoadedRun, key: tuple[Any, ...], compute: Callable[[], Any])
                 cache.pop(stale, None)
         cache[full_key] = value
     return value
-
-
-def json_response(
-    catalog: RunCatalog, run_id: str, key: tuple[Any, ...], build: Callable[[], BaseModel]
-) -> Response:
-    """``build()`` as JSON, its bytes cached per run version and ``key``.
-
-    The results are cached already; what a repeated request still paid for was FastAPI
-    validating the envelope against its response model and encoding it again, most of a
-    request's time on a large timeline window. Returning the bytes skips both; the routes
-    keep their ``response_model`` for the OpenAPI page, and ``build()`` is the same model.
-    """
-    try:
-        loaded: LoadedRun | None = catalog.loaded(run_id)
-    except RunLoadError:
-        loaded = None  # build() describes the failure; nothing to cache it under
-    if loaded is not None:
-        cache: dict[tuple[Any, ...], Any] = loaded.__dict__.setdefault("results", {})
-        cache_lock: threading.Lock = loaded.__dict__.setdefault("results_lock", threading.Lock())
-        with cache_lock:
-            body = cache.get((loaded.version, "json", *key))
-        if body is not None:
-            return Response(body, media_type="application/json")
-    model = build()
-    body = model.model_dump_json().encode()
-    version = getattr(model, "version", None)
-    if loaded is not None and version == loaded.version:
-        with cache_lock:
-            if len(cache) >= MAX_CACHED_RESULTS:
-                for stale in [k for k in cache if k[0] != loaded.version] or list(cache)[:8]:
-                    cache.pop(stale, None)
-            cache[(version, "json", *key)] = body
-    return Response(body, media_type="application/json")
 
 
 def _failure(what: str, exc: BaseException) -> str:

@@ -10,13 +10,12 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import Response
 
 from hvdprof.dashboard.catalog import RunCatalog
 from hvdprof.dashboard.models import Section
 from hvdprof.dashboard.routes.deps import get_catalog
 from hvdprof.dashboard.routes.runs import RunId
-from hvdprof.dashboard.service import json_response, section
+from hvdprof.dashboard.service import section
 
 router = APIRouter(prefix="/api/analysis", tags=["analyses"])
 
@@ -48,10 +47,8 @@ def analysis_function(function: str) -> Callable[[Any], Any] | None:
     return found
 
 
-def _endpoint(name: str, function: str) -> Callable[..., Response | Section]:
-    def analysis(
-        run: RunId, catalog: Annotated[RunCatalog, Depends(get_catalog)]
-    ) -> Response | Section:
+def _endpoint(name: str, function: str) -> Callable[..., Section]:
+    def analysis(run: RunId, catalog: Annotated[RunCatalog, Depends(get_catalog)]) -> Section:
         catalog.entry(run)  # 403 / 404 before anything else
         compute = analysis_function(function)
         if compute is None:
@@ -59,9 +56,7 @@ def _endpoint(name: str, function: str) -> Callable[..., Response | Section]:
                 run=run, version=0, data=None,
                 notices=[f"this installation's analysis library has no {function}()"],
             )  # fmt: skip
-        return json_response(
-            catalog, run, ("section", name), lambda: section(catalog, run, name, compute)
-        )
+        return section(catalog, run, name, compute)
 
     analysis.__name__ = f"analysis_{name}"
     return analysis

@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
-from fastapi.responses import Response
 
 from hvdprof.dashboard.catalog import RunCatalog
 from hvdprof.dashboard.models import RunInfo, RunList, RunRef
 from hvdprof.dashboard.routes.deps import get_catalog
-from hvdprof.dashboard.service import json_response, run_info
+from hvdprof.dashboard.service import run_info
 
 router = APIRouter(prefix="/api", tags=["runs"])
 
@@ -27,6 +26,5 @@ def list_runs(catalog: Annotated[RunCatalog, Depends(get_catalog)]) -> RunList:
 
 
 @router.get("/run", response_model=RunInfo, summary="One run: ranks, hosts, time span, problems")
-def get_run(run: RunId, catalog: Annotated[RunCatalog, Depends(get_catalog)]) -> Response | RunInfo:
-    catalog.entry(run)  # 403 / 404 before anything else
-    return json_response(catalog, run, ("run",), lambda: run_info(catalog, run))
+def get_run(run: RunId, catalog: Annotated[RunCatalog, Depends(get_catalog)]) -> RunInfo:
+    return run_info(catalog, run)

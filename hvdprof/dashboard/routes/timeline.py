@@ -5,13 +5,12 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query
-from fastapi.responses import Response
 
 from hvdprof.dashboard.catalog import RunCatalog
 from hvdprof.dashboard.models import TimelineWindowResponse
 from hvdprof.dashboard.routes.deps import get_catalog
 from hvdprof.dashboard.routes.runs import RunId
-from hvdprof.dashboard.service import json_response, section
+from hvdprof.dashboard.service import section
 
 router = APIRouter(prefix="/api", tags=["timeline"])
 
@@ -63,7 +62,7 @@ def timeline(
         ),
     ] = "tensor",
     max_items: Annotated[int, Query(ge=10, le=MAX_ITEMS_LIMIT)] = 4000,
-) -> Response | TimelineWindowResponse:
+) -> TimelineWindowResponse:
     catalog.entry(run)  # 403 / 404 before anything else
     if t0_us is not None and t1_us is not None and not t1_us > t0_us:
         raise HTTPException(422, f"t1_us ({t1_us}) must be greater than t0_us ({t0_us})")
@@ -77,32 +76,27 @@ def timeline(
             run=run, version=0, t0_us=t0_us or 0.0, t1_us=t1_us or 0.0, data=None,
             notices=["this installation's analysis library has no timeline_window()"],
         )  # fmt: skip
-    key = (t0_us, t1_us, selected, expand_rank, lanes, max_items)
-
-    def window() -> TimelineWindowResponse:
-        result = section(
-            catalog,
-            run,
-            "timeline",
-            lambda r: timeline_window(
-                r,
-                r.t0_us if t0_us is None else t0_us,
-                r.t1_us if t1_us is None else t1_us,
-                ranks=selected,
-                expand_rank=expand_rank,
-                lanes=lanes,
-                max_items=max_items,
-            ),
-            *key,
-        )
-        data = result.data or {}
-        return TimelineWindowResponse(
-            run=result.run,
-            version=result.version,
-            t0_us=float(data.get("t0_us", t0_us or 0.0) or 0.0),
-            t1_us=float(data.get("t1_us", t1_us or 0.0) or 0.0),
-            data=result.data,
-            notices=result.notices,
-        )
-
-    return json_response(catalog, run, ("timeline", *key), window)
+    result = section(
+        catalog,
+        run,
+        "timeline",
+        lambda r: timeline_window(
+            r,
+            r.t0_us if t0_us is None else t0_us,
+            r.t1_us if t1_us is None else t1_us,
+            ranks=selected,
+            expand_rank=expand_rank,
+            lanes=lanes,
+            max_items=max_items,
+        ),
+        t0_us, t1_us, selected, expand_rank, lanes, max_items,
+    )  # fmt: skip
+    data = result.data or {}
+    return TimelineWindowResponse(
+        run=result.run,
+        version=result.version,
+        t0_us=float(data.get("t0_us", t0_us or 0.0) or 0.0),
+        t1_us=float(data.get("t1_us", t1_us or 0.0) or 0.0),
+        data=result.data,
+        notices=result.notices,
+    )
