@@ -187,8 +187,12 @@ def _verdict(b: Breakdown) -> str | None:
     if top == "negotiate" and len(b.ranks) > 1:
         worst = max(b.ranks, key=lambda r: r.share("negotiate"))
         least = min(b.ranks, key=lambda r: r.share("negotiate"))
+        # Not "the others wait for it": the rank that waits least need not be late (rank
+        # 0 coordinates, so it learns first that everyone is ready). Blame is the straggler
+        # analysis' verdict, from every rank's own arrival times.
         text += (
             f" Rank {worst.rank} waits longest in negotiation ({worst.share('negotiate'):.0%}),"
-            f" rank {least.rank} least ({least.share('negotiate'):.0%}): the others wait for it."
+            f" rank {least.rank} least ({least.share('negotiate'):.0%}); whether one rank keeps"
+            " the others waiting is the straggler verdict's answer."
         )
     return text
