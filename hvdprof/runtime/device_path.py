@@ -512,6 +512,21 @@ class DevicePath:
             backend.alltoall(out, t, recv, send)
             return out, torch.tensor(recv, dtype=torch.int32)
         if sig.op == OpType.REDUCESCATTER:
+            rows = [
+                stop - start
+                for start, stop in (
+                    reducescatter_rows(t.shape[0], self.size, r) for r in range(self.size)
+                )
+            ]
+            if len(set(rows)) == 1:  # NCCL's reduce-scatter wants even splits
+                work = t.contiguous()
+                if sig.prescale != 1.0:
+                    work = work.clone()
+                    _scale(work, sig.prescale)
+                out = torch.empty((rows[self.rank], *t.shape[1:]), dtype=t.dtype, device=device)
+                backend.reducescatter(out, work, ReduceOp(sig.reduce_op), rows)
+                _postscale(out, sig, self.size)
+                return out
             work = t.clone()
             if sig.prescale != 1.0:
                 _scale(work, sig.prescale)

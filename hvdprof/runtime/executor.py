@@ -500,7 +500,7 @@ class Executor:
 
     def _reducescatter(self, req: Request, sig: Signature) -> torch.Tensor:
         reducescatter = getattr(self.backend, "reducescatter", None)
-        if reducescatter is not None:  # (MPI: each rank receives only its rows)
+        if reducescatter is not None:  # (MPI, Gloo: each rank receives only its rows)
             work = req.tensor.contiguous()
             if sig.prescale != 1.0:
                 work = work.clone()
@@ -515,7 +515,7 @@ class Executor:
             reducescatter(out, work, ReduceOp(sig.reduce_op), rows)
             _postscale(out, sig, self.size)
             return out
-        # Gloo has no reduce_scatter: reduce everything, keep this rank's rows.
+        # A backend without a reduce_scatter: reduce everything, keep this rank's rows.
         work = req.tensor.clone()
         if sig.prescale != 1.0:
             _scale(work, sig.prescale)

@@ -72,7 +72,16 @@ if "ops" in SECTIONS:
             rs = hvd.reducescatter(on(rs_in[R]), op=hvd.Sum, name=f"rs.{k}")
             rs_total = torch.stack([v.double() for v in rs_in]).sum(0)
             ck.tensor(rs.cpu(), rs_total[2 * R : 2 * R + 2].to(dtype), f"reducescatter {dtype}")
-        ck.eq(path.groups - before, 7 * len(DTYPES), "every op went down the device path")
+            # uneven rows (extra ones to low ranks): an allreduce and this rank's rows
+            odd_in = [value(r, (2 * N + 1, 2), dtype, k) for r in range(N)]
+            odd = hvd.reducescatter(on(odd_in[R]), op=hvd.Sum, name=f"rs_odd.{k}")
+            odd_total = torch.stack([v.double() for v in odd_in]).sum(0)
+            lo = 0 if R == 0 else 2 * R + 1  # rank 0 gets 3 rows, the others 2
+            ck.tensor(
+                odd.cpu(), odd_total[lo : lo + odd.shape[0]].to(dtype), f"reducescatter odd {dtype}"
+            )
+            ck.eq(odd.shape[0], 3 if R == 0 else 2, f"reducescatter odd {dtype} rows")
+        ck.eq(path.groups - before, 8 * len(DTYPES), "every op went down the device path")
 
 if "fusion" in SECTIONS:
     with ck.section("fusion"):
