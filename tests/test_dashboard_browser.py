@@ -171,20 +171,44 @@ def test_page_timeline_zoom_expand_stragglers_autotune(
         bars = page.locator(
             f"#timeline .barlayer .trace:nth-child({names.index('collective') + 1})"
         )
-        widths = [p.bounding_box()["width"] for p in bars.locator(".point path").all()]
-        widest = bars.locator(".point path").nth(widths.index(max(widths))).bounding_box()
-        # Plotly hovers on mouse moves over its drag layer: move onto the bar as a user
-        # would, and again if a redraw (the live refresh) cleared the first hover
-        for attempt in range(5):
-            cx = widest["x"] + widest["width"] / 2
-            cy = widest["y"] + widest["height"] / 2
+        # Move the mouse onto a bar as a user would. The full suite failed twice hovering
+        # the widest bar (no hover text); the cause is not proven. A bar that runs past
+        # the zoomed view is clipped while its path's box is not, so its centre can lie
+        # outside the plot, and a point under another element reaches no hover. So: the
+        # parts of bars inside the plot whose middle is the plot's own drag layer, widest
+        # first, up to three of them.
+        plot = page.locator("#timeline .nsewdrag").first.bounding_box()
+
+        def covered(x: float, y: float) -> bool:
+            return not page.evaluate(
+                "([x, y]) => { const e = document.elementFromPoint(x, y);"
+                " return !!e && !!e.closest('#timeline .draglayer'); }",
+                [x, y],
+            )
+
+        candidates = []
+        for path in bars.locator(".point path").all():
+            b = path.bounding_box()
+            if b is None:
+                continue
+            left, right = (
+                max(b["x"], plot["x"]),
+                min(b["x"] + b["width"], plot["x"] + plot["width"]),
+            )
+            top = max(b["y"], plot["y"])
+            bottom = min(b["y"] + b["height"], plot["y"] + plot["height"])
+            cx, cy = (left + right) / 2, (top + bottom) / 2
+            if right - left > 2 and bottom - top > 2 and not covered(cx, cy):
+                candidates.append((right - left, cx, cy))
+        assert candidates, "no collective bar inside the zoomed view"
+        for attempt, (_, cx, cy) in enumerate(sorted(candidates, reverse=True)[:3]):
             page.mouse.move(cx - 20, cy - 20)
             page.mouse.move(cx, cy, steps=5)
             try:
                 page.wait_for_selector("#timeline .hoverlayer .hovertext", timeout=5000)
                 break
             except playwright_api.TimeoutError:
-                if attempt == 4:
+                if attempt == min(3, len(candidates)) - 1:
                     raise
         hover = page.locator("#timeline .hoverlayer .hovertext").first.text_content()
         assert all(word in hover for word in ("tensor:", "bytes:", "backend:")), hover
