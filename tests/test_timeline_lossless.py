@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import REPO, JobResult, child_env, parse_output
@@ -50,17 +51,41 @@ def _progress(timeline: Path, rank: int) -> int:
         return 0
 
 
-def _start(timeline: Path, go: Path, env: dict[str, str]) -> subprocess.Popen:
+def _start(
+    timeline: Path,
+    go: Path,
+    env: dict[str, str],
+    *,
+    ops: int = OPS,
+    ranks: int = 2,
+    worker_args: tuple[str, ...] = (),
+    queue_size: str | None = "50",
+) -> subprocess.Popen:
+    """``hvdprof run`` of lossless_worker.py (a 50-event timeline queue unless told)."""
     command = [
-        sys.executable, "-m", "hvdprof", "run", "-np", "2", "--timeout", "240",
+        sys.executable, "-m", "hvdprof", "run", "-np", str(ranks), "--timeout", "240",
         "--timeline", str(timeline), "--",
-        sys.executable, str(REPO / "tests" / "workers" / "lossless_worker.py"), str(OPS), str(go),
+        sys.executable, str(REPO / "tests" / "workers" / "lossless_worker.py"), str(ops),
+        str(go), *worker_args,
     ]  # fmt: skip
+    queue = {} if queue_size is None else {"HVDPROF_TIMELINE_QUEUE_SIZE": queue_size}
     return subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=child_env({"HVDPROF_TIMELINE_QUEUE_SIZE": "50", **env}), cwd=REPO,
-        start_new_session=True,
+        env=child_env({**queue, **env}), cwd=REPO, start_new_session=True,
     )  # fmt: skip
+
+
+def _assert_nothing_lost(result: JobResult, timeline: Path, ops: int) -> Any:
+    """No drop said, none counted in either manifest, every op in the trace; the run."""
+    out = result.describe()
+    assert "dropping" not in out and "dropped" not in out, out
+    for m in (json.loads((timeline / f"manifest.rank.{r}.json").read_text()) for r in (0, 1)):
+        assert m["events_dropped"] == 0, m
+        assert m["closed"], m
+    run = load_run(str(timeline))
+    names = {run.tensors[t] for t in set(run.slices.tensor.tolist())}
+    assert all(f"small.{k}" in names for k in range(ops)), "ops missing from the trace"
+    return run
 
 
 def _finish(proc: subprocess.Popen) -> JobResult:
@@ -102,14 +127,7 @@ def test_by_default_a_stopped_renderer_makes_the_job_wait_and_nothing_is_lost(tm
         _stop(renderers, signal.SIGCONT)
     result = _finish(proc)
     result.assert_done(2)
-    out = result.describe()
-    assert "dropping events" not in out and "dropped" not in out, out
-    for m in (json.loads((timeline / f"manifest.rank.{r}.json").read_text()) for r in (0, 1)):
-        assert m["events_dropped"] == 0, m
-        assert m["closed"], m
-    run = load_run(str(timeline))
-    names = {run.tensors[t] for t in set(run.slices.tensor.tolist())}
-    assert all(f"small.{k}" in names for k in range(OPS)), "ops missing from the trace"
+    _assert_nothing_lost(result, timeline, OPS)
 
 
 def test_drop_mode_never_waits_and_says_so_during_the_run_and_at_the_end(tmp_path):
@@ -155,27 +173,11 @@ def test_a_script_that_never_calls_shutdown_loses_nothing_at_exit(tmp_path):
     timeline, go = tmp_path / "tl", tmp_path / "go"
     go.touch()
     ops = 400
-    command = [
-        sys.executable, "-m", "hvdprof", "run", "-np", "2", "--timeout", "120",
-        "--timeline", str(timeline), "--",
-        sys.executable, str(REPO / "tests" / "workers" / "lossless_worker.py"), str(ops),
-        str(go), "exit",
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=child_env({}), cwd=REPO, start_new_session=True,
-    )  # fmt: skip
+    proc = _start(timeline, go, {}, ops=ops, worker_args=("exit",), queue_size=None)
     result = _finish(proc)
     result.assert_done(2)
-    out = result.describe()
-    assert "dropped" not in out and "dropping" not in out, out
-    for m in (json.loads((timeline / f"manifest.rank.{r}.json").read_text()) for r in (0, 1)):
-        assert m["events_dropped"] == 0, m
-        assert m["closed"], m
-    run = load_run(str(timeline))
+    run = _assert_nothing_lost(result, timeline, ops)
     assert run.problems == [], run.problems
-    names = {run.tensors[t] for t in set(run.slices.tensor.tolist())}
-    assert all(f"small.{k}" in names for k in range(ops)), "ops missing from the trace"
     assert not analyze(run).verdicts[0].startswith("The timeline is incomplete")
 
 
@@ -187,16 +189,7 @@ def test_events_per_op_per_rank_do_not_grow_with_the_ranks(tmp_path):
     for ranks in (2, 4):
         timeline, go = tmp_path / f"tl{ranks}", tmp_path / f"go{ranks}"
         go.touch()
-        command = [
-            sys.executable, "-m", "hvdprof", "run", "-np", str(ranks), "--timeout", "150",
-            "--timeline", str(timeline), "--",
-            sys.executable, str(REPO / "tests" / "workers" / "lossless_worker.py"), str(ops),
-            str(go),
-        ]  # fmt: skip
-        proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=child_env({}), cwd=REPO, start_new_session=True,
-        )  # fmt: skip
+        proc = _start(timeline, go, {}, ops=ops, ranks=ranks, queue_size=None)
         _finish(proc).assert_done(ranks)
         for rank in range(ranks):
             events = json.loads((timeline / f"rank.{rank}.json").read_text())
