@@ -512,6 +512,29 @@ ENV_VARS: tuple[EnvVar, ...] = (
         5,
         "Consecutive drifted samples before tuning re-opens.",
     ),
+    # --- reading traces (analyze, diff, the dashboard): what one input file may cost ---
+    EnvVar(
+        "HVDPROF_READ_MAX_INFLATED_BYTES",
+        "read_max_inflated_bytes",
+        _int(1),
+        4 << 30,
+        "Largest size one compressed (`.gz`) trace may inflate to when read; past it the file is a listed problem (read up to there, or not at all for a Kineto trace).",
+        "4294967296 (4 GiB)",
+    ),
+    EnvVar(
+        "HVDPROF_READ_MAX_INFLATE_RATIO",
+        "read_max_inflate_ratio",
+        _float(1),
+        100.0,
+        "Largest ratio of inflated to compressed bytes of a `.gz` trace past its first 32 MiB (real traces: 10-30); past it the file is a listed problem, as above.",
+    ),
+    EnvVar(
+        "HVDPROF_READ_MAX_RANKS",
+        "read_max_ranks",
+        _int(1),
+        16384,
+        "Largest world size a trace may claim: a rank number or world size past it (or a Kineto rank past its own world size) is a listed problem and the file is read as another rank.",
+    ),
 )
 
 _BY_NAME = {var.name: var for var in ENV_VARS}
@@ -666,6 +689,9 @@ class Config:
     autotune_continuous: bool = True
     autotune_drift_fraction: float = 0.2
     autotune_drift_samples: int = 5
+    read_max_inflated_bytes: int = 4 << 30
+    read_max_inflate_ratio: float = 100.0
+    read_max_ranks: int = 16384
     #: names of the HVDPROF_* variables present in the environment (the autotuner
     #: leaves these out of its search).
     explicitly_set: frozenset[str] = field(default_factory=frozenset)

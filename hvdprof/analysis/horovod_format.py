@@ -27,7 +27,13 @@ from hvdprof.analysis.model import (
     Problem,
     classify,
 )
+from hvdprof.common import limits
 from hvdprof.timeline.reader import parse_trace_text
+
+#: a timestamp beyond this many microseconds (3,000 years) is not one
+MAX_TIME_US = 1e17
+#: a tensor of more elements than this is not a tensor size
+MAX_ELEMENTS = 1 << 48
 
 #: bytes per element of the dtype names Horovod writes
 ITEMSIZE = {
@@ -60,13 +66,26 @@ def _shape_elements(shape: Any) -> int | None:
         except ValueError:
             return None
     elif isinstance(shape, list):
-        dims = [int(x) for x in shape]
+        try:
+            dims = [int(x) for x in shape]
+        except (TypeError, ValueError, OverflowError):
+            return None
     else:
         return None
     n = 1
     for d in dims:
         n *= d
+        if not 0 <= n <= MAX_ELEMENTS:
+            return None
     return n
+
+
+def _time(value: Any) -> float:
+    """A timestamp in microseconds; ValueError for anything that is not a finite one."""
+    t = float(value)
+    if not -MAX_TIME_US < t < MAX_TIME_US:
+        raise ValueError(f"ts {t!r} is not a time")
+    return t
 
 
 class _Open:
@@ -88,11 +107,12 @@ def parse_horovod(
     """``(columns, problems, complete, events read, ranks seen)`` of one Horovod timeline."""
     problems: list[Problem] = []
     complete = True
+    max_ranks = limits.max_ranks()
     try:
         events = orjson.loads(data)
         if isinstance(events, dict):
             events = events.get("traceEvents", [])
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError:  # (also UTF-8 errors and nesting past orjson's limit)
         trace = parse_trace_text(data.decode("utf-8", errors="replace"), path)
         events = trace.events
         complete = trace.complete
@@ -132,7 +152,7 @@ def parse_horovod(
             elif ph == "B":
                 pid = int(e["pid"])
                 name = e["name"]
-                ts = float(e["ts"])
+                ts = _time(e["ts"])
                 tensor = pid_tensor.get(pid, -1)
                 phase = info(name)[0]
                 stack = stacks.setdefault(pid, [])
@@ -147,7 +167,7 @@ def parse_horovod(
                 last_ts = max(last_ts, ts)
             elif ph == "E":
                 pid = int(e["pid"])
-                ts = float(e["ts"])
+                ts = _time(e["ts"])
                 stack = stacks.get(pid)
                 if not stack:
                     raise ValueError("'E' without an open 'B' on its pid")
@@ -162,7 +182,7 @@ def parse_horovod(
                     dname = args.get("dtype")
                     if isinstance(dname, str):
                         dtype = tables.dtypes.code(dname)
-                        if elements is not None and dname in ITEMSIZE:
+                        if elements is not None and dname in ITEMSIZE:  # (at most 2**51)
                             nbytes = elements * ITEMSIZE[dname]
                 if stack:
                     stack[-1].children.append(row)
@@ -203,15 +223,20 @@ def parse_horovod(
             elif ph == "X":
                 pid = int(e["pid"])
                 name = str(e["name"])
-                ts = float(e["ts"])
+                ts = _time(e["ts"])
                 stack = stacks.get(pid)
                 if name.isdigit() and stack and info(stack[-1].name)[0] == PHASE_NEGOTIATE:
+                    if len(name) > 9 or int(name) >= max_ranks:
+                        raise ValueError(
+                            f"rank {name[:20]} is past the largest world size ({max_ranks})"
+                        )
                     stack[-1].marks.append((ts, int(name)))
                     ranks.add(int(name))
                 last_ts = max(last_ts, ts)
             n_events += 1
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            problems.append(Problem(path, f"element {index}", f"unusable event ({exc})"))
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            text = " ".join(str(exc).split())[:120]
+            problems.append(Problem(path, f"element {index}", f"unusable event ({text})"))
 
     still_open: dict[str, int] = {}
     for stack in stacks.values():

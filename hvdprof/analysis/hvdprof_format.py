@@ -263,15 +263,51 @@ class HvdprofFileParser:
         s = self._s
         n = len(s["rank"])
         if n:
-            self.cols.slice_chunks.append(
-                {k: np.asarray(v, dtype=SLICE_COLUMNS[k]) for k, v in s.items()}
-            )
+            self.cols.slice_chunks.append(self._arrays(s, SLICE_COLUMNS, "slices"))
             self.cols.rows += n
         if self._m["tensor"]:
-            self.cols.mark_chunks.append(
-                {k: np.asarray(v, dtype=MARK_COLUMNS[k]) for k, v in self._m.items()}
-            )
+            marks = self._arrays(self._m, MARK_COLUMNS, "readiness times")
+            if len(marks["tensor"]):
+                self.cols.mark_chunks.append(marks)
         self._reset_block()
+
+    def _arrays(
+        self, rows: dict[str, list[Any]], spec: dict[str, Any], what: str
+    ) -> dict[str, np.ndarray]:
+        """The block's columns; a row holding a number its column cannot (a size of 2**70,
+        a rank of 2**40) is left out with a problem, never an overflow."""
+        try:
+            return {k: np.asarray(v, dtype=spec[k]) for k, v in rows.items()}
+        except (OverflowError, ValueError, TypeError):
+            pass
+        n = len(next(iter(rows.values())))
+        ok = np.ones(n, bool)
+        for k, values in rows.items():
+            dt = np.dtype(spec[k])
+            if dt.kind in "iu":
+                info = np.iinfo(dt)
+                fits = [
+                    isinstance(v, int | np.integer) and info.min <= v <= info.max for v in values
+                ]
+            else:
+                fits = [_finite(v) for v in values]
+            ok &= np.array(fits, bool)
+        keep = np.flatnonzero(ok).tolist()
+        self.problems.append(
+            Problem(self.path, "", f"{n - len(keep)} {what} with out-of-range numbers left out")
+        )
+        if what == "slices":  # marks point at slice rows of this block: keep them aligned
+            row0 = self.cols.rows
+            new_row = np.full(n, -1, np.int64)
+            new_row[keep] = np.arange(len(keep))
+            m = self._m
+            m["slice"] = [
+                int(new_row[r - row0]) + row0
+                if 0 <= r - row0 < n and new_row[r - row0] >= 0
+                else -1
+                for r in m["slice"]
+            ]
+        return {k: np.asarray([v[i] for i in keep], dtype=spec[k]) for k, v in rows.items()}
 
     def feed(self, data: bytes, first_line: int) -> None:
         """Parse ``data``: whole lines of the file starting at 1-based line ``first_line``."""
@@ -674,9 +710,11 @@ class HvdprofFileParser:
                 else:
                     self._other(e)
                 self.events += 1
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
                 what = (
-                    "not a JSON object" if not isinstance(e, dict) else f"unusable event ({exc!r})"
+                    "not a JSON object"
+                    if not isinstance(e, dict)
+                    else f"unusable event ({type(exc).__name__}: {str(exc)[:120]})"
                 )
                 self.problems.append(Problem(self.path, f"line {line + i}", what))
 
@@ -784,6 +822,14 @@ class HvdprofFileParser:
                 self.host = text[text.index("(") + 1 : -1]
         elif name == act.TRACE_END:
             self.trace_end = dict(args)
+
+
+def _finite(value: Any) -> bool:
+    """A number a float column holds (not 1e400 as an int)."""
+    try:
+        return isinstance(value, int | float | np.number) and abs(float(value)) < float("inf")
+    except OverflowError:
+        return False
 
 
 def _number(value: Any) -> float | None:

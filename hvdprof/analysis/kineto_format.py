@@ -26,7 +26,6 @@ it, else by aligning the ends of matching collectives (and the run says so).
 
 from __future__ import annotations
 
-import gzip
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -47,11 +46,24 @@ from hvdprof.analysis.model import (
     Run,
     SliceTable,
 )
+from hvdprof.common import limits
 from hvdprof.common.activities import NEGOTIATE_PREFIX
+from hvdprof.config import name_of
 
 #: file names ``tensorboard_trace_handler`` writes: ``<worker>.<id>.pt.trace.json[.gz]``
 KINETO_NAME_RE = re.compile(r"^.+\.pt\.trace\.json(\.gz)?$")
-_RANK_RE = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(\d+)')
+_RANK_RE = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(-?\d+)')
+_WORLD_RE = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"world_size"\s*:\s*(-?\d+)')
+#: ``ProfilerStep#N``: a step number is a plain non-negative integer of at most 9 digits
+_STEP_NUMBER = re.compile(r"\d{1,9}")
+#: a timestamp or duration beyond this many microseconds (3,000 years) is not one
+MAX_TIME_US = 1e17
+#: ``baseTimeNanoseconds`` past this (the year 2116) is not a clock
+MAX_BASE_NS = 1 << 62
+#: a message of more elements than this is not a message size
+MAX_ELEMENTS = 1 << 48
+#: step numbers spread wider than this are renumbered 0, 1, 2 ... (never an array that wide)
+MAX_STEP_SPAN = 100_000
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[._-]?(\d+)", re.IGNORECASE)
 #: bytes of a file's start searched for the Kineto keys (and the rank)
 SNIFF_BYTES = 1 << 16
@@ -189,15 +201,33 @@ def is_kineto_file(path: str) -> bool:
     )
 
 
-def sniff_rank(path: str) -> int | None:
-    """The rank from ``distributedInfo`` near the file's start, else from its name."""
+def sniff_rank(path: str, bound: int | None = None) -> int | None:
+    """The rank from ``distributedInfo`` near the file's start, else from its name; None
+    when neither gives one below the bound (:func:`rank_bound`)."""
     import os
 
-    m = _RANK_RE.search(read_head(path))
+    head = read_head(path)
+    m = _RANK_RE.search(head)
+    w = _WORLD_RE.search(head)
+    limit = rank_bound(int(w.group(1)) if w else None, bound)
     if m:
-        return int(m.group(1))
+        rank = int(m.group(1))
+        return rank if 0 <= rank < limit else None
     n = _RANK_IN_NAME.search(os.path.basename(path))
-    return int(n.group(1)) if n else None
+    if n and len(n.group(1)) < 10 and int(n.group(1)) < limit:
+        return int(n.group(1))
+    return None
+
+
+def rank_bound(world_size: Any, files: int | None = None) -> int:
+    """Ranks of a Kineto run are ``0 .. bound - 1``: its declared world size when that is
+    sane (at most ``Config.read_max_ranks``), else the number of trace files read (each
+    is one rank), else that bound. So a rank of 2000000000 in one of two
+    files is refused, never an array of that many entries."""
+    most = limits.max_ranks()
+    if isinstance(world_size, int) and not isinstance(world_size, bool) and 0 < world_size <= most:
+        return world_size
+    return min(files, most) if files else most
 
 
 def op_code_of(name: str) -> int:
@@ -280,24 +310,17 @@ def _empty_slices() -> dict[str, np.ndarray]:
 
 
 def _decompress(path: str, raw: bytes, problems: list[Problem]) -> tuple[bytes, bool]:
-    """The JSON text of a ``.gz`` file; a cut or corrupt stream gives what came before."""
-    d = zlib.decompressobj(31)
+    """The JSON text of a ``.gz`` file, inflated within the bounds of
+    :mod:`hvdprof.common.limits` (past them: nothing, and a problem); a cut or corrupt
+    stream gives what came before."""
     try:
-        out = d.decompress(raw)
-    except zlib.error as exc:
-        problems.append(
-            Problem(path, "", f"gzip data is corrupt ({exc}); only the data before it was read")
-        )
-        try:
-            return gzip.decompress(raw[: len(raw) // 2]), False
-        except (OSError, EOFError, zlib.error):
-            return b"", False
-    if not d.eof:
-        problems.append(
-            Problem(
-                path, f"byte {len(raw)}", "gzip stream is cut (no end marker): read what it held"
-            )
-        )
+        out, trouble = limits.inflate(raw)
+    except limits.InflateLimitError as exc:
+        problems.append(Problem(path, "gzip", f"not read: it {exc}"))
+        return b"", False
+    if trouble is not None:
+        where = f"byte {len(raw)}" if "cut" in trouble else ""
+        problems.append(Problem(path, where, trouble))
         return out, False
     return out, True
 
@@ -317,6 +340,8 @@ def _salvage(path: str, text: bytes, problems: list[Problem]) -> Any:
         except msgspec.DecodeError:
             end = cut
             continue
+        except (RecursionError, UnicodeDecodeError):
+            return None
         problems.append(
             Problem(
                 path,
@@ -329,28 +354,45 @@ def _salvage(path: str, text: bytes, problems: list[Problem]) -> Any:
     return None
 
 
+def _decode_any(data: bytes) -> Any:
+    """The trace with Kineto's usual types, else with any JSON values (lenient)."""
+    try:
+        return _DECODER.decode(data)
+    except msgspec.ValidationError:
+        return _LENIENT.decode(data)
+    except msgspec.DecodeError:
+        return _LENIENT.decode(data)
+
+
 def decode_trace(path: str, data: bytes, problems: list[Problem]) -> tuple[Any, bool]:
     """``(trace, complete)``: the decoded file, or None when nothing could be read."""
     complete = True
     if data[:2] == b"\x1f\x8b":
         data, complete = _decompress(path, data, problems)
+        if not data and problems:
+            return None, False
     if not data.strip():
         problems.append(Problem(path, "", "empty file: no events"))
         return None, False
-    try:
-        return _DECODER.decode(data), complete
-    except msgspec.ValidationError:
+    reason = ""
+    for attempt in range(2):
         try:
-            return _LENIENT.decode(data), complete
-        except msgspec.DecodeError:
-            pass
-    except msgspec.DecodeError:
-        pass
-    try:  # valid JSON but not the expected types, or cut: salvage what is whole
-        trace = _LENIENT.decode(data)
-        return trace, complete
-    except msgspec.DecodeError as exc:
-        reason = str(exc)
+            return _decode_any(data), complete
+        except UnicodeDecodeError as exc:
+            if attempt:
+                raise
+            problems.append(
+                Problem(path, f"byte {exc.start}", "invalid UTF-8: such bytes were read as U+FFFD")
+            )
+            data = data.decode("utf-8", errors="replace").encode()
+        except RecursionError:
+            problems.append(
+                Problem(path, "", "JSON nested deeper than any trace (a thousand levels): not read")
+            )
+            return None, False
+        except msgspec.DecodeError as exc:  # cut: salvage what is whole
+            reason = str(exc)
+            break
     trace = _salvage(path, data, problems)
     if trace is None:
         problems.append(Problem(path, "", f"not a readable Kineto trace ({reason})"))
@@ -361,8 +403,16 @@ def decode_trace(path: str, data: bytes, problems: list[Problem]) -> tuple[Any, 
 def _num(x: Any, default: float = 0.0) -> float:
     try:
         return float(x)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return default
+
+
+def _key(x: Any) -> int | str:
+    """A thread's pid or tid as a key: Kineto writes ints and strings; anything else
+    (an object, a list) is one shared key, never hashed or printed whole."""
+    if isinstance(x, int | str):
+        return x
+    return f"<{type(x).__name__}>"
 
 
 def _elements(raw: msgspec.Raw | None) -> int | None:
@@ -379,8 +429,10 @@ def _elements(raw: msgspec.Raw | None) -> int | None:
         n = 1
         for d in first:
             n *= int(d)
+            if not 0 <= n <= MAX_ELEMENTS:
+                return None
         return n
-    except (msgspec.DecodeError, IndexError, TypeError, ValueError):
+    except (msgspec.DecodeError, IndexError, TypeError, ValueError, OverflowError):
         return None
 
 
@@ -405,25 +457,70 @@ class _Strings:
         return found
 
 
-def parse_kineto(path: str, data: bytes, rank: int, tables: Any) -> KinetoFile:
+def _short(value: Any) -> str:
+    """A value from a file, for a message: at most 40 characters, never walked deeply."""
+    text = (
+        repr(value)
+        if isinstance(value, int | float | str | bool) or value is None
+        else (f"a {type(value).__name__}")
+    )
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def parse_kineto(
+    path: str, data: bytes, rank: int, tables: Any, files: int | None = None
+) -> KinetoFile:
     """One Kineto file into columns (rank: the one found at discovery, replaced by
-    ``distributedInfo.rank`` when the file has it)."""
+    ``distributedInfo.rank`` when the file has it and it is below :func:`rank_bound`;
+    ``files``: how many trace files the run has)."""
     problems: list[Problem] = []
     trace, complete = decode_trace(path, data, problems)
     out = KinetoFile(path, rank, _empty_slices(), problems, complete)
     if trace is None:
         return out
     info = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else {}
-    if isinstance(info.get("rank"), int):
-        out.rank = int(info["rank"])
+    bound = rank_bound(info.get("world_size"), files)
+    given = info.get("rank")
+    if isinstance(given, int) and not isinstance(given, bool) and 0 <= given < bound:
+        out.rank = int(given)
     else:
+        if "rank" in info:
+            problems.append(
+                Problem(
+                    path,
+                    "distributedInfo.rank",
+                    f"{_short(given)} is not a rank of this run (0 to {bound - 1}): "
+                    f"read as rank {rank}",
+                )
+            )
         out.rank_from = "file name" if _RANK_IN_NAME.search(path) else "file order"
-    if isinstance(info.get("world_size"), int):
-        out.world_size = int(info["world_size"])
+    ws = info.get("world_size")
+    if isinstance(ws, int) and not isinstance(ws, bool):
+        if 0 < ws <= limits.max_ranks():
+            out.world_size = int(ws)
+        else:
+            problems.append(
+                Problem(
+                    path,
+                    "distributedInfo.world_size",
+                    f"{_short(ws)} is not a world size (1 to {limits.max_ranks()}, "
+                    f"{name_of('read_max_ranks')}): ignored",
+                )
+            )
     if isinstance(info.get("backend"), str):
         out.backend = info["backend"].upper()
-    if isinstance(trace.baseTimeNanoseconds, int):
-        out.base_ns = int(trace.baseTimeNanoseconds)
+    base = trace.baseTimeNanoseconds
+    if isinstance(base, int) and not isinstance(base, bool):
+        if 0 <= base < MAX_BASE_NS:
+            out.base_ns = int(base)
+        else:
+            problems.append(
+                Problem(
+                    path,
+                    "baseTimeNanoseconds",
+                    f"{_short(base)} is not a clock (0 to 2**62 ns): ignored",
+                )
+            )
     if isinstance(trace.host_name, str):
         out.host = trace.host_name
     events = trace.traceEvents
@@ -448,11 +545,16 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
         for e in xs:
             try:
                 e.ts, e.dur = float(e.ts), float(e.dur or 0.0)
-                e.name, e.cat = str(e.name), str(e.cat or "")
+                if not isinstance(e.name, str):
+                    raise TypeError("name")
+                e.cat = e.cat if isinstance(e.cat, str) else ""
                 good.append(e)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 bad += 1
         xs = good
+    n_all = len(xs)
+    xs = [e for e in xs if -MAX_TIME_US < e.ts < MAX_TIME_US and 0 <= e.dur < MAX_TIME_US]
+    bad += n_all - len(xs)
     if bad:
         out.problems.append(Problem(out.path, "", f"{bad} events without a usable ts/dur skipped"))
     n = len(xs)
@@ -464,7 +566,7 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
     ts = np.fromiter((e.ts for e in xs), np.float64, n)
     dur = np.fromiter((e.dur for e in xs), np.float64, n)
     threads = _Strings()
-    tid = np.fromiter((threads.code((e.pid, e.tid)) for e in xs), np.int32, n)
+    tid = np.fromiter((threads.code((_key(e.pid), _key(e.tid))) for e in xs), np.int32, n)
     lenient = type(xs[0]) is _LenientEvent
 
     def arg(e: Any, key: str) -> Any:
@@ -492,7 +594,13 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
     for code, name in enumerate(name_list):
         kind_of_name[code] = gpu_kind(name)
         if name.startswith("ProfilerStep#"):
-            step_of_name[code] = int(_num(name[len("ProfilerStep#") :], -1))
+            number = name[len("ProfilerStep#") :]
+            if _STEP_NUMBER.fullmatch(number):
+                step_of_name[code] = int(number)
+            else:
+                out.problems.append(
+                    Problem(out.path, _short(name), "not a step number: not taken as a step")
+                )
             continue
         op = op_code_of(name)
         if name.startswith(("ncclKernel_", "ncclDevKernel_")):
@@ -650,7 +758,12 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
             if not isinstance(elems, int) or not isinstance(tname, str):
                 elems = _elements(arg(e, "input_dims"))
                 tname = _first_type(arg(e, "input_type"))
-        if isinstance(elems, int) and isinstance(tname, str) and tname in ITEMSIZE:
+        if (
+            isinstance(elems, int)
+            and 0 <= elems <= MAX_ELEMENTS
+            and isinstance(tname, str)
+            and tname in ITEMSIZE
+        ):
             return elems * ITEMSIZE[tname], tname
         return -1, tname if isinstance(tname, str) and tname in ITEMSIZE else None
 
@@ -730,7 +843,9 @@ def finish_run(run: Run, files: list[KinetoFile], tables: Any = None) -> None:
             shifts[f.rank] = f.base_ns / 1000.0  # type: ignore[operator]
     else:
         ops = np.flatnonzero(s.phase == PHASE_OP)
-        ref = ranks[0] if ranks else 0
+        # the reference clock: the lowest rank that has collectives to align on
+        with_ops = set(np.unique(s.rank[ops]).tolist())
+        ref = next((r for r in ranks if r in with_ops), ranks[0] if ranks else 0)
         ref_rows = ops[s.rank[ops] == ref]
         ref_keys = _match_keys(s, ref_rows)
         order = np.argsort(ref_keys)
@@ -743,7 +858,11 @@ def finish_run(run: Run, files: list[KinetoFile], tables: Any = None) -> None:
             rows = ops[s.rank[ops] == r]
             keys = _match_keys(s, rows)
             pos = np.searchsorted(ref_keys, keys)
-            ok = (pos < len(ref_keys)) & (ref_keys[np.minimum(pos, len(ref_keys) - 1)] == keys)
+            ok = (
+                (pos < len(ref_keys)) & (ref_keys[np.minimum(pos, len(ref_keys) - 1)] == keys)
+                if len(ref_keys)
+                else np.zeros(len(keys), bool)
+            )
             if not ok.any():
                 shifts[r] = 0.0
                 unaligned.append(r)
@@ -778,6 +897,20 @@ def finish_run(run: Run, files: list[KinetoFile], tables: Any = None) -> None:
         lo = int(occ[occ >= 0].min()) if (occ >= 0).any() else 0
         if lo:
             occ[occ >= 0] -= lo
+        if (occ >= 0).any() and int(occ.max()) > MAX_STEP_SPAN:
+            # ProfilerStep#2 and #2000000000: number the steps 0, 1, 2 ... in order, so no
+            # analysis makes an array as wide as the gap
+            steps, dense = np.unique(occ[occ >= 0], return_inverse=True)
+            occ[occ >= 0] = dense.reshape(-1)
+            renumber = {int(n) + lo: i for i, n in enumerate(steps.tolist())}
+            for f in files:
+                f.step_starts = {renumber[n]: v for n, v in f.step_starts.items() if n in renumber}
+            notes.append(
+                f"The ProfilerStep numbers span more than {MAX_STEP_SPAN} steps "
+                f"({int(steps[0]) + lo} to {int(steps[-1]) + lo}): steps are numbered 0 to "
+                f"{len(steps) - 1} in their order."
+            )
+            lo = 0
     # GPU activity on the same clock
     gpu: dict[int, GpuActivity] = {}
     for f in files:

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import re
+import stat
 import sys
 import zipfile
 import zlib
@@ -44,6 +45,8 @@ from hvdprof.analysis.model import (
     SliceTable,
     StallRecord,
 )
+from hvdprof.common import limits
+from hvdprof.config import name_of
 from hvdprof.errors import HvdprofError
 from hvdprof.timeline.manifest import MANIFEST_RE, TRACE_RE, read_manifest
 
@@ -63,6 +66,8 @@ _BAD_CACHE = (OSError, KeyError, ValueError, TypeError, EOFError, zipfile.BadZip
 _RANK_IN_NAME = re.compile(r"rank[._-]?(\d+)")
 #: kinds read whole on each change, never cached nor parsed in worker processes
 _WHOLE_FILE_KINDS = ("horovod", "kineto")
+#: one line of an hvdprof file longer than this is not an event (a file of spaces)
+MAX_LINE_BYTES = 64 << 20
 
 
 class LoadError(HvdprofError):
@@ -89,16 +94,41 @@ class _Source:
         self.ranks_seen: set[int] = {rank}
         self.host: str | None = None
         self.tables = tables
+        #: trace files of the run (a Kineto rank is checked against it)
+        self.files_in_run = 1
 
     # --- reading ----------------------------------------------------------------------------
 
     def read(self, progress: Callable[[int], None] | None = None) -> bool:
-        """Read what is new; True when anything changed."""
+        """Read what is new; True when anything changed. Whatever a file holds, reading it
+        ends in columns or problems naming it, never an exception."""
+        try:
+            return self._read(progress)
+        except Exception as exc:  # anything a hostile file provokes: the file, not the run
+            where = f"line {self.lines}" if self.kind in ("hvdprof", "hvdprof-gz") else ""
+            self.columns = Columns()
+            self.kineto = None
+            self.complete = False
+            self.events = 0
+            self.problems = [
+                *self.problems,
+                Problem(self.path, where, f"not read: {type(exc).__name__}: {_brief(exc)}"),
+            ]
+            self.parser = None
+            return True
+
+    def _read(self, progress: Callable[[int], None] | None = None) -> bool:
         try:
             st = os.stat(self.path)
         except OSError as exc:
             if self.size == -1:
                 self.problems = [Problem(self.path, "", f"cannot read ({exc.strerror})")]
+                self.size = -2
+                return True
+            return False
+        if not stat.S_ISREG(st.st_mode):  # a directory, a FIFO (never opened: it blocks)
+            if self.size == -1:
+                self.problems = [Problem(self.path, "", f"not read: {_file_kind(st.st_mode)}")]
                 self.size = -2
                 return True
             return False
@@ -129,7 +159,9 @@ class _Source:
             elif self.kind == "kineto":
                 with open(self.path, "rb") as f:
                     data = f.read()
-                k = kineto_format.parse_kineto(self.path, data, self.rank, self.tables)
+                k = kineto_format.parse_kineto(
+                    self.path, data, self.rank, self.tables, self.files_in_run
+                )
                 del data
                 self.kineto = k
                 self.rank = k.rank
@@ -148,6 +180,9 @@ class _Source:
                 self._read_plain(progress)
         except OSError as exc:
             self.problems.append(Problem(self.path, "", f"cannot read ({exc.strerror or exc})"))
+        except limits.InflateLimitError as exc:
+            self.problems.append(Problem(self.path, "gzip", f"read up to there: it {exc}"))
+            self.complete = False
         return True
 
     def _reset(self) -> None:
@@ -183,17 +218,31 @@ class _Source:
                     self.offset += cut
                 if progress:
                     progress(len(block) - len(tail))
+                if len(tail) > MAX_LINE_BYTES:
+                    self._long_line()
+                    return
         if tail.strip() == b"]":  # a closing bracket without its newline
             self._feed(tail)
             self.offset += len(tail)
             tail = b""
         self._finish(tail)
 
+    def _long_line(self) -> None:
+        self.problems.append(
+            Problem(
+                self.path,
+                f"line {self.lines}",
+                f"a line longer than {MAX_LINE_BYTES} bytes is not an event: not read past it",
+            )
+        )
+        if self.parser is not None:
+            self.complete = self.parser.closed
+
     def _read_gzip(self, progress: Callable[[int], None] | None) -> None:
         tail = b""
         with open(self.path, "rb") as f:
             raw_pos = 0
-            d = zlib.decompressobj(31)
+            d = limits.Inflater()
             while True:
                 raw = f.read(BLOCK_BYTES // 4)
                 if not raw:
@@ -207,7 +256,7 @@ class _Source:
                         )
                     break
                 try:
-                    out = d.decompress(raw)
+                    out = d.feed(raw)
                 except zlib.error as exc:
                     self.problems.append(
                         Problem(
@@ -218,10 +267,6 @@ class _Source:
                     )
                     break
                 raw_pos += len(raw)
-                if d.eof and d.unused_data.strip(b"\0"):
-                    rest = d.unused_data
-                    d = zlib.decompressobj(31)
-                    out += d.decompress(rest)
                 block = tail + out
                 cut = block.rfind(b"\n") + 1
                 tail = block[cut:]
@@ -229,6 +274,9 @@ class _Source:
                     self._feed(block[:cut])
                 if progress:
                     progress(len(raw))
+                if len(tail) > MAX_LINE_BYTES:
+                    self._long_line()
+                    return
         if tail.strip() == b"]":
             self._feed(tail)
             tail = b""
@@ -482,8 +530,22 @@ class RunLoader:
             traces: dict[int, str] = {}
             for name in names:
                 full = os.path.join(path, name)
+                if (TRACE_RE.match(name) or MANIFEST_RE.match(name)) and (why := _not_a_file(full)):
+                    self.find_problems.append(Problem(full, "", f"not read: {why}"))
+                    continue
                 if m := TRACE_RE.match(name):
-                    rank = int(m.group(1))
+                    found = _rank_of_name(m.group(1))
+                    if found is None:
+                        self.find_problems.append(
+                            Problem(
+                                full,
+                                "file name",
+                                f"rank {_brief(m.group(1))[:20]} is past the largest world size "
+                                f"({limits.max_ranks()}, {_max_ranks_name()}): not read",
+                            )
+                        )
+                        continue
+                    rank = found
                     if rank in traces:
                         older, newer = sorted((traces[rank], full), key=os.path.getmtime)
                         self.find_problems.append(
@@ -495,8 +557,10 @@ class RunLoader:
                         )
                         full = newer
                     traces[rank] = full
-                elif m := MANIFEST_RE.match(name):
-                    self.manifest_paths[int(m.group(1))] = full
+                elif (m := MANIFEST_RE.match(name)) and (
+                    r := _rank_of_name(m.group(1))
+                ) is not None:
+                    self.manifest_paths[r] = full
             if not traces and self._discover_kineto(path, names):
                 return
             if traces:
@@ -511,13 +575,21 @@ class RunLoader:
             if self.sources:
                 self.fmt = "horovod"
                 return
+            if self.find_problems:
+                raise LoadError(
+                    f"nothing readable in {path}: "
+                    + "; ".join(f"{p.file}: {p.reason}" for p in self.find_problems[:3])
+                )
             raise LoadError(_no_timeline_message(path, names))
-        if not os.path.isfile(path):
-            raise LoadError(f"{path}: no such file or directory")
+        why = _not_a_file(path)
+        if why is not None:
+            if not os.path.lexists(path):
+                raise LoadError(f"{path}: no such file or directory")
+            raise LoadError(f"{path}: {why}")
         name = os.path.basename(path)
         if kineto_format.is_kineto_file(path):
             self.fmt = "kineto"
-            rank = kineto_format.sniff_rank(path)
+            rank = kineto_format.sniff_rank(path, 1)
             self.sources.append(_Source(path, 0 if rank is None else rank, "kineto", self.tables))
             return
         if _is_horovod(path):
@@ -525,7 +597,7 @@ class RunLoader:
             self.sources.append(_Source(path, 0, "horovod", self.tables))
             return
         m = TRACE_RE.match(name) or _RANK_IN_NAME.search(name)
-        rank = int(m.group(1)) if m else 0
+        rank = (_rank_of_name(m.group(1)) if m else 0) or 0
         kind = "hvdprof-gz" if name.endswith(".gz") else "hvdprof"
         self.sources.append(_Source(path, rank, kind, self.tables))
         manifest = os.path.join(os.path.dirname(path) or ".", f"manifest.rank.{rank}.json")
@@ -534,19 +606,24 @@ class RunLoader:
 
     def _discover_kineto(self, path: str, names: list[str]) -> bool:
         """torch.profiler traces in ``path`` (one per rank): True when there are any."""
-        files = [
-            os.path.join(path, n)
-            for n in names
-            if os.path.isfile(os.path.join(path, n))
-            and kineto_format.is_kineto_file(os.path.join(path, n))
-        ]
+        files = []
+        odd = []
+        for n in names:
+            full = os.path.join(path, n)
+            why = _not_a_file(full)
+            if why is None:
+                if kineto_format.is_kineto_file(full):
+                    files.append(full)
+            elif kineto_format.KINETO_NAME_RE.match(n):
+                odd.append(Problem(full, "", f"not read: {why}"))
+        self.find_problems += odd
         if not files:
             return False
         self.fmt = "kineto"
         taken: dict[int, str] = {}
         unranked = []
         for full in files:
-            rank = kineto_format.sniff_rank(full)
+            rank = kineto_format.sniff_rank(full, len(files))
             if rank is None or rank in taken:
                 if rank is not None:
                     self.find_problems.append(
@@ -560,11 +637,13 @@ class RunLoader:
                 unranked.append(full)
                 continue
             taken[rank] = full
-        for full in unranked:  # ranks by file order after the known ones
-            rank = max(taken, default=-1) + 1
+        for full in unranked:  # by file order, the lowest ranks no file claims
+            rank = next(r for r in range(len(taken) + 1) if r not in taken)
             taken[rank] = full
         for rank, full in sorted(taken.items()):
-            self.sources.append(_Source(full, rank, "kineto", self.tables))
+            source = _Source(full, rank, "kineto", self.tables)
+            source.files_in_run = len(files)
+            self.sources.append(source)
         return True
 
     def load(self) -> Run:
@@ -660,6 +739,9 @@ class RunLoader:
             return False
         for name in names:
             full = os.path.join(self.path, name)
+            m = TRACE_RE.match(name) or MANIFEST_RE.match(name)
+            if m and (_rank_of_name(m.group(1)) is None or _not_a_file(full) is not None):
+                continue  # said when the run was first read; read again when it reloads
             if (m := TRACE_RE.match(name)) and int(m.group(1)) not in known:
                 kind = "hvdprof-gz" if name.endswith(".gz") else "hvdprof"
                 self.sources.append(_Source(full, int(m.group(1)), kind, self.tables))
@@ -713,11 +795,48 @@ class RunLoader:
         run.autotune_samples, run.params_changes, run.notices = [], [], []
         run.autotune_samples, run.params_changes, run.stalls = [], [], []
         counters: dict[str, list[tuple[int, float, float]]] = {}
+        sizes = set()
+        for rank, manifest in sorted(run.manifests.items()):
+            size = manifest.get("size") if isinstance(manifest, dict) else None
+            if size is None:
+                continue
+            if (
+                isinstance(size, int)
+                and not isinstance(size, bool)
+                and 0 < size <= limits.max_ranks()
+            ):
+                sizes.add(size)
+            else:
+                run.problems.append(
+                    Problem(
+                        self.manifest_paths[rank],
+                        "size",
+                        f"{_brief(repr(size))[:40]} is not a world size (1 to "
+                        f"{limits.max_ranks()}, {_max_ranks_name()}): ignored",
+                    )
+                )
+        # a readiness mark names a rank: one of the files read or of the declared world
+        # (without a manifest, rank 0's file alone still names every rank's readiness)
+        mark_bound = max(
+            [*(sizes or {limits.max_ranks()}), *(s.rank + 1 for s in self.sources)], default=0
+        )
         for source in self.sources:
             cols = source.columns
             slices = cols.slices()
             marks = cols.marks()
             marks = dict(marks)
+            ready = marks["ready_rank"]
+            odd = (ready < 0) | (ready >= max(mark_bound, max(source.ranks_seen, default=0) + 1))
+            if odd.any():
+                marks = {k: v[~odd] for k, v in marks.items()}
+                run.problems.append(
+                    Problem(
+                        source.path,
+                        "readiness",
+                        f"{int(odd.sum())} readiness time(s) name a rank that is not one of "
+                        f"the run's (e.g. {int(ready[odd][0])}): left out",
+                    )
+                )
             marks["slice"] = np.where(marks["slice"] >= 0, marks["slice"] + offset, -1)
             offset += len(slices["rank"])
             slice_tables.append(SliceTable(**slices))
@@ -751,8 +870,7 @@ class RunLoader:
         run.backends = self.tables.backends.items
         run.dtypes = self.tables.dtypes.items
         run.ranks = sorted(ranks)
-        sizes = {int(m["size"]) for m in run.manifests.values() if "size" in m}
-        run.size = max(sizes) if sizes else (max(ranks) + 1 if ranks else 0)
+        run.size = max(max(sizes, default=0), max(ranks) + 1 if ranks else 0)
         run.counters = {
             k: (
                 np.array([r for r, _, _ in v], dtype=np.int32),
@@ -795,6 +913,52 @@ def _stall_from_dict(x: dict[str, Any]) -> StallRecord:
     x["where"] = {int(k): v for k, v in (x.get("where") or {}).items()}
     x["collective"] = {int(k): v for k, v in (x.get("collective") or {}).items()}
     return StallRecord(**x)
+
+
+def _brief(exc: BaseException) -> str:
+    """An exception's message in one line of at most 200 characters."""
+    text = " ".join(str(exc).split()) or "no message"
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _file_kind(mode: int) -> str:
+    """What a path that is not a regular file is, for a problem's reason."""
+    for test, what in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return f"{what}, not a regular file"
+    return "not a regular file"
+
+
+def _max_ranks_name() -> str:
+    return name_of("read_max_ranks")
+
+
+def _rank_of_name(digits: str) -> int | None:
+    """A rank number from a file name, None past the largest world size (``Config.read_max_ranks``)."""
+    if len(digits) > 9 or int(digits) >= limits.max_ranks():
+        return None
+    return int(digits)
+
+
+def _not_a_file(path: str) -> str | None:
+    """Why a path named like a trace is not one to read (a directory, a FIFO, a link to
+    a directory, a link loop), or None for a regular file."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if os.path.islink(path):
+            return f"a symbolic link that leads nowhere readable ({exc.strerror})"
+        return f"cannot read ({exc.strerror})"
+    if stat.S_ISREG(st.st_mode):
+        return None
+    what = _file_kind(st.st_mode)
+    return f"a link to {what}" if os.path.islink(path) else what
 
 
 def _is_horovod(path: str) -> bool:

@@ -17,6 +17,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from hvdprof.common import limits
 from hvdprof.timeline.manifest import MANIFEST_RE, TRACE_RE, read_manifest
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -69,32 +70,27 @@ def load_trace(path: str) -> Trace:
 
 
 def _gunzip_tolerant(raw: bytes, notes: list[str]) -> bytes:
-    """Decompress every gzip member, keeping all output up to a truncation or corruption."""
+    """Decompress every gzip member, keeping all output up to a truncation or corruption,
+    within the bounds of :mod:`hvdprof.common.limits` (past them: what came before)."""
     out: list[bytes] = []
-    pos = 0
-    while pos < len(raw):
-        d = zlib.decompressobj(31)
-        chunk_start = pos
-        try:
-            while chunk_start < len(raw) and not d.eof:
-                chunk = raw[chunk_start : chunk_start + _CHUNK]
-                out.append(d.decompress(chunk))
-                chunk_start += len(chunk)
-        except zlib.error as exc:
-            notes.append(
-                f"gzip data is corrupt near compressed byte {chunk_start} ({exc}); "
-                "only the data before it was read"
-            )
-            return b"".join(out)
-        if not d.eof:
-            out.append(d.flush())
-            notes.append(
-                "gzip stream is truncated (no end marker): read up to the last flushed batch"
-            )
-            break
-        pos = chunk_start - len(d.unused_data)
-        if not raw[pos:].strip(b"\0"):
-            break
+    inflater = limits.Inflater()
+    chunk_start = 0
+    try:
+        while chunk_start < len(raw):
+            chunk = raw[chunk_start : chunk_start + _CHUNK]
+            out.append(inflater.feed(chunk))
+            chunk_start += len(chunk)
+    except zlib.error as exc:
+        notes.append(
+            f"gzip data is corrupt near compressed byte {chunk_start} ({exc}); "
+            "only the data before it was read"
+        )
+        return b"".join(out)
+    except limits.InflateLimitError as exc:
+        notes.append(f"the gzip stream {exc}")
+        return b"".join(out)
+    if not inflater.eof:
+        notes.append("gzip stream is truncated (no end marker): read up to the last flushed batch")
     return b"".join(out)
 
 
@@ -134,7 +130,7 @@ def parse_trace_text(text: str, path: str = "<text>") -> Trace:
     # Fast path: a complete file.
     try:
         data = json.loads(text.lstrip("\ufeff"))
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # (nesting too deep: event by event)
         data = None
     if data is not None:
         metadata: dict[str, Any] = {}
@@ -179,7 +175,7 @@ def _scan(text: str, pos: int, events: list[dict[str, Any]], skipped: list[Skip]
     if cut > pos:
         try:
             prefix = json.loads("[" + text[pos:cut] + "]")
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             prefix = None
         if prefix is not None:
             first_line = _line_of(text, pos)
@@ -195,7 +191,7 @@ def _scan(text: str, pos: int, events: list[dict[str, Any]], skipped: list[Skip]
             return True
         try:
             obj, end = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             line = _line_of(text, pos)
             nxt = _NEXT_OBJECT.search(text, pos)
             if nxt is None:
@@ -209,7 +205,8 @@ def _scan(text: str, pos: int, events: list[dict[str, Any]], skipped: list[Skip]
             skipped.append(
                 Skip(
                     line,
-                    f"invalid JSON ({exc.msg}); skipped to line {_line_of(text, nxt.start() + 1)}",
+                    f"invalid JSON ({getattr(exc, 'msg', 'nested too deep')}); skipped to "
+                    f"line {_line_of(text, nxt.start() + 1)}",
                 )
             )
             pos = nxt.start() + 1
