@@ -66,8 +66,9 @@ def test_late_rank_named_with_its_cost(tmp_path: Path) -> None:
     assert top.rank == 3 and top.last_share == 1.0 and top.last_count == 11
     assert top.cost_per_step_ms == pytest.approx(5.0, abs=1e-3)
     assert top.wait_caused_ms == pytest.approx(11 * 5.0, abs=1e-2)
-    assert s.verdict.startswith("rank 3 is the straggler: it arrived last in 100% of 11 steps")
-    assert "about 5.0 ms less" in s.verdict
+    assert s.verdict.startswith("rank 3 is the straggler: it held the job in 100% of 11 steps")
+    assert "by 5.0 ms each time: 5.0 ms per step on average (95% interval 5.0-5.0" in s.verdict
+    assert s.culprits == [3] and s.cost_ms == pytest.approx(5.0, abs=1e-3)
     # every gradient late by the same 5 ms: late before its first gradient
     assert s.phase == "before_first_gradient"
     assert s.late_at_first_ms == pytest.approx(5.0) and s.late_at_end_ms == pytest.approx(5.0)
@@ -76,14 +77,15 @@ def test_late_rank_named_with_its_cost(tmp_path: Path) -> None:
 
 
 def test_late_rank_cost_counts_wall_time_not_ops(tmp_path: Path) -> None:
-    # submissions 100 us apart, every one of rank 0's 2 ms late: the others are blocked
-    # from their last submission to rank 0's last, 2 ms per step, not once per tensor
+    # submissions 100 us apart, every one of rank 0's 3 ms late: the others are blocked
+    # from their last submission to rank 0's last, 3 ms per step, not once per tensor
     d, _ = synth(
-        tmp_path, ranks=3, steps=5, tensors=6, late_rank=0, late_us=2000.0, submit_gap_us=100.0
+        tmp_path, ranks=3, steps=5, tensors=6, late_rank=0, late_us=3000.0, submit_gap_us=100.0
     )
     s = find_stragglers(load_run(d, cache=False))
     assert s.straggler == 0
-    assert s.ranks[0].cost_per_step_ms == pytest.approx(2.0, abs=1e-3)
+    assert s.ranks[0].cost_per_step_ms == pytest.approx(3.0, abs=1e-3)
+    assert s.cost_ms == pytest.approx(3.0, abs=1e-3)
 
 
 def test_no_straggler_when_ranks_are_even(tmp_path: Path) -> None:
@@ -545,7 +547,7 @@ def test_gzip_and_truncated_gzip(tmp_path: Path) -> None:
 
 
 def test_refresh_reads_only_what_grew(tmp_path: Path) -> None:
-    d, _ = synth(tmp_path, ranks=2, steps=6, late_rank=1, late_us=1000.0)
+    d, _ = synth(tmp_path, ranks=2, steps=6, late_rank=1, late_us=3000.0)
     full = load_run(d, cache=False)
     path = d / "rank.0.json"
     data = path.read_bytes()

@@ -20,7 +20,7 @@ from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
 
 def synth(tmp_path: Path, name: str = "run", **kw: Any) -> Path:
     directory = tmp_path / name
-    spec = {"ranks": 2, "steps": 6, "late_rank": 1, "late_us": 1000.0, **kw}
+    spec = {"ranks": 2, "steps": 6, "late_rank": 1, "late_us": 3000.0, **kw}
     write_synthetic_run(str(directory), SyntheticSpec(**spec))
     return directory
 

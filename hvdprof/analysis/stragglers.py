@@ -1,4 +1,4 @@
-"""Q2: who is the straggler, what does it cost, where did its time go, and since when?
+"""Q2: who held the job, by how much, where did their time go, and since when?
 
 **Arrivals at the source.** Every rank writes its own timeline, and its ``NEGOTIATE_<OP>``
 slice begins when *it* submitted the tensor, on its own clock mapped onto rank 0's (the
@@ -10,54 +10,77 @@ observer's view, the moment rank 0 *learned* each rank was ready, rounded to a
 negotiation cycle and biased towards the observer; they are read that way, and the
 result says so (``source``).
 
-**Cost = what the job would save.** Per step and per rank ``s``, the others were blocked
-on ``s`` during each op ``s`` reached last, from the others' latest submission at or
-before ``s``'s (the rank that arrived just before it, or a later submission of theirs that
-shows they were still working) to ``s``'s arrival. The step's cost is the *union* of those
-intervals, not their sum: a rank late by ``d`` for every gradient costs ``d`` per step,
-whether the step reduces one gradient or fifty, and a rank whose gradients are all late
-while the others are still computing their own costs nothing until the others are done.
+**One model: who held each step, and by how much.** Per step and rank ``r``, its *hold*
+is the time the pack (the other ranks' median arrival at each op) was blocked on ``r``:
+the union over the ops ``r`` reached after the pack of the intervals from the pack's
+latest submission at or before ``r``'s to ``r``'s arrival (a union, not a sum: a rank late
+by ``d`` for every gradient holds the job ``d``, whether the step reduces one gradient or
+fifty). A rank *held* a step when its hold reached the bar below. Persistent,
+intermittent and several culprits are then cases of one model: the share of steps a rank
+held, its hold when it did, and its mean hold per step with a 95% interval (a moving-block
+bootstrap over the steps, since neighbouring steps correlate; seeded, so deterministic).
+The named ranks' *cost* is what the job would save if they all kept pace: the same union,
+of the named ranks' latest arrival against the rest's latest.
 
-**No false alarms.** A rank is the straggler only when it was last in at least
-:data:`LAST_SHARE` of the steps (from the onset on), both its mean cost per step and its
-cost in that share of the steps (the lower quartile) reach the most of
-:data:`MIN_COST_MS`, one negotiation cycle (the run's configured cycle time) and
-:data:`MIN_STEP_SHARE` of the step, and its mean cost exceeds :data:`NOISE_FACTOR` times
-the run's step-to-step noise (the robust spread of the step times or of their changes,
-whichever is larger). Consistent *and* material: a rank last by a hair in every step, or
-late by a lot in a few, is not named. Otherwise the verdict says there is none and gives
-the spread.
+**The user's code, not hvdprof's protocol.** A rank can be late because its own work
+(data loading, forward, backward, its optimizer step) took longer, or because the runtime
+released it later from the previous step's last collective (the coordinator's extra work,
+the order in which ranks learn a response). Each rank's *own work* in a step is measured
+on its own clock, from the end of its last collective of the previous step to its last
+submission of this one; its *excess* is that minus the others' mean. Only the excess can
+name a rank: a rank that is late with no excess was held back by the runtime, and the
+verdict says so instead of blaming its code.
 
-**Where the time went.** The straggler's lateness at its first gradient of the step
+**Decisions that hold on a busy machine.** A rank is named when its mean excess per step
+is above the bar with confidence: the one-sided p-value of "mean excess at or below the
+bar" (from the bootstrap's standard error), Holm-corrected over the ranks tested at
+:data:`ALPHA`, and its mean hold is at least the bar. The bar is absolute and relative: the most of :data:`MIN_COST_MS`, one
+negotiation cycle and :data:`MIN_STEP_SHARE` of the step. The uncertainty that decides is
+that of a mean over ``n`` steps, not the noise of one step, so a loaded machine's noisy
+steps widen the interval rather than hide or invent a culprit; with fewer than
+:data:`MIN_STEPS` steps, or an excess whose interval reaches below the bar, the verdict
+says the evidence is too thin.
+
+**Where the time went.** The top culprit's lateness at its first gradient of the step
 against its lateness at the end: late from the first gradient on means the time went
 before backward produced anything (data loading or forward); on time at first and late at
 the end means backward (its later gradients are late).
 
-**Onset.** A fault that starts mid-run shows as a step in the straggler's per-step cost:
-the split that best fits two levels (least squares) is the onset when the cost before it
-is under half the cost after it and the jump exceeds three times the spread around the
-two levels.
+**Onset.** A fault that starts mid-run shows as a step in the top candidate's per-step
+hold: the split that best fits two levels (least squares) is the onset when the median
+hold before it is under half the median after it and the jump exceeds three times the
+spread around the two levels (medians: an intermittent fault has no onset).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from hvdprof.analysis.intervals import merge
-from hvdprof.analysis.model import OPS, Run
+from hvdprof.analysis.model import OPS, PHASE_OP, Run
 from hvdprof.analysis.steps import count_steps
 
 #: Smallest cost per step worth a verdict (ms).
 MIN_COST_MS = 0.5
-#: A straggler's cost must be at least this share of the step.
-MIN_STEP_SHARE = 0.05
-#: ... and more than this many times the step-to-step noise.
-NOISE_FACTOR = 2.0
-#: A rank is "the" straggler when it was last in at least this share of the steps.
-LAST_SHARE = 0.75
+#: A culprit's cost must be at least this share of the step.
+MIN_STEP_SHARE = 0.1
+#: Family-wise error rate of the per-rank tests (Holm over the ranks): at most 1 balanced
+#: run in 100 names someone, when the noise is as symmetric as the ranks' code.
+ALPHA = 0.01
+#: Bootstrap resamples (moving blocks of about n^(1/3) steps) and their seed.
+BOOTSTRAP_SAMPLES = 2000
+BOOTSTRAP_SEED = 20240
+#: Fewer steps than this (after the warm-up) are too thin a basis to name anyone ...
+MIN_STEPS = 3
+#: ... and a verdict on fewer than this many says its basis is thin.
+FEW_STEPS = 10
+#: With readiness marks in only some steps (Horovod's response cache), a rank last in at
+#: least this share of the main op's marks is named.
+PARTIAL_LAST_SHARE = 0.75
 #: Lateness at the first gradient at least this share of the lateness at the end: the
 #: time went before backward (data loading or forward).
 BEFORE_BACKWARD_SHARE = 0.5
@@ -75,16 +98,50 @@ PHASE_WORDS = {
 @dataclass
 class RankStraggle:
     rank: int
-    last_count: int  # steps (from the onset on) in which it arrived last
-    last_share: float  # of those steps
-    wait_caused_ms: float  # its cost summed over those steps
-    cost_per_step_ms: float  # mean cost per step: what the job would save without it
+    host: str | None = None
+    last_count: int = 0  # steps (from the onset on) in which it finished last
+    last_share: float = 0.0  # of those steps
+    held_count: int = 0  # steps in which its hold reached the bar
+    held_share: float = 0.0  # of those steps
+    held_ms: float = 0.0  # its mean hold in the steps it held
+    wait_caused_ms: float = 0.0  # its hold summed over the steps judged
+    cost_per_step_ms: float = 0.0  # mean hold per step
+    cost_low_ms: float = 0.0  # 95% interval of the mean hold (block bootstrap)
+    cost_high_ms: float = 0.0
+    own_excess_ms: float = 0.0  # mean excess of its own work over the others' (ms/step)
+    own_excess_low_ms: float = 0.0  # its 95% interval
+    own_excess_high_ms: float = 0.0
+    release_late_ms: float = 0.0  # mean lateness of its release by the runtime (ms/step)
+    p_value: float = 1.0  # one-sided: mean excess at or below the bar
+    named: bool = False
     last_share_by_op: dict[str, float] = field(default_factory=dict)  # of the ops
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "host": self.host,
+            "last_count": self.last_count,
+            "last_share": self.last_share,
+            "last_share_by_op": self.last_share_by_op,
+            "held_count": self.held_count,
+            "held_share": self.held_share,
+            "held_ms": self.held_ms,
+            "wait_caused_ms": self.wait_caused_ms,
+            "cost_per_step_ms": self.cost_per_step_ms,
+            "cost_low_ms": self.cost_low_ms,
+            "cost_high_ms": self.cost_high_ms,
+            "own_excess_ms": self.own_excess_ms,
+            "own_excess_low_ms": self.own_excess_low_ms,
+            "own_excess_high_ms": self.own_excess_high_ms,
+            "release_late_ms": self.release_late_ms,
+            "p_value": self.p_value,
+            "named": self.named,
+        }
 
 
 @dataclass
 class Stragglers:
-    """Arrivals per op and step, the ranks' lateness and the verdict."""
+    """Arrivals per op and step, who held each step, and the verdict."""
 
     #: "source": each rank's own submission stamps; "observer": one rank's view (Horovod)
     source: str = ""
@@ -93,17 +150,25 @@ class Stragglers:
     steps: int = 0  # steps with every rank's arrival
     steps_in_run: int = 0
     first_step: int = 0  # first step counted (the warm-up step is left out)
-    onset_step: int | None = None  # first step of the straggler's lateness
-    step_ms: float = 0.0  # median step time over the steps counted
+    onset_step: int | None = None  # first step of the culprits' lateness
+    steps_judged: int = 0  # steps from the onset on
+    step_ms: float = 0.0  # median step time over the steps judged
     noise_ms: float = 0.0  # step-to-step noise (robust standard deviation)
-    threshold_ms: float = 0.0  # the smallest cost that can name a straggler
+    threshold_ms: float = 0.0  # the bar: the smallest cost per step that can name a rank
     cycle_time_ms: float = 0.0  # the run's negotiation cycle (manifest), 0 unknown
     spread_ms: float = 0.0  # median gap between the first and the last rank to finish
-    ranks: list[RankStraggle] = field(default_factory=list)  # most waiting caused first
+    own_work_known: bool = False  # each rank's own work measured (else lateness decides)
+    ranks: list[RankStraggle] = field(default_factory=list)  # most hold first
     most_often_last: int | None = None
-    straggler: int | None = None
+    straggler: int | None = None  # the culprit that held the job most (None: none named)
+    culprits: list[int] = field(default_factory=list)  # every rank named, most hold first
+    cost_ms: float = 0.0  # what the job would save if the culprits kept pace (ms/step)
+    cost_low_ms: float = 0.0  # 95% interval (block bootstrap)
+    cost_high_ms: float = 0.0
+    held_share: float = 0.0  # share of the steps judged in which the culprits held the job
+    thin: bool = False  # too few steps, or an interval too wide, to decide
     phase: str | None = None  # PHASE_BEFORE_BACKWARD | PHASE_BACKWARD
-    late_at_first_ms: float = 0.0  # the straggler's lateness at its first gradient
+    late_at_first_ms: float = 0.0  # the top culprit's lateness at its first gradient
     late_at_end_ms: float = 0.0  # ... and at its last one
     # one entry per op: tensor name, step, op, last rank, wait of the others (mean, ms)
     per_op: dict[str, list[Any]] = field(default_factory=dict)
@@ -120,27 +185,25 @@ class Stragglers:
             "steps_in_run": self.steps_in_run,
             "first_step": self.first_step,
             "onset_step": self.onset_step,
+            "steps_judged": self.steps_judged,
             "step_ms": self.step_ms,
             "noise_ms": self.noise_ms,
             "threshold_ms": self.threshold_ms,
             "cycle_time_ms": self.cycle_time_ms,
             "spread_ms": self.spread_ms,
+            "own_work_known": self.own_work_known,
             "most_often_last": self.most_often_last,
             "straggler": self.straggler,
+            "culprits": list(self.culprits),
+            "cost_ms": self.cost_ms,
+            "cost_low_ms": self.cost_low_ms,
+            "cost_high_ms": self.cost_high_ms,
+            "held_share": self.held_share,
+            "thin": self.thin,
             "phase": self.phase,
             "late_at_first_ms": self.late_at_first_ms,
             "late_at_end_ms": self.late_at_end_ms,
-            "ranks": [
-                {
-                    "rank": r.rank,
-                    "last_count": r.last_count,
-                    "last_share": r.last_share,
-                    "last_share_by_op": r.last_share_by_op,
-                    "wait_caused_ms": r.wait_caused_ms,
-                    "cost_per_step_ms": r.cost_per_step_ms,
-                }
-                for r in self.ranks
-            ],
+            "ranks": [r.to_dict() for r in self.ranks],
             "per_op": self.per_op,
             "per_step": self.per_step,
             "verdict": self.verdict,
@@ -204,10 +267,10 @@ def arrivals(run: Run) -> Arrivals | None:
     )
 
 
-def _blocked_us(t: np.ndarray, s: int) -> float:
-    """The others' time blocked on rank ``s`` in one step (union, us); see the module doc."""
-    b = t[:, s]
-    others = np.delete(t, s, axis=1)
+def _blocked_us(b: np.ndarray, others: np.ndarray) -> float:
+    """Time (us) the ``others`` (ops, m) were blocked on arrivals ``b`` (ops,) in one step:
+    the union, over the ops ``b`` reached after all of them, of the intervals from their
+    latest submission at or before ``b``'s to ``b``'s (see the module doc)."""
     late = b > others.max(axis=1)
     if not late.any():
         return 0.0
@@ -216,6 +279,19 @@ def _blocked_us(t: np.ndarray, s: int) -> float:
     start = seen[np.searchsorted(seen, b, side="right") - 1]
     starts, ends = merge(start, b)
     return float((ends - starts).sum())
+
+
+def _hold_us(t: np.ndarray, r: int) -> float:
+    """Rank ``r``'s hold on the pack (the others' median arrival per op) in one step."""
+    pack = np.median(np.delete(t, r, axis=1), axis=1)
+    return _blocked_us(t[:, r], pack[:, None])
+
+
+def _group_cost_us(t: np.ndarray, group: list[int]) -> float:
+    """What the step would save if ``group`` kept pace: its latest arrival per op against
+    the rest's latest (us)."""
+    rest = np.delete(t, group, axis=1)
+    return _blocked_us(t[:, group].max(axis=1), rest)
 
 
 def _lateness_us(t: np.ndarray, s: int) -> tuple[float, float]:
@@ -237,7 +313,8 @@ def _onset(cost: np.ndarray, min_len: int = 3) -> int:
     """Index where ``cost`` steps up (0: no step up, the fault is there from the start).
 
     The steps after the onset must be at least a third of them: a short burst at the end
-    is a hiccup, not a fault to report.
+    is a hiccup, not a fault to report. Medians on both sides: a fault in some steps only
+    (intermittent) has no onset.
     """
     n = len(cost)
     tail = max(min_len, n // 3)
@@ -249,11 +326,51 @@ def _onset(cost: np.ndarray, min_len: int = 3) -> int:
     sse_a = c2[k] - c1[k] ** 2 / k
     sse_b = (c2[n] - c2[k]) - (c1[n] - c1[k]) ** 2 / (n - k)
     best = int(k[np.argmin(sse_a + sse_b)])
-    before, after = float(np.mean(cost[:best])), float(np.mean(cost[best:]))
+    before, after = float(np.median(cost[:best])), float(np.median(cost[best:]))
     spread = _robust_std(np.concatenate([cost[:best] - before, cost[best:] - after]))
     if after > 0 and before < 0.5 * after and after - before > 3.0 * spread:
         return best
     return 0
+
+
+def block_bootstrap_means(x: np.ndarray, samples: int = BOOTSTRAP_SAMPLES) -> np.ndarray:
+    """Means of ``samples`` moving-block resamples of the rows of ``x`` (steps, columns).
+
+    Blocks of about n^(1/3) consecutive steps keep the correlation of neighbouring steps
+    (a slow spell lasts several); the generator is seeded, so the answer is deterministic.
+    Returns (samples, columns).
+    """
+    n = len(x)
+    block = max(1, round(n ** (1.0 / 3.0)))
+    starts_n = n - block + 1
+    n_blocks = -(-n // block)
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    picks = rng.integers(0, starts_n, size=(samples, n_blocks))
+    counts = np.zeros((samples, starts_n))
+    np.add.at(counts, (np.repeat(np.arange(samples), n_blocks), picks.ravel()), 1.0)
+    c = np.concatenate([np.zeros((1, x.shape[1])), np.cumsum(x, axis=0)])
+    block_sums = c[block:] - c[:-block]  # (starts_n, columns)
+    return counts @ block_sums / (n_blocks * block)
+
+
+def _p_above(mean: np.ndarray, sd: np.ndarray, bar: float) -> np.ndarray:
+    """One-sided p-values of "the true mean is at or below ``bar``", from each mean and
+    its bootstrap standard error (normal approximation: p-values far below 1/samples,
+    which Holm needs with many ranks)."""
+    z = (mean - bar) / np.maximum(sd, 1e-12)
+    z = np.where(sd > 0, z, np.where(mean > bar, np.inf, -np.inf))
+    return np.array([0.5 * math.erfc(float(x) / math.sqrt(2.0)) for x in z])
+
+
+def holm(p: np.ndarray, alpha: float = ALPHA) -> np.ndarray:
+    """Which of the hypotheses with p-values ``p`` Holm's step-down procedure rejects."""
+    order = np.argsort(p, kind="stable")
+    reject = np.zeros(len(p), dtype=bool)
+    for i, j in enumerate(order):
+        if p[j] > alpha / (len(p) - i):
+            break
+        reject[j] = True
+    return reject
 
 
 def _cycle_time_ms(run: Run) -> float:
@@ -274,6 +391,16 @@ def _lateness(ms: float) -> str:
     return "on time"
 
 
+def _ms_pair(a: float, b: float) -> tuple[str, str]:
+    """``a`` and ``b`` in ms with enough decimals that different values read differently
+    (never "0.50 ms is under 0.50 ms")."""
+    for digits in (1, 2, 3):
+        x, y = f"{a:.{digits}f}", f"{b:.{digits}f}"
+        if x != y or a == b:
+            return x, y
+    return f"{a:.3f}", f"{b:.3f}"
+
+
 def _ranks_without_marks(run: Run, n_ranks: int) -> list[int]:
     """Ranks of the job that marked no readiness of their own (their file is missing)."""
     m = run.marks
@@ -288,8 +415,38 @@ def _rank_list(ranks: list[int]) -> str:
     return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
 
 
+def _releases_us(run: Run, n_ranks: int, n_occ: int) -> np.ndarray:
+    """``[occurrence, rank]``: when the rank's last collective of that step ended on its
+    clock (NaN where it recorded none): the moment the runtime released it."""
+    s = run.slices
+    out = np.full((n_occ, n_ranks), -np.inf)
+    sel = (s.phase == PHASE_OP) & (s.occurrence >= 0) & (s.occurrence < n_occ)
+    sel &= (s.rank >= 0) & (s.rank < n_ranks)
+    np.maximum.at(out, (s.occurrence[sel], s.rank[sel]), s.end_us[sel])
+    out[~np.isfinite(out)] = np.nan
+    return out
+
+
+def _host_words(ranks: list[int], hosts: dict[int, str]) -> str:
+    """'ranks 1 and 2, both on host b', or 'ranks 1 (host a) and 5 (host b)', or '' hosts
+    unknown or all ranks of the run on one host (nothing to tell)."""
+    if any(r not in hosts for r in ranks) or len(set(hosts.values())) < 2:
+        return _rank_list(ranks)
+    on = {hosts[r] for r in ranks}
+    if len(on) == 1:
+        both = "both" if len(ranks) == 2 else "all"
+        host = next(iter(on))
+        return _rank_list(ranks) + (
+            f", {both} on host {host}" if len(ranks) > 1 else f" (host {host})"
+        )
+    by_host: dict[str, list[int]] = {}
+    for r in ranks:
+        by_host.setdefault(hosts[r], []).append(r)
+    return "; ".join(f"{_rank_list(rs)} on host {h}" for h, rs in by_host.items())
+
+
 def find_stragglers(run: Run) -> Stragglers:
-    """Who was last, what it cost per step, from which step on, and in which phase."""
+    """Who held the job, what it cost per step, from which step on, and in which phase."""
     out = Stragglers()
     arr = arrivals(run) if len(run.slices) else None
     if arr is None:
@@ -299,7 +456,13 @@ def find_stragglers(run: Run) -> Stragglers:
     n_ranks = arr.t_us.shape[1]
     if n_ranks < 2 or not len(arr.t_us):
         missing = _ranks_without_marks(run, n_ranks)
-        if n_ranks >= 2 and missing:
+        if run.format == "kineto" and n_ranks >= 2:
+            out.verdict = (
+                "These torch.profiler traces record when each collective ran on each rank, "
+                "not when each rank was ready for it, so arrivals cannot be compared and no "
+                "straggler can be named; record with hvdprof's timeline for that."
+            )
+        elif n_ranks >= 2 and missing:
             out.verdict = (
                 f"No readiness marks from {_rank_list(missing)} (no timeline of "
                 f"{'its' if len(missing) == 1 else 'their'} own was read): arrivals cannot be "
@@ -325,11 +488,11 @@ def find_stragglers(run: Run) -> Stragglers:
         "wait_ms": ((t_last[:, None] - t).sum(axis=1) / (n_ranks - 1) / 1000.0).round(6).tolist(),
     }
 
-    # per step: who finished last, what each rank cost, how long the step took
+    # per step: each rank's hold, finish, own work; who finished last; the step's length
     steps, bounds = np.unique(step, return_index=True)
     bounds = np.append(bounds, n_ops)
     n_steps = len(steps)
-    cost = np.zeros((n_steps, n_ranks))
+    hold = np.zeros((n_steps, n_ranks))
     at_first = np.zeros((n_steps, n_ranks))
     at_end = np.zeros((n_steps, n_ranks))
     finish = np.zeros((n_steps, n_ranks))
@@ -339,8 +502,20 @@ def find_stragglers(run: Run) -> Stragglers:
         finish[k] = tk.max(axis=0)
         begin[k] = float(np.median(tk.min(axis=0)))
         for r in range(n_ranks):
-            cost[k, r] = _blocked_us(tk, r)
+            hold[k, r] = _hold_us(tk, r)
             at_first[k, r], at_end[k, r] = _lateness_us(tk, r)
+    # own work: from the rank's release by the previous step's last collective to its last
+    # submission, on its own clock; its excess over the others' mean, and the release's
+    # lateness (the runtime's part)
+    release = _releases_us(run, n_ranks, int(steps.max()) + 1)
+    prev = steps - 1
+    rel = np.full((n_steps, n_ranks), np.nan)
+    rel[prev >= 0] = release[prev[prev >= 0]]
+    work = finish - rel
+    others_mean = (work.sum(axis=1, keepdims=True) - work) / (n_ranks - 1)
+    excess = work - others_mean
+    rel_mean = (rel.sum(axis=1, keepdims=True) - rel) / (n_ranks - 1)
+    release_late = rel - rel_mean
     # the rank that finished last (-1 when several finished at the same instant)
     tied = (finish == finish.max(axis=1)[:, None]).sum(axis=1) > 1
     last_of_step = np.where(tied, -1, np.argmax(finish, axis=1))
@@ -352,134 +527,255 @@ def find_stragglers(run: Run) -> Stragglers:
     run_steps = count_steps(run)
     out.steps_in_run = run_steps
     out.cycle_time_ms = _cycle_time_ms(run)
-    durations = step_us[counted]
-    durations = durations[np.isfinite(durations)]
-    out.step_ms = float(np.median(durations)) / 1000.0 if len(durations) else 0.0
     spread = (finish.max(axis=1) - finish.min(axis=1))[counted]
     out.spread_ms = float(np.median(spread)) / 1000.0 if len(spread) else 0.0
     out.per_step = {
         "step": steps[counted].tolist(),
         "last_rank": last_of_step[counted].tolist(),
         "cost_ms": [
-            round(float(cost[k, r]) / 1000.0, 6) if r >= 0 else 0.0
+            round(float(hold[k, r]) / 1000.0, 6) if r >= 0 else 0.0
             for k, r in zip(range(first, n_steps), last_of_step[counted].tolist(), strict=True)
         ],
         "step_ms": [round(float(x) / 1000.0, 6) if np.isfinite(x) else None for x in step_us][
             first:
         ],
     }
+    # own work is known when every rank recorded its collectives in every step judged;
+    # else (one observer's file) the hold's excess over the others' mean hold stands in
+    known = bool(np.isfinite(excess[counted]).all()) and out.source == "source"
+    out.own_work_known = known
+    if not known:
+        excess = hold - (hold.sum(axis=1, keepdims=True) - hold) / (n_ranks - 1)
+        release_late = np.zeros_like(hold)
 
-    # the candidate: the rank that cost the most; from its onset on
-    total = cost[counted].sum(axis=0)
-    candidate = int(np.argmax(total))
-    onset = first + _onset(cost[counted, candidate] / 1000.0)
+    # the candidate: the rank that held the job most; from its onset on
+    candidate = int(np.argmax(hold[counted].sum(axis=0)))
+    onset = first + _onset(hold[counted, candidate] / 1000.0)
     window = slice(onset, n_steps)
     n_window = n_steps - onset
+    out.steps_judged = n_window
     in_window = step_us[window]
     in_window = in_window[np.isfinite(in_window)]
+    durations = step_us[counted]
+    durations = durations[np.isfinite(durations)]
     if len(in_window):
         out.step_ms = float(np.median(in_window)) / 1000.0
-    # step-to-step noise over the steps judged: the robust spread of the step times, or of
-    # their changes from one step to the next, whichever is larger
+    elif len(durations):
+        out.step_ms = float(np.median(durations)) / 1000.0
     if len(in_window) > 2:
         out.noise_ms = (
             max(_robust_std(in_window), _robust_std(np.diff(in_window)) / np.sqrt(2.0)) / 1000.0
         )
+    bar = max(MIN_COST_MS, out.cycle_time_ms, MIN_STEP_SHARE * out.step_ms)
+    out.threshold_ms = bar
+
+    # per rank: hold, its interval, the excess of its own work and the test on it
+    h = hold[window] / 1000.0
+    e = excess[window] / 1000.0
+    boot_h = block_bootstrap_means(h) if n_window else np.zeros((1, n_ranks))
+    boot_e = block_bootstrap_means(e) if n_window else np.zeros((1, n_ranks))
+    p = _p_above(e.mean(axis=0) if n_window else np.zeros(n_ranks), boot_e.std(axis=0), bar)
+    reject = holm(p) if n_window >= MIN_STEPS else np.zeros(n_ranks, dtype=bool)
     ranks: list[RankStraggle] = []
     op_codes = [c for c in np.unique(op_code).tolist() if c >= 0]
     for r in range(n_ranks):
         last_steps = int((last_of_step[window] == r).sum())
-        by_op = {OPS[c]: float((last_rank[op_code == c] == r).mean()) for c in op_codes}
-        ranks.append(
-            RankStraggle(
-                rank=r,
-                last_count=last_steps,
-                last_share=last_steps / n_window if n_window else 0.0,
-                wait_caused_ms=float(cost[window, r].sum()) / 1000.0,
-                cost_per_step_ms=float(cost[window, r].mean()) / 1000.0 if n_window else 0.0,
-                last_share_by_op=by_op,
-            )
+        held = h[:, r] >= bar
+        x = RankStraggle(
+            rank=r,
+            host=run.hosts.get(r),
+            last_count=last_steps,
+            last_share=last_steps / n_window if n_window else 0.0,
+            held_count=int(held.sum()),
+            held_share=float(held.mean()) if n_window else 0.0,
+            held_ms=float(h[held, r].mean()) if held.any() else 0.0,
+            wait_caused_ms=float(h[:, r].sum()),
+            cost_per_step_ms=float(h[:, r].mean()) if n_window else 0.0,
+            cost_low_ms=float(np.quantile(boot_h[:, r], 0.025)),
+            cost_high_ms=float(np.quantile(boot_h[:, r], 0.975)),
+            own_excess_ms=float(e[:, r].mean()) if n_window else 0.0,
+            own_excess_low_ms=float(np.quantile(boot_e[:, r], 0.025)),
+            own_excess_high_ms=float(np.quantile(boot_e[:, r], 0.975)),
+            release_late_ms=float(np.nanmean(release_late[window, r]) / 1000.0)
+            if n_window
+            else 0.0,
+            p_value=float(p[r]),
+            last_share_by_op={
+                OPS[c]: float((last_rank[op_code == c] == r).mean()) for c in op_codes
+            },
         )
+        x.named = bool(reject[r]) and x.cost_per_step_ms >= bar
+        ranks.append(x)
     most_last = max(ranks, key=lambda x: (x.last_share, x.cost_per_step_ms, -x.rank))
     out.most_often_last = most_last.rank
     ranks.sort(key=lambda x: (-x.wait_caused_ms, x.rank))
     out.ranks = ranks
-    top = next(x for x in ranks if x.rank == candidate)
-    bar = max(MIN_COST_MS, out.cycle_time_ms, MIN_STEP_SHARE * out.step_ms)
-    out.threshold_ms = max(bar, NOISE_FACTOR * out.noise_ms)
-    # readiness marks on only some steps (Horovod's response cache records them only at a
-    # tensor's first negotiation): say so, and judge by the ops and the waiting there
-    partial = run_steps > 1 and n_steps < 0.5 * run_steps
-    if partial:
-        share = top.last_share_by_op.get(_main_op(op_code), 0.0)
-        named = share >= LAST_SHARE and top.wait_caused_ms >= MIN_COST_MS
-    else:
-        # consistent and material: late by the bar in LAST_SHARE of the steps (a few long
-        # hiccups of an otherwise punctual rank do not make it the straggler, nor does a
-        # rank last by a hair in every step), and on average beyond the noise
-        steady = (
-            float(np.quantile(cost[window, candidate], 1.0 - LAST_SHARE)) / 1000.0
-            if n_window
-            else 0.0
-        )
-        named = (
-            top.last_share >= LAST_SHARE
-            and min(top.cost_per_step_ms, steady) >= bar
-            and top.cost_per_step_ms > NOISE_FACTOR * out.noise_ms
-        )
     where = (
         ""
         if out.source == "source"
         else f" (as rank {out.observer} saw each rank's readiness, rounded to its cycles)"
     )
+    # readiness marks on only some steps (Horovod's response cache records them only at a
+    # tensor's first negotiation): say so, and judge by the ops and the waiting there
+    if run_steps > 1 and n_steps < 0.5 * run_steps:
+        _partial_verdict(out, ranks, candidate, op_code, n_ops, n_steps, run_steps, where)
+        return out
+
+    named = [x for x in ranks if x.named]
     if named:
-        out.straggler = candidate
+        group = [x.rank for x in named]
+        out.culprits = group
+        out.straggler = group[0]
         out.onset_step = int(steps[onset])
-        out.late_at_first_ms = float(np.median(at_first[window, candidate])) / 1000.0
-        out.late_at_end_ms = float(np.median(at_end[window, candidate])) / 1000.0
+        cost = (
+            np.array(
+                [_group_cost_us(t[bounds[k] : bounds[k + 1]], group) for k in range(onset, n_steps)]
+            )
+            / 1000.0
+        )
+        boot = block_bootstrap_means(cost[:, None])[:, 0]
+        out.cost_ms = float(cost.mean())
+        out.cost_low_ms = float(np.quantile(boot, 0.025))
+        out.cost_high_ms = float(np.quantile(boot, 0.975))
+        out.held_share = float((cost >= bar).mean())
+        top = group[0]
+        out.late_at_first_ms = float(np.median(at_first[window, top])) / 1000.0
+        out.late_at_end_ms = float(np.median(at_end[window, top])) / 1000.0
         if out.late_at_end_ms > 0:
             before = out.late_at_first_ms >= BEFORE_BACKWARD_SHARE * out.late_at_end_ms
             out.phase = PHASE_BEFORE_BACKWARD if before else PHASE_BACKWARD
-        if partial:
-            main_op = _main_op(op_code)
-            out.verdict = (
-                f"rank {top.rank} is the straggler{where}: it arrived last in "
-                f"{top.last_share_by_op.get(main_op, 0.0):.0%} of the {main_op.lower()}s with "
-                f"readiness marks ({n_ops} ops in {n_steps} of {run_steps} steps: the "
-                f"timeline records readiness only there), costing the others "
-                f"{top.wait_caused_ms:.1f} ms of waiting in those steps."
-            )
-            return out
-        since = (
-            f"from step {out.onset_step} on (it started mid-run)"
-            if onset > first
-            else f"of {n_window} steps"
-        )
-        out.verdict = (
-            f"rank {top.rank} is the straggler{where}: it arrived last in {top.last_share:.0%} "
-            f"{since}; without its lateness a step would take about "
-            f"{top.cost_per_step_ms:.1f} ms less (step {out.step_ms:.1f} ms, step-to-step "
-            f"noise {out.noise_ms:.1f} ms)."
-        )
-        if out.phase is not None:
-            out.verdict += (
-                f" Its time went {PHASE_WORDS[out.phase]}: "
-                f"{_lateness(out.late_at_first_ms)} at its first gradient, "
-                f"{_lateness(out.late_at_end_ms)} at its last."
-            )
+        out.verdict = _culprit_verdict(out, named, cost, run.hosts, onset > first, where)
         return out
-    m = next(x for x in ranks if x.rank == most_last.rank)
-    shares = ", ".join(f"rank {x.rank} {x.last_share:.0%}" for x in sorted(ranks, key=_rank))
-    out.verdict = (
-        f"No straggler{where}: the rank most often last, rank {m.rank}, was last in "
-        f"{m.last_share:.0%} of {n_window} steps ({shares}) and would save "
-        f"{m.cost_per_step_ms:.2f} ms per step; naming one takes being last in "
-        f"{LAST_SHARE:.0%} of the steps by {out.threshold_ms:.2f} ms or more (the most of "
-        f"{MIN_COST_MS:g} ms, one cycle, {MIN_STEP_SHARE:.0%} of the {out.step_ms:.1f} ms "
-        f"step and {NOISE_FACTOR:g}x its {out.noise_ms:.2f} ms noise). The ranks finish each step within "
-        f"{out.spread_ms:.2f} ms of each other (median)."
-    )
+    out.verdict = _no_culprit_verdict(out, ranks, n_window, bar, where)
     return out
+
+
+def _culprit_verdict(
+    out: Stragglers,
+    named: list[RankStraggle],
+    cost: np.ndarray,
+    hosts: dict[int, str],
+    mid_run: bool,
+    where: str,
+) -> str:
+    n = out.steps_judged
+    since = f"from step {out.onset_step} on (it started mid-run)" if mid_run else f"of {n} steps"
+    interval = f"95% interval {out.cost_low_ms:.1f}-{out.cost_high_ms:.1f}"
+    held = cost >= out.threshold_ms
+    each = float(cost[held].mean()) if held.any() else 0.0
+    if len(named) == 1:
+        x = named[0]
+        text = (
+            f"rank {x.rank} is the straggler{where}: it held the job in {out.held_share:.0%} "
+            f"{since}, by {each:.1f} ms each time: {out.cost_ms:.1f} ms per step on average "
+            f"({interval}; step {out.step_ms:.1f} ms)."
+        )
+    else:
+        who = _host_words([x.rank for x in named], hosts)
+        text = (
+            f"{who} are the stragglers{where}: together they held the job in "
+            f"{out.held_share:.0%} {since}, by {each:.1f} ms each time: {out.cost_ms:.1f} ms "
+            f"per step on average ({interval}; step {out.step_ms:.1f} ms). "
+            + "; ".join(
+                f"rank {x.rank}: held {x.held_share:.0%} of the steps, by {x.held_ms:.1f} ms, "
+                f"{x.cost_per_step_ms:.1f} ms per step"
+                for x in named
+            )
+            + "."
+        )
+    if n < FEW_STEPS:
+        out.thin = True
+        text += f" Only {n} steps were judged: a longer run would make this surer."
+    if out.phase is not None:
+        text += (
+            f" {'Its' if len(named) == 1 else f'Rank {named[0].rank}' + chr(39) + 's'} time "
+            f"went {PHASE_WORDS[out.phase]}: {_lateness(out.late_at_first_ms)} at its first "
+            f"gradient, {_lateness(out.late_at_end_ms)} at its last."
+        )
+    return text
+
+
+def _no_culprit_verdict(
+    out: Stragglers, ranks: list[RankStraggle], n: int, bar: float, where: str
+) -> str:
+    m = next(x for x in ranks if x.rank == out.most_often_last)
+    top = max(ranks, key=lambda x: (x.own_excess_ms, -x.rank))
+    text = f"No straggler{where}"
+    if n < MIN_STEPS:
+        out.thin = True
+        text += f": {n} step{'s' if n != 1 else ''} are too few to name anyone with confidence"
+    elif top.own_excess_ms >= bar:
+        out.thin = True
+        text += (
+            f": the evidence is too thin. Rank {top.rank}'s own work took "
+            f"{top.own_excess_ms:.1f} ms per step more than the others' on average, but over "
+            f"{n} steps that is not certain (95% interval {top.own_excess_low_ms:.2f}-"
+            f"{top.own_excess_high_ms:.2f} ms; naming a rank takes more than {bar:.2f} ms at "
+            f"{1.0 - ALPHA:.0%} confidence across the {len(ranks)} ranks); more steps would "
+            "settle it"
+        )
+    else:
+        part = "own work" if out.own_work_known else "hold on the others"
+        a, b = _ms_pair(top.own_excess_ms, bar)
+        text += (
+            f": no rank's {part} was material over {n} steps (the most, rank {top.rank}, "
+            f"{a} ms per step more than the others' on average; material is {b} ms: the "
+            f"most of {MIN_COST_MS:g} ms, one cycle and {MIN_STEP_SHARE:.0%} of the "
+            f"{out.step_ms:.1f} ms step)"
+        )
+    text += (
+        f". The rank most often last, rank {m.rank}, was last in {m.last_count} of {n} steps "
+        f"and held the job {m.cost_per_step_ms:.2f} ms per step on average."
+    )
+    late = [
+        x
+        for x in ranks
+        if out.own_work_known
+        and x.cost_low_ms >= bar
+        and x.release_late_ms > 0.5 * x.cost_per_step_ms
+    ]
+    if late:
+        x = late[0]
+        text += (
+            f" Rank {x.rank}'s lateness is the runtime's, not its code's: the previous "
+            f"step's last collective released it {x.release_late_ms:.2f} ms after the "
+            "others on average."
+        )
+    text += f" The ranks finish each step within {out.spread_ms:.2f} ms of each other (median)."
+    return text
+
+
+def _partial_verdict(
+    out: Stragglers,
+    ranks: list[RankStraggle],
+    candidate: int,
+    op_code: np.ndarray,
+    n_ops: int,
+    n_steps: int,
+    run_steps: int,
+    where: str,
+) -> None:
+    """Readiness marks on only some steps: judge by the share of ops each rank was last."""
+    top = next(x for x in ranks if x.rank == candidate)
+    main_op = _main_op(op_code)
+    share = top.last_share_by_op.get(main_op, 0.0)
+    if share >= PARTIAL_LAST_SHARE and top.wait_caused_ms >= MIN_COST_MS:
+        top.named = True
+        out.straggler, out.culprits = top.rank, [top.rank]
+        out.onset_step = out.first_step
+        out.verdict = (
+            f"rank {top.rank} is the straggler{where}: it arrived last in {share:.0%} of the "
+            f"{main_op.lower()}s with readiness marks ({n_ops} ops in {n_steps} of "
+            f"{run_steps} steps: the timeline records readiness only there), costing the "
+            f"others {top.wait_caused_ms:.1f} ms of waiting in those steps."
+        )
+        return
+    out.thin = True
+    out.verdict = (
+        f"No straggler{where}: readiness marks in only {n_steps} of {run_steps} steps, and "
+        f"no rank was last in {PARTIAL_LAST_SHARE:.0%} of the {main_op.lower()}s there "
+        f"(rank {top.rank}: {share:.1%})."
+    )
 
 
 def _rank(x: RankStraggle) -> int:

@@ -1,11 +1,13 @@
 """A small real training loop with one slow rank: the ground truth of tests/test_answers.py.
 
-Usage: ``answers_worker.py --steps N [--slow-rank R --delay-ms D --where WHERE
-[--onset K]] [--width W --layers L --batch B] [--out FILE]``
+Usage: ``answers_worker.py --steps N [--slow-rank R[,R2...] --delay-ms D --where WHERE
+[--onset K] [--fraction F --seed S]] [--width W --layers L --batch B] [--out FILE]``
 
 An MLP of ``L`` linear layers trained with hvdprof's ``DistributedOptimizer`` (gradients
-allreduced as backward produces them). From step ``K`` on, rank ``R`` spends ``D`` ms more
-per step, where ``WHERE`` says:
+allreduced as backward produces them). From step ``K`` on, each rank listed in ``R``
+(one, or several: a slow host) spends ``D`` ms more per step, in every step or, with
+``--fraction F``, in a share ``F`` of the steps drawn with seed ``S`` (the same steps on
+every slow rank: an intermittent fault), where ``WHERE`` says:
 
 * ``data``: sleeping while it "loads" its batch, before forward;
 * ``forward``: sleeping in a forward hook of the middle layer;
@@ -13,7 +15,8 @@ per step, where ``WHERE`` says:
   of the layers after it (produced first) are on time and the others are late.
 
 Rank 0 writes ``FILE`` (JSON): every step's wall time on rank 0 (``step_ms``), measured
-from one step's start to the next's, the ground truth the verdicts are checked against.
+from one step's start to the next's, and the steps that were slowed (``slow_steps``): the
+ground truth the verdicts are checked against.
 Output: ``SECTION train OK <n>`` and ``DONE``.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import random
 import time
 
 import _common
@@ -30,10 +34,12 @@ _common.start_watchdog()
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, required=True)
-parser.add_argument("--slow-rank", type=int, default=-1)
+parser.add_argument("--slow-rank", default="", help="rank, or ranks comma-separated")
 parser.add_argument("--delay-ms", type=float, default=0.0)
 parser.add_argument("--where", choices=("data", "forward", "backward"), default="data")
 parser.add_argument("--onset", type=int, default=0)
+parser.add_argument("--fraction", type=float, default=1.0, help="share of the steps slowed")
+parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--width", type=int, default=256)
 parser.add_argument("--layers", type=int, default=6)
 parser.add_argument("--batch", type=int, default=64)
@@ -51,6 +57,15 @@ R = hvd.rank()
 ck = _common.Checks(R)
 DELAY_S = ARGS.delay_ms / 1000.0
 STATE = {"slow": False}
+SLOW_RANKS = {int(x) for x in ARGS.slow_rank.split(",") if x.strip()}
+SLOW = R in SLOW_RANKS
+# the steps slowed: drawn once, the same on every rank (whole-host faults hit together)
+_draw = random.Random(ARGS.seed)
+SLOW_STEPS = [
+    k
+    for k in range(ARGS.steps)
+    if SLOW_RANKS and k >= ARGS.onset and _draw.random() < ARGS.fraction
+]
 
 
 def pause(*_: object) -> None:
@@ -63,9 +78,9 @@ for _ in range(ARGS.layers):
     layers += [torch.nn.Linear(ARGS.width, ARGS.width), torch.nn.ReLU()]
 model = torch.nn.Sequential(*layers, torch.nn.Linear(ARGS.width, 1))
 middle = layers[2 * (ARGS.layers // 2)]  # a Linear in the middle
-if ARGS.slow_rank == R and ARGS.where == "forward":
+if SLOW and ARGS.where == "forward":
     middle.register_forward_hook(lambda *_: pause())
-if ARGS.slow_rank == R and ARGS.where == "backward":
+if SLOW and ARGS.where == "backward":
     # the gradient of the middle layer's output: computed after the later layers' weight
     # gradients (already submitted), before the earlier layers'
 
@@ -84,7 +99,7 @@ spans: list[tuple[float, ...]] = []  # per step: data, forward, backward, optimi
 with ck.section("train"):
     for k in range(ARGS.steps):
         starts.append(time.perf_counter())
-        STATE["slow"] = ARGS.slow_rank == R and k >= ARGS.onset
+        STATE["slow"] = SLOW and k in SLOW_STEPS
         t_data = time.perf_counter()
         x = torch.randn(ARGS.batch, ARGS.width)  # "loading" the batch
         y = x.sum(dim=1, keepdim=True)
@@ -102,7 +117,8 @@ with ck.section("train"):
     starts.append(time.perf_counter())
     if R == 0 and ARGS.out:
         with open(ARGS.out, "w") as f:
-            json.dump({"step_ms": [(b - a) * 1000.0 for a, b in itertools.pairwise(starts)]}, f)
+            step_ms = [(b - a) * 1000.0 for a, b in itertools.pairwise(starts)]
+            json.dump({"step_ms": step_ms, "slow_steps": SLOW_STEPS}, f)
     if ARGS.out:  # every rank: its data, forward, backward and optimizer step times (ms)
         with open(f"{ARGS.out}.rank{R}", "w") as f:
             json.dump({"phases_ms": [[round(x * 1000.0, 3) for x in s] for s in spans]}, f)
