@@ -44,7 +44,13 @@ import pytest
 from conftest import REPO, WORKERS, JobResult, child_env, parse_output
 
 from hvdprof.autotune import AutotuneTrialLog, read_autotune_log
-from hvdprof.autotune.log import PHASE_TUNE, PHASE_WATCH, make_row
+from hvdprof.autotune.log import (
+    PHASE_DECISION,
+    PHASE_TUNE,
+    PHASE_WATCH,
+    ROLE_RECOMMENDED,
+    make_row,
+)
 from hvdprof.common import activities as act
 from hvdprof.common.records import TunableParams
 from hvdprof.config import Config
@@ -63,10 +69,8 @@ FAST_TUNING = {
     "HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE": "3",
     "HVDPROF_AUTOTUNE_WARMUP_SAMPLES": "0",
 }
-BEST_LINE = re.compile(
-    r"^hvdprof autotune: best HVDPROF_FUSION_THRESHOLD=(\d+) HVDPROF_CYCLE_TIME=([0-9.e+-]+) "
-    r"HVDPROF_CACHE_CAPACITY=(\d+) \(score ([0-9.]+) MB/s\)$"
-)
+#: the variables in a round's line (only those the tuner changed)
+ASSIGNMENT = re.compile(r"(HVDPROF_[A-Z_]+)=(\S+)")
 POLL_S = 0.02
 #: the log's header as documented: units in the column names
 HEADER = (
@@ -89,15 +93,20 @@ class LogPolls:
 
 
 def start_job(
-    num_proc: int, out: Path, *worker_args: str, env: dict[str, str], timeout: float
+    num_proc: int,
+    out: Path,
+    *worker_args: str,
+    env: dict[str, str],
+    timeout: float,
+    launcher_args: tuple[str, ...] = (),
 ) -> tuple[subprocess.Popen[bytes], Path, Path]:
-    """``hvdprof run -np N --timeout T -- python autotune_worker.py OUT ARGS`` in the
-    background; its stdout and stderr go to files (read once it has exited)."""
+    """``hvdprof run -np N --timeout T [LAUNCHER_ARGS] -- python autotune_worker.py OUT
+    ARGS`` in the background; its stdout and stderr go to files (read once it has exited)."""
     out.mkdir(parents=True, exist_ok=True)
     stdout, stderr = out / "launcher.stdout", out / "launcher.stderr"
     command = [
         sys.executable, "-m", "hvdprof", "run", "-np", str(num_proc), "--timeout", str(timeout),
-        "--", sys.executable, str(WORKERS / WORKER), str(out), *worker_args,
+        *launcher_args, "--", sys.executable, str(WORKERS / WORKER), str(out), *worker_args,
     ]  # fmt: skip
     with open(stdout, "wb") as so, open(stderr, "wb") as se:
         proc = subprocess.Popen(
@@ -177,16 +186,24 @@ def _tuple(p: TunableParams) -> list[Any]:
     return [p.fusion_threshold_bytes, p.cycle_time_ms, p.cache_enabled]
 
 
-def best_lines(result: JobResult) -> list[str]:
-    return [
-        line for line in result.lines(0, "stderr") if line.startswith("hvdprof autotune: best ")
-    ]
+def said_lines(result: JobResult, rank: int = 0) -> list[str]:
+    """The tuner's lines on a rank's stderr."""
+    return [line for line in result.lines(rank, "stderr") if line.startswith("hvdprof autotune:")]
 
 
-def params_of_best_line(line: str) -> TunableParams:
-    match = BEST_LINE.match(line)
-    assert match, f"not a best line in HVDPROF_*= form: {line!r}"
-    return TunableParams(int(match[1]), float(match[2]), int(match[3]) > 0)
+def params_of_line(line: str, default: TunableParams = DEFAULT) -> TunableParams:
+    """The configuration a round's line tells the user to set, over ``default``."""
+    head = line.split(" — ")[0]
+    assignments = dict(ASSIGNMENT.findall(head))
+    config = Config.from_env(assignments)
+    assert config.explicitly_set == frozenset(assignments), (line, assignments)
+    return TunableParams(
+        config.fusion_threshold_bytes if "HVDPROF_FUSION_THRESHOLD" in assignments
+        else default.fusion_threshold_bytes,
+        config.cycle_time_ms if "HVDPROF_CYCLE_TIME" in assignments else default.cycle_time_ms,
+        config.cache_capacity > 0 if "HVDPROF_CACHE_CAPACITY" in assignments
+        else default.cache_enabled,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the log
@@ -225,7 +242,7 @@ def log_problems(text: str, path: Path) -> tuple[list[str], int]:
             assert 0 <= int(row["first_step"]) <= int(row["last_step"])
             assert float(row["unix_time"]) > 1.6e9
             assert row["is_best"] in ("0", "1")
-            assert row["phase"] in (PHASE_TUNE, PHASE_WATCH)
+            assert row["phase"] in (PHASE_TUNE, PHASE_WATCH, PHASE_DECISION)
         except (AssertionError, ValueError) as exc:
             problems.append(f"line {lineno} has a bad value ({exc!r}): {row}")
     captured = _Captured()
@@ -282,12 +299,12 @@ def assert_same_history(result: JobResult, num_proc: int) -> list[tuple[int, Tun
 
 def assert_rows_follow_history(rows: list[Any], history: list[tuple[int, TunableParams]]) -> None:
     """The tuning rows measured the applied configurations, in the order applied."""
-    tuned = collapse([r.params for r in rows if r.phase == PHASE_TUNE])
+    tuned = collapse([r.params for r in rows if r.phase == PHASE_TUNE])  # not the decision
     applied = [p for _, p in history]
     assert tuned == applied[: len(tuned)], f"rows measured {tuned}\nranks applied {applied}"
     assert len(applied) <= len(tuned) + 1, f"applied but never measured: {applied[len(tuned) :]}"
     last = -1
-    for row in rows:
+    for row in (r for r in rows if r.phase != PHASE_DECISION):  # a decision is no window
         assert row.first_step > last, f"sample step ranges overlap or go back: {rows}"
         last = row.last_step
 
@@ -357,7 +374,9 @@ def test_log_well_formed_while_running(two_rank_run: dict[str, Any]) -> None:
     assert_rows_follow_history(rows, history)
     tune = [r for r in rows if r.phase == PHASE_TUNE]
     watch = [r for r in rows if r.phase == PHASE_WATCH]
-    assert len(tune) == 6, f"HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES=6 but {len(tune)} tune rows"
+    assert 2 <= len(tune) <= 6, f"HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES=6: {len(tune)} tune rows"
+    decisions = [r for r in rows if r.phase == PHASE_DECISION]
+    assert len(decisions) == 1 and rows.index(decisions[0]) == len(tune), rows
     assert tune[0].params == DEFAULT, "the starting configuration is the first sample"
     best = tuner_of(two_rank_run["result"])["best"]
     assert len(watch) >= 2 and all(_tuple(r.params) == best for r in watch), watch
@@ -382,9 +401,6 @@ def test_shared_memory_holds_the_threshold_and_windows_alternate(
             assert roles[i + 1] == "incumbent", roles
     assert tune[0].ratio_to_default == 1.0
     assert all(r.role == "watch" for r in rows if r.phase == PHASE_WATCH)
-    # the verdict follows the best line at the end of tuning
-    stderr = two_rank_run["result"].text(0, "stderr")
-    assert "x the default's throughput" in stderr or "keeping the default" in stderr, stderr
 
 
 def test_log_well_formed_while_running_at_three_ranks(three_rank_run: dict[str, Any]) -> None:
@@ -406,46 +422,57 @@ def test_explicit_cycle_time_is_not_searched(three_rank_run: dict[str, Any]) -> 
     # the other knobs were searched (5 windows: default, candidate, default, ...)
     searched = {(r.params.fusion_threshold_bytes, r.params.cache_enabled) for r in rows}
     assert len(searched) >= 2, searched
-    lines = best_lines(result)
-    assert lines and all("HVDPROF_CYCLE_TIME=2 " in line for line in lines), lines
 
 
-def test_best_printed_at_end_of_tuning_and_at_exit(two_rank_run: dict[str, Any]) -> None:
+def test_end_of_tuning_is_said_once_in_one_true_line(two_rank_run: dict[str, Any]) -> None:
     result = two_rank_run["result"]
     tuner = tuner_of(result)
-    lines = best_lines(result)
-    # once when the round finished, once more at exit (continuous mode: still watching)
-    assert len(lines) >= 2, f"best lines on rank 0's stderr: {lines}"
-    assert lines[-1] == tuner["best_line"], (lines, tuner)
-    for line in lines:
-        assert _tuple(params_of_best_line(line)) == tuner["best"], (line, tuner)
-    # the printed assignments are valid HVDPROF_* settings that reproduce the best
-    assignments = dict(part.split("=", 1) for part in lines[-1].split()[3:6])
-    config = Config.from_env(assignments)
-    assert config.explicitly_set == frozenset(assignments)
-    reproduced = TunableParams(
-        config.fusion_threshold_bytes, config.cycle_time_ms, config.cache_capacity > 0
-    )
-    assert _tuple(reproduced) == tuner["best"]
-    # only rank 0 tunes, so only rank 0 prints
-    assert not any("hvdprof autotune:" in line for line in result.lines(1, "stderr"))
+    lines = said_lines(result)
+    # once, when the round finished; not again at exit (it said what it did)
+    assert len(lines) == 1, f"the tuner's lines on rank 0's stderr: {lines}"
+    line = lines[0]
+    assert line == tuner["best_line"]
+    rows = read_autotune_log(two_rank_run["log"])
+    (decision,) = [r for r in rows if r.phase == PHASE_DECISION]
+    assert _tuple(decision.params) == tuner["best"]
+    if tuner["best"] == _tuple(DEFAULT):
+        # true: it kept the default, and prints none of the default's values as a finding
+        assert line.startswith("hvdprof autotune: kept the default — nothing to set: "), line
+        assert not ASSIGNMENT.findall(line.split(";")[0]), line
+        assert decision.role == "kept_default"
+    else:
+        # true: the variables it prints reproduce what it chose, and the gain is stated
+        assert _tuple(params_of_line(line)) == tuner["best"], (line, tuner)
+        assert " — step time " in line and "95% interval" in line and "paired steps" in line
+        assert decision.role == ROLE_RECOMMENDED
+    # only rank 0 tunes, so only rank 0 speaks
+    assert not said_lines(result, 1)
 
 
-def test_best_printed_at_exit_before_convergence(three_rank_run: dict[str, Any]) -> None:
+def test_stopped_mid_tuning_says_so_and_names_the_pinned_knob(
+    three_rank_run: dict[str, Any],
+) -> None:
     result = three_rank_run["result"]
     tuner = tuner_of(result)
     assert not tuner["converged"] and tuner["phase"] == "tune", tuner
-    lines = best_lines(result)
-    assert len(lines) == 1, f"expected only the line printed at exit: {lines}"
-    assert lines[0] == tuner["best_line"]
-    assert _tuple(params_of_best_line(lines[0])) == tuner["best"]
+    lines = said_lines(result)
+    assert len(lines) == 1, f"expected only the line said at exit: {lines}"
+    line = lines[0]
+    assert line == tuner["best_line"]
+    assert line.startswith("hvdprof autotune: the job ended while tuning (")
+    assert "nothing to set" in line
+    # the user's HVDPROF_CYCLE_TIME=2 is named as pinned (and was never tuned)
+    assert "pinned by you (not tuned): HVDPROF_CYCLE_TIME=2 (" in line, line
+    rows = read_autotune_log(three_rank_run["log"])
+    assert not [r for r in rows if r.phase == PHASE_DECISION]
 
 
 def test_timeline_records_samples_and_changes(two_rank_run: dict[str, Any]) -> None:
     run = load_traces(str(two_rank_run["timeline"]))
     assert not run.problems, run.problems
     events = run.traces[0].events
-    rows = read_autotune_log(two_rank_run["log"])
+    # one sample per measured window; the log's decision row is no window
+    rows = [r for r in read_autotune_log(two_rank_run["log"]) if r.phase != PHASE_DECISION]
     history = history_of(two_rank_run["result"], 0)
 
     samples = [e for e in events if e.get("name") == act.AUTOTUNE_SAMPLE]
@@ -583,3 +610,63 @@ def assert_same_history_at_least(
     assert all(h == histories[0] for h in histories), histories
     assert len(histories[0]) >= changes + 1, histories[0]
     return histories[0]
+
+
+# ------------------------------------------------------------- --autotune-from LOG
+
+
+def decision_log(path: Path, params: TunableParams) -> Path:
+    """An autotune log as a finished round leaves it: windows, then its decision row."""
+    with AutotuneTrialLog(path) as writer:
+        writer.write(make_row(DEFAULT, 1e8, 5, 7, False, PHASE_TUNE, role="incumbent"))
+        writer.write(make_row(params, 1.2e8, 9, 11, True, PHASE_TUNE, role="candidate"))
+        writer.write(
+            make_row(params, 1.2e8, 9, 11, True, PHASE_DECISION, role=ROLE_RECOMMENDED,
+                     ratio_to_default=1.2)
+        )  # fmt: skip
+    return path
+
+
+def test_autotune_from_starts_a_job_from_the_logged_variables(tmp_path: Path) -> None:
+    chosen = TunableParams(2 * MiB, 0.5, False)
+    log = decision_log(tmp_path / "tuned.csv", chosen)
+    # launched as a user would, without --autotune: every rank starts with the chosen
+    # values; a variable the user sets themselves wins over the log
+    for env, expected, kept in (
+        ({}, chosen, None),
+        ({"HVDPROF_CYCLE_TIME": "3"}, TunableParams(2 * MiB, 3.0, False), "HVDPROF_CYCLE_TIME"),
+    ):
+        out = tmp_path / f"job{len(env)}"
+        started = time.monotonic()
+        proc, so, se = start_job(
+            2, out, "--stop", "never", "--max-steps", "3", env=env, timeout=90.0,
+            launcher_args=("--autotune-from", str(log)),
+        )  # fmt: skip
+        result = finish_job(proc, so, se, started, 90.0)
+        result.assert_done(2)
+        for rank in (0, 1):
+            history = history_of(result, rank)
+            assert history == [(0, expected)], (rank, history)
+        said = [line for line in result.output.splitlines() if "--autotune-from" in line]
+        assert len(said) == 1, result.describe()
+        if kept:
+            assert f"(yours kept: {kept})" in said[0] and f"{kept}=" not in said[0], said
+        else:
+            assert "HVDPROF_FUSION_THRESHOLD=2097152 HVDPROF_CYCLE_TIME=0.5 " in said[0], said
+            assert "HVDPROF_CACHE_CAPACITY=0" in said[0], said
+
+
+def test_autotune_from_a_log_without_a_decision_is_one_clear_line(tmp_path: Path) -> None:
+    log = tmp_path / "cut.csv"
+    with AutotuneTrialLog(log) as writer:  # a job that ended while tuning
+        writer.write(make_row(DEFAULT, 1e8, 5, 7, True, PHASE_TUNE, role="incumbent"))
+    for path, why in ((log, "has no autotune decision"), (tmp_path / "none.csv", "no such file")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "hvdprof", "run", "-np", "2", "--autotune-from", str(path),
+             "--", sys.executable, "-c", "pass"],
+            capture_output=True, text=True, env=child_env({}, 60.0), cwd=REPO, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode != 0
+        err = proc.stderr.strip().splitlines()
+        assert len(err) == 1 and why in err[0] and str(path) in err[0], proc.stderr
+        assert "Traceback" not in proc.stderr

@@ -10,7 +10,7 @@ The tuner compares candidates with the incumbent in paired windows, so the singl
 highest-scoring window is one noisy measurement, not what it recommends. Since the paired
 tuner, each sample also records what the tuner decided by then (its role, the paired
 ratio to the default, the incumbent, the recommendation with its lower bound, and the
-verdict once the round ended): the verdict here is the tuner's own. Older traces have
+one line it said when the round ended): the verdict here is that line. Older traces have
 only ``is_best``: the recommendation is then the configuration of the last sample marked
 so (the rule the warm start reads from a log), compared by the mean of its windows.
 """
@@ -129,6 +129,10 @@ def autotune_report(run: Run) -> AutotuneReport:
     return out
 
 
+#: how the tuner's line starts on stderr (dropped in the analysis, which names autotune)
+_LINE_PREFIX = "hvdprof autotune: "
+
+
 def _key(params: dict[str, Any]) -> tuple[int, float, bool]:
     return (
         int(params.get("fusion_threshold_bytes", 0)),
@@ -146,28 +150,24 @@ def _describe_params(p: dict[str, Any]) -> str:
 
 
 def _paired_verdict(report: AutotuneReport) -> str:
-    """The tuner's recommendation and decision, in its own paired terms."""
+    """The tuner's own words: the one line it said when its last round ended (the
+    variables to set and the confirmed change of step time, or that it kept the default,
+    and any pinned knob), or, mid-round, where it stood."""
     rec = report.recommendation or {}
     n = len(report.samples)
-    tuning = report.decision is None  # no round ended: the recording stopped mid-search
-    head = f"Autotune scored {n} samples" + (
-        " and was still tuning when the recording ended" if tuning else ""
-    )
-    if rec.get("kept_default", False):
-        text = (
-            f"{head}; it keeps the default ({_describe_params(rec)}): no configuration beat "
-            "it in paired measurements"
-        )
-    else:
-        ratio = rec.get("ratio_to_default")
-        lower = rec.get("ratio_lower_bound")
-        text = f"{head}; the tuner {'so far ' if tuning else ''}recommends {_describe_params(rec)}"
-        if isinstance(ratio, int | float):
-            text += f": {ratio:.3f}x the default's throughput in paired measurements"
-            if isinstance(lower, int | float):
-                text += f" (at least {lower:.3f}x)"
     if report.decision:
-        text += f". The tuner's decision: {report.decision}"
+        line = report.decision.removeprefix(_LINE_PREFIX).rstrip(".")
+        return f"Autotune ({n} samples): {line}."
+    head = f"Autotune scored {n} samples and was still tuning when the recording ended"
+    if rec.get("kept_default", False):
+        return f"{head}; nothing is recommended yet: it runs the default ({_describe_params(rec)})."
+    ratio = rec.get("ratio_to_default")
+    lower = rec.get("ratio_lower_bound")
+    text = f"{head}; the tuner so far recommends {_describe_params(rec)}"
+    if isinstance(ratio, int | float):
+        text += f": {ratio:.3f}x the default's throughput in paired measurements"
+        if isinstance(lower, int | float):
+            text += f" (at least {lower:.3f}x)"
     return text + "."
 
 

@@ -22,32 +22,42 @@ Data flow (one way, as for every observer)::
 Lifecycle:
 
 1. Warmup: the first ``HVDPROF_AUTOTUNE_WARMUP_SAMPLES`` windows' worth of steps run with
-   the starting configuration and are discarded (the job is still warming up).
-2. Tuning: windows of ``HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE`` steps alternate between the
-   incumbent (first the starting configuration) and a candidate, as the tuner asks (see
-   ``tuner``), until ``HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES`` windows are scored, or fewer
-   when no finalist is left to confirm. Every window starts right after a switch of
-   parameters, so the step in which a switch lands (discarded) costs both sides alike.
-   The recommendation (the default unless something beat it in paired measurements) is
-   then proposed and printed as the ``HVDPROF_*`` variables to set, with a line saying
-   how it compared with the default.
-3. Watching (``HVDPROF_AUTOTUNE_CONTINUOUS``, the default): the recommendation keeps being
-   scored and logged (``phase=watch``). When its throughput leaves the band
-   ``baseline * (1 +- HVDPROF_AUTOTUNE_DRIFT_FRACTION)`` for
-   ``HVDPROF_AUTOTUNE_DRIFT_SAMPLES`` consecutive samples (see ``drift``), tuning re-opens.
+   the starting configuration and are discarded (the job is still warming up). Meanwhile,
+   and through the first window, the controller is a ``detailed`` observer: it learns the
+   job's structure (allreduced tensor sizes, bytes and time per step, the share of the
+   step the cycle thread waits between cycles; ``seeds.JobStructure``), then stops paying
+   for per-op records.
+2. Tuning: the tuner is built when the first window is scored, its candidates seeded from
+   that structure. Windows of at least ``HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE`` steps (more
+   when steps are short: a window lasts at least ``MIN_WINDOW_S``) alternate between the
+   incumbent and a candidate, as the tuner asks, until the round decides or
+   ``HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES`` windows are scored. Every window starts right
+   after a switch of parameters, so the step in which a switch lands (discarded) costs
+   both sides alike. The round's one line (``summary.end_line``) is printed, put on the
+   timeline and written to the log as a ``decision`` row, and the chosen configuration
+   (the default unless something passed the sequential test) is proposed.
+3. Watching (``HVDPROF_AUTOTUNE_CONTINUOUS``, the default): the choice keeps being scored
+   and logged (``phase=watch``). When its throughput leaves the band ``baseline * (1 +-
+   band)`` for ``HVDPROF_AUTOTUNE_DRIFT_SAMPLES`` consecutive samples (see ``drift``),
+   tuning re-opens. The band is ``HVDPROF_AUTOTUNE_DRIFT_FRACTION`` or three window
+   noises, whichever is wider: on a noisy tiny job a 20% band re-opened tuning again and
+   again, and each re-opening explored, which cost that job 17%.
 
-How tuning re-opens: a new tuner whose reference is the configuration in force (so the
-new round, too, never recommends something that did not beat it), the previous round's
-runner-ups (``REOPEN_REMEASURE`` of them) measured first. Its seed differs per round.
+How tuning re-opens: a short round (half the windows) whose reference is the configuration
+in force and whose only candidates are the previous round's runner-ups
+(``REOPEN_REMEASURE`` of them): no exploration, so re-opening cannot cost the job much, and
+it still never recommends something that did not beat what runs.
 
-Without continuous mode the controller goes quiet after proposing the best.
+Without continuous mode the controller goes quiet after proposing its choice.
 Only rank 0 constructs a controller; the other ranks just apply what rank 0 broadcasts.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import queue
+import statistics
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -56,8 +66,11 @@ from typing import Any, TextIO
 
 from hvdprof.autotune.drift import DriftDetector
 from hvdprof.autotune.log import (
+    PHASE_DECISION,
     PHASE_TUNE,
     PHASE_WATCH,
+    ROLE_KEPT,
+    ROLE_RECOMMENDED,
     ROLE_WATCH,
     AutotuneTrialLog,
     make_row,
@@ -71,9 +84,11 @@ from hvdprof.autotune.scoring import (
     StepTotals,
     score_steps,
 )
-from hvdprof.autotune.space import SearchSpace, env_assignments, space_from_config
+from hvdprof.autotune.seeds import JobStructure
+from hvdprof.autotune.space import SearchSpace, space_from_config
+from hvdprof.autotune.summary import end_line, stopped_line
 from hvdprof.autotune.tuner import Observation, PairedTuner
-from hvdprof.common.records import CycleRecord, TunableParams
+from hvdprof.common.records import CycleRecord, OpBatch, TunableParams
 from hvdprof.config import Config
 
 _log = logging.getLogger("hvdprof.autotune")
@@ -82,10 +97,18 @@ _log = logging.getLogger("hvdprof.autotune")
 AUTOTUNE_SEED = 0
 #: full steps discarded after the partial step in which new parameters landed
 DEFAULT_SETTLE_STEPS = 0
-#: runner-up configurations re-measured first when tuning re-opens after drift
+#: runner-up configurations re-measured when tuning re-opens after drift
 REOPEN_REMEASURE = 2
 #: how long ``close`` waits for the worker to finish the sample in hand
 _CLOSE_TIMEOUT_S = 30.0
+#: a window lasts at least this long: a few 4 ms steps are at the mercy of one GC pause
+MIN_WINDOW_S = 0.05
+#: ... but holds at most this many times HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE steps
+MAX_WINDOW_GROWTH = 4
+#: the drift band is at least this many window noises wide
+DRIFT_NOISES = 3.0
+#: distinct tensors remembered while learning the job's structure
+_MAX_TENSORS = 100_000
 
 #: controller phases
 PHASE_DONE = "done"
@@ -97,25 +120,19 @@ class _Sample:
     params: TunableParams
     phase: str
     steps: list[StepTotals]
+    wait_ns: int = 0  # time between cycles in the window (the cycle thread's waits)
+    tensors: dict[str, int] | None = None  # allreduced tensor sizes (structure only)
 
 
 _STOP = object()
 
 
-def format_best(params: TunableParams, score_bytes_per_s: float, cache_capacity: int) -> str:
-    """The line printed at the end of tuning and at exit: what to set next time."""
-    assignments = " ".join(f"{k}={v}" for k, v in env_assignments(params, cache_capacity).items())
-    return f"hvdprof autotune: best {assignments} (score {score_bytes_per_s / 1e6:.1f} MB/s)"
-
-
 class AutotuneController:
     """Implements ``CycleObserver`` plus ``poll_proposal``; see the module docstring.
 
-    ``out`` receives the "best configuration" lines (stderr by default); ``settle_steps``
-    and ``subwindows`` are exposed for tests and experiments.
+    ``out`` receives the end-of-round line (stderr by default); ``settle_steps`` and
+    ``subwindows`` are exposed for tests and experiments.
     """
-
-    detailed = False
 
     def __init__(
         self,
@@ -141,17 +158,27 @@ class AutotuneController:
         self._out = out
         self.reopened = 0
         self.samples_scored = 0
+        #: what the first steps showed (None until the first window is scored)
+        self.structure: JobStructure | None = None
+        #: the lines said so far (the end of each round, and at exit if tuning was cut)
+        self.lines: list[str] = []
         #: called on the worker thread for every scored sample:
         #: (params, bytes_per_s, first_step, last_step, is_best, phase, **decisions). The runtime points
         #: it at the timeline so samples appear next to the phases they tuned.
         self.on_sample: Callable[..., None] | None = None
         self.ignored_cycles = 0
+        #: per-op records wanted (the cycle reads this every cycle): only while learning
+        #: the job's structure
+        self.detailed = False
 
         # --- cycle-thread state (touched only by on_cycle / poll_proposal) ---
         self._target: TunableParams = initial
         self._phase = PHASE_TUNE
         self._window: SampleWindow | None = None
         self._closed = False
+        self._last_end: int | None = None
+        self._wait_ns = 0
+        self._tensors: dict[str, int] | None = None
 
         # --- shared: the proposal slot and the work queue ---
         self._lock = threading.Lock()
@@ -163,9 +190,12 @@ class AutotuneController:
 
         # --- worker-thread state ---
         self._tuner: PairedTuner | None = None
+        self._tuner_failed = False
         self._best: Observation | None = None
         self._drift = DriftDetector(config.autotune_drift_fraction, config.autotune_drift_samples)
         self._trial_log: AutotuneTrialLog | None = None
+        self._warm: list[TunableParams] = []
+        self._round_over = False
 
         if self.space.is_empty:
             _log.warning(
@@ -177,7 +207,7 @@ class AutotuneController:
             return
 
         # read the warm start before opening the log: they may name the same file
-        warm = self._read_warm_start(config.autotune_warm_start)
+        self._warm = self._read_warm_start(config.autotune_warm_start)
         if config.autotune_log:
             try:
                 self._trial_log = AutotuneTrialLog(config.autotune_log)
@@ -190,33 +220,57 @@ class AutotuneController:
             + config.autotune_warmup_samples * self.steps_per_sample,
             measure_steps=self.steps_per_sample,
         )
-        self._thread = threading.Thread(
-            target=self._run, args=(warm,), name="hvdprof-autotune", daemon=True
-        )
+        self.detailed = True  # learn the tensor sizes until the first window is scored
+        self._tensors = {}
+        self._thread = threading.Thread(target=self._run, name="hvdprof-autotune", daemon=True)
         self._thread.start()
 
     # --- the cycle thread's side ------------------------------------------------------
 
     def on_cycle(self, record: CycleRecord) -> None:
-        """Fold one cycle into the current sample. O(1); never blocks."""
+        """Fold one cycle into the current sample. O(1) per cycle (per op while learning
+        the structure); never blocks."""
         window = self._window
         if window is None or record.params != self._target:
             self.ignored_cycles += 1
+            self._last_end = None
             return
+        if self._tensors is not None:
+            self._learn_tensors(record)
         if record.params_changed and window.started:
             # the runtime (re-)applied the parameters mid-window: settle from here
             window = self._new_window(self.settle_steps + 1)
+        if self._last_end is not None and window.steps:
+            self._wait_ns += max(0, record.t_start - self._last_end)
+        self._last_end = record.t_end
         if not window.add(record.step, record.t_start, record.t_end, record.bytes_reduced):
             return
         with self._lock:
             self._submitted += 1
-        self._queue.put(_Sample(self._target, self._phase, window.steps))
+        tensors, self._tensors = self._tensors, None
+        self.detailed = False
+        self._queue.put(_Sample(self._target, self._phase, window.steps, self._wait_ns, tensors))
+        self._wait_ns = 0
         if self._phase == PHASE_WATCH:
             # nothing changes between watch samples: this record opens the next one
             window = self._new_window(0)
             window.add(record.step, record.t_start, record.t_end, record.bytes_reduced)
         else:
             self._window = None  # wait for the worker's next proposal
+
+    def _learn_tensors(self, record: CycleRecord) -> None:
+        ops = record.ops
+        tensors = self._tensors
+        if tensors is None or len(tensors) >= _MAX_TENSORS:
+            return
+        if isinstance(ops, OpBatch):
+            for name, kind in zip(ops.names, ops.kinds, strict=False):
+                if kind[0] == "ALLREDUCE":
+                    tensors[name] = kind[3]
+        else:
+            for op in ops:
+                if op.op == "ALLREDUCE":
+                    tensors[op.name] = op.nbytes
 
     def poll_proposal(self) -> TunableParams | None:
         """The parameters every rank should switch to, once; None when nothing is new."""
@@ -237,6 +291,8 @@ class AutotuneController:
 
     def _new_window(self, discard_steps: int) -> SampleWindow:
         self._window = SampleWindow(discard_steps, self.steps_per_sample)
+        self._wait_ns = 0
+        self._last_end = None
         return self._window
 
     # --- status -----------------------------------------------------------------------
@@ -253,16 +309,13 @@ class AutotuneController:
 
     @property
     def converged(self) -> bool:
-        """True once the current tuning round has scored its maximum samples."""
+        """True once the current tuning round has decided."""
         tuner = self._tuner
         return tuner is not None and tuner.converged
 
     def best_line(self) -> str | None:
-        """The ``hvdprof autotune: best HVDPROF_...`` line for the current best, if any."""
-        best = self._best
-        if best is None:
-            return None
-        return format_best(best.params, best.mean_score, self.config.cache_capacity)
+        """The last line said (the end of the last round), if any."""
+        return self.lines[-1] if self.lines else None
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until the worker has handled every sample handed to it (tests, shutdown)."""
@@ -270,7 +323,8 @@ class AutotuneController:
             return self._idle.wait_for(lambda: self._processed >= self._submitted, timeout)
 
     def close(self) -> None:
-        """Stop measuring, let the worker finish, print the best, close the log."""
+        """Stop measuring, let the worker finish, say so if tuning was cut short, close the
+        log. A round that ended has said its line already: it is not said again."""
         if self._closed:
             return
         self._closed = True
@@ -280,9 +334,9 @@ class AutotuneController:
             self._thread.join(_CLOSE_TIMEOUT_S)
             if self._thread.is_alive():
                 _log.warning("autotune worker did not stop within %.0f s", _CLOSE_TIMEOUT_S)
-        line = self.best_line()
-        if line is not None:
-            self._emit(line)
+        tuner = self._tuner
+        if tuner is not None and not self._round_over:
+            self._emit(stopped_line(tuner.samples_told, self.config, self.structure))
         if self._trial_log is not None:
             self._trial_log.close()
 
@@ -305,39 +359,34 @@ class AutotuneController:
         return [marked[-1]]
 
     def _new_tuner(
-        self, default: TunableParams, first_candidates: Sequence[TunableParams] = ()
+        self,
+        default: TunableParams,
+        first_candidates: Sequence[TunableParams] = (),
+        explore: bool = True,
+        max_samples: int | None = None,
     ) -> PairedTuner:
         return PairedTuner(
             self.space,
-            max_samples=self.config.autotune_max_samples,
+            max_samples=max_samples or self.config.autotune_max_samples,
             default=default,
             noise=self.config.autotune_gp_noise,
             seed=self.seed + self.reopened,
             first_candidates=first_candidates,
+            structure=self.structure,
+            explore=explore,
         )
 
     def _job_exiting(self) -> bool:
-        """True once the job is ending: closed, or the main thread has finished.
-
-        A script may exit right after ``init()`` while this thread is still importing the
-        optimizer; imports then fail ("can't register atexit after shutdown"). Exiting
-        early is normal, so such a failure is not worth a traceback.
-        """
+        """True once the job is ending: closed, or the main thread has finished."""
         return self._closed or not threading.main_thread().is_alive()
 
-    def _run(self, warm: list[TunableParams]) -> None:
-        try:
-            self._tuner = self._new_tuner(self.initial, first_candidates=warm)
-        except Exception:
-            if not self._job_exiting():
-                _log.exception("autotune disabled: the optimizer could not start")
-            self._tuner = None
+    def _run(self) -> None:
         while True:
             item = self._queue.get()
             if item is _STOP:
                 return
             try:
-                if self._tuner is not None and isinstance(item, _Sample):
+                if isinstance(item, _Sample) and not self._tuner_failed:
                     self._handle(item)
             except Exception:
                 if not self._job_exiting():
@@ -347,9 +396,36 @@ class AutotuneController:
                     self._processed += 1
                     self._idle.notify_all()
 
+    def _learn_structure(self, sample: _Sample) -> None:
+        """The job's structure from its first window (and the tensors seen until then);
+        windows grow to ``MIN_WINDOW_S`` when steps are short."""
+        steps = sample.steps
+        durations = [s.t_end_ns - s.t_start_ns for s in steps]
+        step_ns = statistics.median(durations) if durations else 0
+        window_ns = sum(durations)
+        tensors = tuple(sorted((sample.tensors or {}).values()))
+        self.structure = JobStructure(
+            step_s=step_ns / 1e9,
+            bytes_per_step=int(statistics.median(s.bytes_reduced for s in steps)) if steps else 0,
+            tensor_bytes=tensors,
+            wait_fraction=min(1.0, sample.wait_ns / window_ns) if window_ns > 0 else 0.0,
+        )
+        if step_ns > 0:
+            wanted = math.ceil(MIN_WINDOW_S * 1e9 / step_ns)
+            limit = self.config.autotune_steps_per_sample * MAX_WINDOW_GROWTH
+            self.steps_per_sample = max(self.steps_per_sample, min(wanted, limit))
+
     def _handle(self, sample: _Sample) -> None:
+        if self._tuner is None:
+            self._learn_structure(sample)
+            try:
+                self._tuner = self._new_tuner(self.initial, first_candidates=self._warm)
+            except Exception:
+                self._tuner_failed = True
+                if not self._job_exiting():
+                    _log.exception("autotune disabled: the tuner could not start")
+                return
         tuner = self._tuner
-        assert tuner is not None
         score = score_steps(sample.steps, self.subwindows)
         self.samples_scored += 1
         if sample.phase == PHASE_WATCH:
@@ -363,35 +439,51 @@ class AutotuneController:
         # the next window first: every step until it is posted goes unmeasured, and the
         # log row's fsync can wait
         if tuner.converged:
-            self._finish_round(tuner)
+            self._finish_round(tuner, score)
         else:
             self._post(tuner.ask(), PHASE_TUNE)
         self._write_row(sample.params, score, PHASE_TUNE, role)
+        if tuner.converged:
+            self._write_decision(tuner, score)
 
-    def _finish_round(self, tuner: PairedTuner) -> None:
+    def _finish_round(self, tuner: PairedTuner, score: SampleScore) -> None:
         best = tuner.best
         if best is None:  # nothing was told
             self._post(self.initial, PHASE_DONE)
             return
         self._best = best
-        self._emit(format_best(best.params, best.mean_score, self.config.cache_capacity))
-        self._emit(f"hvdprof autotune: {tuner.verdict()}")
+        self._round_over = True
+        self._emit(end_line(tuner.decision(), self.config, self.steps_per_sample, self.structure))
+        window_std = tuner.sigma / math.sqrt(2.0)
+        self._drift.fraction = max(
+            self.config.autotune_drift_fraction, math.expm1(DRIFT_NOISES * window_std)
+        )
         self._drift.reset()
         self._post(best.params, PHASE_WATCH if self.config.autotune_continuous else PHASE_DONE)
 
     def _reopen(self, old: PairedTuner) -> None:
-        """Tune again, the current best as the reference, its runner-ups measured first."""
+        """Tune again, briefly: what runs is the reference, the old runner-ups the only
+        candidates (no exploration)."""
         incumbent = self._best.params if self._best is not None else self.initial
+        # the old estimates describe the old regime: the best of them are re-measured
         runner_ups = [o.params for o in old.ranked() if o.params != incumbent]
-        self.reopened += 1
         _log.warning(
             "autotune: throughput drifted by more than %.0f%% for %d samples; re-opening tuning",
             100 * self._drift.fraction,
             len(self._drift.drifted),
         )
-        tuner = self._new_tuner(incumbent, first_candidates=runner_ups[:REOPEN_REMEASURE])
         self._drift.reset()
+        if not runner_ups:
+            return
+        self.reopened += 1
+        tuner = self._new_tuner(
+            incumbent,
+            first_candidates=runner_ups[:REOPEN_REMEASURE],
+            explore=False,
+            max_samples=max(2, self.config.autotune_max_samples // 2),
+        )
         self._tuner = tuner
+        self._round_over = False
         self._post(tuner.ask(), PHASE_TUNE)
 
     def _canonical(self, params: TunableParams) -> TunableParams:
@@ -400,6 +492,24 @@ class AutotuneController:
     def _post(self, params: TunableParams, phase: str) -> None:
         with self._lock:
             self._proposal = (params, phase)
+
+    def _write_decision(self, tuner: PairedTuner, score: SampleScore) -> None:
+        """The round's choice as the log's ``decision`` row: what ``--autotune-from`` and a
+        warm start read back."""
+        if self._trial_log is None:
+            return
+        decision = tuner.decision()
+        row = make_row(
+            decision.params,
+            tuner.observation(decision.params).mean_score,
+            score.first_step,
+            score.last_step,
+            True,
+            PHASE_DECISION,
+            role=ROLE_KEPT if decision.kept_default else ROLE_RECOMMENDED,
+            ratio_to_default=1.0 if decision.kept_default else math.exp(decision.log_ratio),
+        )
+        self._append(row)
 
     def _write_row(self, params: TunableParams, score: SampleScore, phase: str, role: str) -> None:
         best = self._best
@@ -427,6 +537,11 @@ class AutotuneController:
             role=role,
             ratio_to_default=None if estimate is None else estimate.ratio,
         )
+        self._append(row)
+
+    def _append(self, row: Any) -> None:
+        if self._trial_log is None:
+            return
         try:
             self._trial_log.write(row)
         except (OSError, ValueError) as exc:
@@ -438,8 +553,8 @@ class AutotuneController:
     ) -> dict[str, Any]:
         """What the tuner decided by this sample, for the timeline: the window's role, its
         configuration's paired ratio to the default, the incumbent, the recommendation
-        with its bounds, the noise of one comparison, and the verdict once a round ends.
-        A reader (the dashboard) shows these instead of re-ranking noisy single windows."""
+        with its bounds, the noise of one comparison, and the round's one line once it
+        ended. A reader (the dashboard) shows these instead of re-ranking noisy windows."""
         out: dict[str, Any] = {"role": role}
         if estimate is not None:
             out["ratio_to_default"] = estimate.ratio
@@ -456,11 +571,12 @@ class AutotuneController:
                 "ratio_lower_bound": best.ratio_lower_bound,
                 "kept_default": tuner.kept_default,
             }
-        if tuner.converged:
-            out["decision"] = tuner.verdict()
+        if tuner.converged and self._round_over and self.lines:
+            out["decision"] = self.lines[-1]
         return out
 
     def _emit(self, line: str) -> None:
+        self.lines.append(line)
         out = self._out if self._out is not None else sys.stderr
         print(line, file=out, flush=True)
 

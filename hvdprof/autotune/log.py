@@ -43,16 +43,22 @@ LOG_COLUMNS: tuple[str, ...] = (
     "ratio_to_default",
 )
 
-#: ``phase`` values: a sample the optimizer asked for, or a re-measurement of the best
-#: configuration while watching for drift (continuous mode)
+#: ``phase`` values: a sample the optimizer asked for, a re-measurement of the best
+#: configuration while watching for drift (continuous mode), or the round's decision (one
+#: row at the end of each round: the configuration chosen, ``role`` saying whether the
+#: default was kept, ``ratio_to_default`` the confirmed gain; not a measured window)
 PHASE_TUNE = "tune"
 PHASE_WATCH = "watch"
+PHASE_DECISION = "decision"
 
 #: ``role`` values: while tuning, windows alternate between the incumbent and a candidate
 #: (see ``tuner``); a watch row re-measures the recommendation
 ROLE_INCUMBENT = "incumbent"
 ROLE_CANDIDATE = "candidate"
 ROLE_WATCH = "watch"
+#: ``role`` of a decision row
+ROLE_RECOMMENDED = "recommended"
+ROLE_KEPT = "kept_default"
 
 _REQUIRED = ("fusion_threshold_bytes", "cycle_time_ms", "cache_enabled", "score_bytes_per_s")
 
@@ -232,3 +238,17 @@ def read_autotune_log(path: str | os.PathLike[str]) -> list[TrialRow]:
         except ValueError as exc:
             _log.warning("autotune log %s line %d skipped: %s", path, lineno, exc)
     return rows
+
+
+def read_decision(path: str | os.PathLike[str]) -> TrialRow:
+    """The last round's decision row of an autotune log (what ``hvdprof run
+    --autotune-from`` starts a job from). Raises ``ValueError`` naming the file when it has
+    none (a log from a job that ended while tuning, or from before decision rows)."""
+    rows = read_autotune_log(path)
+    decisions = [r for r in rows if r.phase == PHASE_DECISION]
+    if not decisions:
+        raise ValueError(
+            f"{path} has no autotune decision: the job ended before a round of tuning did "
+            f"({len(rows)} windows logged)"
+        )
+    return decisions[-1]

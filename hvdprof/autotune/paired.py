@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 #: pseudo-observations behind the prior noise level when pooling the residuals' variance
-PRIOR_WEIGHT = 4.0
+PRIOR_WEIGHT = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +100,7 @@ def window_noise(incumbent_steps: Sequence[float], prior_std: float) -> float:
     >>> round(window_noise([], 0.2), 3)
     0.2
     >>> round(window_noise([0.1, -0.1] * 50, 0.2), 3)  # differences of 0.1: noise ~0.07
-    0.08
+    0.075
     """
     sum_sq = sum(d * d for d in incumbent_steps) / 2
     var = (PRIOR_WEIGHT * prior_std**2 + sum_sq) / (PRIOR_WEIGHT + len(incumbent_steps))

@@ -1,0 +1,149 @@
+"""Where to search: candidate configurations seeded from the job's own structure.
+
+A Gaussian process over the whole space needs more windows than a 300-step budget holds
+before it leaves the neighbourhood of the default, and on these machines the best cycle
+times measured (0.5 and 0.2 ms) and the best thresholds (just below the job's large
+gradients) were not in that neighbourhood. The gains come from a few places that the first
+steps of the job already reveal:
+
+* **Thresholds at the job's tensor sizes.** A tensor at least as large as the threshold is
+  reduced in place; a smaller one is copied into a fusion buffer. A threshold just above a
+  class of large gradients (the default 4 MiB over 3 MiB weights) copies each of them for
+  almost no saved backend call; one at their size reduces them in place. So each of the
+  largest size classes is a candidate, as is a threshold that fuses the whole step, and
+  the log-scale extremes (a sixteenth and sixteen times the default).
+* **Cycle times on a log scale**, a fifth to five times the default, but none longer than
+  a quarter of the measured step: a 50 ms cycle in a 4 ms step slows the job tenfold, and
+  exploring it is what made tuning cost a tiny job 17%.
+* **The response cache** flipped, once.
+
+Each candidate changes one knob of the default; the tuner adds the combination of the best
+threshold and the best cycle time once both are measured. Pure functions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hvdprof.autotune.space import (
+    CACHE_AXIS,
+    CYCLE_AXIS,
+    CYCLE_TIME_MAX_MS,
+    CYCLE_TIME_MIN_MS,
+    FUSION_AXIS,
+    FUSION_THRESHOLD_MAX_BYTES,
+    FUSION_THRESHOLD_MIN_BYTES,
+    SearchSpace,
+)
+from hvdprof.common.records import TunableParams
+
+KiB = 1024
+#: gradients at least this large form a "size class" worth a threshold of its own
+LARGE_TENSOR_BYTES = 256 * KiB
+#: size classes (by bytes they carry per step) that get a threshold candidate
+SIZE_CLASSES = 3
+#: candidate thresholds nearer than this factor to one already listed are dropped
+MIN_SPACING = 1.3
+#: cycle times tried, as multiples of the default
+CYCLE_FACTORS = (0.2, 0.5, 2.0, 5.0)
+#: no candidate cycle time exceeds this fraction of the measured step
+MAX_CYCLE_OF_STEP = 0.25
+#: threshold extremes, as multiples of the default
+THRESHOLD_FACTORS = (1 / 16, 16.0)
+
+
+@dataclass(frozen=True, slots=True)
+class JobStructure:
+    """What the first steps showed: step time, bytes per step, allreduced tensor sizes, and
+    the share of the step the cycle thread spent waiting between cycles."""
+
+    step_s: float
+    bytes_per_step: int
+    tensor_bytes: tuple[int, ...] = ()  # one entry per distinct allreduced tensor
+    wait_fraction: float = 0.0
+
+
+def _far_from(value: float, others: Sequence[float]) -> bool:
+    return all(max(value, o) / max(min(value, o), 1e-12) >= MIN_SPACING for o in others)
+
+
+def threshold_candidates(default_bytes: int, structure: JobStructure | None) -> list[int]:
+    """Thresholds worth a window, most promising first (see the module doc)."""
+    out: list[int] = []
+
+    def add(nbytes: float) -> None:
+        value = int(min(max(nbytes, FUSION_THRESHOLD_MIN_BYTES), FUSION_THRESHOLD_MAX_BYTES))
+        value = value // KiB * KiB  # at or below the size: the tensor is reduced in place
+        if _far_from(value, [default_bytes, *out]):
+            out.append(value)
+
+    if structure is not None and structure.tensor_bytes:
+        totals: dict[int, int] = {}
+        for size in structure.tensor_bytes:
+            if size >= LARGE_TENSOR_BYTES:
+                totals[size] = totals.get(size, 0) + size
+        for size in sorted(totals, key=lambda s: -totals[s])[:SIZE_CLASSES]:
+            add(size)
+        total = sum(structure.tensor_bytes)
+        if total > 0:  # fuse the whole step
+            add(2 ** math.ceil(math.log2(total)))
+    for factor in THRESHOLD_FACTORS:
+        add(default_bytes * factor)
+    return out
+
+
+def cycle_candidates(default_ms: float, structure: JobStructure | None) -> list[float]:
+    """Cycle times worth a window: shorter ones first (cheap to try), none beyond a quarter
+    of the measured step."""
+    limit = CYCLE_TIME_MAX_MS
+    if structure is not None and structure.step_s > 0:
+        limit = max(default_ms, structure.step_s * 1000 * MAX_CYCLE_OF_STEP)
+    out: list[float] = []
+    for factor in CYCLE_FACTORS:
+        value = min(max(default_ms * factor, CYCLE_TIME_MIN_MS), CYCLE_TIME_MAX_MS)
+        if value <= limit and _far_from(value, [default_ms, *out]):
+            out.append(value)
+    return out
+
+
+def seed_candidates(
+    space: SearchSpace, default: TunableParams, structure: JobStructure | None
+) -> list[TunableParams]:
+    """One-knob variations of ``default`` over the searched axes, rounded as proposals are,
+    each once; cycle times first, then thresholds, then the cache."""
+    axes = space.axes
+    out: list[TunableParams] = []
+
+    def add(p: TunableParams) -> None:
+        if space.contains(p):
+            p = space.canonical(p)
+            if p != default and p not in out:
+                out.append(p)
+
+    if CYCLE_AXIS in axes:
+        for ms in cycle_candidates(default.cycle_time_ms, structure):
+            add(TunableParams(default.fusion_threshold_bytes, ms, default.cache_enabled))
+    if FUSION_AXIS in axes:
+        for nbytes in threshold_candidates(default.fusion_threshold_bytes, structure):
+            add(TunableParams(nbytes, default.cycle_time_ms, default.cache_enabled))
+    if CACHE_AXIS in axes:
+        add(
+            TunableParams(
+                default.fusion_threshold_bytes, default.cycle_time_ms, not default.cache_enabled
+            )
+        )
+    return out
+
+
+def combine(default: TunableParams, a: TunableParams, b: TunableParams) -> TunableParams:
+    """``a``'s changes to ``default`` together with ``b``'s (a's win where both changed)."""
+    values = {}
+    for axis in (FUSION_AXIS, CYCLE_AXIS, CACHE_AXIS):
+        base = getattr(default, axis)
+        va, vb = getattr(a, axis), getattr(b, axis)
+        values[axis] = va if va != base else vb
+    return TunableParams(
+        int(values[FUSION_AXIS]), float(values[CYCLE_AXIS]), bool(values[CACHE_AXIS])
+    )
