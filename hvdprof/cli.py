@@ -178,6 +178,12 @@ def _add_run(commands: Any) -> None:
     run.add_argument("--autotune", action="store_true", help="tune fusion and cycle time live")
     run.add_argument("--autotune-log", metavar="PATH", help="CSV log of autotune samples")
     run.add_argument(
+        "--autotune-from",
+        metavar="LOG",
+        help="start from the variables an earlier job's autotune log decided (any you set "
+        "yourself win)",
+    )
+    run.add_argument(
         "--cycle-time-ms", type=_like_env(name_of("cycle_time_ms")), metavar="MS", help="cycle time"
     )
     run.add_argument(
@@ -255,6 +261,8 @@ def run_overrides(args: argparse.Namespace) -> dict[str, str]:
         overrides[name_of("autotune")] = "1"
     if args.autotune_log is not None:
         overrides[name_of("autotune_log")] = os.path.abspath(args.autotune_log)
+    if getattr(args, "autotune_from", None) is not None:
+        overrides.update(_autotune_from(args.autotune_from, overrides))
     if args.cycle_time_ms is not None:
         overrides[name_of("cycle_time_ms")] = args.cycle_time_ms
     if args.fusion_threshold_mb is not None:
@@ -262,6 +270,29 @@ def run_overrides(args: argparse.Namespace) -> dict[str, str]:
     if args.start_timeout is not None:
         overrides[name_of("start_timeout_s")] = args.start_timeout
     return overrides
+
+
+def _autotune_from(path: str, overrides: dict[str, str]) -> dict[str, str]:
+    """The variables an earlier autotune log decided, less those set by an option or in
+    the environment (a knob the user pinned stays pinned); says what it applies."""
+    from hvdprof.autotune.summary import assignments_from_log
+
+    try:
+        found, kept = assignments_from_log(path)
+    except (OSError, ValueError) as exc:
+        raise HvdprofError(f"run --autotune-from: {exc}") from None
+    if kept:
+        print(
+            f"hvdprof run: --autotune-from {path}: that tuner kept the default; nothing to set",
+            file=sys.stderr,
+        )
+        return {}
+    use = {k: v for k, v in found.items() if k not in overrides and k not in os.environ}
+    mine = [k for k in found if k not in use]
+    applied = " ".join(f"{k}={v}" for k, v in use.items()) or "nothing"
+    note = f" (yours kept: {', '.join(mine)})" if mine else ""
+    print(f"hvdprof run: --autotune-from {path}: {applied}{note}", file=sys.stderr)
+    return use
 
 
 def _check_environment(overrides: dict[str, str]) -> None:
