@@ -725,7 +725,7 @@ def test_controller_tunes_converges_prints_and_reopens_on_drift(
     ctl = AutotuneController(config, DEFAULT, rank=0, out=out)
     assert ctl.detailed is True  # per-op records while it learns the job's structure
     rt = FakeRuntime(ctl, DEFAULT)
-    # warmup (1 window), then 10 windows of about 6 steps (partial + 4 + 1)
+    # warmup (1 window), then 10 windows of about 7 steps (partial + settle + 4 + 1)
     rt.run_until(lambda: ctl.phase == PHASE_WATCH, max_steps=100)
     assert ctl.converged and ctl.detailed is False
     structure = ctl.structure
@@ -751,14 +751,14 @@ def test_controller_tunes_converges_prints_and_reopens_on_drift(
     assert decision.params == best.params and decision.is_best
     assert decision.role == ("kept_default" if best.params == DEFAULT else "recommended")
     assert [r.params for r in rows] == [DEFAULT, *rt.proposals[:9]]
-    assert rows[0].first_step == 1 + 4  # the partial step and the warmup window skipped
+    assert rows[0].first_step == 1 + 1 + 4  # the partial step, a settle step, the warmup
     for prev, row in itertools.pairwise(rows):
         assert row.last_step == row.first_step + 3
         if row.params != prev.params:
             applied = max(
                 s for s, p in rt.applied_at_step if p == row.params and s < row.first_step
             )
-            assert row.first_step == applied + 1  # the partial step skipped
+            assert row.first_step == applied + 2  # the partial step and a settle step
     # windows alternate: the default first, every candidate between incumbent windows
     roles = [r.role for r in rows]
     assert roles[:2] == [ROLE_INCUMBENT, ROLE_CANDIDATE]

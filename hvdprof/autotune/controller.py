@@ -87,7 +87,7 @@ from hvdprof.autotune.scoring import (
 from hvdprof.autotune.seeds import JobStructure
 from hvdprof.autotune.space import SearchSpace, space_from_config
 from hvdprof.autotune.summary import end_line, stopped_line
-from hvdprof.autotune.tuner import Observation, PairedTuner
+from hvdprof.autotune.tuner import Decision, Observation, PairedTuner
 from hvdprof.common.records import CycleRecord, OpBatch, TunableParams
 from hvdprof.config import Config
 
@@ -95,8 +95,11 @@ _log = logging.getLogger("hvdprof.autotune")
 
 #: the optimizer's seed: the same job tunes the same way twice
 AUTOTUNE_SEED = 0
-#: full steps discarded after the partial step in which new parameters landed
-DEFAULT_SETTLE_STEPS = 0
+#: full steps discarded after the partial step in which new parameters landed: right after
+#: a switch, cycle times under 1 ms ran slower than once settled (the grid's short blocks
+#: put 0.2 ms at 0.95-1.06x the default where longer blocks put it at 1.30-1.38x), and the
+#: tuner's windows, each right after a switch, saw the same transient
+DEFAULT_SETTLE_STEPS = 1
 #: runner-up configurations re-measured when tuning re-opens after drift
 REOPEN_REMEASURE = 2
 #: how long ``close`` waits for the worker to finish the sample in hand
@@ -312,6 +315,12 @@ class AutotuneController:
         """True once the current tuning round has decided."""
         tuner = self._tuner
         return tuner is not None and tuner.converged
+
+    def decision(self) -> Decision | None:
+        """What the current round decided, or would were it to end now (None before the
+        first window is scored)."""
+        tuner = self._tuner
+        return None if tuner is None else tuner.decision()
 
     def best_line(self) -> str | None:
         """The last line said (the end of the last round), if any."""
