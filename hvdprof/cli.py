@@ -316,6 +316,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             "run: no command given; usage: hvdprof run -np N [options] [--] COMMAND [ARGS...]"
         )
     overrides = run_overrides(args)
+    _turn_off_an_unwritable_horovod_timeline(overrides)
     _check_environment(overrides)
     horovod = horovod_settings({**os.environ, **overrides})
     if horovod:
@@ -352,9 +353,35 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
+def _turn_off_an_unwritable_horovod_timeline(overrides: dict[str, str]) -> None:
+    """``HOROVOD_TIMELINE`` naming a place no timeline can be written (``/proc/x.json``, a
+    path too long): one warning, then every rank starts with the timeline off and the
+    job trains on, as Horovod does. (Our own ``--timeline``/``HVDPROF_TIMELINE`` stays a
+    clear error before any rank starts: the user asked hvdprof for that directory.)"""
+    horovod = horovod_settings({**os.environ, **overrides})
+    if name_of("timeline_dir") not in horovod:
+        return
+    from hvdprof.timeline.session import horovod_warning, write_problem
+
+    problem = write_problem(horovod[name_of("timeline_dir")][0])
+    if problem is not None:
+        warning = horovod_warning(os.environ.get("HOROVOD_TIMELINE", ""), problem)
+        print(f"hvdprof run: {warning}", file=sys.stderr)
+        overrides[name_of("timeline_dir")] = ""
+
+
 def _write_horovod_timeline(directory: str, path: str) -> None:
     """``HOROVOD_TIMELINE=FILE``: leave the merged trace of every rank at FILE, as
     Horovod leaves its one timeline there (the per-rank files stay in ``directory``)."""
+    import glob
+
+    if not glob.glob(os.path.join(glob.escape(directory), "rank.*.json*")):
+        print(
+            f"hvdprof run: HOROVOD_TIMELINE={path}: no rank recorded a timeline, so no "
+            "merged one was written",
+            file=sys.stderr,
+        )
+        return
     try:
         from hvdprof.timeline.merge import merge_directory
 

@@ -548,6 +548,10 @@ def name_of(attr: str) -> str:
     return _BY_ATTR[attr].name
 
 
+#: ``HOROVOD_TIMELINE`` value: record nothing until ``start_timeline`` (Horovod's word)
+HOROVOD_TIMELINE_DYNAMIC = "DYNAMIC"
+
+
 def horovod_timeline_paths(value: str) -> tuple[str, str]:
     """(directory, file) for Horovod's ``HOROVOD_TIMELINE``, which names one file.
 
@@ -556,7 +560,12 @@ def horovod_timeline_paths(value: str) -> tuple[str, str]:
     (a link to it) while the job runs, and ``hvdprof run`` replaces it with the merged
     trace of every rank when the job ends: a file that opens in Perfetto, as Horovod's.
     An existing directory is used as it is (no file).
+
+    As in Horovod, an empty value means no timeline, and ``DYNAMIC`` means none until
+    ``hvd.start_timeline(path)``: both give ``("", "")``.
     """
+    if not value.strip() or value == HOROVOD_TIMELINE_DYNAMIC:
+        return "", ""
     if os.path.isdir(value):
         return value, ""
     stem = value[: -len(".json")] if value.endswith(".json") else value
@@ -627,7 +636,9 @@ def horovod_table() -> str:
     rows = ["| Horovod's variable | sets | note |", "|---|---|---|"]
     notes = {
         "HOROVOD_TIMELINE": "a file: the ranks' directory goes beside it "
-        "(`t.json` -> `t.ranks/`); the file is rank 0's trace, then the merged one",
+        "(`t.json` -> `t.ranks/`); the file is rank 0's trace, then the merged one. "
+        "Empty: off; `DYNAMIC`: off until `hvd.start_timeline(path)`; a path that cannot "
+        "be written: one warning, and the job trains without a timeline",
         "HOROVOD_STALL_CHECK_DISABLE": "1 sets the check time to 0 (off)",
         "HOROVOD_LOG_LEVEL": "trace/debug -> debug, fatal -> error",
         "HOROVOD_CPU_OPERATIONS": "gloo or mpi (ccl is refused)",
@@ -697,6 +708,9 @@ class Config:
     explicitly_set: frozenset[str] = field(default_factory=frozenset)
     #: the file ``HOROVOD_TIMELINE`` named (rank 0 links it to its trace), else ""
     horovod_timeline_file: str = ""
+    #: ``HOROVOD_TIMELINE``'s value when it set ``timeline_dir``, else "": a timeline
+    #: that cannot be written is then a warning and the job trains on, as in Horovod
+    horovod_timeline: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Config:
@@ -728,10 +742,16 @@ class Config:
             logging.getLogger("hvdprof").warning(
                 "ignoring unknown environment variable(s): %s", ", ".join(unknown)
             )
-        timeline_file = ""
+        timeline_file = horovod_timeline = ""
         if "HVDPROF_TIMELINE" in horovod:
-            timeline_file = horovod_timeline_paths(env.get("HOROVOD_TIMELINE", ""))[1]
-        return cls(**values, explicitly_set=frozenset(present), horovod_timeline_file=timeline_file)
+            horovod_timeline = env.get("HOROVOD_TIMELINE", "")
+            timeline_file = horovod_timeline_paths(horovod_timeline)[1]
+        return cls(
+            **values,
+            explicitly_set=frozenset(present),
+            horovod_timeline_file=timeline_file,
+            horovod_timeline=horovod_timeline,
+        )
 
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)

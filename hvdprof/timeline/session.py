@@ -7,8 +7,10 @@ cycle thread, at a cycle every rank agreed on, so a switch can never tear a nego
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import sys
 from typing import Any
 
 from hvdprof.common import timebase
@@ -29,12 +31,24 @@ class TimelineSession:
         if samples:
             self.clock.update(estimate_offset(samples))
 
-    def open(self, directory: str, mark_cycles: bool, gzip: bool | None = None) -> TimelineSink:
-        """Create this rank's sink; runs on the cycle thread (or in init, before it starts)."""
+    def open(
+        self, directory: str, mark_cycles: bool, gzip: bool | None = None
+    ) -> TimelineSink | None:
+        """Create this rank's sink; runs on the cycle thread (or in init, before it starts).
+
+        None when the directory came from ``HOROVOD_TIMELINE`` at init and cannot be
+        written: as in Horovod, a warning and no timeline, and the job trains on.
+        """
         runtime = self.runtime
         config = runtime.config.replace(timeline_dir=directory, timeline_mark_cycles=mark_cycles)
         if gzip is not None:
             config = config.replace(timeline_gzip=gzip)
+        horovod = runtime.config.horovod_timeline
+        if horovod and directory == runtime.config.timeline_dir:
+            problem = write_problem(directory)
+            if problem is not None:
+                _warn_once_per_host(runtime, horovod_warning(horovod, problem))
+                return None
         _check_writable(directory, runtime.rank)
         self.sink = TimelineSink(
             config,
@@ -95,7 +109,6 @@ class TimelineSession:
 def _link_horovod_file(path: str, trace: str) -> None:
     """Make ``HOROVOD_TIMELINE``'s file rank 0's trace (a symlink) while the job runs;
     ``hvdprof run`` replaces it with the merged trace at the end."""
-    import contextlib
     import logging
 
     try:
@@ -121,16 +134,75 @@ def _check_writable(directory: str, rank: int) -> None:
             "path) to a directory"
         )
     try:
+        _probe(directory, f".write-test.rank.{rank}")
+    except (OSError, ValueError) as exc:
+        raise HvdprofError(
+            f"hvdprof rank {rank}: the timeline path {directory!r} cannot be written "
+            f"({_reason(exc)}); set HVDPROF_TIMELINE to a writable directory"
+        ) from None
+
+
+def _probe(directory: str, name: str) -> None:
+    """Create ``directory`` (and its parents) and write, then remove, a file in it; on
+    failure, remove the folders this created (a path too long for the system fails
+    only some levels down, after creating the levels above)."""
+    missing = []
+    parent = os.path.abspath(directory)
+    while not os.path.isdir(parent) and parent != os.path.dirname(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    try:
         os.makedirs(directory, exist_ok=True)
-        probe = os.path.join(directory, f".write-test.rank.{rank}")
+        probe = os.path.join(directory, name)
         with open(probe, "w") as f:
             f.write("ok")
         os.remove(probe)
-    except OSError as exc:
-        raise HvdprofError(
-            f"hvdprof rank {rank}: the timeline path {directory!r} cannot be written "
-            f"({exc.strerror or exc}); set HVDPROF_TIMELINE to a writable directory"
-        ) from None
+    except BaseException:
+        for folder in missing:  # deepest first
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        raise
+
+
+def _reason(exc: BaseException) -> str:
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+
+
+def write_problem(directory: str) -> str | None:
+    """Why no timeline can be written into ``directory`` (one phrase), or None when it
+    can; creates it as the ranks would."""
+    problem = timeline_path_problem(directory)
+    if problem is not None:
+        return problem
+    try:
+        _probe(directory, f".write-test.{os.getpid()}")
+    except (OSError, ValueError) as exc:  # (ValueError: a NUL byte in the path)
+        return f"{_reason(exc)} for {shorten(directory)}"
+    return None
+
+
+def shorten(path: str, limit: int = 120) -> str:
+    """``path`` quoted, its middle cut when longer than ``limit`` characters."""
+    if len(path) <= limit:
+        return repr(path)
+    return f"{path[: limit // 2]!r}...{path[-limit // 4 :]!r} ({len(path)} characters)"
+
+
+def horovod_warning(value: str, problem: str) -> str:
+    """The one line said when ``HOROVOD_TIMELINE=value`` cannot be written."""
+    return (
+        f"HOROVOD_TIMELINE={shorten(value)}: will not write a timeline ({problem}); "
+        "the job trains on without one"
+    )
+
+
+def _warn_once_per_host(runtime: Any, message: str) -> None:
+    """Rank 0 and each host's local rank 0 say it (``hvdprof run`` says it once, before
+    the ranks start, and then starts them with the timeline off)."""
+    topology = getattr(runtime, "topology", None)
+    if runtime.rank == 0 or getattr(topology, "local_rank", 0) == 0:
+        sys.stderr.write(f"hvdprof rank {runtime.rank}: {message}\n")
+        sys.stderr.flush()
 
 
 def _directory_of(file_path: str) -> tuple[str, bool | None]:
