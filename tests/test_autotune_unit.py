@@ -645,6 +645,7 @@ class FakeRuntime:
         cycles_per_step: int = 3,
         bytes_per_step: int = 100 * MiB,
         apply_delay: int = 2,
+        step_noise: float = 0.1,
     ) -> None:
         self.ctl = controller
         self.params = params
@@ -652,6 +653,7 @@ class FakeRuntime:
         self.cycles_per_step = cycles_per_step
         self.bytes_per_step = bytes_per_step
         self.apply_delay = apply_delay
+        self.step_noise = step_noise
         self.slowdown = 1.0
         self.t = 0
         self.cycle = 0
@@ -671,7 +673,9 @@ class FakeRuntime:
     def run_steps(self, steps: int) -> None:
         for _ in range(steps):
             thr = true_throughput(self.params) / self.slowdown
-            step_ns = self.bytes_per_step / thr * 1e9 * math.exp(self.rng.normal(0, 0.1))
+            step_ns = (
+                self.bytes_per_step / thr * 1e9 * math.exp(self.rng.normal(0, self.step_noise))
+            )
             per_cycle_ns = int(step_ns / self.cycles_per_step)
             for _ in range(self.cycles_per_step):
                 changed = False
@@ -804,6 +808,26 @@ def test_controller_tunes_converges_prints_and_reopens_on_drift(
     assert len(read_autotune_log(config.autotune_log)) == n_rows
     assert ctl.poll_proposal() is None
     ctl.close()  # idempotent
+
+
+def test_drift_band_widens_with_the_measured_noise(tmp_path: os.PathLike[str]) -> None:
+    """A noisy job whose throughput does not move never re-opens tuning: the band is at
+    least three window noises wide. (A tiny job lost 17% to re-opening again and again.)
+    With the configured 10% band alone, the same watch samples would have re-opened it."""
+    config = _controller_config(
+        tmp_path, autotune_drift_fraction=0.1, autotune_drift_samples=3, autotune_max_samples=10
+    )
+    ctl = AutotuneController(config, DEFAULT, out=io.StringIO())
+    rt = FakeRuntime(ctl, DEFAULT, seed=3, step_noise=0.3)
+    rt.run_until(lambda: ctl.phase == PHASE_WATCH, max_steps=200)
+    rt.run_steps(400)  # about 100 watch windows, the same throughput throughout
+    ctl.close()
+    assert ctl.reopened == 0
+    watch = [r.score_bytes_per_s for r in read_autotune_log(config.autotune_log)]
+    watch = watch[[r.phase for r in read_autotune_log(config.autotune_log)].index(PHASE_WATCH) :]
+    assert len(watch) >= 80
+    narrow = DriftDetector(0.1, 3)
+    assert any(narrow.update(score) for score in watch), "the test's noise is too small"
 
 
 def test_controller_without_continuous_mode_goes_quiet(tmp_path: os.PathLike[str]) -> None:

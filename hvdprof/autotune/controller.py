@@ -104,8 +104,9 @@ DEFAULT_SETTLE_STEPS = 1
 REOPEN_REMEASURE = 2
 #: how long ``close`` waits for the worker to finish the sample in hand
 _CLOSE_TIMEOUT_S = 30.0
-#: a window lasts at least this long: a few 4 ms steps are at the mercy of one GC pause
-MIN_WINDOW_S = 0.05
+#: a window lasts at least this long: three 4 ms steps are at the mercy of one GC pause (a
+#: guess, not measured: long enough for a few steps, short enough for a round in ~300)
+MIN_WINDOW_S = 0.025
 #: ... but holds at most this many times HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE steps
 MAX_WINDOW_GROWTH = 4
 #: the drift band is at least this many window noises wide
