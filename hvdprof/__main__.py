@@ -1,6 +1,13 @@
 """``python -m hvdprof ...`` behaves exactly like the ``hvdprof`` console command."""
 
-# First, so that a folder named hvdprof in the current directory, which Python takes for
+# First of all, `hvdprof run` holds SIGUSR1 instead of dying of it (hvdprof/launch_signal.py).
+import sys
+
+from hvdprof import launch_signal
+
+launch_signal.hold_for(sys.argv[1] if len(sys.argv) > 1 else None)
+
+# Then, so that a folder named hvdprof in the current directory, which Python takes for
 # the package under `python -m`, is noticed and repaired (hvdprof/shadowing.py).
 from hvdprof.shadowing import repair_if_shadowed
 

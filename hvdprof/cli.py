@@ -10,10 +10,18 @@ traceback, because the person reading it is starting a job, not debugging hvdpro
 
 from __future__ import annotations
 
+import sys
+
+from hvdprof import launch_signal
+
+# Before the imports below (~80 ms): the console script imports this module before it
+# calls main(), and `hvdprof run` must not die of an early SIGUSR1.
+if sys.argv[:1] and sys.argv[0].rsplit("/", 1)[-1] == "hvdprof":  # the console script
+    launch_signal.hold_for(sys.argv[1] if len(sys.argv) > 1 else None)
+
 import argparse
 import os
 import signal
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -120,9 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="make a running job print every rank's Python stacks",
         description="Send SIGUSR1 to PID: `hvdprof run`'s launcher forwards it to every "
         "rank, and a rank prints its threads' Python stacks to its stderr (each line "
-        "prefixed 'hvdprof rank N:') and puts a STACKS instant on its timeline.",
+        "prefixed 'hvdprof rank N:') and puts a STACKS instant on its timeline. PID must "
+        "be an hvdprof job that handles SIGUSR1 (an `hvdprof run` launcher, or a rank "
+        "after hvd.init()); any other process is refused, since SIGUSR1 would end it.",
     )
-    stacks.add_argument("pid", type=int, metavar="PID", help="the launcher's (or a rank's) pid")
+    stacks.add_argument("pid", metavar="PID", help="the launcher's (or a rank's) pid")
     stacks.set_defaults(handler=_cmd_stacks)
     _add_dashboard(commands)
     _add_analysis(commands)
@@ -414,11 +424,19 @@ def _cmd_timeline_merge(args: argparse.Namespace) -> int:
 
 
 def _cmd_stacks(args: argparse.Namespace) -> int:
+    from hvdprof.stack_target import parse_pid, refusal
+
+    pid, problem = parse_pid(args.pid)
+    if pid is None:
+        raise HvdprofError(f"stacks: {problem}")
+    why = refusal(pid)
+    if why is not None:
+        raise HvdprofError(f"stacks: {why}")
     try:
-        os.kill(args.pid, signal.SIGUSR1)
+        os.kill(pid, signal.SIGUSR1)
     except ProcessLookupError:
-        raise HvdprofError(f"no process {args.pid}") from None
-    print(f"asked process {args.pid} for its ranks' Python stacks (SIGUSR1): see its output")
+        raise HvdprofError(f"stacks: no process {pid}") from None
+    print(f"asked process {pid} for its ranks' Python stacks (SIGUSR1): see its output")
     return 0
 
 
@@ -432,6 +450,8 @@ def _cmd_env(_args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hvdprof`` command; returns the process exit code."""
+    if argv is None:  # (done at import for the console script; here for other callers)
+        launch_signal.hold_for(sys.argv[1] if len(sys.argv) > 1 else None)
     from hvdprof.shadowing import repair_if_shadowed
 
     repair_if_shadowed()

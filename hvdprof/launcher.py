@@ -33,13 +33,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, BinaryIO, TextIO
 
+from hvdprof import launch_signal
 from hvdprof.config import env_var, name_of
 from hvdprof.errors import ConfigError
+from hvdprof.runtime import stacks
 from hvdprof.runtime.threads import per_rank_threads, usable_cores, user_thread_setting
 
 #: Address of the rendezvous store; ranks are local, so it is always the loopback.
@@ -233,36 +235,55 @@ class _SignalTrap:
     The watch loop turns a recorded signal into an orderly stop of all ranks. Handlers
     can only be installed from the main thread; elsewhere the trap stays empty and the
     caller's thread keeps its default behaviour.
+
+    SIGUSR1 (a request for the ranks' stacks) is counted by ``hvdprof/launch_signal.py``,
+    which ``hvdprof run`` arms as its first statement, so a request that arrives before
+    the ranks run is held, not fatal. With ``hold_stack_requests`` False (the elastic
+    launcher, which does not forward) it is ignored instead. Either way a rank starts
+    with SIGUSR1 ignored (:meth:`spawning`): an ignored signal stays ignored across exec,
+    so a request that reaches a rank before hvdprof installed its handler is dropped
+    instead of killing it (the default action).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, hold_stack_requests: bool = False) -> None:
         self.received: list[int] = []
-        #: SIGUSR1s received, to forward to the ranks (each asks for their stacks)
-        self.stack_requests = 0
+        self._hold = hold_stack_requests
         self._wake = threading.Event()
         self._previous: dict[int, object] = {}
+
+    def take_stack_requests(self) -> int:
+        """SIGUSR1s not yet forwarded, counted since ``hvdprof run`` started."""
+        return launch_signal.take() if self._hold else 0
 
     def __enter__(self) -> _SignalTrap:
         if threading.current_thread() is threading.main_thread():
             for signum in _TRAPPED_SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
             if _STACKS_SIGNAL is not None:
-                # Ignored while the ranks are spawned: an ignored signal stays ignored
-                # across exec, so a SIGUSR1 that reaches a rank before hvdprof installed
-                # its handler is dropped instead of killing it (the default action).
-                self._previous[_STACKS_SIGNAL] = signal.signal(_STACKS_SIGNAL, signal.SIG_IGN)
+                self._previous[_STACKS_SIGNAL] = signal.getsignal(_STACKS_SIGNAL)
+                if self._hold:
+                    launch_signal.hold()
+                    launch_signal.wake_on_request(self._wake.set)
+                else:
+                    signal.signal(_STACKS_SIGNAL, signal.SIG_IGN)
         return self
 
-    def forward_stack_requests(self) -> None:
-        """From now on (every rank started), count SIGUSR1s for the watch loop to forward."""
-        if _STACKS_SIGNAL is not None and _STACKS_SIGNAL in self._previous:
-            signal.signal(_STACKS_SIGNAL, self._stack_request)
-
-    def _stack_request(self, _signum: int, _frame: object) -> None:
-        self.stack_requests += 1
-        self._wake.set()
+    @contextlib.contextmanager
+    def spawning(self) -> Iterator[None]:
+        """SIGUSR1 ignored while a rank is forked and exec'd (it inherits that); a request
+        in those few milliseconds is lost, never fatal."""
+        if not self._hold or _STACKS_SIGNAL not in self._previous:
+            yield
+            return
+        signal.signal(_STACKS_SIGNAL, signal.SIG_IGN)
+        try:
+            yield
+        finally:
+            signal.signal(_STACKS_SIGNAL, launch_signal.handler())
 
     def __exit__(self, *exc: object) -> None:
+        if self._hold:
+            launch_signal.wake_on_request(None)
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
 
@@ -338,6 +359,8 @@ class Job:
         self.grace = grace
         self.ranks: list[_Rank] = []
         self._exit_order: list[_Rank] = []
+        #: ranks owed a forwarded SIGUSR1 (they did not handle it yet when it came)
+        self._stacks_owed: set[int] = set()
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -348,11 +371,10 @@ class Job:
             self.sink.message(problem[1])
             return problem[0]
         started = time.monotonic()
-        with _SignalTrap() as trap:
+        with _SignalTrap(hold_stack_requests=True) as trap:
             try:
-                code = self._spawn_all()
+                code = self._spawn_all(trap)
                 if code is None:
-                    trap.forward_stack_requests()
                     code = self._watch(trap, started)
             finally:
                 self._stop(signal.SIGKILL, trap, quiet=True)
@@ -363,7 +385,7 @@ class Job:
             self.sink.message(f"job finished with exit code {code} after {elapsed:.1f} s")
         return code
 
-    def _spawn_all(self) -> int | None:
+    def _spawn_all(self, trap: _SignalTrap) -> int | None:
         """Start every rank; on a spawn error, report it and return its exit code."""
         port = find_free_port()
         if self.verbose:
@@ -374,7 +396,7 @@ class Job:
         for rank in range(self.num_proc):
             env = rank_environment(self.env, rank, self.num_proc, port)
             try:
-                self.ranks.append(self._spawn(rank, env))
+                self.ranks.append(self._spawn(rank, env, trap))
             except OSError as exc:
                 self.sink.message(f"cannot start rank {rank}: {exc.strerror or exc}")
                 self._stop(signal.SIGTERM, None)
@@ -383,17 +405,18 @@ class Job:
                 self.sink.message(f"rank {rank} started, pid {self.ranks[-1].proc.pid}")
         return None
 
-    def _spawn(self, rank: int, env: Mapping[str, str]) -> _Rank:
+    def _spawn(self, rank: int, env: Mapping[str, str], trap: _SignalTrap) -> _Rank:
         tees = {stream: self._open_tee(rank, stream) for stream in ("stdout", "stderr")}
         try:
-            proc = subprocess.Popen(
-                self.command,
-                env=dict(env),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
+            with trap.spawning():
+                proc = subprocess.Popen(
+                    self.command,
+                    env=dict(env),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
         except OSError:
             for tee in tees.values():
                 if tee is not None:
@@ -423,11 +446,11 @@ class Job:
     def _watch(self, trap: _SignalTrap, started: float) -> int:
         """Poll until every rank is done, one fails, a signal arrives or time runs out."""
         deadline = None if self.timeout is None else started + self.timeout
-        forwarded = 0
         while True:
-            if trap.stack_requests > forwarded:
-                forwarded = trap.stack_requests
-                self._forward_stack_request()
+            if trap.take_stack_requests():
+                self._ask_for_stacks()
+            if self._stacks_owed:
+                self._deliver_stack_requests()
             if trap.received:
                 return self._on_launcher_signal(trap)
             if deadline is not None and time.monotonic() >= deadline:
@@ -439,13 +462,36 @@ class Job:
                 return 0
             trap.sleep(POLL_SECONDS)
 
-    def _forward_stack_request(self) -> None:
-        """SIGUSR1 to each running rank's process (not its group: a data-loader worker
-        has no handler); each prints its Python stacks."""
+    def _ask_for_stacks(self) -> None:
+        """Owe a SIGUSR1 to each running rank (requests that arrive together are one);
+        :meth:`_deliver_stack_requests` sends it once the rank handles it."""
         running = self._running()
+        self._stacks_owed.update(r.rank for r in running)
+        self._deliver_stack_requests()
+        waiting = [r for r in running if r.rank in self._stacks_owed]
+        asked = [r for r in running if r.rank not in self._stacks_owed]
+        said = f"received SIGUSR1; asking {_ranks_named(asked)} for their stacks" if asked else ""
+        if waiting:
+            said = (said + "; " if said else "received SIGUSR1; ") + (
+                f"{_ranks_named(waiting)} still starting (no stack handler yet), "
+                "asked as soon as each has one"
+            )
+        self.sink.message(said or "received SIGUSR1; no rank is running")
+
+    def _deliver_stack_requests(self) -> None:
+        """SIGUSR1 to each rank owed one whose process handles it now (not its group: a
+        data-loader worker has no handler); each prints its Python stacks. A rank that
+        still ignores it (importing, before hvdprof's handler) keeps its request."""
         assert _STACKS_SIGNAL is not None
-        self.sink.message(f"received SIGUSR1; asking {_ranks_named(running)} for their stacks")
-        for r in running:
+        for r in self.ranks:
+            if r.rank not in self._stacks_owed:
+                continue
+            if r.returncode is not None:
+                self._stacks_owed.discard(r.rank)
+                continue
+            if stacks.handles_stack_signal(r.proc.pid) is False:
+                continue
+            self._stacks_owed.discard(r.rank)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(r.proc.pid, _STACKS_SIGNAL)
 

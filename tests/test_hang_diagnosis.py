@@ -453,6 +453,8 @@ def test_where_skips_the_library_frames_of_a_wait() -> None:
 
 
 def test_hvdprof_stacks_sends_sigusr1_to_the_pid() -> None:
+    # a rank of an hvdprof job (its environment says so) that handles SIGUSR1; any
+    # other process is refused (tests/test_stacks_guard.py)
     child = subprocess.Popen(
         [
             sys.executable,
@@ -464,6 +466,7 @@ def test_hvdprof_stacks_sends_sigusr1_to_the_pid() -> None:
         ],
         stdout=subprocess.PIPE,
         text=True,
+        env=child_env({"HVDPROF_RANK": "0", "HVDPROF_SIZE": "1"}),
     )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"

@@ -12,11 +12,19 @@ puts a ``STACKS`` instant on its timeline. ``hvdprof run`` starts its ranks with
 ignored, so a SIGUSR1 forwarded before the handler is installed is dropped rather than
 killing the rank (SIGUSR1's default action); the handler is installed as soon as
 ``hvdprof.torch`` is imported under ``hvdprof run``, and by ``init()`` in any case.
+
+``hvdprof stacks PID`` signals only a process that is an hvdprof job and handles SIGUSR1
+now (``hvdprof/stack_target.py``): SIGUSR1 ends any other. A rank that installs the
+handler leaves a marker for it (``$TMPDIR/hvdprof-<uid>/stacks/<pid>``, holding the
+process's start time, so a reused pid is not taken for it; removed at exit), which is
+how a rank started by mpirun, torchrun or srun is recognised; this module also reads
+``/proc`` for the signal's disposition in another process.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import signal
 import sys
@@ -166,6 +174,7 @@ def install(rank: int | None) -> bool:
     if current not in (signal.SIG_DFL, signal.SIG_IGN, None):
         return False
     signal.signal(signal.SIGUSR1, _on_signal)
+    _register()
     return True
 
 
@@ -174,3 +183,102 @@ def install_under_launcher() -> None:
     raw = os.environ.get(name_of("rank"), "")
     if raw.isdigit():
         install(int(raw))
+
+
+# ------------------------------------------------------------- who handles SIGUSR1
+_registered: int | None = None  # the pid whose marker this process wrote
+
+
+def marker_dir(uid: int, tmpdir: str | None = None) -> str:
+    """Where the processes of user ``uid`` that handle SIGUSR1 for hvdprof leave a marker."""
+    base = tmpdir or os.environ.get("TMPDIR") or "/tmp"
+    return os.path.join(base, f"hvdprof-{uid}", "stacks")
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat``, field 22):
+    with the pid, it names one process for good. None without /proc or the process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()  # the name in () may hold anything
+    return fields[19] if len(fields) > 19 else None
+
+
+def _register() -> None:
+    """Leave this process's marker (best effort: no marker means only that ``hvdprof
+    stacks`` recognises the process by its environment or command line alone)."""
+    global _registered
+    pid = os.getpid()
+    getuid = getattr(os, "getuid", None)
+    if _registered == pid or getuid is None:
+        return
+    started = start_time(pid)
+    if started is None:
+        return
+    directory = marker_dir(getuid())
+    path = os.path.join(directory, str(pid))
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        info = os.lstat(directory)
+        if info.st_uid != getuid() or not os.path.isdir(directory):
+            return  # someone else's folder: leave no file there
+        with open(path, "w") as f:
+            f.write(started)
+    except OSError:
+        return
+    _registered = pid
+    import atexit
+
+    atexit.register(_unregister, pid, path)
+
+
+def _unregister(pid: int, path: str) -> None:
+    if os.getpid() == pid:  # (a forked child runs its parent's atexit too)
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+def registered(pid: int, uid: int, tmpdirs: list[str]) -> bool:
+    """Whether process ``pid`` of user ``uid`` left its marker in one of ``tmpdirs``."""
+    started = start_time(pid)
+    if started is None:
+        return False
+    for tmpdir in dict.fromkeys(tmpdirs):
+        try:
+            with open(os.path.join(marker_dir(uid, tmpdir), str(pid))) as f:
+                if f.read(64).strip() == started:
+                    return True
+        except (OSError, UnicodeDecodeError):
+            continue
+    return False
+
+
+def stack_signal_disposition(pid: int) -> str | None:
+    """SIGUSR1 in process ``pid``: ``caught`` (a handler), ``ignored`` or ``default``
+    (it would end the process), from ``/proc/PID/status``; None when that cannot be read."""
+    if not hasattr(signal, "SIGUSR1"):
+        return None
+    bit = 1 << (signal.SIGUSR1 - 1)
+    masks: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for raw in f:
+                key, _, value = raw.decode("ascii", "replace").partition(":")
+                if key in ("SigIgn", "SigCgt"):
+                    masks[key] = int(value.strip(), 16)
+    except (OSError, ValueError):
+        return None
+    if len(masks) < 2:
+        return None
+    if masks["SigCgt"] & bit:
+        return "caught"
+    return "ignored" if masks["SigIgn"] & bit else "default"
+
+
+def handles_stack_signal(pid: int) -> bool | None:
+    """Whether process ``pid`` has a SIGUSR1 handler now; None when it cannot be told."""
+    state = stack_signal_disposition(pid)
+    return None if state is None else state == "caught"
