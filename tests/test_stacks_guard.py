@@ -336,3 +336,23 @@ def test_an_early_sigusr1_is_held_and_forwarded(delay_ms: int) -> None:
     assert sum("received SIGUSR1" in x for x in job.lines) == 1, f"{why}\n{out}"
     dumps = [x for x in job.lines if x == f"[0]<stderr>:hvdprof rank 0: {stacks.END_MARKER}"]
     assert len(dumps) == 1, f"{why}\n{out}"
+
+
+def test_markers_of_processes_that_are_gone_are_pruned(tmp_path: Path) -> None:
+    """A SIGKILLed rank leaves its marker; the next process that registers removes it."""
+    markers = Path(stacks.marker_dir(os.getuid(), str(tmp_path)))
+    markers.mkdir(parents=True)
+    gone = dead_pid()
+    (markers / str(gone)).write_text("12345")  # no process has that pid and start time
+    (markers / str(os.getpid())).write_text("1")  # a live pid, another start time: reused
+    done = subprocess.run(
+        [sys.executable, "-c", "import os\nfrom hvdprof.runtime import stacks\n"
+         "assert stacks.install(0)\nprint(sorted(os.listdir(stacks.marker_dir(os.getuid()))))\n"
+         "print(os.getpid())"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+        env=child_env({"TMPDIR": str(tmp_path)}),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    listed, pid = done.stdout.splitlines()
+    assert listed == str([pid]), done.stdout  # only its own, while it ran
+    assert sorted(p.name for p in markers.iterdir()) == []  # and none after it exited

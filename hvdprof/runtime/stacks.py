@@ -230,9 +230,27 @@ def _register() -> None:
     except OSError:
         return
     _registered = pid
+    _prune(directory)
     import atexit
 
     atexit.register(_unregister, pid, path)
+
+
+def _prune(directory: str, most: int = 1000) -> None:
+    """Remove the markers of processes that are gone (a SIGKILLed rank leaves its own)."""
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(directory)[:most]:
+            if not entry.isdigit():
+                continue
+            path = os.path.join(directory, entry)
+            try:
+                with open(path) as f:
+                    alive = f.read(64).strip() == start_time(int(entry))
+            except (OSError, UnicodeDecodeError):
+                continue
+            if not alive:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
 
 
 def _unregister(pid: int, path: str) -> None:
