@@ -304,9 +304,9 @@ def test_diff_splits_work_from_waiting(tmp_path: Path) -> None:
     assert "Consequences: each rank's waiting" in proc.stdout
 
 
-def test_diff_counts_a_once_only_tensor_per_step(tmp_path: Path) -> None:
-    """A tensor reduced in the first step only (a start-up broadcast) is compared per
-    step like every other row: its time over the run / (ranks x steps), not per op."""
+def test_diff_leaves_a_once_only_tensor_out_of_the_per_step_rows(tmp_path: Path) -> None:
+    """A tensor reduced in the first step only (a start-up broadcast) is not per-step work:
+    no tensor row (it would read as a per-step cost), listed as one-time instead."""
     a, _ = synth(tmp_path, "a", ranks=2, steps=5, tensors=2, group_size=1)
     b, _ = synth(tmp_path, "b", ranks=2, steps=5, tensors=2, group_size=1, step_us=20_000.0)
     once = "allreduce.layer1.grad"
@@ -324,10 +324,11 @@ def test_diff_counts_a_once_only_tensor_per_step(tmp_path: Path) -> None:
     index = run_b.tensors.index(once)
     timed = ((s.phase == PHASE_NEGOTIATE) | (s.phase == PHASE_OP)) & (s.tensor == index)
     assert 0 < int((timed & (s.phase == PHASE_OP)).sum()) == 2  # one op per rank
-    rank_steps = sum(r.steps for r in time_breakdown(run_b).ranks)
     d = diff_runs(load_run(a, cache=False), run_b)
-    row = next(r for r in d.rows if r.kind == "tensor" and r.key == once)
-    assert row.b_ms == pytest.approx(float(s.dur_us[timed].sum()) / 1000.0 / rank_steps)
+    assert d.one_time == [once]
+    assert not any(r.kind == "tensor" and r.key == once for r in d.rows)
+    assert once not in d.only_in_a + d.only_in_b
+    assert any(r.kind == "tensor" for r in d.rows)  # the other tensor is compared
 
 
 # --- timeline_window ---------------------------------------------------------------------------

@@ -1,23 +1,30 @@
 """Answers checked against ground truth: real jobs with a known fault, and the verdicts.
 
-Each scenario trains a small MLP (``workers/answers_worker.py``) at 2, 3 or 4 ranks with
-the timeline on; one rank spends a known ``DELAY_MS`` more per step in data loading, in
-forward or in backward (a hook on a gradient), from the start or from a known step on.
-Rank 0 writes its measured step times, every rank its own data + forward + backward
-times: the step-time change ``delta`` the fault caused
-(against a balanced run at the same size, or before the onset in the same run) is the
-ground truth the straggler's cost is checked against, within
-``[0.75 min(delta, d), 1.25 max(delta, d)]``. Balanced runs, repeated, must name no one
-unless the worker's own measurements show that rank really was slower (a shared 2-core
-machine can starve one rank: then the verdict is right, not a false alarm).
-The delays are large (100 ms against a step of 10-40 ms): the verdict's gates include
-twice the run's step-to-step noise, and with other jobs on the 2-core machine that noise
-reaches 30 ms. The tests never assert how long anything took.
+Each scenario trains a small MLP (``workers/answers_worker.py``) at 2 to 8 ranks with the
+timeline on; one rank (or several: a slow host) spends a known delay more per step in data
+loading, in forward or in backward (a hook on a gradient), in every step or in a seeded
+share of them, from the start or from a known step on. Rank 0 writes its measured step
+times and the steps it slowed, every rank its own data + forward + backward times. The
+ground truth of a fault's cost is ``d``, the injected delay per step (averaged over the
+steps judged, for an intermittent fault), and ``delta``, the step-time change it caused
+(against the balanced twin at the same size, model and backend, or before the onset in the
+same run); the verdict's cost must lie within ``[0.75 min(delta, d), 1.25 max(delta, d)]``.
+
+Every scenario runs twice: on a quiet machine and beside busy processes (one Python spin
+loop per core at normal priority, as a test suite or another job on a shared box), and the
+verdicts must hold in both. Balanced twins must name no one, unless the worker's own
+measurements show that the named rank's code really was slower by the cost named (a
+starved rank is then a true answer, not a false alarm). The tests never assert how long
+anything took.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,39 +36,60 @@ from launch_support import run_mpi
 from hvdprof.analysis import diff_runs, find_stragglers, load_run
 from hvdprof.analysis.stragglers import Stragglers
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(900)
 
 DELAY_MS = 100.0
 STEPS = 20
 MID_RUN_STEPS, ONSET = 24, 8
+TINY = ("--width", "64", "--layers", "4", "--batch", "16")
 
 
 @dataclass(frozen=True)
 class Scenario:
     ranks: int
-    slow_rank: int = -1
+    slow: tuple[int, ...] = ()
     where: str = "data"
     onset: int = 0
     steps: int = STEPS
     backend: str = ""  # HVDPROF_BACKEND ("" = auto: shared memory on one host)
     mpi: bool = False  # under mpirun (negotiation over MPI) instead of hvdprof run
     delay_ms: float = DELAY_MS
+    fraction: float = 1.0  # share of the steps slowed (seeded: the same on every run)
+    tiny: bool = False  # a tiny model: a short step
+    hosts: str = ""  # HVDPROF_HOSTNAME, one name per rank
 
 
 SCENARIOS: dict[str, Scenario] = {
     "balanced-2": Scenario(2),
     "balanced-2-again": Scenario(2),
+    "balanced-2-tiny": Scenario(2, steps=120, tiny=True),
     "balanced-3-gloo": Scenario(3, backend="gloo"),
+    "balanced-4-hosts": Scenario(4, hosts="a,a,b,b"),
+    "balanced-8-tiny": Scenario(8, tiny=True),
     # negotiation over the TCP star, allreduce through shared memory
-    "data-2": Scenario(2, slow_rank=1, where="data"),
+    "data-2": Scenario(2, slow=(1,), where="data"),
     # negotiation over the TCP star, collectives through Gloo
-    "forward-3-gloo": Scenario(3, slow_rank=2, where="forward", backend="gloo"),
+    "forward-3-gloo": Scenario(3, slow=(2,), where="forward", backend="gloo"),
+    # a small fault on a short step
+    "data-2-tiny-3ms": Scenario(2, slow=(1,), steps=120, tiny=True, delay_ms=3.0),
+    # a rank slow in a quarter of the steps, 40 ms each time
+    "intermittent-2": Scenario(2, slow=(1,), steps=100, delay_ms=40.0, fraction=0.25),
+    # two slow ranks: the two ranks of host b
+    "two-slow-4-hosts": Scenario(4, slow=(2, 3), delay_ms=30.0, hosts="a,a,b,b"),
+    # one slow rank of 8 (a tiny model: 8 processes share 2 cores)
+    "data-8-tiny": Scenario(8, slow=(5,), delay_ms=40.0, tiny=True),
     # faults from step ONSET on: their ground truth is the run's own steps before it
     "backward-4-mid-run": Scenario(
-        4, slow_rank=1, where="backward", onset=ONSET, steps=MID_RUN_STEPS
+        4, slow=(1,), where="backward", onset=ONSET, steps=MID_RUN_STEPS
     ),
     # negotiation and collectives over MPI (no MPI baseline: the rank and phase are checked)
-    "backward-2-mpi": Scenario(2, slow_rank=1, where="backward", mpi=True),
+    "backward-2-mpi": Scenario(2, slow=(1,), where="backward", mpi=True),
+}
+BALANCED = [name for name, sc in SCENARIOS.items() if not sc.slow]
+PHASE = {
+    "data": "before_first_gradient",
+    "forward": "before_first_gradient",
+    "backward": "backward",
 }
 
 
@@ -69,25 +97,45 @@ SCENARIOS: dict[str, Scenario] = {
 class Outcome:
     timeline: Path
     step_ms: list[float]  # rank 0's measured step times (ground truth)
-    own_ms: list[float]  # per rank, median of its data + forward + backward time per step
+    slow_steps: list[int]  # the steps the fault slowed
+    own_ms: list[float]  # per rank, mean of its data + forward + backward time per step
+
+
+@pytest.fixture(scope="module", params=["quiet", "loaded"])
+def load(request: pytest.FixtureRequest) -> Iterator[str]:
+    """ "loaded": one Python spin loop per core, at normal priority, beside every job."""
+    spinners: list[subprocess.Popen[bytes]] = []
+    if request.param == "loaded":
+        for _ in range(os.cpu_count() or 1):
+            spinners.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+    try:
+        yield request.param
+    finally:
+        for p in spinners:
+            p.kill()
+        for p in spinners:
+            p.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
-def scenario(tmp_path_factory: pytest.TempPathFactory):
-    """``scenario(name)``: run it once per module, return its timeline and step times."""
+def scenario(tmp_path_factory: pytest.TempPathFactory, load: str):
+    """``scenario(name)``: run it once per module and load, return its ground truth."""
     done: dict[str, Outcome] = {}
 
     def get(name: str) -> Outcome:
         if name in done:
             return done[name]
         sc = SCENARIOS[name]
-        base = tmp_path_factory.mktemp(name)
+        base = tmp_path_factory.mktemp(f"{name}-{load}")
         tl, out = base / "tl", base / "steps.json"
-        args = ["--steps", str(sc.steps), "--out", str(out)]
-        if sc.slow_rank >= 0:
-            args += ["--slow-rank", str(sc.slow_rank), "--delay-ms", str(sc.delay_ms)]
+        args = ["--steps", str(sc.steps), "--out", str(out), *(TINY if sc.tiny else ())]
+        if sc.slow:
+            args += ["--slow-rank", ",".join(map(str, sc.slow)), "--delay-ms", str(sc.delay_ms)]
             args += ["--where", sc.where, "--onset", str(sc.onset)]
+            args += ["--fraction", str(sc.fraction), "--seed", "3"]
         env = {"HVDPROF_BACKEND": sc.backend} if sc.backend else {}
+        if sc.hosts:
+            env["HVDPROF_HOSTNAME"] = sc.hosts
         job: JobResult
         if sc.mpi:
             env = {
@@ -95,77 +143,99 @@ def scenario(tmp_path_factory: pytest.TempPathFactory):
                 "HVDPROF_TIMELINE": str(tl),
                 "OMPI_MCA_mpi_yield_when_idle": "1",  # no busy polling on 2 shared cores
             }
-            job = run_mpi("answers_worker.py", sc.ranks, *args, env=env, timeout=240)
+            job = run_mpi("answers_worker.py", sc.ranks, *args, env=env, timeout=300)
         else:
             job = run_job(
                 "answers_worker.py",
                 sc.ranks,
                 *args,
                 env=env,
-                timeout=240,
+                timeout=300,
                 launcher_args=("--timeline", str(tl)),
             )
         job.assert_section("train", sc.ranks)
         job.assert_done(sc.ranks)
-        steps = json.loads(out.read_text())["step_ms"]
+        truth = json.loads(out.read_text())
         own = []
         for r in range(sc.ranks):
             phases = json.loads(Path(f"{out}.rank{r}").read_text())["phases_ms"][1:]
-            own.append(float(np.median([sum(x[:3]) for x in phases])))
-        done[name] = Outcome(tl, steps, own)
+            own.append(float(np.mean([sum(x[:3]) for x in phases])))
+        done[name] = Outcome(tl, truth["step_ms"], truth["slow_steps"], own)
         return done[name]
 
     return get
 
 
 def baseline_of(sc: Scenario) -> str:
-    """The balanced run at the same size with the same backend."""
+    """The balanced run at the same size, model, hosts and backend."""
     return next(
         name
         for name, b in SCENARIOS.items()
-        if b.slow_rank < 0 and (b.ranks, b.backend, b.mpi) == (sc.ranks, sc.backend, sc.mpi)
+        if not b.slow
+        and (b.ranks, b.backend, b.mpi, b.tiny, b.hosts)
+        == (sc.ranks, sc.backend, sc.mpi, sc.tiny, sc.hosts)
     )
 
 
-def mean_step(steps: list[float], lo: int = 1, hi: int | None = None) -> float:
-    """Mean step time, leaving out the warm-up step (and one step each side of a cut)."""
-    return float(np.mean(steps[lo:hi]))
+def mean_step(
+    steps: list[float], lo: int = 1, hi: int | None = None, *, every: bool = True
+) -> float:
+    """Typical step time, leaving out the warm-up step (and one step each side of a cut):
+    the median when a fault slows every step (a loaded machine's few long steps would
+    swamp a small fault's change), the mean when it slows only some."""
+    return float(np.median(steps[lo:hi]) if every else np.mean(steps[lo:hi]))
+
+
+def injected_ms(sc: Scenario, run: Outcome, s: Stragglers) -> float:
+    """The delay injected per step, averaged over the steps the verdict judged."""
+    first = s.onset_step if s.onset_step is not None else s.first_step
+    judged = range(first, sc.steps)
+    return sc.delay_ms * sum(1 for k in judged if k in run.slow_steps) / len(judged)
 
 
 def assert_cost_within(cost: float, delta: float, s: Stragglers, d: float) -> None:
     lo, hi = 0.75 * min(delta, d), 1.25 * max(delta, d)
     assert lo <= cost <= hi, (
-        f"cost {cost:.1f} ms outside [{lo:.1f}, {hi:.1f}] (delta {delta:.1f}): {s.verdict}; "
-        f"per step: {s.per_step}"
+        f"cost {cost:.1f} ms outside [{lo:.1f}, {hi:.1f}] (delta {delta:.1f}, d {d:.1f}): "
+        f"{s.verdict}; per step: {s.per_step}"
     )
 
 
 @pytest.mark.parametrize(
-    ("name", "phase"),
-    [
-        ("data-2", "before_first_gradient"),
-        ("forward-3-gloo", "before_first_gradient"),
-    ],
-)
-def test_slow_rank_named_with_its_phase_and_cost(scenario, name: str, phase: str) -> None:
+    "name",
+    ["data-2", "forward-3-gloo", "data-2-tiny-3ms", "intermittent-2", "two-slow-4-hosts",
+     "data-8-tiny"],
+)  # fmt: skip
+def test_slow_ranks_named_with_their_phase_and_cost(scenario, name: str) -> None:
     sc = SCENARIOS[name]
     slow = scenario(name)
     balanced = scenario(baseline_of(sc))
     s = find_stragglers(load_run(slow.timeline, cache=False))
     assert s.source == "source", s.verdict  # each rank's own submission stamps
-    assert s.straggler == sc.slow_rank, s.verdict
-    assert s.verdict.startswith(f"rank {sc.slow_rank} is the straggler"), s.verdict
-    assert s.phase == phase, s.verdict
+    # every culprit named, no bystander
+    assert sorted(s.culprits) == list(sc.slow), s.verdict
+    assert s.straggler in sc.slow, s.verdict
+    if len(sc.slow) == 1:
+        assert s.verdict.startswith(f"rank {sc.slow[0]} is the straggler"), s.verdict
+    else:
+        assert s.verdict.startswith("ranks 2 and 3, both on host b, are the stragglers"), s.verdict
+    assert s.phase == PHASE[sc.where], s.verdict
     assert s.onset_step == 1, s.verdict  # from the start (the warm-up step is not counted)
-    top = next(r for r in s.ranks if r.rank == sc.slow_rank)
-    delta = mean_step(slow.step_ms) - mean_step(balanced.step_ms)
-    assert_cost_within(top.cost_per_step_ms, delta, s, sc.delay_ms)
-    # diff names the slow rank's own compute as the cause, the others' waiting as effects
-    d = diff_runs(load_run(balanced.timeline, cache=False), load_run(slow.timeline, cache=False))
-    assert d.cause is not None, d.verdict
-    assert d.cause.key == f"rank {sc.slow_rank}: compute", d.verdict
-    assert d.effects and all(r.key != f"rank {sc.slow_rank}" for r in d.effects), d.verdict
-    assert f"Cause: rank {sc.slow_rank}: compute +" in d.verdict and "as a result" in d.verdict
+    every = sc.fraction >= 1
+    delta = mean_step(slow.step_ms, every=every) - mean_step(balanced.step_ms, every=every)
+    d = injected_ms(sc, slow, s)
+    assert_cost_within(s.cost_ms, delta, s, d)
+    if sc.fraction < 1:
+        # held the job in about the share of the steps slowed, by about the delay each time
+        top = next(r for r in s.ranks if r.rank == sc.slow[0])
+        assert abs(top.held_share - d / sc.delay_ms) <= 0.15, s.verdict
+        assert 0.75 * sc.delay_ms <= top.held_ms <= 1.5 * sc.delay_ms, s.verdict
+    # diff names a slow rank's own compute as the cause, the others' waiting as effects
+    diff = diff_runs(load_run(balanced.timeline, cache=False), load_run(slow.timeline, cache=False))
+    assert diff.cause is not None, diff.verdict
+    assert diff.cause.key in {f"rank {r}: compute" for r in sc.slow}, diff.verdict
+    assert all(r.key.removeprefix("rank ") not in map(str, sc.slow) for r in diff.effects)
+    assert f"Cause: {diff.cause.key} +" in diff.verdict, diff.verdict
 
 
 def test_fault_from_mid_run_reports_its_onset(scenario) -> None:
@@ -173,13 +243,12 @@ def test_fault_from_mid_run_reports_its_onset(scenario) -> None:
     run = scenario("backward-4-mid-run")
     s = find_stragglers(load_run(run.timeline, cache=False))
     assert s.source == "source", s.verdict
-    assert s.straggler == sc.slow_rank, s.verdict
+    assert s.culprits == [1], s.verdict
     assert s.onset_step is not None and abs(s.onset_step - ONSET) <= 1, s.verdict
     assert f"from step {s.onset_step} on" in s.verdict
     assert s.phase == "backward", s.verdict
     delta = mean_step(run.step_ms, ONSET + 1) - mean_step(run.step_ms, 1, ONSET - 1)
-    top = next(r for r in s.ranks if r.rank == sc.slow_rank)
-    assert_cost_within(top.cost_per_step_ms, delta, s, sc.delay_ms)
+    assert_cost_within(s.cost_ms, delta, s, sc.delay_ms)
 
 
 def test_backward_fault_under_mpi(scenario) -> None:
@@ -187,30 +256,27 @@ def test_backward_fault_under_mpi(scenario) -> None:
     run = scenario("backward-2-mpi")
     s = find_stragglers(load_run(run.timeline, cache=False))
     assert s.source == "source", s.verdict
-    assert s.straggler == 1 and s.onset_step == 1, s.verdict
+    assert s.culprits == [1] and s.onset_step == 1, s.verdict
     assert s.phase == "backward", s.verdict
 
 
-@pytest.mark.parametrize("name", ["balanced-2", "balanced-2-again", "balanced-3-gloo"])
+@pytest.mark.parametrize("name", BALANCED)
 def test_balanced_run_names_no_straggler(scenario, name: str) -> None:
     run = scenario(name)
     s = find_stragglers(load_run(run.timeline, cache=False))
-    # "most often last" is the rank last most often (it was the rank causing most waiting)
     shares = {r.rank: r.last_share for r in s.ranks}
     assert shares[s.most_often_last] == max(shares.values())
-    if s.straggler is not None:
-        # No fault was injected, but on a shared 2-core machine one rank can really be
-        # slower (its own data + forward + backward, measured by the worker, ground truth):
-        # a verdict is a false alarm unless the named rank measured slowest, by a material
-        # part of the cost (its optimizer step and its release from the last collective,
-        # which the worker cannot time apart from waiting, make up the rest)
-        cost = next(r.cost_per_step_ms for r in s.ranks if r.rank == s.straggler)
-        others = [x for r, x in enumerate(run.own_ms) if r != s.straggler]
-        slower = run.own_ms[s.straggler] - float(np.median(others))
-        assert run.own_ms[s.straggler] == max(run.own_ms), run.own_ms
-        assert slower >= max(1.0, 0.25 * cost), (
+    for named in s.culprits:
+        # No fault was injected, but on a shared machine one rank can really be slower:
+        # its own data + forward + backward, measured by the worker, is the ground truth.
+        # A verdict is a false alarm unless that rank measured slower than the others by
+        # half the cost named at least.
+        others = [x for r, x in enumerate(run.own_ms) if r != named]
+        slower = run.own_ms[named] - float(np.mean(others))
+        assert slower >= max(s.threshold_ms, 0.5 * s.cost_ms), (
             f"false alarm: {s.verdict}; measured own time per step {run.own_ms}"
         )
+    if s.culprits:
         return
     assert s.verdict.startswith("No straggler"), s.verdict
     assert "finish each step within" in s.verdict  # the spread is given
@@ -218,7 +284,7 @@ def test_balanced_run_names_no_straggler(scenario, name: str) -> None:
 
 
 def test_scenarios_are_known() -> None:
-    # every fault from the start has a balanced baseline (the cost and diff checks need it)
+    # every fault from the start has a balanced twin (the cost and diff checks need it)
     for sc in SCENARIOS.values():
-        if sc.slow_rank >= 0 and sc.onset == 0 and not sc.mpi:
+        if sc.slow and sc.onset == 0 and not sc.mpi:
             assert baseline_of(sc)

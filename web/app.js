@@ -444,6 +444,12 @@
     const r = result ? result.straggler : null;
     return r === undefined || r === null ? null : Number(r);
   }
+  // Every rank the analysis names (several culprits: a slow host), the top one first.
+  function culpritRanks(result) {
+    const named = (result && result.culprits) || [];
+    const top = stragglerRank(result);
+    return named.length ? named.map(Number) : (top === null ? [] : [top]);
+  }
   let stragglersData = null;
 
   // Stragglers: the breakdown's per-step negotiation wait of each rank, as a heatmap. Dark
@@ -462,7 +468,8 @@
     text($("stragglers-note"), notes.join(" \u00b7 "));
     if (!ranks.length || !z.some((row) => row.length)) { empty(el, "no negotiation waits recorded in this timeline"); return; }
     const steps = Math.max(...z.map((row) => row.length));
-    const label = (rank) => "rank " + rank + (rank === culprit ? " \u25c0 straggler" : "");
+    const named = new Set(culpritRanks(stragglersData));
+    const label = (rank) => "rank " + rank + (named.has(rank) ? " \u25c0 straggler" : "");
     const y = ranks.map((r) => label(r.rank));
     const shapes = [];
     const annotations = [];

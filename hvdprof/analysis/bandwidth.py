@@ -5,7 +5,9 @@ Definitions follow NCCL-tests: ``algbw = bytes / time`` with ``bytes`` the messa
 (``<BACKEND>_<OP>`` slice); ``busbw = algbw x factor`` with factor ``2(n-1)/n`` for
 allreduce, ``(n-1)/n`` for allgather, reducescatter and alltoall, and 1 for broadcast,
 so that bus bandwidth is comparable with the link speed whatever the op. Units: GB/s
-(10^9 bytes per second). Messages are binned by powers of two.
+(10^9 bytes per second). Messages are binned by powers of two. One-time ops (start-up
+parameter broadcasts) are counted but left out of the calls, the bins and the advice: they
+are not the steps' traffic, and fusing them would save nothing per step.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from hvdprof.analysis.model import OPS, PHASE_COLLECTIVE, Run
+from hvdprof.analysis.steps import one_time_tensors
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -49,6 +52,7 @@ class BandwidthReport:
     best_busbw_gbps: dict[str, float] = field(default_factory=dict)
     # one entry per collective call: rank, op, bytes, ms, algbw, busbw
     calls: dict[str, list[Any]] = field(default_factory=dict)
+    one_time_calls: int = 0  # calls of one-time ops (start-up broadcasts), left out
     verdict: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -57,21 +61,25 @@ class BandwidthReport:
             "bins": [b.__dict__ for b in self.bins],
             "best_busbw_gbps": self.best_busbw_gbps,
             "calls": self.calls,
+            "one_time_calls": self.one_time_calls,
             "verdict": self.verdict,
         }
 
 
-def collective_calls(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Unique backend calls: ``(rank, op code, bytes, duration us)``.
+def collective_calls(
+    run: Run,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Unique backend calls: ``(rank, op code, bytes, duration us, one-time)``.
 
     Every tensor of a fused group draws the group's backend call on its own lane; one
-    call is one (rank, start, name).
+    call is one (rank, start, name). One-time: the call's tensor is reduced only once in
+    a run of several steps (a start-up broadcast).
     """
     s = run.slices
     rows = np.flatnonzero((s.phase == PHASE_COLLECTIVE) & (s.dur_us > 0))
     if not len(rows):
         z = np.zeros(0)
-        return z.astype(np.int32), z.astype(np.int8), z.astype(np.int64), z
+        return z.astype(np.int32), z.astype(np.int8), z.astype(np.int64), z, z.astype(bool)
     keys = np.stack(
         [s.rank[rows].astype(np.float64), s.start_us[rows], s.name[rows].astype(np.float64)],
         axis=1,
@@ -81,17 +89,24 @@ def collective_calls(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     nbytes = np.where(s.group_bytes[rows] > 0, s.group_bytes[rows], s.bytes[rows])
     ok = nbytes > 0
     rows = rows[ok]
-    return s.rank[rows], s.op[rows], nbytes[ok], s.dur_us[rows]
+    once = np.isin(s.tensor[rows], one_time_tensors(run))
+    return s.rank[rows], s.op[rows], nbytes[ok], s.dur_us[rows], once
 
 
 def bandwidth_report(run: Run) -> BandwidthReport:
     """algbw/busbw of every backend call, binned by message size per op."""
     n = run.size or len(run.ranks)
-    rank, op, nbytes, dur = collective_calls(run)
+    rank, op, nbytes, dur, once = collective_calls(run)
     out = BandwidthReport(ranks=n)
     if not len(dur):
         out.verdict = "No backend calls with known sizes: bandwidth cannot be measured."
         return out
+    if once.any() and not once.all():
+        # start-up broadcasts run once: counted, but the calls, bins and advice are the
+        # steps' traffic
+        out.one_time_calls = int(once.sum())
+        keep = ~once
+        rank, op, nbytes, dur = rank[keep], op[keep], nbytes[keep], dur[keep]
     algbw = nbytes / dur / 1e3  # bytes/us = MB/s; /1e3 -> GB/s
     factor = np.array([bus_factor(OPS[c] if c >= 0 else "", n) for c in range(-1, len(OPS))])
     busbw = algbw * factor[op.astype(np.int64) + 1]
@@ -157,4 +172,7 @@ def _verdict(report: BandwidthReport) -> str:
                 f"{_share(low.busbw_gbps / top.busbw_gbps)} of that (latency-bound: fuse them)"
             )
         parts.append(text)
-    return "; ".join(parts) + "."
+    text = "; ".join(parts) + "."
+    if report.one_time_calls:
+        text += f" {report.one_time_calls} one-time call(s) (start-up broadcasts) are left out."
+    return text

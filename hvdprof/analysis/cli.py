@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -71,19 +72,57 @@ def add_diff_parser(commands: Any) -> None:
 def _load(path: str, cache: bool) -> Run:
     from hvdprof.analysis.loader import LoadError, load_run
 
-    run = load_run(path, cache=cache, progress=True)
+    try:
+        run = load_run(path, cache=cache, progress=True)
+    except LoadError as exc:  # its message names files: printed as the terminal shows them
+        raise LoadError(printable(str(exc))) from None
     if run.events == 0 and not len(run.slices):
         reasons = "; ".join(str(p) for p in run.problems[:3]) or "no events"
-        raise LoadError(f"nothing readable in {path}: {reasons}")
+        raise LoadError(printable(f"nothing readable in {path}: {reasons}"))
     return run
+
+
+#: characters a terminal acts on (escape sequences, bell, backspace ...), tab and newline
+#: aside
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print: control characters (a directory named with an escape
+    sequence) written as ``\\x1b``, and a file name's undecodable bytes as ``\\xff``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def _json_safe(value: Any) -> Any:
+    """JSON-writable strings (a file name's undecodable bytes written ``\\xff``)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if isinstance(value, dict):
+        return {_json_safe(k) if isinstance(k, str) else k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def _print_json(data: dict[str, Any]) -> None:
     """The JSON on stdout; a reader that went away (``| head``) is not an error."""
     import orjson
 
+    option = orjson.OPT_SERIALIZE_NUMPY
     try:
-        sys.stdout.write(orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
+        text = orjson.dumps(data, option=option)
+    except orjson.JSONEncodeError:  # a string JSON cannot carry (see _json_safe)
+        text = orjson.dumps(_json_safe(data), option=option)
+    try:
+        sys.stdout.write(text.decode() + "\n")
         sys.stdout.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -154,6 +193,10 @@ def _console() -> Any:
     from rich.console import Console
 
     class _Console(Console):
+        def render_str(self, text: str, **kwargs: Any) -> Any:
+            # every string printed, table cells included: names from the files
+            return super().render_str(printable(text), **kwargs)
+
         def on_broken_pipe(self) -> None:
             self.quiet = True
             devnull = os.open(os.devnull, os.O_WRONLY)
@@ -227,21 +270,25 @@ def print_report(report: Report) -> None:
         table = Table(
             title=f"2. Who is late ({s.steps:,} steps, {s.ops_with_marks:,} ops; {seen}{since})"
         )
-        for col in ("rank", "last in (steps)", "cost per step (ms)", "cost, all steps (ms)"):
+        cols = ("rank", "held (steps)", "by (ms)", "cost/step (ms, 95%)", "late/step (ms)")
+        for col in cols:
             table.add_column(col, justify="right")
-        for x in sorted(s.ranks, key=lambda x: (-x.last_share, x.rank)):  # most often last first
-            mark = " (straggler)" if x.rank == s.straggler else ""
+        for x in s.ranks:  # most cost first
+            mark = " (straggler)" if x.rank in s.culprits else ""
             table.add_row(
                 f"{x.rank}{mark}",
-                f"{x.last_share:.0%} ({x.last_count:,})",
-                _ms(x.cost_per_step_ms),
-                _ms(x.wait_caused_ms),
+                f"{x.held_share:.0%} ({x.held_count:,})",
+                _ms(x.held_ms),
+                f"{_ms(x.cost_per_step_ms)} ({_ms(x.cost_low_ms)}-{_ms(x.cost_high_ms)})",
+                _ms(x.lateness_ms),
             )
         console.print(_fitted(table))
         console.print(
-            "  cost = the time the other ranks were blocked on this rank per step (union over "
-            "the step's ops, from the rank that arrived just before it): what the job would "
-            "save without its lateness",
+            "  late = the time the others were blocked on this rank per step (union over the "
+            "step's ops); cost = as much of it as the rank's own work (data, forward, "
+            "backward) took longer than the others': what the job would save if its code "
+            "kept pace (the rest is the runtime's); held = steps whose cost reached "
+            f"{_ms(s.held_floor_ms)} ms (the bar, or the noise of the ranks not named)",
             highlight=False,
         )
 

@@ -12,9 +12,10 @@ negotiation wait stands in for the waiting and its idle time for compute.
 
 Runs differ in length, so everything is compared per step: a rank's work and waiting per
 step, a phase's mean wall time per step (averaged over ranks), a tensor's time per step
-(its negotiation + op time over the run, per rank and step). One unit for every row, so a
-once-only op (a start-up broadcast that waited for a slow rank) weighs what it costs a
-step on average rather than its whole wait. Rows come as: work (causes), then waiting
+(its negotiation + op time over the run, per rank and step). One unit for every row;
+one-time ops (start-up broadcasts) are left
+out of the tensor rows, and the step time is the one ``analyze`` quotes
+(:func:`hvdprof.analysis.steps.typical_step_ms`). Rows come as: work (causes), then waiting
 (consequences), then phases and tensors, each by how much slower run B is than run A
 (``delta_ms = b_ms - a_ms``), biggest regression first.
 """
@@ -28,6 +29,7 @@ import numpy as np
 
 from hvdprof.analysis.breakdown import CATEGORIES, LABELS, Breakdown, time_breakdown
 from hvdprof.analysis.model import PHASE_NEGOTIATE, PHASE_OP, Run
+from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, one_time_tensors, typical_step_ms
 from hvdprof.analysis.stragglers import find_stragglers, own_work
 
 #: A cause must add at least this much per step (ms) ...
@@ -73,6 +75,7 @@ class RunDiff:
     rows: list[DiffRow] = field(default_factory=list)  # biggest regression first
     only_in_a: list[str] = field(default_factory=list)  # tensors run B never reduced
     only_in_b: list[str] = field(default_factory=list)  # tensors new in run B
+    one_time: list[str] = field(default_factory=list)  # reduced once (no per-step row)
     cause: DiffRow | None = None  # the work row that grew most, when it is material
     effects: list[DiffRow] = field(default_factory=list)  # the waiting it caused
     verdict: str | None = None
@@ -90,6 +93,7 @@ class RunDiff:
             "rows": [r.to_dict() for r in self.rows],
             "only_in_a": self.only_in_a,
             "only_in_b": self.only_in_b,
+            "one_time": self.one_time,
             "verdict": self.verdict,
             "straggler_a": self.straggler_a,
             "straggler_b": self.straggler_b,
@@ -97,9 +101,16 @@ class RunDiff:
 
 
 def _per_step(b: Breakdown) -> dict[str, float]:
+    """Each phase's mean wall time per step, averaged over ranks, the warm-up step (the
+    start-up broadcasts) left out as in the step time."""
     out = {}
     for c in CATEGORIES:
-        values = [r.mean_step_ms(c) for r in b.ranks if r.steps]
+        values = []
+        for r in b.ranks:
+            x = r.per_step_ms.get(c) or []
+            x = x[1:] if len(x) >= MIN_STEPS_TO_SKIP_WARMUP else x
+            if x:
+                values.append(float(np.mean(x)))
         out[c] = float(np.mean(values)) if values else 0.0
     return out
 
@@ -143,8 +154,9 @@ def diff_runs(run_a: Run, run_b: Run) -> RunDiff:
     """Compare run B with run A: the causes (own work that grew) first, then waiting."""
     ba, bb = time_breakdown(run_a), time_breakdown(run_b)
     pa, pb = _per_step(ba), _per_step(bb)
-    step_a = sum(pa.values())
-    step_b = sum(pb.values())
+    # the step time analyze quotes for each run (one number per fact)
+    step_a = typical_step_ms(run_a) or sum(pa.values())
+    step_b = typical_step_ms(run_b) or sum(pb.values())
     out = RunDiff(run_a.path, run_b.path, step_a, step_b)
     sa, sb = _rank_split(run_a, ba), _rank_split(run_b, bb)
     zero: dict[str, float] = {}
@@ -161,7 +173,11 @@ def diff_runs(run_a: Run, run_b: Run) -> RunDiff:
     wait.sort(key=lambda r: -r.delta_ms)
     others: list[DiffRow] = [DiffRow("phase", c, pa[c], pb[c]) for c in CATEGORIES]
     ta, tb = _tensor_ms(run_a, ba), _tensor_ms(run_b, bb)
-    for name in sorted(set(ta) & set(tb)):
+    # one-time ops (start-up broadcasts) in either run are not per-step work: no row
+    once = {run_a.tensors[i] for i in one_time_tensors(run_a).tolist()}
+    once |= {run_b.tensors[i] for i in one_time_tensors(run_b).tolist()}
+    out.one_time = sorted(once & (set(ta) | set(tb)))
+    for name in sorted((set(ta) & set(tb)) - once):
         others.append(DiffRow("tensor", name, ta[name], tb[name]))
     others.sort(key=lambda r: -r.delta_ms)
     out.rows = work + wait + others

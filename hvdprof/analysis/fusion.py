@@ -167,7 +167,8 @@ def _verdict(report: FusionReport) -> str | None:
     )
     if report.threshold_bytes:
         text += (
-            f", filling {r.fill_mean:.0%} of the {report.threshold_bytes / 1048576:g} MiB threshold"
+            f", filling {r.fill_mean:.1%} of the {report.threshold_bytes / 1048576:g} MiB "
+            "threshold"  # the table's and the page's precision: one number per fact
         )
     text += f"), {r.unfused} unfused"
     if r.unfused and r.unfused_reasons:

@@ -42,3 +42,36 @@ def count_steps(run: Run) -> int:
     if not len(s):
         return 0
     return int(s.occurrence.max()) + 1
+
+
+#: Steps needed before the first one (warm-up: start-up broadcasts, first allocations) is
+#: left out of a run's typical step time.
+MIN_STEPS_TO_SKIP_WARMUP = 5
+
+
+def typical_step_ms(run: Run, first: int | None = None) -> float:
+    """The run's step time (ms): the median over ranks and steps of the time from one
+    step's start to the next's, from step ``first`` on (default: the warm-up step left out
+    when the run has :data:`MIN_STEPS_TO_SKIP_WARMUP` steps). One number for one fact:
+    ``analyze``, ``diff`` and the page all quote this. 0 with fewer than two steps."""
+    spans: list[np.ndarray] = []
+    for starts in step_starts(run).values():
+        warmup = 1 if len(starts) >= MIN_STEPS_TO_SKIP_WARMUP else 0
+        lo = warmup if first is None else first
+        d = np.diff(starts[lo:])
+        spans.append(d[np.isfinite(d)])
+    values = np.concatenate(spans) if spans else np.zeros(0)
+    return float(np.median(values)) / 1000.0 if len(values) else 0.0
+
+
+def one_time_tensors(run: Run) -> np.ndarray:
+    """Indices into ``run.tensors`` of the tensors reduced only once in a run of several
+    steps (start-up parameter broadcasts): not per-step work, so per-step tables and
+    advice leave them out."""
+    s = run.slices
+    if not len(s) or count_steps(run) < 2:
+        return np.zeros(0, dtype=np.int64)
+    sel = s.tensor >= 0
+    most = np.full(len(run.tensors), -1, dtype=np.int64)
+    np.maximum.at(most, s.tensor[sel].astype(np.int64), s.occurrence[sel].astype(np.int64))
+    return np.flatnonzero(most == 0)

@@ -15,12 +15,15 @@ is the time the pack (the other ranks' median arrival at each op) was blocked on
 the union over the ops ``r`` reached after the pack of the intervals from the pack's
 latest submission at or before ``r``'s to ``r``'s arrival (a union, not a sum: a rank late
 by ``d`` for every gradient holds the job ``d``, whether the step reduces one gradient or
-fifty). A rank *held* a step when its hold reached the bar below. Persistent,
+fifty). Its *cost* is as much of that as its own work explains (below). A rank *held* a
+step when its cost there reached the bar below and what the ranks not named reach in 95% of
+the steps (so a busy machine's noise is not counted as holding). Persistent,
 intermittent and several culprits are then cases of one model: the share of steps a rank
 held, its hold when it did, and its mean hold per step with a 95% interval (a moving-block
 bootstrap over the steps, since neighbouring steps correlate; seeded, so deterministic).
-The named ranks' *cost* is what the job would save if they all kept pace: the same union,
-of the named ranks' latest arrival against the rest's latest.
+The named ranks' joint cost is what the job would save if their code kept pace: the same
+union, of the named ranks' latest arrival against the rest's latest, up to the excess of
+their slowest own work over the rest's.
 
 **The user's code, not hvdprof's protocol.** A rank can be late because its own work
 (data loading, forward, backward, its optimizer step) took longer, or because the runtime
@@ -62,15 +65,15 @@ import numpy as np
 
 from hvdprof.analysis.intervals import merge
 from hvdprof.analysis.model import OPS, PHASE_OP, Run
-from hvdprof.analysis.steps import count_steps
+from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, count_steps, typical_step_ms
 
 #: Smallest cost per step worth a verdict (ms).
 MIN_COST_MS = 0.5
 #: A culprit's cost must be at least this share of the step.
 MIN_STEP_SHARE = 0.1
-#: Family-wise error rate of the per-rank tests (Holm over the ranks): at most 1 balanced
-#: run in 100 names someone, when the noise is as symmetric as the ranks' code.
-ALPHA = 0.01
+#: Family-wise error rate of the per-rank tests (Holm over the ranks): with 2 ranks, a
+#: rank is named when its 95% interval's lower end is above the bar.
+ALPHA = 0.05
 #: Bootstrap resamples (moving blocks of about n^(1/3) steps) and their seed.
 BOOTSTRAP_SAMPLES = 2000
 BOOTSTRAP_SEED = 20240
@@ -84,14 +87,16 @@ PARTIAL_LAST_SHARE = 0.75
 #: Lateness at the first gradient at least this share of the lateness at the end: the
 #: time went before backward (data loading or forward).
 BEFORE_BACKWARD_SHARE = 0.5
-#: Steps needed before the first one (warm-up) is left out of the statistics.
-MIN_STEPS_TO_SKIP_WARMUP = 5
 
 PHASE_BEFORE_BACKWARD = "before_first_gradient"
 PHASE_BACKWARD = "backward"
 PHASE_WORDS = {
     PHASE_BEFORE_BACKWARD: "before its first gradient (data loading or forward)",
     PHASE_BACKWARD: "during backward (its later gradients are late)",
+}
+GROUP_PHASE_WORDS = {
+    PHASE_BEFORE_BACKWARD: "before their first gradient (data loading or forward)",
+    PHASE_BACKWARD: "during backward (their later gradients are late)",
 }
 
 
@@ -101,12 +106,13 @@ class RankStraggle:
     host: str | None = None
     last_count: int = 0  # steps (from the onset on) in which it finished last
     last_share: float = 0.0  # of those steps
-    held_count: int = 0  # steps in which its hold reached the bar
+    held_count: int = 0  # steps in which its cost reached the bar
     held_share: float = 0.0  # of those steps
-    held_ms: float = 0.0  # its mean hold in the steps it held
-    wait_caused_ms: float = 0.0  # its hold summed over the steps judged
-    cost_per_step_ms: float = 0.0  # mean hold per step
-    cost_low_ms: float = 0.0  # 95% interval of the mean hold (block bootstrap)
+    held_ms: float = 0.0  # its mean cost in the steps it held
+    wait_caused_ms: float = 0.0  # its cost summed over the steps judged
+    cost_per_step_ms: float = 0.0  # mean cost per step: its hold, as far as its own work
+    lateness_ms: float = 0.0  # mean hold per step, the runtime's part included
+    cost_low_ms: float = 0.0  # 95% interval of the mean cost (block bootstrap)
     cost_high_ms: float = 0.0
     own_excess_ms: float = 0.0  # mean excess of its own work over the others' (ms/step)
     own_excess_low_ms: float = 0.0  # its 95% interval
@@ -128,6 +134,7 @@ class RankStraggle:
             "held_ms": self.held_ms,
             "wait_caused_ms": self.wait_caused_ms,
             "cost_per_step_ms": self.cost_per_step_ms,
+            "lateness_ms": self.lateness_ms,
             "cost_low_ms": self.cost_low_ms,
             "cost_high_ms": self.cost_high_ms,
             "own_excess_ms": self.own_excess_ms,
@@ -155,6 +162,7 @@ class Stragglers:
     step_ms: float = 0.0  # median step time over the steps judged
     noise_ms: float = 0.0  # step-to-step noise (robust standard deviation)
     threshold_ms: float = 0.0  # the bar: the smallest cost per step that can name a rank
+    held_floor_ms: float = 0.0  # a step is held when a cost reaches this (bar and noise)
     cycle_time_ms: float = 0.0  # the run's negotiation cycle (manifest), 0 unknown
     spread_ms: float = 0.0  # median gap between the first and the last rank to finish
     own_work_known: bool = False  # each rank's own work measured (else lateness decides)
@@ -162,7 +170,8 @@ class Stragglers:
     most_often_last: int | None = None
     straggler: int | None = None  # the culprit that held the job most (None: none named)
     culprits: list[int] = field(default_factory=list)  # every rank named, most hold first
-    cost_ms: float = 0.0  # what the job would save if the culprits kept pace (ms/step)
+    cost_ms: float = 0.0  # what the job would save if the culprits' code kept pace (ms/step)
+    lateness_ms: float = 0.0  # their whole lateness per step: cost + the runtime's part
     cost_low_ms: float = 0.0  # 95% interval (block bootstrap)
     cost_high_ms: float = 0.0
     held_share: float = 0.0  # share of the steps judged in which the culprits held the job
@@ -189,6 +198,7 @@ class Stragglers:
             "step_ms": self.step_ms,
             "noise_ms": self.noise_ms,
             "threshold_ms": self.threshold_ms,
+            "held_floor_ms": self.held_floor_ms,
             "cycle_time_ms": self.cycle_time_ms,
             "spread_ms": self.spread_ms,
             "own_work_known": self.own_work_known,
@@ -196,6 +206,7 @@ class Stragglers:
             "straggler": self.straggler,
             "culprits": list(self.culprits),
             "cost_ms": self.cost_ms,
+            "lateness_ms": self.lateness_ms,
             "cost_low_ms": self.cost_low_ms,
             "cost_high_ms": self.cost_high_ms,
             "held_share": self.held_share,
@@ -301,6 +312,13 @@ def _lateness_us(t: np.ndarray, s: int) -> tuple[float, float]:
     at_first = float(t[first, s] - others[first].max())
     at_end = float(t[:, s].max() - others.max())
     return at_first, at_end
+
+
+def _group_lateness_us(t: np.ndarray, group: list[int]) -> tuple[float, float]:
+    """``_lateness_us`` of a group: its latest arrival per op against the rest's."""
+    rest = np.delete(t, group, axis=1)
+    merged = np.column_stack([t[:, group].max(axis=1), rest])
+    return _lateness_us(merged, 0)
 
 
 def _robust_std(x: np.ndarray) -> float:
@@ -437,7 +455,7 @@ def _host_words(ranks: list[int], hosts: dict[int, str]) -> str:
         both = "both" if len(ranks) == 2 else "all"
         host = next(iter(on))
         return _rank_list(ranks) + (
-            f", {both} on host {host}" if len(ranks) > 1 else f" (host {host})"
+            f", {both} on host {host}," if len(ranks) > 1 else f" (host {host})"
         )
     by_host: dict[str, list[int]] = {}
     for r in ranks:
@@ -556,12 +574,8 @@ def find_stragglers(run: Run) -> Stragglers:
     out.steps_judged = n_window
     in_window = step_us[window]
     in_window = in_window[np.isfinite(in_window)]
-    durations = step_us[counted]
-    durations = durations[np.isfinite(durations)]
-    if len(in_window):
-        out.step_ms = float(np.median(in_window)) / 1000.0
-    elif len(durations):
-        out.step_ms = float(np.median(durations)) / 1000.0
+    # the run's step time, as analyze and diff quote it (from the onset on)
+    out.step_ms = typical_step_ms(run, int(steps[onset]) if onset > first else None)
     if len(in_window) > 2:
         out.noise_ms = (
             max(_robust_std(in_window), _robust_std(np.diff(in_window)) / np.sqrt(2.0)) / 1000.0
@@ -570,8 +584,15 @@ def find_stragglers(run: Run) -> Stragglers:
     out.threshold_ms = bar
 
     # per rank: hold, its interval, the excess of its own work and the test on it
-    h = hold[window] / 1000.0
     e = excess[window] / 1000.0
+    # each rank's cost per step: its hold, up to the excess of its own work over the
+    # others' median (the rest of the hold is the runtime's)
+    h = hold[window] / 1000.0
+    if known:
+        med = np.array(
+            [np.median(np.delete(work[window], r, axis=1), axis=1) for r in range(n_ranks)]
+        ).T
+        h = np.clip(np.minimum(h, (work[window] - med) / 1000.0), 0.0, None)
     boot_h = block_bootstrap_means(h) if n_window else np.zeros((1, n_ranks))
     boot_e = block_bootstrap_means(e) if n_window else np.zeros((1, n_ranks))
     p = _p_above(e.mean(axis=0) if n_window else np.zeros(n_ranks), boot_e.std(axis=0), bar)
@@ -591,6 +612,7 @@ def find_stragglers(run: Run) -> Stragglers:
             held_ms=float(h[held, r].mean()) if held.any() else 0.0,
             wait_caused_ms=float(h[:, r].sum()),
             cost_per_step_ms=float(h[:, r].mean()) if n_window else 0.0,
+            lateness_ms=float(hold[window, r].mean()) / 1000.0 if n_window else 0.0,
             cost_low_ms=float(np.quantile(boot_h[:, r], 0.025)),
             cost_high_ms=float(np.quantile(boot_h[:, r], 0.975)),
             own_excess_ms=float(e[:, r].mean()) if n_window else 0.0,
@@ -606,6 +628,18 @@ def find_stragglers(run: Run) -> Stragglers:
         )
         x.named = bool(reject[r]) and x.cost_per_step_ms >= bar
         ranks.append(x)
+    # a rank "held" a step when its cost there beat the bar and what the ranks not named
+    # reach in 95% of the steps (a busy machine's noise: an intermittent culprit's slow
+    # steps stand out of it, its ordinary ones do not)
+    bystanders = [x.rank for x in ranks if not x.named]
+    out.held_floor_ms = bar
+    if bystanders and n_window:
+        out.held_floor_ms = max(bar, float(np.quantile(h[:, bystanders], 0.95)))
+    for x in ranks:
+        held = h[:, x.rank] >= out.held_floor_ms
+        x.held_count = int(held.sum())
+        x.held_share = float(held.mean()) if n_window else 0.0
+        x.held_ms = float(h[held, x.rank].mean()) if held.any() else 0.0
     most_last = max(ranks, key=lambda x: (x.last_share, x.cost_per_step_ms, -x.rank))
     out.most_often_last = most_last.rank
     ranks.sort(key=lambda x: (-x.wait_caused_ms, x.rank))
@@ -627,20 +661,38 @@ def find_stragglers(run: Run) -> Stragglers:
         out.culprits = group
         out.straggler = group[0]
         out.onset_step = int(steps[onset])
-        cost = (
+        lateness = (
             np.array(
                 [_group_cost_us(t[bounds[k] : bounds[k + 1]], group) for k in range(onset, n_steps)]
             )
             / 1000.0
         )
+        # what their code costs: the lateness, up to the excess of their slowest own work
+        # over the rest's (the remainder is the runtime's, e.g. a later release)
+        rest = [r for r in range(n_ranks) if r not in group]
+        if known and rest:
+            e_group = work[window][:, group].max(axis=1) - work[window][:, rest].mean(axis=1)
+            cost = np.clip(np.minimum(lateness, e_group / 1000.0), 0.0, None)
+        else:
+            cost = lateness
+        out.lateness_ms = float(lateness.mean())
         boot = block_bootstrap_means(cost[:, None])[:, 0]
         out.cost_ms = float(cost.mean())
         out.cost_low_ms = float(np.quantile(boot, 0.025))
         out.cost_high_ms = float(np.quantile(boot, 0.975))
-        out.held_share = float((cost >= bar).mean())
+        out.held_share = float((cost >= out.held_floor_ms).mean())
         top = group[0]
-        out.late_at_first_ms = float(np.median(at_first[window, top])) / 1000.0
-        out.late_at_end_ms = float(np.median(at_end[window, top])) / 1000.0
+        # the phase from the steps they held (all of them for a persistent fault, the
+        # slow ones of an intermittent fault)
+        held = cost >= out.held_floor_ms
+        held_steps = np.arange(onset, n_steps)[held] if held.any() else window
+        if len(group) == 1:
+            first_ms, end_ms = at_first[held_steps, top], at_end[held_steps, top]
+        else:  # the group's latest arrival against the rest's
+            late = [_group_lateness_us(t[bounds[k] : bounds[k + 1]], group) for k in held_steps]
+            first_ms, end_ms = np.array([x[0] for x in late]), np.array([x[1] for x in late])
+        out.late_at_first_ms = float(np.median(first_ms)) / 1000.0
+        out.late_at_end_ms = float(np.median(end_ms)) / 1000.0
         if out.late_at_end_ms > 0:
             before = out.late_at_first_ms >= BEFORE_BACKWARD_SHARE * out.late_at_end_ms
             out.phase = PHASE_BEFORE_BACKWARD if before else PHASE_BACKWARD
@@ -661,7 +713,7 @@ def _culprit_verdict(
     n = out.steps_judged
     since = f"from step {out.onset_step} on (it started mid-run)" if mid_run else f"of {n} steps"
     interval = f"95% interval {out.cost_low_ms:.1f}-{out.cost_high_ms:.1f}"
-    held = cost >= out.threshold_ms
+    held = cost >= out.held_floor_ms
     each = float(cost[held].mean()) if held.any() else 0.0
     if len(named) == 1:
         x = named[0]
@@ -671,7 +723,7 @@ def _culprit_verdict(
             f"({interval}; step {out.step_ms:.1f} ms)."
         )
     else:
-        who = _host_words([x.rank for x in named], hosts)
+        who = _host_words(sorted(x.rank for x in named), hosts)
         text = (
             f"{who} are the stragglers{where}: together they held the job in "
             f"{out.held_share:.0%} {since}, by {each:.1f} ms each time: {out.cost_ms:.1f} ms "
@@ -683,14 +735,24 @@ def _culprit_verdict(
             )
             + "."
         )
+    runtime = out.lateness_ms - out.cost_ms
+    if out.own_work_known and runtime >= max(MIN_COST_MS, 0.1 * out.lateness_ms):
+        text += (
+            f" Beyond that, the runtime held {'it' if len(named) == 1 else 'them'} "
+            f"{runtime:.1f} ms per step (a later release from the previous step's last "
+            "collective): hvdprof's part, not the code's."
+        )
     if n < FEW_STEPS:
         out.thin = True
         text += f" Only {n} steps were judged: a longer run would make this surer."
     if out.phase is not None:
+        if len(named) == 1:
+            text += f" Its time went {PHASE_WORDS[out.phase]}: "
+        else:
+            text += f" Their time went {GROUP_PHASE_WORDS[out.phase]}: "
         text += (
-            f" {'Its' if len(named) == 1 else f'Rank {named[0].rank}' + chr(39) + 's'} time "
-            f"went {PHASE_WORDS[out.phase]}: {_lateness(out.late_at_first_ms)} at its first "
-            f"gradient, {_lateness(out.late_at_end_ms)} at its last."
+            f"{_lateness(out.late_at_first_ms)} at the first gradient, "
+            f"{_lateness(out.late_at_end_ms)} at the last."
         )
     return text
 
