@@ -24,9 +24,13 @@ shared memory on one host) unless a job says otherwise:
 Per job, all at ``--np`` ranks:
 
 1. **tune** (``--tune-runs`` fresh jobs): HVDPROF_AUTOTUNE=1 at the runtime's defaults for
-   ``--budget`` steps plus ``--margin``. Rank 0 records after every step the tuner's
-   recommendation, and at the end its decision (estimate and standard error of the
-   chosen configuration's gain) and the lines it said.
+   ``--budget`` steps plus ``--margin``. Rank 0 records every step's time and the tuner's
+   recommendation, and at the budget its decision (estimate and standard error of the
+   chosen configuration's gain) and the lines it said. Beside each, the same job untuned
+   (the order alternating): throughput while tuning is the tuned job's median step time
+   against the untuned one's over the same steps (the two launched back to back, so the
+   machine's load cancels), times the default's ratio to the grid's best; after the budget,
+   the same comparison over the margin is the whole-job "never slower" check.
 2. **truth** (autotune off; parameters switched in-process on every rank at the same
    cycle through rank 0's ``cycle.proposer``, the autotuner's own path):
    a. the grid (log scales, the extremes included), ``--grid-rounds`` interleaved rounds,
@@ -39,7 +43,8 @@ Per job, all at ``--np`` ranks:
 Reported (table + ``benchmarks/results/autotune_bench.json``), per job, against the
 issue's goals: each tuning run's result / grid best (>= 0.95, jobs 1 and 2); each run's
 choice / default, paired by evaluation round (>= 0.98); the tuner's median / random
-search's median (> 1); throughput while tuning / grid best (>= 0.90); whether the
+search's median (> 1); throughput while tuning / grid best (>= 0.90); the tuned job /
+the untuned one after the budget (>= 0.98); whether the
 tuner's 95% interval of its gain covers the re-run's gain (>= 4 of 5 runs); the
 end-of-tuning line (one line; "kept the default" exactly when it kept it).
 
@@ -316,7 +321,8 @@ def broadcast(obj: Any) -> Any:
 
 
 def worker_tune(args: Any, work: Workload, rank: int) -> dict[str, Any]:
-    """Train for the budget with the autotuner on; rank 0 records what it recommends."""
+    """Train for the budget plus the margin, with the autotuner on (rank 0 records what it
+    recommends) or off (the untuned job the tuned one is compared with)."""
     from hvdprof.runtime import runtime as rt_module
 
     rt = rt_module.get()
@@ -327,10 +333,10 @@ def worker_tune(args: Any, work: Workload, rank: int) -> dict[str, Any]:
     for i in range(args.budget + args.margin):
         work.step()
         t1 = time.perf_counter()
-        if rank == 0 and i + 1 == args.budget:  # what the tuner says at the budget
+        if rank == 0 and tuner is not None and i + 1 == args.budget:  # said at the budget
             at_budget = {"decision": decision_dict(tuner.decision()), "lines": list(tuner.lines)}
         if rank == 0:
-            best = tuner.best
+            best = None if tuner is None else tuner.best
             trace.append(
                 [
                     rt.cycle.steps.step,
@@ -341,7 +347,7 @@ def worker_tune(args: Any, work: Workload, rank: int) -> dict[str, Any]:
             )
         t0 = t1
     out: dict[str, Any] = {"trace": trace, "at_budget": at_budget}
-    if rank == 0:
+    if rank == 0 and tuner is not None:
         out["lines"] = list(tuner.lines)
         out["decision"] = decision_dict(tuner.decision())
         out["converged"] = tuner.converged
@@ -521,7 +527,9 @@ def options() -> Any:
     p = h.parser(__doc__.splitlines()[0], steps=0, warmup=0)
     p.add_argument("--mode", choices=("tune", "truth"), default="tune", help=argparse_hidden())
     p.add_argument("--budget", type=int, default=GOAL_STEPS, help="tuning steps (default 300)")
-    p.add_argument("--margin", type=int, default=40, help="steps run after the budget")
+    p.add_argument(
+        "--margin", type=int, default=100, help="steps run after the budget (after tuning)"
+    )
     p.add_argument(
         "--jobs",
         default=None,
@@ -562,6 +570,13 @@ def job_argv(args: Any, job: str) -> list[str]:
     for name in SHAPE_OPTIONS:
         argv += [f"--{name.replace('_', '-')}", str(shape[name])]
     return argv
+
+
+def run_untuned(args: Any, job: str, timeout: float) -> dict[str, Any]:
+    """The same job, the same steps, autotune off: what the tuned job is compared with."""
+    argv = [*job_argv(args, job), "--mode", "tune", "--budget", str(args.budget)]
+    argv += ["--margin", str(args.margin)]
+    return h.run_job(__file__, argv, args.np, env=JOBS[job]["env"], timeout=timeout)
 
 
 def run_tuner(args: Any, job: str, timeout: float) -> dict[str, Any]:
@@ -624,10 +639,14 @@ def changed_env(p: Params) -> dict[str, str]:
 def bench_job(args: Any, job: str, timeout: float) -> dict[str, Any]:
     """Tune, measure the truth, compare; print the job's tables; return its results."""
     spec = JOBS[job]
-    tunes = []
-    for i in range(args.tune_runs):
-        print(f"{NAME} [{job}]: tuning run {i + 1}/{args.tune_runs}", flush=True)
+    tunes, untuned = [], []
+    for i in range(args.tune_runs):  # each tuned job next to an untuned one, order alternating
+        print(f"{NAME} [{job}]: tuning run {i + 1}/{args.tune_runs} and an untuned run", flush=True)
+        if i % 2:
+            untuned.append(run_untuned(args, job, timeout))
         tunes.append(run_tuner(args, job, timeout))
+        if not i % 2:
+            untuned.append(run_untuned(args, job, timeout))
     tuner_configs = list(dict.fromkeys(q for t in tunes for _, q in t["recs"] if q is not None))
     window_steps = tunes[0].get("window_steps") or _CONFIG.autotune_steps_per_sample
 
@@ -653,7 +672,8 @@ def bench_job(args: Any, job: str, timeout: float) -> dict[str, Any]:
     gt = {k: throughput_of([t for rnd in v for t in rnd], bps) for k, v in evals.items()}
     per_round = {k: [throughput_of(rnd, bps) for rnd in v] for k, v in evals.items()}
     grid_top = [as_params(q) for q in truth["eval"]["grid_top"]]
-    grid_best = max(grid_top, key=lambda q: gt[key(q)])
+    # the best of the grid's top points and the default (which the grid may lack)
+    grid_best = max([*grid_top, DEFAULT], key=lambda q: gt[key(q)])
     best_tp = gt[key(grid_best)]
     reference = per_round[key(grid_best)]
     paired = {k: [a / b for a, b in zip(v, reference, strict=True)] for k, v in per_round.items()}
@@ -685,16 +705,33 @@ def bench_job(args: Any, job: str, timeout: float) -> dict[str, Any]:
         first, stays = steps_to_ratio(recs[: args.budget], ratio_of, GOAL_RATIO)
         at_budget = recs[min(args.budget, len(recs)) - 1][1] or DEFAULT
         # while tuning: from the end of the tuner's warmup (steps every job spends warming
-        # up, at the default, tuned or not) to the budget
+        # up, at the default, tuned or not) to the budget; after: the margin's steps
         warm = 1 + _CONFIG.autotune_warmup_samples * _CONFIG.autotune_steps_per_sample
         times = [dt for _, dt, _, _ in t["trace"][warm : args.budget]]
+        base = untuned[len(tuner_runs)]
+        base_times = [dt for _, dt, _, _ in base["trace"][warm : args.budget]]
+        after = [dt for _, dt, _, _ in t["trace"][args.budget :]]
+        base_after = [dt for _, dt, _, _ in base["trace"][args.budget :]]
+        # the tuned job against the untuned one launched beside it, by median step time;
+        # "while tuning / best" = that ratio x (the default / the grid's best)
+        while_vs_untuned = statistics.median(base_times) / statistics.median(times)
+        after_vs_untuned = (
+            statistics.median(base_after) / statistics.median(after)
+            if after and base_after
+            else None
+        )
         run: dict[str, Any] = {
             "final": list(at_budget),
             "final_ratio": ratio(at_budget),
             "vs_default_rerun": round(vs_default(at_budget), 4),
             "steps_to_95_first": first,
             "steps_to_95_stays": stays,
-            "throughput_while_tuning_ratio": round(bps * len(times) / sum(times) / best_tp, 4),
+            "throughput_while_tuning_ratio": round(while_vs_untuned * ratio_of[key(DEFAULT)], 4),
+            "while_tuning_vs_untuned": round(while_vs_untuned, 4),
+            "after_tuning_vs_untuned": None
+            if after_vs_untuned is None
+            else round(after_vs_untuned, 4),
+            "throughput_while_tuning_own_clock": round(bps * len(times) / sum(times) / best_tp, 4),
             "end_line": line_is_true(t),
             "decision_at_budget": t["at_budget"].get("decision"),
             "window_steps": t.get("window_steps"),
@@ -749,6 +786,11 @@ def bench_job(args: Any, job: str, timeout: float) -> dict[str, Any]:
             "of_medians": run["throughput_while_tuning_ratio"], "goal": f">= {GOAL_WHILE_TUNING}",
             "met": run["throughput_while_tuning_ratio"] >= GOAL_WHILE_TUNING,
         }  # fmt: skip
+        if run["after_tuning_vs_untuned"] is not None:
+            ratios[f"tuner run {i + 1}: tuned job / untuned job, after the budget"] = {
+                "of_medians": run["after_tuning_vs_untuned"], "goal": f">= {GOAL_VS_DEFAULT}",
+                "met": run["after_tuning_vs_untuned"] >= GOAL_VS_DEFAULT,
+            }  # fmt: skip
         ratios[f"tuner run {i + 1}: end line one line and true"] = {
             "of_medians": None, "goal": "yes",
             "met": run["end_line"]["one_line"] and run["end_line"]["true"],
@@ -816,7 +858,11 @@ def bench_job(args: Any, job: str, timeout: float) -> dict[str, Any]:
             k: [round(x, 4) for x in quartiles(v)] for k, v in paired.items()
         },
         "eval_step_times_s": evals,
-        "job_wall_s": {"tune": [t["wall_s"] for t in tunes], "truth": truth["wall_s"]},
+        "job_wall_s": {
+            "tune": [t["wall_s"] for t in tunes],
+            "untuned": [t["wall_s"] for t in untuned],
+            "truth": truth["wall_s"],
+        },
     }
 
 
