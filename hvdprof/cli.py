@@ -271,14 +271,14 @@ def run_overrides(args: argparse.Namespace) -> dict[str, str]:
         overrides[name_of("autotune")] = "1"
     if args.autotune_log is not None:
         overrides[name_of("autotune_log")] = os.path.abspath(args.autotune_log)
-    if getattr(args, "autotune_from", None) is not None:
-        overrides.update(_autotune_from(args.autotune_from, overrides))
     if args.cycle_time_ms is not None:
         overrides[name_of("cycle_time_ms")] = args.cycle_time_ms
     if args.fusion_threshold_mb is not None:
         overrides[name_of("fusion_threshold_bytes")] = str(args.fusion_threshold_mb)
     if args.start_timeout is not None:
         overrides[name_of("start_timeout_s")] = args.start_timeout
+    if getattr(args, "autotune_from", None) is not None:  # last: the options above win
+        overrides.update(_autotune_from(args.autotune_from, overrides))
     return overrides
 
 
