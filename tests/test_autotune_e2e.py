@@ -670,3 +670,21 @@ def test_autotune_from_a_log_without_a_decision_is_one_clear_line(tmp_path: Path
         err = proc.stderr.strip().splitlines()
         assert len(err) == 1 and why in err[0] and str(path) in err[0], proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_autotune_from_leaves_the_run_options_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--cycle-time-ms`` beside ``--autotune-from``: the option wins, and the line says
+    which of the log's variables were kept as the user set them."""
+    from hvdprof.cli import build_parser, run_overrides
+
+    for var in ("HVDPROF_FUSION_THRESHOLD", "HVDPROF_CYCLE_TIME", "HVDPROF_CACHE_CAPACITY"):
+        monkeypatch.delenv(var, raising=False)
+    log = decision_log(tmp_path / "tuned.csv", TunableParams(2 * MiB, 0.5, True))
+    argv = ["run", "-np", "2", "--autotune-from", str(log), "--cycle-time-ms", "3", "--", "x"]
+    overrides = run_overrides(build_parser().parse_args(argv))
+    assert overrides["HVDPROF_CYCLE_TIME"] == "3"
+    assert overrides["HVDPROF_FUSION_THRESHOLD"] == "2097152"
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "(yours kept: HVDPROF_CYCLE_TIME)" in said[0], said
