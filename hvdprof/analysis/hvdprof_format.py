@@ -345,8 +345,8 @@ class HvdprofFileParser:
         lean = _READY_RE.sub(b"", body + b"\n") if ready_lines else body
         try:
             events = _DECODER.decode(b"[" + lean.rstrip().rstrip(b",") + b"]") if lean else []
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            events = None
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            events = None  # (nested too deep for msgspec: orjson, line by line, says so)
         if events is not None and self._events_fast(events):
             self.events += len(events) + ready_lines
         else:

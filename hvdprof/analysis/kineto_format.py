@@ -407,12 +407,12 @@ def _num(x: Any, default: float = 0.0) -> float:
         return default
 
 
-def _key(x: Any) -> int | str:
+def _key(x: Any) -> int | str | tuple[str]:
     """A thread's pid or tid as a key: Kineto writes ints and strings; anything else
-    (an object, a list) is one shared key, never hashed or printed whole."""
+    (an object, a list) is one key per kind of value, never hashed or printed whole."""
     if isinstance(x, int | str):
         return x
-    return f"<{type(x).__name__}>"
+    return (type(x).__name__,)
 
 
 def _elements(raw: msgspec.Raw | None) -> int | None:
@@ -567,6 +567,16 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
     dur = np.fromiter((e.dur for e in xs), np.float64, n)
     threads = _Strings()
     tid = np.fromiter((threads.code((_key(e.pid), _key(e.tid))) for e in xs), np.int32, n)
+    odd_threads = sum(1 for key in threads.index for part in key if isinstance(part, tuple))
+    if odd_threads:
+        out.problems.append(
+            Problem(
+                out.path,
+                "pid/tid",
+                "events whose pid or tid is neither a number nor a string: read as one "
+                "thread per kind of value",
+            )
+        )
     lenient = type(xs[0]) is _LenientEvent
 
     def arg(e: Any, key: str) -> Any:

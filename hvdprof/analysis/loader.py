@@ -112,7 +112,13 @@ class _Source:
             self.events = 0
             self.problems = [
                 *self.problems,
-                Problem(self.path, where, f"not read: {type(exc).__name__}: {_brief(exc)}"),
+                Problem(
+                    self.path,
+                    where,
+                    "not read: it needed more memory than this process may have (MemoryError)"
+                    if isinstance(exc, MemoryError)
+                    else f"not read: {type(exc).__name__}: {_brief(exc)}",
+                ),
             ]
             self.parser = None
             return True

@@ -66,6 +66,14 @@ class TimelineWindow:
         }
 
 
+def _row_of(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Index of each value in the sorted ``keys``, -1 where it is not one of them."""
+    if not len(keys):
+        return np.full(len(values), -1, dtype=np.int64)
+    pos = np.clip(np.searchsorted(keys, values), 0, len(keys) - 1)
+    return np.where(keys[pos] == values, pos, -1).astype(np.int64)
+
+
 def _label(table: list[str], codes: np.ndarray) -> list[str]:
     return [table[c] if c >= 0 else "" for c in codes.tolist()]
 
@@ -100,9 +108,9 @@ def timeline_window(
     out.lanes = "rank" if expand_rank is None else lanes
     if expand_rank is None:
         row_keys = sorted(run.ranks if ranks is None else set(ranks) & set(run.ranks))
-        row_of = np.full(max(row_keys, default=0) + 1, -1, dtype=np.int64)
-        for i, r in enumerate(row_keys):
-            row_of[r] = i
+        # rank -> row by search in the sorted ranks (never an array as long as the
+        # largest rank number: a trace's rank is data from elsewhere)
+        rank_keys = np.asarray(row_keys, dtype=np.int64)
         out.rows = [
             {
                 "row": i,
@@ -113,7 +121,9 @@ def timeline_window(
             }
             for i, r in enumerate(row_keys)
         ]
-        rows = row_of[s.rank[idx]]
+        rows = _row_of(rank_keys, s.rank[idx])
+        idx, rows = idx[rows >= 0], rows[rows >= 0]
+        out.total = len(idx)
     elif lanes == "phase":
         phases = np.unique(s.phase[idx])  # in PHASES order: negotiate, op, queue, copies, ...
         out.rows = [
@@ -159,7 +169,7 @@ def timeline_window(
         return out
     out.aggregated = True
     if expand_rank is None:
-        lane_keys = row_of
+        lane_keys = rank_keys
     elif lanes == "phase":
         lane_keys = phases
     else:
@@ -255,9 +265,8 @@ def _bins(
     sa = np.maximum(seg_start, t0_us)
     sb = np.minimum(seg_start + seg_len, t1_us)
     keep = sb > sa
-    if expand_rank is None:  # lane_keys: rank -> row (-1: not shown)
-        inside = (seg_lane >= 0) & (seg_lane < len(lane_keys))
-        seg_row = np.where(inside, lane_keys[np.clip(seg_lane, 0, len(lane_keys) - 1)], -1)
+    if expand_rank is None:  # lane_keys: the sorted ranks of the rows
+        seg_row = _row_of(lane_keys, seg_lane)
         keep &= seg_row >= 0
     else:  # lane_keys: the sorted tensor or phase codes of the rows
         pos = np.clip(np.searchsorted(lane_keys, seg_lane), 0, max(len(lane_keys) - 1, 0))

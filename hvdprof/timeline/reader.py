@@ -260,6 +260,10 @@ def load_traces(directory: str) -> TraceDirectory:
     manifests: dict[int, str] = {}
     for name in sorted(os.listdir(directory)):
         full = os.path.join(directory, name)
+        if (TRACE_RE.match(name) or MANIFEST_RE.match(name)) and not os.path.isfile(full):
+            # a directory, a FIFO (opening it would block), a dangling link or a loop
+            run.problems.append(f"{name}: not a regular file; not read")
+            continue
         if m := TRACE_RE.match(name):
             rank = int(m.group(1))
             if rank in traces:
@@ -306,7 +310,7 @@ def load_traces(directory: str) -> TraceDirectory:
         run.problems.append(
             f"files from different runs are mixed (run ids {sorted(map(str, run_ids))})"
         )
-    sizes = {int(m["size"]) for m in known if "size" in m}
+    sizes = {m["size"] for m in known if isinstance(m.get("size"), int)}
     if len(sizes) > 1:
         run.problems.append(f"manifests disagree on the job size: {sorted(sizes)}")
     elif sizes and (size := sizes.pop()) != len(run.ranks):
