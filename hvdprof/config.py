@@ -535,6 +535,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
         16384,
         "Largest world size a trace may claim: a rank number or world size past it (or a Kineto rank past its own world size) is a listed problem and the file is read as another rank.",
     ),
+    EnvVar(
+        "HVDPROF_DASHBOARD_PARSE_MEMORY",
+        "dashboard_parse_memory",
+        _int(0),
+        4 << 30,
+        "Bytes of memory by which the process in which the dashboard parses a run may grow (`RLIMIT_AS`, Linux); a run whose parse needs more is a notice on that run, never an error of the server. 0: parse in the server's own process, unlimited.",
+        "4294967296 (4 GiB)",
+    ),
 )
 
 _BY_NAME = {var.name: var for var in ENV_VARS}
@@ -703,6 +711,7 @@ class Config:
     read_max_inflated_bytes: int = 4 << 30
     read_max_inflate_ratio: float = 100.0
     read_max_ranks: int = 16384
+    dashboard_parse_memory: int = 4 << 30
     #: names of the HVDPROF_* variables present in the environment (the autotuner
     #: leaves these out of its search).
     explicitly_set: frozenset[str] = field(default_factory=frozenset)

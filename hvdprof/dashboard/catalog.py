@@ -9,12 +9,17 @@ runs, keeps the loaded :class:`~hvdprof.analysis.Run` objects, and tells from a 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hvdprof.analysis.kineto_format import KINETO_NAME_RE, is_kineto_file
+from hvdprof.common import limits
+from hvdprof.config import name_of
 from hvdprof.dashboard.paths import OutsideRootError, escaping_links, resolve_inside
 from hvdprof.timeline.manifest import MANIFEST_RE, TRACE_RE
 
@@ -27,6 +32,17 @@ _NOT_RUNS = ("autotune", "manifest.", "report")
 
 #: ``(name, size, mtime_ns)`` of every file of a run: equal signatures, nothing to re-read.
 Signature = tuple[tuple[str, int, int], ...]
+
+
+def shown(text: str) -> str:
+    """``text`` as JSON can carry it: a file name's undecodable bytes (kept by Python as
+    lone surrogates) written ``\\xff``, so a directory named in Latin-1 is listed and
+    described instead of failing the whole answer."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 class RunNotFoundError(LookupError):
@@ -44,6 +60,12 @@ class RunEntry:
     id: str
     path: Path
     kind: str  # "directory" (per-rank hvdprof files) or "file" (one trace file)
+
+    @property
+    def shown_id(self) -> str:
+        """The id as the API writes it (see :func:`shown`); :meth:`RunCatalog.entry`
+        accepts it back."""
+        return shown(self.id)
 
     def files(self) -> list[Path]:
         if self.kind == "file":
@@ -82,6 +104,110 @@ class LoadedRun:
     signature: Signature
     version: int = 1
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _parse_memory() -> int:
+    return int(limits.setting("dashboard_parse_memory"))
+
+
+class _LimitedParse:
+    """One run parsed in a process of its own whose address space may grow by at most
+    ``HVDPROF_DASHBOARD_PARSE_MEMORY`` bytes (``RLIMIT_AS``): a file that needs more
+    fails that run (a notice on it), never the server. The process is forked now, so
+    the parse overlaps what the caller does next; :meth:`finish` collects the run."""
+
+    def __init__(self, path: str, limit: int) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.pool = ProcessPoolExecutor(
+            1,
+            mp_context=multiprocessing.get_context("fork"),
+            initializer=_parse_process_start,
+            initargs=(os.getpid(), limit),
+        )
+        try:
+            self.future = self.pool.submit(_parse_run, path)
+        except BaseException:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            raise
+
+    def finish(self) -> Any:
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            return self.future.result()
+        except BrokenProcessPool:
+            raise MemoryError("the parse process ended abruptly") from None
+        finally:
+            self.pool.shutdown(wait=False)
+
+
+def _start_parse(path: str, loader_class: Any) -> Any:
+    """A parse of ``path`` under way: in a memory-limited process (see
+    :class:`_LimitedParse`), or, with no limit or no ``fork``, in this one."""
+    loader = loader_class(path)  # finds the files here: nothing to read is said now
+    limit = _parse_memory()
+    if limit > 0 and sys.platform.startswith("linux"):
+        return _LimitedParse(path, limit)
+    loader.start()
+    return loader
+
+
+def _parse_process_start(parent: int, limit: int) -> None:
+    """First thing in the parse process: die with the server (it holds a copy of the
+    listening socket), leave Ctrl+C to the server, and cap its address space at what it
+    inherited plus ``limit`` bytes."""
+    import resource
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(0)
+    _close_listening_sockets()
+    try:
+        with open("/proc/self/statm") as f:
+            size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        want = size + limit if hard == resource.RLIM_INFINITY else min(size + limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+    except (OSError, ValueError):
+        pass  # no /proc, or a limit we may not raise: parse without one
+
+
+def _close_listening_sockets() -> None:
+    """Close the server's listening socket(s) this forked process inherited: it (and the
+    processes it forks to parse large runs) must never keep the dashboard's port once
+    the server is gone (a restart said "Address already in use")."""
+    import socket
+
+    try:
+        fds = [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        return
+    for fd in fds:
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue  # not a socket (or already closed)
+        try:
+            listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+        except OSError:
+            listening = 0
+        if listening:
+            sock.close()
+        else:
+            sock.detach()
+
+
+def _parse_run(path: str) -> Any:
+    from hvdprof.analysis import load_run
+
+    return load_run(path)
 
 
 def _looks_like_trace(path: Path) -> bool:
@@ -143,6 +269,10 @@ class RunCatalog:
 
     def entry(self, run_id: str) -> RunEntry:
         """The run ``run_id`` names; OutsideRootError for paths that escape the root."""
+        if run_id and "\\" in run_id:
+            for entry in self.entries():  # an id with undecodable bytes, as the API wrote it
+                if entry.shown_id == run_id and entry.id != run_id:
+                    return self.entry(entry.id)
         path = resolve_inside(self.root, run_id or ".")
         links = escaping_links(self.root, path)
         if links:
@@ -173,8 +303,7 @@ class RunCatalog:
             # (.hvdprof-cache) would be written wherever such a link points
             entry = self.entry(run_id)
             signature = entry.signature()
-            loader = RunLoader(str(entry.path))
-            loader.start()
+            loader = _start_parse(str(entry.path), RunLoader)
         except Exception:  # the same error comes back, described, when the run is asked for
             return None
         with self._lock:
@@ -199,7 +328,7 @@ class RunCatalog:
     def _load(self, run_id: str) -> LoadedRun:
         entry = self.entry(run_id)
         try:
-            from hvdprof.analysis import LoadError, load_run  # the one reader of runs
+            from hvdprof.analysis import LoadError  # the one reader of runs: load_run
         except ImportError as exc:
             raise RunLoadError(f"the analysis library is not available: {exc}") from None
 
@@ -208,12 +337,26 @@ class RunCatalog:
         try:
             if started is not None:  # start_reading began it
                 loader, signature = started
-                run = loader.finish()
             else:
+                from hvdprof.analysis.loader import RunLoader
+
                 signature = entry.signature()
-                run = load_run(str(entry.path))
+                loader = _start_parse(str(entry.path), RunLoader)
+            run = loader.finish()
+        except MemoryError:
+            raise RunLoadError(
+                f"run {shown(run_id)!r} could not be read: its parse needed more than "
+                f"{_parse_memory()} bytes ({name_of('dashboard_parse_memory')})"
+            ) from None
         except (LoadError, OSError, ValueError, RuntimeError) as exc:
-            raise RunLoadError(f"run {run_id!r} could not be read: {exc}") from None
+            raise RunLoadError(
+                f"run {shown(run_id)!r} could not be read: {shown(str(exc))}"
+            ) from None
+        except Exception as exc:  # (MemoryError included): a notice on this run, never a 503
+            raise RunLoadError(
+                f"run {shown(run_id)!r} could not be read: {type(exc).__name__}: "
+                f"{shown(str(exc))[:300]}"
+            ) from None
         fresh = LoadedRun(entry, run, signature)
         with self._lock:
             return self._loaded.setdefault(run_id, fresh)
@@ -236,9 +379,10 @@ class RunCatalog:
             loaded.signature = signature
             try:
                 if reload:
-                    from hvdprof.analysis import load_run
+                    from hvdprof.analysis.loader import RunLoader
 
-                    loaded.run, grew = load_run(str(loaded.entry.path)), True
+                    loaded.run = _start_parse(str(loaded.entry.path), RunLoader).finish()
+                    grew = True
                 else:
                     grew = bool(loaded.run.refresh())
             except Exception:  # a file caught mid-write: the next change retries

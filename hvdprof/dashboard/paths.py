@@ -31,7 +31,10 @@ def resolve_inside(root: Path, relative: str) -> Path:
     if relative.startswith("/") or any(part == ".." for part in parts):
         raise OutsideRootError(f"path {relative!r} leads outside the served directory")
     root = root.resolve()
-    candidate = (root.joinpath(*[p for p in parts if p != "."])).resolve()
+    try:
+        candidate = (root.joinpath(*[p for p in parts if p != "."])).resolve()
+    except (RuntimeError, OSError) as exc:  # a symbolic link loop ("Symlink loop from ...")
+        raise OutsideRootError(f"path {relative!r} cannot be resolved ({exc})") from None
     if candidate != root and root not in candidate.parents:
         raise OutsideRootError(f"path {relative!r} leads outside the served directory")
     return candidate
@@ -47,7 +50,10 @@ def escaping_links(root: Path, directory: Path) -> list[str]:
         return bad
     for entry in entries:
         if entry.is_symlink():
-            target = entry.resolve()
+            try:
+                target = entry.resolve()
+            except (RuntimeError, OSError):  # a link loop leads nowhere, outside or not
+                continue
             if target != root and root not in target.parents:
                 bad.append(entry.name)
     return bad

@@ -13,7 +13,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from hvdprof.dashboard.catalog import LoadedRun, RunCatalog, RunLoadError
+import orjson
+
+from hvdprof.dashboard.catalog import LoadedRun, RunCatalog, RunLoadError, shown
 from hvdprof.dashboard.models import CompareResponse, Problem, RunInfo, Section
 
 #: Cached results per run (oldest dropped first); a zoomed page asks for many windows.
@@ -51,13 +53,14 @@ def run_info(catalog: RunCatalog, run_id: str) -> RunInfo:
         loaded = catalog.loaded(run_id)
     except RunLoadError as exc:
         return RunInfo(
-            id=entry.id, kind=entry.kind, format="unknown", ranks=[], hosts={}, complete=False,
-            t0_us=None, t1_us=None, tensors=0, problems=[], version=0, notices=[str(exc)],
+            id=entry.shown_id, kind=entry.kind, format="unknown", ranks=[], hosts={},
+            complete=False, t0_us=None, t1_us=None, tensors=0, problems=[], version=0,
+            notices=[shown(str(exc))],
         )  # fmt: skip
     run = loaded.run
     problems = [
-        Problem(file=str(getattr(p, "file", "")), where=str(getattr(p, "where", "")),
-                reason=str(getattr(p, "reason", p)),
+        Problem(file=shown(str(getattr(p, "file", ""))), where=shown(str(getattr(p, "where", ""))),
+                reason=shown(str(getattr(p, "reason", p))),
                 partial_tail=bool(getattr(p, "partial_tail", False)))
         for p in getattr(run, "problems", [])
     ]  # fmt: skip
@@ -86,11 +89,11 @@ def run_info(catalog: RunCatalog, run_id: str) -> RunInfo:
         hosts = dict(zip(ranks, hosts, strict=False))
     tensors = getattr(run, "tensors", ()) or ()
     return RunInfo(
-        id=entry.id,
+        id=entry.shown_id,
         kind=entry.kind,
         format=str(getattr(run, "format", "hvdprof")),
         ranks=ranks,
-        hosts={str(k): str(v) for k, v in hosts.items()},
+        hosts={shown(str(k)): shown(str(v)) for k, v in hosts.items()},
         complete=complete,
         t0_us=_finite(getattr(run, "t0_us", None)),
         t1_us=_finite(getattr(run, "t1_us", None)),
@@ -116,11 +119,13 @@ def section(
     try:
         loaded = catalog.loaded(run_id)
     except RunLoadError as exc:
-        return Section(run=run_id, version=0, data=None, notices=[str(exc)])
+        return Section(run=run_id, version=0, data=None, notices=[shown(str(exc))])
     try:
         data = _cached(loaded, (name, *key), lambda: _to_dict(compute(loaded.run)))
     except Exception as exc:  # a half-written file must not cost the other sections
-        return Section(run=run_id, version=loaded.version, data=None, notices=[_failure(name, exc)])
+        return Section(
+            run=run_id, version=loaded.version, data=None, notices=[shown(_failure(name, exc))]
+        )
     return Section(run=run_id, version=loaded.version, data=data, notices=_notices_of(data))
 
 
@@ -128,7 +133,31 @@ def _to_dict(result: Any) -> dict[str, Any]:
     data = result.to_dict() if hasattr(result, "to_dict") else result
     if not isinstance(data, dict):
         data = {"value": data}
-    return data
+    return _json_safe(data)
+
+
+def _json_safe(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with every string JSON can carry. A trace's strings are data from
+    elsewhere: a file name's undecodable bytes, or a ``"\\udcff"`` escape in a tensor
+    name, are lone surrogates that failed the whole answer (503). One fast check
+    (orjson, in C); the walk that rewrites such strings only runs when it fails."""
+    try:
+        orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS)
+        return data
+    except (orjson.JSONEncodeError, TypeError):
+        return _safe(data)
+
+
+def _safe(value: Any) -> Any:
+    # iterative over containers would be faster to write wrongly; analysis results are
+    # a few levels deep (never the input's nesting)
+    if isinstance(value, str):
+        return shown(value)
+    if isinstance(value, dict):
+        return {(_safe(k) if isinstance(k, str) else k): _safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_safe(v) for v in value]
+    return value
 
 
 def _notices_of(data: dict[str, Any]) -> list[str]:
@@ -143,10 +172,12 @@ def compare(catalog: RunCatalog, a: str, b: str) -> CompareResponse:
     try:
         run_a, run_b = catalog.loaded(a), catalog.loaded(b)
     except RunLoadError as exc:
-        return CompareResponse(a=a, b=b, data=None, notices=[str(exc)])
+        return CompareResponse(a=a, b=b, data=None, notices=[shown(str(exc))])
     try:
         with run_a.lock:
             data = _to_dict(diff_runs(run_a.run, run_b.run))
     except Exception as exc:
-        return CompareResponse(a=a, b=b, data=None, notices=[_failure("the comparison", exc)])
+        return CompareResponse(
+            a=a, b=b, data=None, notices=[shown(_failure("the comparison", exc))]
+        )
     return CompareResponse(a=a, b=b, data=data, notices=_notices_of(data))

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from hvdprof.dashboard.catalog import RunCatalog
+from hvdprof.dashboard.catalog import RunCatalog, shown
 from hvdprof.dashboard.models import RunInfo, RunList, RunRef
 from hvdprof.dashboard.routes.deps import get_catalog
 from hvdprof.dashboard.service import run_info
@@ -18,11 +18,11 @@ RunId = Annotated[str, Query(description="run id from /api/runs ('.' = the serve
 
 @router.get("/runs", response_model=RunList, summary="Runs under the served directory")
 def list_runs(catalog: Annotated[RunCatalog, Depends(get_catalog)]) -> RunList:
-    runs = [RunRef(id=e.id, kind=e.kind) for e in catalog.entries()]
+    runs = [RunRef(id=e.shown_id, kind=e.kind) for e in catalog.entries()]
     notices = [] if runs else [
         "no timeline here yet: this page updates by itself when a job starts writing one"
     ]  # fmt: skip
-    return RunList(root=str(catalog.root), runs=runs, notices=notices)
+    return RunList(root=shown(str(catalog.root)), runs=runs, notices=notices)
 
 
 @router.get("/run", response_model=RunInfo, summary="One run: ranks, hosts, time span, problems")
