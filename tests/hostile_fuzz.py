@@ -1,0 +1,573 @@
+"""Hostile and mutated trace files, and what every reader must make of them (issue 34).
+
+Cases are real files from ``tests/data`` (torch.profiler traces of a GPU job and of a DDP
+Gloo job, Horovod 0.28.1 timelines, an hvdprof run), either with one of the inputs the
+issue listed (a rank of 2000000000, a gzip bomb, a FIFO named like a trace ...) or
+mutated by a seeded generator: bytes flipped, inserted, cut or repeated, and JSON values
+replaced by hostile ones (2**62, -7, 1.7e308, "inf", an object, 100,000 levels of
+nesting, a lone surrogate). The same seed gives the same cases.
+
+For each case, :func:`check` loads the run, analyses it, diffs it with its unmutated
+original both ways, and asks every dashboard route (in process, through Starlette's test
+client): the answer must be a result or a listed problem, never an exception and never a
+5xx. Run as a script it checks ``--cases`` mutated cases (plus every named one) and
+writes a JSON report; ``tests/test_hostile_input.py`` runs it in a child process and
+reads that process's peak memory from ``wait4``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).resolve().parent / "data"
+
+#: a directory entry that is not file content
+DIRECTORY, FIFO = "<directory>", "<fifo>"
+
+
+@dataclass
+class Link:
+    """A symbolic link to ``target`` (relative to the run directory, or absolute)."""
+
+    target: str
+
+
+@dataclass
+class Case:
+    """One run directory: file name (bytes when not UTF-8) -> content."""
+
+    name: str
+    files: dict[str | bytes, bytes | str | Link]
+    #: the unmutated run it came from (the diff's other side), under the seeds root
+    base: str = ""
+    #: the run directory's own name, when the case is about it (bytes: not UTF-8)
+    dirname: str | bytes | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+# --- the real files ---------------------------------------------------------------------
+
+
+def _read(path: Path) -> bytes:
+    data = path.read_bytes()
+    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+
+
+def seed_runs() -> dict[str, dict[str, bytes]]:
+    """The real runs the cases start from: name -> {file name: decompressed content}."""
+    runs: dict[str, dict[str, bytes]] = {}
+    for name, directory, pattern in (
+        ("kineto-gpu", DATA / "kineto-hta", "*.json.gz"),
+        ("kineto-ddp", DATA / "kineto-ddp-gloo", "*.pt.trace.json.gz"),
+        ("hvdprof", DATA / "hvdprof-demo", "*.json*"),
+    ):
+        files = {}
+        for p in sorted(directory.glob(pattern)):
+            key = p.name[: -len(".gz")] if p.name.endswith(".gz") else p.name
+            files[key] = _read(p)
+        runs[name] = files
+    runs["horovod"] = {
+        "horovod-timeline.json": (DATA / "horovod" / "horovod-timeline.json").read_bytes()
+    }
+    return runs
+
+
+def _trace_files(files: dict[str, bytes]) -> list[str]:
+    return [n for n in files if not n.startswith("manifest.")]
+
+
+# --- the inputs the issue lists ---------------------------------------------------------
+
+
+def _kineto(rank: Any, *, extra: dict[str, Any] | None = None, **kw: Any) -> bytes:
+    """A small Kineto trace: one ProfilerStep, a c10d::allreduce_ and its gloo range."""
+    ts = kw.get("ts", 100.0)
+    pid = kw.get("pid", 1)
+    events: list[dict[str, Any]] = [
+        {"ph": "X", "name": f"ProfilerStep#{kw.get('step', '2')}", "pid": pid, "tid": 1,
+         "ts": ts, "dur": 50},
+    ]  # fmt: skip
+    if not kw.get("no_collectives"):
+        events += [
+            {"ph": "X", "name": "c10d::allreduce_", "pid": pid, "tid": 1, "ts": ts + 5,
+             "dur": 10, "args": {"In msg nelems": kw.get("nelems", 100), "dtype": "Float"}},
+            {"ph": "X", "name": "gloo:all_reduce", "pid": pid, "tid": 2, "ts": ts + 6, "dur": 8},
+        ]  # fmt: skip
+    trace: dict[str, Any] = {
+        "schemaVersion": 1,
+        "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2},
+        "traceEvents": events,
+    }
+    if not kw.get("no_base"):
+        trace["baseTimeNanoseconds"] = kw.get("base", 1_700_000_000_000_000_000)
+    trace.update(extra or {})
+    return json.dumps(trace).encode()
+
+
+def _pair(a: bytes, b: bytes) -> dict[str | bytes, bytes | str | Link]:
+    return {"worker0.1.pt.trace.json": a, "worker1.2.pt.trace.json": b}
+
+
+NEST = b"[" * 100_000 + b"]" * 100_000
+
+
+def _bomb(head: bytes, mebibytes: int) -> bytes:
+    """A gzip file of ``head`` then ``mebibytes`` MiB of spaces, about 1 KB per MiB (one
+    member per MiB: what a compressor writes for repeated flushes, made in milliseconds)."""
+    member = gzip.compress(b" " * (1 << 20), 9)
+    return gzip.compress(head) + member * mebibytes
+
+
+def named_cases(seeds: dict[str, dict[str, bytes]]) -> list[Case]:
+    """Each input of issue 34, on small files made for it or on the real ones."""
+    ok1 = _kineto(1)
+    cases = [
+        Case("rank-2000000000", _pair(_kineto(1), _kineto(2_000_000_000))),
+        Case("rank-150000000", _pair(_kineto(0), _kineto(150_000_000))),
+        Case("rank-2pow40", _pair(_kineto(0), _kineto(2**40))),
+        Case("rank-minus-7", _pair(_kineto(0), _kineto(-7))),
+        Case(
+            "rank0-no-collectives-no-base",
+            _pair(_kineto(0, no_collectives=True), _kineto(1, no_base=True)),
+        ),
+        Case("non-utf8-byte", _pair(_kineto(0).replace(b'"gloo"', b'"gl\xffo"'), ok1)),
+        Case("pid-object", _pair(_kineto(0, pid={"a": 1}), _kineto(1, pid=[1]))),
+        Case("nelems-2pow62", _pair(_kineto(0, nelems=2**62), ok1)),
+        Case("step-inf", _pair(_kineto(0, step="inf"), ok1)),
+        Case("step-1e30", _pair(_kineto(0, step="1e30"), ok1)),
+        Case("step-2-and-2000000000", _pair(_kineto(0), _kineto(1, step="2000000000"))),
+        Case(
+            "nested-args",
+            _pair(_kineto(0).replace(b'"dtype": "Float"', b'"dtype": "Float", "x": ' + NEST), ok1),
+        ),
+        Case(
+            "nested-top",
+            _pair(_kineto(0).replace(b'"schemaVersion": 1', b'"schemaVersion": ' + NEST), ok1),
+        ),
+        Case("ts-1.7e308", _pair(_kineto(0, ts=1.7e308), ok1)),
+        Case("base-1e20", _pair(_kineto(0, base=99_999_999_998_299_996_160), ok1)),
+        Case(
+            "lone-surrogate-names",
+            _pair(_kineto(0).replace(b"c10d::allreduce_", b"c10d::allreduce_\\udcff"), ok1),
+        ),
+        # 300 MB of spaces in 300 KB: past the ratio bound after 32 MiB
+        Case(
+            "gzip-bomb-kineto",
+            {
+                "worker0.1.pt.trace.json.gz": _bomb(b"", 300),
+                "worker1.2.pt.trace.json": ok1,
+            },
+        ),
+        Case(
+            "gzip-bomb-hvdprof",
+            {
+                "rank.0.json.gz": _bomb(b"[\n", 300),
+                "rank.1.json": seeds["hvdprof"]["rank.1.json"],
+            },
+        ),
+        # the absolute bound, made small for the test
+        Case(
+            "gzip-absolute-bound",
+            {
+                "worker0.1.pt.trace.json.gz": gzip.compress(_kineto(0) + b" " * (8 << 20)),
+                "worker1.2.pt.trace.json": ok1,
+            },
+            env={"HVDPROF_READ_MAX_INFLATED_BYTES": str(4 << 20)},
+        ),
+        Case(
+            "directory-fifo-links",
+            {
+                "worker0.1.pt.trace.json": _kineto(0),
+                "d.pt.trace.json": DIRECTORY,
+                "f.pt.trace.json": FIFO,
+                "ld.pt.trace.json": Link("d.pt.trace.json"),
+                "loop.pt.trace.json": Link("loop.pt.trace.json"),
+            },
+        ),
+        Case("only-a-fifo", {"f.pt.trace.json": FIFO, "rank.0.json": FIFO}),
+        Case(
+            "non-utf8-file-name",
+            {b"worker0.\xff.pt.trace.json": _kineto(0), "worker1.2.pt.trace.json": ok1},
+        ),
+        Case(
+            "escape-codes-in-names",
+            {"worker0.\x1b[31m.pt.trace.json": _kineto(0), "worker1.2.pt.trace.json": ok1},
+            dirname="esc-\x1b[2J\x1b[31mred",
+        ),
+        Case("non-utf8-directory", _pair(_kineto(0), ok1), dirname=b"dir-\xff\xfe"),
+    ]
+    hvd = seeds["hvdprof"]
+    r0 = hvd["rank.0.json"]
+    cases += [
+        Case(
+            "hvdprof-rank-in-file-name",
+            {"rank.0.json": r0, "rank.2000000000.json": hvd["rank.1.json"]},
+        ),
+        Case(
+            "hvdprof-ready-rank-2pow40",
+            {
+                **hvd,
+                "rank.0.json": r0.replace(b'"ready_us":{"0"', b'"ready_us":{"1099511627776"', 1),
+            },
+        ),
+        Case(
+            "hvdprof-bytes-2pow70",
+            {**hvd, "rank.0.json": _replace_first_int(r0, b'"bytes":', 2**70)},
+        ),
+        Case(
+            "hvdprof-manifest-size",
+            {
+                **hvd,
+                "manifest.rank.0.json": hvd["manifest.rank.0.json"].replace(
+                    b'"size": 2', b'"size": 2000000000'
+                ),
+            },
+        ),
+        Case(
+            "hvdprof-nested-line",
+            {**hvd, "rank.0.json": r0.replace(b"\n", b"\n" + NEST + b",\n", 1)},
+        ),
+    ]
+    hv = seeds["horovod"]["horovod-timeline.json"]
+    cases += [
+        Case("horovod-rank-mark-huge", {"horovod-timeline.json": hv.replace(b'"name": "1"', b'"name": "99999999999"', 3)}),
+        Case("horovod-pid-object", {"horovod-timeline.json": hv.replace(b'"pid": 1,', b'"pid": {"x": 1},', 5)}),
+        Case("horovod-ts-inf", {"horovod-timeline.json": hv.replace(b'"ts": ', b'"ts": 1e400, "_": ', 7)}),
+    ]  # fmt: skip
+    return cases
+
+
+def _replace_first_int(data: bytes, key: bytes, value: int) -> bytes:
+    at = data.find(key)
+    if at < 0:
+        return data
+    start = at + len(key)
+    end = start
+    while end < len(data) and data[end : end + 1] in b"-0123456789":
+        end += 1
+    return data[:start] + str(value).encode() + data[end:]
+
+
+# --- the seeded mutations ---------------------------------------------------------------
+
+HOSTILE_VALUES: list[Any] = [
+    2**62, 2**40, 2**70, -7, -1, 0, 2_000_000_000, 150_000_000, 1.7e308, -1.7e308, 1e-320,
+    "inf", "-inf", "nan", "1e30", "", "\udcff", "\x1b[31m", {}, [], {"a": [1]}, [[1, 2]],
+    None, True, False, "ProfilerStep#inf", "ProfilerStep#1e30", "ProfilerStep#-3",
+]  # fmt: skip
+HOSTILE_BYTES = [b"\xff", b"\x00", b"\xc3", b"\\ud800", b"]", b"}", b"{", b"[", b'"', b",", b"\n"]
+
+
+def _walk(node: Any, path: list[Any], out: list[list[Any]], rng: random.Random) -> None:
+    """Paths to (a sample of) the values in a decoded JSON document."""
+    if isinstance(node, dict):
+        items = list(node.items())
+    elif isinstance(node, list):
+        items = list(enumerate(node))
+        if len(items) > 40:
+            items = rng.sample(items, 40)
+    else:
+        return
+    for key, value in items:
+        out.append([*path, key])
+        _walk(value, [*path, key], out, rng)
+
+
+def _set(doc: Any, path: list[Any], value: Any) -> None:
+    for key in path[:-1]:
+        doc = doc[key]
+    doc[path[-1]] = value
+
+
+def _mutate_json(data: bytes, rng: random.Random) -> bytes | None:
+    """A few values of the document replaced by hostile ones (None: not one JSON document)."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    paths: list[list[Any]] = []
+    _walk(doc, [], paths, rng)
+    if not paths:
+        return None
+    for _ in range(rng.randint(1, 4)):
+        path = rng.choice(paths)
+        value = rng.choice(HOSTILE_VALUES)
+        try:
+            _set(doc, path, value)
+        except (KeyError, IndexError, TypeError):
+            continue
+    text = json.dumps(doc, allow_nan=True)
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _mutate_lines(data: bytes, rng: random.Random) -> bytes:
+    """hvdprof's one-event-per-line files: one value replaced on a few lines."""
+    lines = data.split(b"\n")
+    for _ in range(rng.randint(1, 6)):
+        i = rng.randrange(len(lines))
+        line = lines[i].rstrip(b",")
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        paths: list[list[Any]] = []
+        _walk(event, [], paths, rng)
+        if not paths:
+            continue
+        _set(event, rng.choice(paths), rng.choice(HOSTILE_VALUES))
+        tail = b"," if lines[i].endswith(b",") else b""
+        lines[i] = json.dumps(event).encode("utf-8", "surrogatepass") + tail
+    return b"\n".join(lines)
+
+
+def _mutate_bytes(data: bytes, rng: random.Random) -> bytes:
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 8)):
+        if not out:
+            break
+        at = rng.randrange(len(out))
+        kind = rng.randrange(5)
+        if kind == 0:
+            out[at] = rng.randrange(256)
+        elif kind == 1:
+            out[at:at] = rng.choice(HOSTILE_BYTES)
+        elif kind == 2:
+            del out[at : at + rng.randint(1, 200)]
+        elif kind == 3:
+            piece = out[at : at + rng.randint(1, 400)]
+            out[at:at] = piece * rng.randint(1, 5)
+        else:
+            del out[at:]
+    return bytes(out)
+
+
+def mutated_cases(seeds: dict[str, dict[str, bytes]], n: int, seed: int) -> Iterator[Case]:
+    """``n`` cases, each one real run with one of its files mutated (deterministic)."""
+    rng = random.Random(seed)
+    names = sorted(seeds)
+    for i in range(n):
+        run = rng.choice(names)
+        files: dict[str | bytes, bytes | str | Link] = dict(seeds[run])
+        target = rng.choice(_trace_files(seeds[run]))
+        if run == "hvdprof" and rng.random() < 0.3:
+            target = rng.choice([n for n in seeds[run] if n.startswith("manifest.")])
+        data = seeds[run][target]
+        how = rng.choice(("json", "bytes", "json+bytes", "lines" if run == "hvdprof" else "json"))
+        mutated: bytes | None = None
+        if how.startswith("json"):
+            mutated = _mutate_json(data, rng)
+        elif how == "lines":
+            mutated = _mutate_lines(data, rng)
+        if mutated is None:
+            mutated = data
+        if how.endswith("bytes"):
+            mutated = _mutate_bytes(mutated, rng)
+        name = target
+        if target.endswith(".json") and not target.startswith("manifest.") and rng.random() < 0.3:
+            del files[target]
+            name = target + ".gz"
+            mutated = gzip.compress(mutated, 1)
+            if rng.random() < 0.2:  # a cut or corrupt stream
+                mutated = _mutate_bytes(mutated, rng)
+        files[name] = mutated
+        yield Case(f"fuzz-{seed}-{i:05d}-{run}-{how}", files, base=run)
+
+
+# --- writing and checking a case --------------------------------------------------------
+
+
+def materialize(case: Case, root: Path) -> Path:
+    """The case's run directory under ``root``."""
+    dirname = case.dirname if case.dirname is not None else case.name
+    path = os.path.join(os.fsencode(root), os.fsencode(dirname))
+    os.mkdir(path)
+    for name, content in case.files.items():
+        full = os.path.join(path, os.fsencode(name))
+        if content == DIRECTORY:
+            os.mkdir(full)
+        elif content == FIFO:
+            os.mkfifo(full)
+        elif isinstance(content, Link):
+            os.symlink(os.fsencode(content.target), full)
+        else:
+            assert isinstance(content, bytes)
+            with open(full, "wb") as f:
+                f.write(content)
+    return Path(os.fsdecode(path))
+
+
+def write_seeds(seeds: dict[str, dict[str, bytes]], root: Path) -> dict[str, Path]:
+    out = {}
+    for name, files in seeds.items():
+        out[name] = materialize(Case(name, dict(files)), root)
+    return out
+
+
+ROUTES = (
+    "/api/run",
+    "/api/analysis/report",
+    "/api/analysis/breakdown",
+    "/api/analysis/stragglers",
+    "/api/analysis/fusion",
+    "/api/analysis/bandwidth",
+    "/api/analysis/autotune",
+    "/api/analysis/stalls",
+    "/api/timeline",
+)
+
+
+#: the unmutated runs, read once
+_BASES: dict[Path, Any] = {}
+
+
+def check(case: Case, run_dir: Path, base_dir: Path | None, served: Path) -> list[str]:
+    """What went wrong with one case: exceptions and 5xx answers (empty: all well)."""
+    from fastapi.testclient import TestClient
+
+    from hvdprof.analysis import LoadError, analyze, diff_runs, load_run
+    from hvdprof.dashboard.app import create_app
+    from hvdprof.dashboard.catalog import shown
+    from hvdprof.dashboard.settings import DashboardSettings
+
+    failures: list[str] = []
+    saved = {k: os.environ.get(k) for k in case.env}
+    os.environ.update(case.env)
+
+    def attempt(what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except LoadError:
+            return None
+        except Exception as exc:
+            tb = traceback.extract_tb(exc.__traceback__)[-1]
+            failures.append(
+                f"{case.name}: {what}: {type(exc).__name__}: {str(exc)[:200]} "
+                f"({tb.filename}:{tb.lineno})"
+            )
+            return None
+
+    try:
+        run = attempt("load_run", lambda: load_run(run_dir, cache=False, workers=1))
+        if run is not None:
+            attempt("analyze", lambda: json.dumps(_plain(analyze(run).to_dict())))
+            if base_dir is not None:
+                base = _BASES.get(base_dir) or _BASES.setdefault(
+                    base_dir, load_run(base_dir, cache=False, workers=1)
+                )
+                attempt("diff a-b", lambda: diff_runs(base, run).to_dict())
+                attempt("diff b-a", lambda: diff_runs(run, base).to_dict())
+        client = TestClient(create_app(DashboardSettings(served)), base_url="http://127.0.0.1")
+        listed = attempt("/api/runs", lambda: client.get("/api/runs").json()["runs"]) or []
+        prefix = shown(os.fsdecode(os.path.relpath(os.fsencode(run_dir), os.fsencode(served))))
+        # the run itself, or (a Horovod timeline) the file in it
+        ids = [r["id"] for r in listed if r["id"] == prefix or r["id"].startswith(prefix + "/")]
+        ids = ids or [prefix]
+        base_ids = [
+            r["id"] for r in listed if base_dir is not None and r["id"].startswith(base_dir.name)
+        ]
+        urls = [(route, {"run": run_id}) for run_id in ids for route in ROUTES]
+        urls.append(("/api/timeline", {"run": ids[0], "expand_rank": 0}))
+        if base_ids:
+            urls.append(("/api/compare", {"a": base_ids[0], "b": ids[0]}))
+        for route, params in urls:
+            response = attempt(
+                route, lambda route=route, params=params: client.get(route, params=params)
+            )
+            if response is not None and response.status_code >= 500:
+                failures.append(
+                    f"{case.name}: {route}: {response.status_code} {response.text[:300]}"
+                )
+            elif response is not None:
+                attempt(f"{route} JSON", response.json)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return failures
+
+
+def _plain(data: Any) -> Any:
+    """numpy scalars as Python numbers, for json.dumps."""
+    import numpy as np
+
+    if isinstance(data, dict):
+        return {str(k): _plain(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [_plain(v) for v in data]
+    if isinstance(data, np.generic):
+        return data.item()
+    if isinstance(data, np.ndarray):
+        return data.tolist()
+    if isinstance(data, str):
+        return data.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return data
+
+
+def run_cases(n: int, seed: int, named: bool = True) -> dict[str, Any]:
+    """Check the named cases and ``n`` mutated ones; the report as plain data."""
+    seeds = seed_runs()
+    failures: list[str] = []
+    counts = {"named": 0, "mutated": 0}
+    slowest: list[tuple[float, str]] = []
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="hostile-") as tmp:
+        root = Path(tmp)
+        (root / "seeds").mkdir()
+        bases = write_seeds(seeds, root / "seeds")
+        served = root / "served"
+        served.mkdir()
+        cases: Iterator[Case] = iter(named_cases(seeds) if named else [])
+        for kind, source in (("named", cases), ("mutated", mutated_cases(seeds, n, seed))):
+            for case in source:
+                run_dir = materialize(case, served)
+                base = bases.get(case.base) if case.base else None
+                # the diff's other side must be under the served root too (compare route)
+                if base is not None and not (served / case.base).exists():
+                    shutil.copytree(base, served / case.base)
+                began = time.monotonic()
+                failures += check(case, run_dir, served / case.base if base else None, served)
+                slowest.append((round(time.monotonic() - began, 2), case.name))
+                shutil.rmtree(os.fsencode(run_dir))
+                counts[kind] += 1
+    return {
+        "cases": counts,
+        "seed": seed,
+        "failures": failures,
+        "seconds": round(time.monotonic() - started, 1),
+        "slowest": sorted(slowest, reverse=True)[:8],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=100, help="mutated cases (default 100)")
+    parser.add_argument("--seed", type=int, default=34)
+    parser.add_argument("--no-named", action="store_true", help="only the mutated cases")
+    parser.add_argument("--out", help="write the report here (JSON) as well as to stdout")
+    args = parser.parse_args(argv)
+    report = run_cases(args.cases, args.seed, named=not args.no_named)
+    text = json.dumps(report, indent=1)
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text)
+    return 1 if report["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.exit(main())
