@@ -224,3 +224,14 @@ def test_a_parse_past_the_dashboards_memory_limit_is_a_notice_on_that_run(
     monkeypatch.setenv(variable, str(1 << 30))
     response = client.get("/api/run", params={"run": "ddp"})
     assert response.status_code == 200 and response.json()["ranks"] == [0, 1], response.text
+
+
+def test_a_fifo_given_as_kineto_trace_is_a_problem_not_a_hang(named: dict[str, Path]) -> None:
+    fifo = named["only-a-fifo"] / "f.pt.trace.json"
+    code, _, err, _ = _spawn_peak(
+        [sys.executable, "-m", "hvdprof", "analyze", "--no-cache",
+         str(REPO / "tests" / "data" / "hvdprof-demo"), "--kineto", str(fifo)],
+        timeout=120,
+        env=child_env(),
+    )  # fmt: skip
+    assert code == 1 and "Traceback" not in err, (code, err[-2000:])

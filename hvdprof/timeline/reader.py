@@ -10,9 +10,11 @@ and why.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import stat
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -58,6 +60,8 @@ class Trace:
 def load_trace(path: str) -> Trace:
     """Load a ``.json`` or ``.json.gz`` Chrome trace, complete or truncated anywhere."""
     path = os.fspath(path)
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open: never open it
+        raise OSError(errno.EINVAL, "not a regular file (a directory, a FIFO ...)", path)
     with open(path, "rb") as f:
         raw = f.read()
     notes: list[str] = []
