@@ -20,8 +20,8 @@ Per scenario it reports, over the repeats:
   rank timing itself) does not show the named rank slower than the others by half the
   cost named (goal <= 5%): a rank of a balanced job on a busy machine can really be starved;
 * cost in band (%): the verdict's cost per step lies in
-  ``[0.75 min(delta, d), 1.25 max(delta, d)]`` (goal >= 90%), with ``d`` the injected delay
-  per step (averaged over the steps judged for an intermittent fault);
+  ``[0.75 min(delta, d), 1.25 max(delta, d)]`` (goal >= 90%), with ``d`` the delay the
+  slow rank actually slept per step, averaged over the steps judged;
 * interval covers d (%): the verdict's 95% interval of the cost contains ``d`` (goal >= 90%);
 * phase right (%): data loading / forward reported as "before the first gradient",
   backward as "backward";
@@ -117,11 +117,15 @@ def run_job(
         raise SystemExit(
             f"job failed ({proc.returncode}): {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
         )
-    own = []
+    own: list[float] = []
+    truth = json.loads(steps_file.read_text())
+    truth["slept_ms"] = [0.0] * steps  # per step, the most a slow rank slept
     for r in range(ranks):
-        phases = json.loads(Path(f"{steps_file}.rank{r}").read_text())["phases_ms"][1:]
-        own.append(statistics.mean(sum(x[:3]) for x in phases))  # data+forward+backward
-    return tl, json.loads(steps_file.read_text()), own
+        mine = json.loads(Path(f"{steps_file}.rank{r}").read_text())
+        own.append(statistics.mean(sum(x[:3]) for x in mine["phases_ms"][1:]))
+        slept = zip(truth["slept_ms"], mine["slept_ms"], strict=True)
+        truth["slept_ms"] = [max(a, b) for a, b in slept]
+    return tl, truth, own
 
 
 def judge(
@@ -161,7 +165,8 @@ def judge(
     row["cost_interval_ms"] = [s.cost_low_ms, s.cost_high_ms]
     first = s.onset_step if s.onset_step is not None else s.first_step
     judged = range(first, len(step_ms))
-    d = delay * sum(1 for k in judged if k in truth["slow_steps"]) / max(len(judged), 1)
+    # the delay injected, as slept (a sleep overshoots on a busy machine)
+    d = statistics.mean(truth["slept_ms"][k] for k in judged) if len(judged) else 0.0
     every = scenario != "intermittent"
     typical = statistics.median if every else statistics.mean
     if scenario == "mid-run":

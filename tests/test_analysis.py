@@ -97,6 +97,15 @@ def test_no_straggler_when_ranks_are_even(tmp_path: Path) -> None:
     assert all(r.wait_caused_ms == 0 for r in s.ranks)
 
 
+def test_profiler_traces_without_readiness_say_what_they_cannot_show() -> None:
+    # torch.profiler GPU traces carry no rank's own readiness: one sentence on what they
+    # can and cannot show, never a list of "absent" ranks
+    s = find_stragglers(load_run(DATA.parent / "kineto-hta", cache=False))
+    assert s.straggler is None and s.culprits == []
+    assert s.verdict.startswith("These torch.profiler traces record when each collective ran")
+    assert "rank 1" not in s.verdict
+
+
 def test_a_missing_ranks_file_is_named_instead_of_a_straggler(tmp_path: Path) -> None:
     # Each rank marks only its own readiness, so with rank 3's file gone the arrivals
     # cannot be compared: the verdict says which rank is missing instead of guessing.

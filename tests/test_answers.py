@@ -5,7 +5,7 @@ timeline on; one rank (or several: a slow host) spends a known delay more per st
 loading, in forward or in backward (a hook on a gradient), in every step or in a seeded
 share of them, from the start or from a known step on. Rank 0 writes its measured step
 times and the steps it slowed, every rank its own data + forward + backward times. The
-ground truth of a fault's cost is ``d``, the injected delay per step (averaged over the
+ground truth of a fault's cost is ``d``, the injected delay per step as slept (averaged over the
 steps judged, for an intermittent fault), and ``delta``, the step-time change it caused
 (against the balanced twin at the same size, model and backend, or before the onset in the
 same run); the verdict's cost must lie within ``[0.75 min(delta, d), 1.25 max(delta, d)]``.
@@ -62,7 +62,7 @@ class Scenario:
 SCENARIOS: dict[str, Scenario] = {
     "balanced-2": Scenario(2),
     "balanced-2-again": Scenario(2),
-    "balanced-2-tiny": Scenario(2, steps=120, tiny=True),
+    "balanced-2-tiny": Scenario(2, steps=300, tiny=True),
     "balanced-3-gloo": Scenario(3, backend="gloo"),
     "balanced-4-hosts": Scenario(4, hosts="a,a,b,b"),
     "balanced-8-tiny": Scenario(8, tiny=True),
@@ -71,7 +71,7 @@ SCENARIOS: dict[str, Scenario] = {
     # negotiation over the TCP star, collectives through Gloo
     "forward-3-gloo": Scenario(3, slow=(2,), where="forward", backend="gloo"),
     # a small fault on a short step
-    "data-2-tiny-3ms": Scenario(2, slow=(1,), steps=120, tiny=True, delay_ms=3.0),
+    "data-2-tiny-3ms": Scenario(2, slow=(1,), steps=300, tiny=True, delay_ms=3.0),
     # a rank slow in a quarter of the steps, 40 ms each time
     "intermittent-2": Scenario(2, slow=(1,), steps=100, delay_ms=40.0, fraction=0.25),
     # two slow ranks: the two ranks of host b
@@ -99,6 +99,7 @@ class Outcome:
     step_ms: list[float]  # rank 0's measured step times (ground truth)
     slow_steps: list[int]  # the steps the fault slowed
     own_ms: list[float]  # per rank, mean of its data + forward + backward time per step
+    slept_ms: list[float]  # per step, the most any slow rank slept (the delay injected)
 
 
 @pytest.fixture(scope="module", params=["quiet", "loaded"])
@@ -156,11 +157,12 @@ def scenario(tmp_path_factory: pytest.TempPathFactory, load: str):
         job.assert_section("train", sc.ranks)
         job.assert_done(sc.ranks)
         truth = json.loads(out.read_text())
-        own = []
+        own, slept = [], np.zeros(sc.steps)
         for r in range(sc.ranks):
-            phases = json.loads(Path(f"{out}.rank{r}").read_text())["phases_ms"][1:]
-            own.append(float(np.mean([sum(x[:3]) for x in phases])))
-        done[name] = Outcome(tl, truth["step_ms"], truth["slow_steps"], own)
+            mine = json.loads(Path(f"{out}.rank{r}").read_text())
+            own.append(float(np.mean([sum(x[:3]) for x in mine["phases_ms"][1:]])))
+            slept = np.maximum(slept, mine["slept_ms"])
+        done[name] = Outcome(tl, truth["step_ms"], truth["slow_steps"], own, slept.tolist())
         return done[name]
 
     return get
@@ -187,10 +189,10 @@ def mean_step(
 
 
 def injected_ms(sc: Scenario, run: Outcome, s: Stragglers) -> float:
-    """The delay injected per step, averaged over the steps the verdict judged."""
+    """The delay injected per step (as slept: a 3 ms sleep takes 3.5 on a busy machine),
+    averaged over the steps the verdict judged."""
     first = s.onset_step if s.onset_step is not None else s.first_step
-    judged = range(first, sc.steps)
-    return sc.delay_ms * sum(1 for k in judged if k in run.slow_steps) / len(judged)
+    return float(np.mean(run.slept_ms[first : sc.steps]))
 
 
 def assert_cost_within(cost: float, delta: float, s: Stragglers, d: float) -> None:
@@ -228,8 +230,9 @@ def test_slow_ranks_named_with_their_phase_and_cost(scenario, name: str) -> None
     if sc.fraction < 1:
         # held the job in about the share of the steps slowed, by about the delay each time
         top = next(r for r in s.ranks if r.rank == sc.slow[0])
-        assert abs(top.held_share - d / sc.delay_ms) <= 0.15, s.verdict
-        assert 0.75 * sc.delay_ms <= top.held_ms <= 1.5 * sc.delay_ms, s.verdict
+        share = float(np.mean([k in slow.slow_steps for k in range(s.first_step, sc.steps)]))
+        assert abs(top.held_share - share) <= 0.15, s.verdict
+        assert 0.5 * sc.delay_ms <= top.held_ms <= 1.5 * sc.delay_ms, s.verdict
     # diff names a slow rank's own compute as the cause, the others' waiting as effects
     diff = diff_runs(load_run(balanced.timeline, cache=False), load_run(slow.timeline, cache=False))
     assert diff.cause is not None, diff.verdict
@@ -248,7 +251,7 @@ def test_fault_from_mid_run_reports_its_onset(scenario) -> None:
     assert f"from step {s.onset_step} on" in s.verdict
     assert s.phase == "backward", s.verdict
     delta = mean_step(run.step_ms, ONSET + 1) - mean_step(run.step_ms, 1, ONSET - 1)
-    assert_cost_within(s.cost_ms, delta, s, sc.delay_ms)
+    assert_cost_within(s.cost_ms, delta, s, injected_ms(sc, run, s))
 
 
 def test_backward_fault_under_mpi(scenario) -> None:

@@ -21,9 +21,9 @@ the steps (so a busy machine's noise is not counted as holding). Persistent,
 intermittent and several culprits are then cases of one model: the share of steps a rank
 held, its hold when it did, and its mean hold per step with a 95% interval (a moving-block
 bootstrap over the steps, since neighbouring steps correlate; seeded, so deterministic).
-The named ranks' joint cost is what the job would save if their code kept pace: the same
-union, of the named ranks' latest arrival against the rest's latest, up to the excess of
-their slowest own work over the rest's.
+The named ranks' joint cost is what the job would save if their code kept pace with the
+pack: the same union, of the named ranks' latest arrival against the rest's median, up to
+the excess of their slowest own work over the rest's median.
 
 **The user's code, not hvdprof's protocol.** A rank can be late because its own work
 (data loading, forward, backward, its optimizer step) took longer, or because the runtime
@@ -87,6 +87,14 @@ PARTIAL_LAST_SHARE = 0.75
 #: Lateness at the first gradient at least this share of the lateness at the end: the
 #: time went before backward (data loading or forward).
 BEFORE_BACKWARD_SHARE = 0.5
+
+#: What torch.profiler traces without hvdprof's own readiness marks can say (one sentence,
+#: no list of ranks: a 128-rank job's list said nothing).
+KINETO_ARRIVALS = (
+    "These torch.profiler traces record when each collective ran on each rank, not when "
+    "each rank was ready for it, so arrivals cannot be compared and no straggler can be "
+    "named from them; the time breakdown still shows each rank's communication time."
+)
 
 PHASE_BEFORE_BACKWARD = "before_first_gradient"
 PHASE_BACKWARD = "backward"
@@ -299,10 +307,10 @@ def _hold_us(t: np.ndarray, r: int) -> float:
 
 
 def _group_cost_us(t: np.ndarray, group: list[int]) -> float:
-    """What the step would save if ``group`` kept pace: its latest arrival per op against
-    the rest's latest (us)."""
-    rest = np.delete(t, group, axis=1)
-    return _blocked_us(t[:, group].max(axis=1), rest)
+    """The hold of ``group`` on the pack (the rest's median arrival per op): its latest
+    arrival per op against that, as :func:`_hold_us` for one rank (us)."""
+    pack = np.median(np.delete(t, group, axis=1), axis=1)
+    return _blocked_us(t[:, group].max(axis=1), pack[:, None])
 
 
 def _lateness_us(t: np.ndarray, s: int) -> tuple[float, float]:
@@ -467,20 +475,17 @@ def find_stragglers(run: Run) -> Stragglers:
     """Who held the job, what it cost per step, from which step on, and in which phase."""
     out = Stragglers()
     arr = arrivals(run) if len(run.slices) else None
+    n_ranks = arr.t_us.shape[1] if arr is not None else 0
+    if run.format == "kineto" and len(run.ranks) >= 2 and (arr is None or not len(arr.t_us)):
+        out.verdict = KINETO_ARRIVALS
+        return out
     if arr is None:
         out.verdict = "No readiness marks in this timeline: stragglers cannot be named."
         return out
     out.source, out.observer = arr.source, arr.observer
-    n_ranks = arr.t_us.shape[1]
     if n_ranks < 2 or not len(arr.t_us):
         missing = _ranks_without_marks(run, n_ranks)
-        if run.format == "kineto" and n_ranks >= 2:
-            out.verdict = (
-                "These torch.profiler traces record when each collective ran on each rank, "
-                "not when each rank was ready for it, so arrivals cannot be compared and no "
-                "straggler can be named; record with hvdprof's timeline for that."
-            )
-        elif n_ranks >= 2 and missing:
+        if n_ranks >= 2 and missing:
             out.verdict = (
                 f"No readiness marks from {_rank_list(missing)} (no timeline of "
                 f"{'its' if len(missing) == 1 else 'their'} own was read): arrivals cannot be "
@@ -671,7 +676,7 @@ def find_stragglers(run: Run) -> Stragglers:
         # over the rest's (the remainder is the runtime's, e.g. a later release)
         rest = [r for r in range(n_ranks) if r not in group]
         if known and rest:
-            e_group = work[window][:, group].max(axis=1) - work[window][:, rest].mean(axis=1)
+            e_group = work[window][:, group].max(axis=1) - np.median(work[window][:, rest], axis=1)
             cost = np.clip(np.minimum(lateness, e_group / 1000.0), 0.0, None)
         else:
             cost = lateness

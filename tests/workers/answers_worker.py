@@ -16,7 +16,9 @@ every slow rank: an intermittent fault), where ``WHERE`` says:
 
 Rank 0 writes ``FILE`` (JSON): every step's wall time on rank 0 (``step_ms``), measured
 from one step's start to the next's, and the steps that were slowed (``slow_steps``): the
-ground truth the verdicts are checked against.
+ground truth the verdicts are checked against; every rank writes ``FILE.rank<R>``: its data,
+forward, backward and optimizer times per step, and the delay it actually slept (a sleep
+overshoots on a busy machine).
 Output: ``SECTION train OK <n>`` and ``DONE``.
 """
 
@@ -68,9 +70,14 @@ SLOW_STEPS = [
 ]
 
 
+SLEPT = [0.0]  # this step's injected delay as slept (a sleep overshoots on a busy machine)
+
+
 def pause(*_: object) -> None:
     if STATE["slow"]:
+        t = time.perf_counter()
         time.sleep(DELAY_S)
+        SLEPT[0] += time.perf_counter() - t
 
 
 layers: list[torch.nn.Module] = []
@@ -95,11 +102,13 @@ opt = hvd.DistributedOptimizer(
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 starts: list[float] = []
 spans: list[tuple[float, ...]] = []  # per step: data, forward, backward, optimizer (s)
+slept: list[float] = []  # per step: the delay injected, as slept (s)
 
 with ck.section("train"):
     for k in range(ARGS.steps):
         starts.append(time.perf_counter())
         STATE["slow"] = SLOW and k in SLOW_STEPS
+        SLEPT[0] = 0.0
         t_data = time.perf_counter()
         x = torch.randn(ARGS.batch, ARGS.width)  # "loading" the batch
         y = x.sum(dim=1, keepdim=True)
@@ -113,14 +122,18 @@ with ck.section("train"):
         t2 = time.perf_counter()
         opt.step()
         spans.append((t0 - t_data, t1 - t0, t2 - t1, time.perf_counter() - t2))
+        slept.append(SLEPT[0])
         ck.true(bool(torch.isfinite(loss)), f"step {k}: loss is finite")
     starts.append(time.perf_counter())
     if R == 0 and ARGS.out:
         with open(ARGS.out, "w") as f:
             step_ms = [(b - a) * 1000.0 for a, b in itertools.pairwise(starts)]
             json.dump({"step_ms": step_ms, "slow_steps": SLOW_STEPS}, f)
-    if ARGS.out:  # every rank: its data, forward, backward and optimizer step times (ms)
+    if ARGS.out:  # every rank: its data, forward, backward and optimizer step times (ms),
+        # and the delay it slept in each step
         with open(f"{ARGS.out}.rank{R}", "w") as f:
-            json.dump({"phases_ms": [[round(x * 1000.0, 3) for x in s] for s in spans]}, f)
+            phases = [[round(x * 1000.0, 3) for x in s] for s in spans]
+            delays = [round(x * 1000.0, 3) for x in slept]
+            json.dump({"phases_ms": phases, "slept_ms": delays}, f)
 hvd.shutdown()
 print("DONE", flush=True)
