@@ -518,8 +518,11 @@ def _plain(data: Any) -> Any:
     return data
 
 
-def run_cases(n: int, seed: int, named: bool = True) -> dict[str, Any]:
-    """Check the named cases and ``n`` mutated ones; the report as plain data."""
+def run_cases(
+    n: int, seed: int, named: bool = True, progress: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
+    """Check the named cases and ``n`` mutated ones; the report as plain data
+    (``progress``: given the report so far every 50 cases)."""
     seeds = seed_runs()
     failures: list[str] = []
     counts = {"named": 0, "mutated": 0}
@@ -544,7 +547,11 @@ def run_cases(n: int, seed: int, named: bool = True) -> dict[str, Any]:
                 slowest.append((round(time.monotonic() - began, 2), case.name))
                 shutil.rmtree(os.fsencode(run_dir))
                 counts[kind] += 1
+                if progress is not None and sum(counts.values()) % 50 == 0:
+                    progress({"cases": dict(counts), "seed": seed, "failures": list(failures),
+                              "finished": False})  # fmt: skip
     return {
+        "finished": True,
         "cases": counts,
         "seed": seed,
         "failures": failures,
@@ -560,7 +567,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-named", action="store_true", help="only the mutated cases")
     parser.add_argument("--out", help="write the report here (JSON) as well as to stdout")
     args = parser.parse_args(argv)
-    report = run_cases(args.cases, args.seed, named=not args.no_named)
+
+    def partial(report: dict[str, Any]) -> None:
+        if args.out:
+            Path(args.out).write_text(json.dumps(report, indent=1))
+
+    report = run_cases(args.cases, args.seed, named=not args.no_named, progress=partial)
     text = json.dumps(report, indent=1)
     if args.out:
         Path(args.out).write_text(text)
