@@ -62,7 +62,7 @@ class Scenario:
 SCENARIOS: dict[str, Scenario] = {
     "balanced-2": Scenario(2),
     "balanced-2-again": Scenario(2),
-    "balanced-2-tiny": Scenario(2, steps=300, tiny=True),
+    "balanced-2-tiny": Scenario(2, steps=500, tiny=True),
     "balanced-3-gloo": Scenario(3, backend="gloo"),
     "balanced-4-hosts": Scenario(4, hosts="a,a,b,b"),
     "balanced-8-tiny": Scenario(8, tiny=True),
@@ -71,9 +71,9 @@ SCENARIOS: dict[str, Scenario] = {
     # negotiation over the TCP star, collectives through Gloo
     "forward-3-gloo": Scenario(3, slow=(2,), where="forward", backend="gloo"),
     # a small fault on a short step
-    "data-2-tiny-3ms": Scenario(2, slow=(1,), steps=300, tiny=True, delay_ms=3.0),
+    "data-2-tiny-3ms": Scenario(2, slow=(1,), steps=500, tiny=True, delay_ms=3.0),
     # a rank slow in a quarter of the steps, 40 ms each time
-    "intermittent-2": Scenario(2, slow=(1,), steps=100, delay_ms=40.0, fraction=0.25),
+    "intermittent-2": Scenario(2, slow=(1,), steps=200, delay_ms=40.0, fraction=0.25),
     # two slow ranks: the two ranks of host b
     "two-slow-4-hosts": Scenario(4, slow=(2, 3), delay_ms=30.0, hosts="a,a,b,b"),
     # one slow rank of 8 (a tiny model: 8 processes share 2 cores)

@@ -571,9 +571,18 @@ def find_stragglers(run: Run) -> Stragglers:
         excess = hold - (hold.sum(axis=1, keepdims=True) - hold) / (n_ranks - 1)
         release_late = np.zeros_like(hold)
 
-    # the candidate: the rank that held the job most; from its onset on
+    # the decision, over every step counted: an onset found in the data and then tested on
+    # the steps it picked would name a rank for a busy machine's burst of noise
+    e = excess[counted] / 1000.0
+    n_all = n_steps - first
+    bar_all = max(MIN_COST_MS, out.cycle_time_ms, MIN_STEP_SHARE * typical_step_ms(run))
+    boot_e = block_bootstrap_means(e) if n_all else np.zeros((1, n_ranks))
+    p = _p_above(e.mean(axis=0) if n_all else np.zeros(n_ranks), boot_e.std(axis=0), bar_all)
+    reject = holm(p) if n_all >= MIN_STEPS else np.zeros(n_ranks, dtype=bool)
+
+    # the candidate: the rank that held the job most; from its onset on (when any is named)
     candidate = int(np.argmax(hold[counted].sum(axis=0)))
-    onset = first + _onset(hold[counted, candidate] / 1000.0)
+    onset = first + _onset(hold[counted, candidate] / 1000.0) if reject.any() else first
     window = slice(onset, n_steps)
     n_window = n_steps - onset
     out.steps_judged = n_window
@@ -588,8 +597,7 @@ def find_stragglers(run: Run) -> Stragglers:
     bar = max(MIN_COST_MS, out.cycle_time_ms, MIN_STEP_SHARE * out.step_ms)
     out.threshold_ms = bar
 
-    # per rank: hold, its interval, the excess of its own work and the test on it
-    e = excess[window] / 1000.0
+    # per rank: its cost and interval from the onset on
     # each rank's cost per step: its hold, up to the excess of its own work over the
     # others' median (the rest of the hold is the runtime's)
     h = hold[window] / 1000.0
@@ -599,9 +607,6 @@ def find_stragglers(run: Run) -> Stragglers:
         ).T
         h = np.clip(np.minimum(h, (work[window] - med) / 1000.0), 0.0, None)
     boot_h = block_bootstrap_means(h) if n_window else np.zeros((1, n_ranks))
-    boot_e = block_bootstrap_means(e) if n_window else np.zeros((1, n_ranks))
-    p = _p_above(e.mean(axis=0) if n_window else np.zeros(n_ranks), boot_e.std(axis=0), bar)
-    reject = holm(p) if n_window >= MIN_STEPS else np.zeros(n_ranks, dtype=bool)
     ranks: list[RankStraggle] = []
     op_codes = [c for c in np.unique(op_code).tolist() if c >= 0]
     for r in range(n_ranks):
@@ -620,7 +625,7 @@ def find_stragglers(run: Run) -> Stragglers:
             lateness_ms=float(hold[window, r].mean()) / 1000.0 if n_window else 0.0,
             cost_low_ms=float(np.quantile(boot_h[:, r], 0.025)),
             cost_high_ms=float(np.quantile(boot_h[:, r], 0.975)),
-            own_excess_ms=float(e[:, r].mean()) if n_window else 0.0,
+            own_excess_ms=float(e[:, r].mean()) if n_all else 0.0,
             own_excess_low_ms=float(np.quantile(boot_e[:, r], 0.025)),
             own_excess_high_ms=float(np.quantile(boot_e[:, r], 0.975)),
             release_late_ms=float(np.nanmean(release_late[window, r]) / 1000.0)
@@ -703,7 +708,7 @@ def find_stragglers(run: Run) -> Stragglers:
             out.phase = PHASE_BEFORE_BACKWARD if before else PHASE_BACKWARD
         out.verdict = _culprit_verdict(out, named, cost, run.hosts, onset > first, where)
         return out
-    out.verdict = _no_culprit_verdict(out, ranks, n_window, bar, where)
+    out.verdict = _no_culprit_verdict(out, ranks, n_all, bar_all, where)
     return out
 
 
