@@ -140,6 +140,10 @@ def named_cases(seeds: dict[str, dict[str, bytes]]) -> list[Case]:
         Case("rank-2pow40", _pair(_kineto(0), _kineto(2**40))),
         Case("rank-minus-7", _pair(_kineto(0), _kineto(-7))),
         Case(
+            "rank-5000-digits",
+            _pair(_kineto(0), _kineto(1).replace(b'"rank": 1', b'"rank": ' + b"9" * 5000)),
+        ),
+        Case(
             "rank0-no-collectives-no-base",
             _pair(_kineto(0, no_collectives=True), _kineto(1, no_base=True)),
         ),
@@ -195,6 +199,7 @@ def named_cases(seeds: dict[str, dict[str, bytes]]) -> list[Case]:
                 "f.pt.trace.json": FIFO,
                 "ld.pt.trace.json": Link("d.pt.trace.json"),
                 "loop.pt.trace.json": Link("loop.pt.trace.json"),
+                "x.json": FIFO,  # opened to sniff its keys, were it not a FIFO
             },
         ),
         Case("only-a-fifo", {"f.pt.trace.json": FIFO, "rank.0.json": FIFO}),

@@ -26,7 +26,9 @@ it, else by aligning the ends of matching collectives (and the run says so).
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,8 +54,11 @@ from hvdprof.config import name_of
 
 #: file names ``tensorboard_trace_handler`` writes: ``<worker>.<id>.pt.trace.json[.gz]``
 KINETO_NAME_RE = re.compile(r"^.+\.pt\.trace\.json(\.gz)?$")
-_RANK_RE = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(-?\d+)')
-_WORLD_RE = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"world_size"\s*:\s*(-?\d+)')
+#: (at most 18 digits: a longer number is no rank, and int() of thousands of digits raises)
+_RANK_RE = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*?"rank"\s*:\s*(-?\d{1,18})(?![\d.eE])')
+_WORLD_RE = re.compile(
+    rb'"distributedInfo"\s*:\s*\{[^{}]*?"world_size"\s*:\s*(-?\d{1,18})(?![\d.eE])'
+)
 #: ``ProfilerStep#N``: a step number is a plain non-negative integer of at most 9 digits
 _STEP_NUMBER = re.compile(r"\d{1,9}")
 #: a timestamp or duration beyond this many microseconds (3,000 years) is not one
@@ -177,6 +182,8 @@ def looks_like_kineto(head: bytes) -> bool:
 def read_head(path: str, size: int = SNIFF_BYTES) -> bytes:
     """The first ``size`` bytes of a file, decompressed when it is gzip; b"" on failure."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open
+            return b""
         with open(path, "rb") as f:
             raw = f.read(size)
         if raw[:2] == b"\x1f\x8b":
@@ -188,8 +195,6 @@ def read_head(path: str, size: int = SNIFF_BYTES) -> bytes:
 
 def is_kineto_file(path: str) -> bool:
     """A Kineto trace, by its name (``*.pt.trace.json[.gz]``) or its keys."""
-    import os
-
     name = os.path.basename(path)
     if KINETO_NAME_RE.match(name):
         return True
@@ -204,8 +209,6 @@ def is_kineto_file(path: str) -> bool:
 def sniff_rank(path: str, bound: int | None = None) -> int | None:
     """The rank from ``distributedInfo`` near the file's start, else from its name; None
     when neither gives one below the bound (:func:`rank_bound`)."""
-    import os
-
     head = read_head(path)
     m = _RANK_RE.search(head)
     w = _WORLD_RE.search(head)

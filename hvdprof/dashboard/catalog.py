@@ -78,7 +78,7 @@ class RunEntry:
                 or MANIFEST_RE.match(p.name)
                 or p.suffix == ".csv"
                 or KINETO_NAME_RE.match(p.name)
-                or (p.name.endswith(TRACE_SUFFIXES) and is_kineto_file(str(p)))
+                or (p.name.endswith(TRACE_SUFFIXES) and p.is_file() and is_kineto_file(str(p)))
             )
         except OSError:
             return []
