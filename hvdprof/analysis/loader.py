@@ -234,13 +234,13 @@ class _Source:
         self._finish(tail)
 
     def _long_line(self) -> None:
-        self.problems.append(
-            Problem(
-                self.path,
-                f"line {self.lines}",
-                f"a line longer than {MAX_LINE_BYTES} bytes is not an event: not read past it",
-            )
+        problem = Problem(
+            self.path,
+            f"line {self.lines}",
+            f"a line longer than {MAX_LINE_BYTES} bytes is not an event: not read past it",
         )
+        if problem not in self.problems:  # (said once, however often a refresh meets it)
+            self.problems.append(problem)
         if self.parser is not None:
             self.complete = self.parser.closed
 
