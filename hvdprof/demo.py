@@ -28,7 +28,9 @@ def make_dataset(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="hvdprof demo: data-parallel training")
-    parser.add_argument("--epochs", type=int, default=5)
+    # 15 epochs (960 steps of a few ms): long enough for autotune to finish a round and
+    # print its decision; at 5 the job ended while the tuner was still measuring
+    parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.05)
     args = parser.parse_args(argv)
