@@ -13,8 +13,8 @@ same run); the verdict's cost must lie within ``[0.75 min(delta, d), 1.25 max(de
 Every scenario runs twice: on a quiet machine and beside busy processes (one Python spin
 loop per core at normal priority, as a test suite or another job on a shared box), and the
 verdicts must hold in both. Balanced twins must name no one, unless the worker's own
-measurements show that the named rank's code really was the slowest, by a material part
-of the cost named (a starved rank is then a true answer, not a false alarm). The tests never assert how long
+measurements show that the named rank's code really was slower than the others', by a
+material part of the cost named (a starved rank is then a true answer, not a false alarm). The tests never assert how long
 anything took.
 """
 
@@ -273,12 +273,12 @@ def test_balanced_run_names_no_straggler(scenario, name: str) -> None:
         # No fault was injected, but on a shared machine one rank can really be slower:
         # its own data + forward + backward, measured by the worker, is the ground truth
         # (rank 0's is, when the cores are oversubscribed: its coordinator thread takes
-        # CPU from its training thread). A verdict is a false alarm unless that rank
-        # measured the slowest, by a material part of the cost (a quarter: its optimizer
-        # step and its wake-up after release, which the worker does not time, are the rest)
+        # CPU from its training thread; at 8 ranks on 2 cores, two ranks can be starved at
+        # once). A verdict is a false alarm unless that rank measured slower than the
+        # others' mean by a material part of the cost (a quarter: its optimizer step and its
+        # wake-up after release, which the worker does not time, are the rest)
         others = [x for r, x in enumerate(run.own_ms) if r != named]
         slower = run.own_ms[named] - float(np.mean(others))
-        assert run.own_ms[named] == max(run.own_ms), (s.verdict, run.own_ms)
         assert slower >= max(MIN_COST_MS, 0.25 * s.cost_ms), (
             f"false alarm: {s.verdict}; measured own time per step {run.own_ms}"
         )
