@@ -341,17 +341,19 @@ def _robust_std(x: np.ndarray) -> float:
 def _onset(cost: np.ndarray, min_len: int = 3) -> int:
     """Index where ``cost`` steps up (0: no step up, the fault is there from the start).
 
-    The steps after the onset must be at least a third of them: a short burst at the end
-    is a hiccup, not a fault to report. Medians on both sides: a fault in some steps only
+    The steps after the onset must be at least a third of them (a short burst at the end
+    is a hiccup, not a fault to report), and those before it a tenth (a loaded machine's
+    first steps of a 500-step run were found as an onset at step 7). Medians on both sides: a fault in some steps only
     (intermittent) has no onset.
     """
     n = len(cost)
     tail = max(min_len, n // 3)
-    if n < min_len + tail:
+    head = max(min_len, n // 10)  # a few slow first steps of a long run are its warm-up
+    if n < head + tail:
         return 0
     c1 = np.concatenate([[0.0], np.cumsum(cost)])
     c2 = np.concatenate([[0.0], np.cumsum(cost * cost)])
-    k = np.arange(min_len, n - tail + 1)
+    k = np.arange(head, n - tail + 1)
     sse_a = c2[k] - c1[k] ** 2 / k
     sse_b = (c2[n] - c2[k]) - (c1[n] - c1[k]) ** 2 / (n - k)
     best = int(k[np.argmin(sse_a + sse_b)])
