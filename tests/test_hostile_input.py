@@ -235,3 +235,23 @@ def test_a_fifo_given_as_kineto_trace_is_a_problem_not_a_hang(named: dict[str, P
         env=child_env(),
     )  # fmt: skip
     assert code == 1 and "Traceback" not in err, (code, err[-2000:])
+
+
+def test_names_that_look_like_rich_markup_are_printed_as_they_are(tmp_path: Path) -> None:
+    """A directory path holding ``[red]`` and ``[/red]`` (``x[red]y[`` / ``red]z``) is
+    text: rich's markup would have dropped the tags from the name, and an unmatched
+    closing tag (``a[`` / ``b]`` reads ``[/b]``) ended analyze and diff in a MarkupError
+    traceback."""
+    import shutil
+
+    runs = [tmp_path / "x[red]y[" / "red]z", tmp_path / "a[" / "b]"]
+    for run in runs:
+        shutil.copytree(REPO / "tests" / "data" / "hvdprof-demo", run)
+    for argv in (["analyze", str(runs[0])], ["analyze", str(runs[1])], ["diff", *map(str, runs)]):
+        code, out, err, _ = _spawn_peak(
+            [sys.executable, "-m", "hvdprof", *argv, "--no-cache"], timeout=120, env=child_env()
+        )
+        assert "Traceback" not in err and code == 0, (argv, code, err[-3000:])
+        flat = " ".join(out.split())  # rich wraps long titles
+        for run in runs if argv[0] == "diff" else [Path(argv[1])]:
+            assert str(run) in flat, (argv, out[:2000])

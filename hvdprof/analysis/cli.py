@@ -153,7 +153,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     console = _console()
-    console.print(f"[bold]{diff.verdict}[/bold]")
+    console.print(diff.verdict, style="bold")
     sections = (
         ("work", "Causes: each rank's own work per step (compute and runtime phases)"),
         ("wait", "Consequences: each rank's waiting for the others per step"),
@@ -183,7 +183,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         console.print(_fitted(table))
     for run in (run_a, run_b):
         for p in run.problems:
-            console.print(f"[yellow]skipped[/yellow] {p}")
+            console.print(_styled(("skipped", "yellow"), f" {p}"))
     return EXIT_SKIPPED if run_a.problems or run_b.problems else EXIT_CLEAN
 
 
@@ -202,7 +202,18 @@ def _console() -> Any:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
 
-    return _Console()
+    # no markup: names from the files ("a[/b]" as a directory) are text, never rich's tags
+    return _Console(markup=False)
+
+
+def _styled(*parts: str | tuple[str, str]) -> Any:
+    """Styled text from (text, style) pairs and plain strings, each made printable (a
+    ``Text`` is not passed through ``render_str``)."""
+    from rich.text import Text
+
+    return Text.assemble(
+        *((printable(p[0]), p[1]) if isinstance(p, tuple) else printable(p) for p in parts)
+    )
 
 
 def _ms(x: float) -> str:
@@ -219,10 +230,13 @@ def print_report(report: Report) -> None:
     console = _console()
     r = report.run
     console.print(
-        f"[bold]{r['path']}[/bold]: {r['format']} timeline, {len(r['ranks'])} rank(s), "
-        f"{r['events']:,} events, {r['duration_ms'] / 1000.0:.2f} s"
+        _styled(
+            (r["path"], "bold"),
+            f": {r['format']} timeline, {len(r['ranks'])} rank(s), "
+            f"{r['events']:,} events, {r['duration_ms'] / 1000.0:.2f} s",
+        )
     )
-    console.print("[bold]Verdicts[/bold]")
+    console.print("Verdicts", style="bold")
     for i, verdict in enumerate(report.verdicts, 1):
         console.print(f" {i}. {verdict}", highlight=False)
 
