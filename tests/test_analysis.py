@@ -30,6 +30,7 @@ from hvdprof.analysis import (
 from hvdprof.analysis.loader import RunLoader
 from hvdprof.analysis.model import PHASE_NEGOTIATE, PHASE_OP
 from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
+from hvdprof.common import activities as act
 
 DATA = Path(__file__).resolve().parent / "data" / "horovod"
 REPO = Path(__file__).resolve().parent.parent
@@ -86,6 +87,26 @@ def test_late_rank_cost_counts_wall_time_not_ops(tmp_path: Path) -> None:
     assert s.straggler == 0
     assert s.ranks[0].cost_per_step_ms == pytest.approx(3.0, abs=1e-3)
     assert s.cost_ms == pytest.approx(3.0, abs=1e-3)
+
+
+@pytest.mark.parametrize("wakeup", [False, True])
+def test_a_rank_that_wakes_late_is_not_blamed_for_its_code(tmp_path: Path, wakeup: bool) -> None:
+    # Rank 2 submits every gradient 4 ms late. With the counter saying its training thread
+    # got control back 4 ms late too (a busy machine's wake-up), its own work was no
+    # longer than the others': no culprit, and the verdict says whose lateness it is. The
+    # same counter with an on-time wake-up leaves the 4 ms in its own work: named.
+    d, _ = synth(
+        tmp_path, ranks=3, steps=12, late_rank=2, late_us=4000.0, waited=True, late_wakeup=wakeup
+    )
+    run = load_run(d, cache=False)
+    assert len(run.counters[act.COUNTER_WAITED][0]) == 3 * 11
+    s = find_stragglers(run)
+    if wakeup:
+        assert s.culprits == [] and s.verdict.startswith("No straggler"), s.verdict
+        assert "Rank 2's lateness is the runtime's or the machine's, not its code's" in s.verdict
+        assert "4.00 ms after the others'" in s.verdict
+    else:
+        assert s.culprits == [2] and s.cost_ms == pytest.approx(4.0, abs=1e-3), s.verdict
 
 
 def test_no_straggler_when_ranks_are_even(tmp_path: Path) -> None:

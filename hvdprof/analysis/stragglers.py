@@ -29,11 +29,14 @@ ranks not named (a busy machine makes every rank hold the pack now and then).
 **The user's code, not hvdprof's protocol.** A rank can be late because its own work
 (data loading, forward, backward, its optimizer step) took longer, or because the runtime
 released it later from the previous step's last collective (the coordinator's extra work,
-the order in which ranks learn a response). Each rank's *own work* in a step is measured
-on its own clock, from the end of its last collective of the previous step to its last
-submission of this one; its *excess* is that minus the others' mean. Only the excess can
-name a rank: a rank that is late with no excess was held back by the runtime, and the
-verdict says so instead of blaming its code.
+the order in which ranks learn a response), or because its training thread, woken, waited
+for a CPU (on a busy machine that wake-up takes milliseconds, and an oversubscribed rank
+pays it step after step). Each rank's *own work* in a step is measured on its own clock,
+from the moment its training thread got control back after the previous step's last
+collective (``COUNTER_WAITED``; older timelines and other formats: from that collective's
+end) to its last submission of this one; its *excess* is that minus the others' mean. Only
+the excess can name a rank: a rank that is late with no excess was held back by the
+runtime or the machine, and the verdict says so instead of blaming its code.
 
 **Decisions that hold on a busy machine.** A rank is named when its mean excess per step
 is above the bar with confidence: the one-sided p-value of "mean excess at or below the
@@ -67,6 +70,7 @@ import numpy as np
 from hvdprof.analysis.intervals import merge
 from hvdprof.analysis.model import OPS, PHASE_OP, Run
 from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, count_steps, typical_step_ms
+from hvdprof.common import activities as act
 
 #: Smallest cost per step worth a verdict (ms).
 MIN_COST_MS = 0.5
@@ -458,6 +462,27 @@ def _releases_us(run: Run, n_ranks: int, n_occ: int) -> np.ndarray:
     return out
 
 
+def _resumed_us(run: Run, n_ranks: int, after: np.ndarray, until: np.ndarray) -> np.ndarray:
+    """``[step, rank]``: the first moment in ``(after, until]`` that the rank's training
+    thread got control back from waiting on ops (:data:`~hvdprof.common.activities.COUNTER_WAITED`),
+    NaN where it noted none (older timelines, other formats, a step it never waited in)."""
+    out = np.full(after.shape, np.nan)
+    waited = run.counters.get(act.COUNTER_WAITED)
+    if waited is None:
+        return out
+    ranks, ts, _ = waited
+    for r in range(n_ranks):
+        x = np.sort(ts[ranks == r])
+        if not len(x):
+            continue
+        i = np.searchsorted(x, after[:, r], side="right")  # NaN: past the end
+        found = i < len(x)
+        first = np.where(found, x[np.minimum(i, len(x) - 1)], np.nan)
+        found &= first <= until[:, r]
+        out[found, r] = first[found]
+    return out
+
+
 def _host_words(ranks: list[int], hosts: dict[int, str]) -> str:
     """'ranks 1 and 2, both on host b', or 'ranks 1 (host a) and 5 (host b)', or '' hosts
     unknown or all ranks of the run on one host (nothing to tell)."""
@@ -539,6 +564,13 @@ def find_stragglers(run: Run) -> Stragglers:
     prev = steps - 1
     rel = np.full((n_steps, n_ranks), np.nan)
     rel[prev >= 0] = release[prev[prev >= 0]]
+    # where the rank noted it, own work starts when its training thread got control back
+    # (on a busy machine the wake-up after the release takes milliseconds: not its code)
+    prev_finish = np.full((n_steps, n_ranks), np.nan)
+    follows = np.flatnonzero(np.diff(steps) == 1) + 1
+    prev_finish[follows] = finish[follows - 1]
+    resumed = _resumed_us(run, n_ranks, prev_finish, finish)
+    rel = np.where(np.isfinite(resumed), resumed, rel)
     work = finish - rel
     others_mean = (work.sum(axis=1, keepdims=True) - work) / (n_ranks - 1)
     excess = work - others_mean
@@ -763,8 +795,9 @@ def _culprit_verdict(
     if out.own_work_known and runtime >= max(MIN_COST_MS, 0.1 * out.lateness_ms):
         text += (
             f" Beyond that, the runtime held {'it' if len(named) == 1 else 'them'} "
-            f"{runtime:.1f} ms per step (a later release from the previous step's last "
-            "collective): hvdprof's part, not the code's."
+            f"{runtime:.1f} ms per step (its training thread got control back later after "
+            "the previous step's last collective: a later release, or a wait for a CPU "
+            "to wake up on): hvdprof's part or the machine's, not the code's."
         )
     if any(x.rank == 0 for x in named) and out.own_work_known:
         # measured on busy 2-core machines: a balanced job's rank 0 computed 1.2 ms per
@@ -824,16 +857,15 @@ def _no_culprit_verdict(
     late = [
         x
         for x in ranks
-        if out.own_work_known
-        and x.cost_low_ms >= bar
-        and x.release_late_ms > 0.5 * x.cost_per_step_ms
+        if out.own_work_known and x.lateness_ms >= bar and x.release_late_ms > 0.5 * x.lateness_ms
     ]
     if late:
         x = late[0]
         text += (
-            f" Rank {x.rank}'s lateness is the runtime's, not its code's: the previous "
-            f"step's last collective released it {x.release_late_ms:.2f} ms after the "
-            "others on average."
+            f" Rank {x.rank}'s lateness is the runtime's or the machine's, not its code's: "
+            f"its training thread got control back from the previous step's last collective "
+            f"{x.release_late_ms:.2f} ms after the others' on average (a later release, or "
+            "a wait for a CPU to wake up on)."
         )
     text += f" The ranks finish each step within {out.spread_ms:.2f} ms of each other (median)."
     return text

@@ -43,6 +43,11 @@ class SyntheticSpec:
     submit_gap_us: float = 20.0  # between consecutive tensors' submissions
     late_rank: int | None = None
     late_us: float = 0.0  # late_rank becomes ready this much after the others
+    #: write each rank's ``waited for collectives`` counter (its training thread got
+    #: control back 10 us before its step's first submission)
+    waited: bool = False
+    #: late_rank's lateness is its wake-up (its counter is late too): not its own work
+    late_wakeup: bool = False
     cycle_us: float = 50.0  # from the last rank ready to negotiated
     queue_us: float = 10.0
     memcpy_us: float = 30.0
@@ -128,6 +133,14 @@ def write_synthetic_run(directory: str, spec: SyntheticSpec) -> SyntheticTruth:
                 truth.sample_windows.append((t_step - 1, t_end))
                 sample += 1
             submit = [t_step + i * spec.submit_gap_us for i in range(n_tensors)]
+            if spec.waited and step > 0:
+                woke = t_step - 10.0
+                if rank == spec.late_rank and spec.late_wakeup:
+                    woke += spec.late_us
+                lines.append(
+                    f'{{"name":"{act.COUNTER_WAITED}","ph":"C","ts":{_f(woke)},"pid":{rank},"tid":0,'
+                    f'"args":{{"value":{_f(spec.step_us / 2000.0)}}}}}'
+                )
             ready_all = [
                 [
                     submit[i] + (spec.late_us if r == spec.late_rank else 0.0)

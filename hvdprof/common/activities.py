@@ -51,6 +51,11 @@ COUNTER_CYCLE_TIME = "cycle time (ms)"
 COUNTER_CYCLE_DURATION = "cycle duration (ms)"
 COUNTER_BYTES_REDUCED = "bytes reduced per cycle"
 COUNTER_AUTOTUNE_SCORE = "autotune score"
+#: Per rank, at the moment its training thread got control back from its last wait on ops
+#: that blocked (its next submission reports it): how long it was blocked since it last
+#: submitted.
+#: The straggler analysis starts a rank's own work of a step there.
+COUNTER_WAITED = "waited for collectives (ms)"
 
 #: Metadata event written last on a clean close (its args carry the final counts).
 TRACE_END = "hvdprof_trace_end"

@@ -9,7 +9,18 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from hvdprof.common import timebase
+
 _cond = threading.Condition(threading.Lock())
+
+#: Whether ``Handle.wait`` notes when it returns (set while a timeline records): the
+#: straggler analysis measures a rank's own work from the moment its training thread got
+#: control back, not from when the op completed; on a busy machine the wake-up between
+#: the two is milliseconds, and it is neither the user's code nor the collective.
+note_waits = False
+#: thread id -> [ns it spent blocked in ``wait`` since it last submitted, when its last
+#: blocking ``wait`` returned]; the runtime takes the entry at the thread's next submission
+waits_since_submit: dict[int, list[int]] = {}
 
 #: thread id -> the handle that thread is blocked on in ``Handle.wait``. The cycle thread
 #: reads it to tell the other ranks whether this rank's user thread is stuck (see
@@ -55,6 +66,19 @@ def notify_waiters() -> None:
         _cond.notify_all()
 
 
+def _note_wait(t_blocked: int) -> None:
+    """Add one blocking ``wait``'s time to the calling thread's entry, and when it ended."""
+    now = timebase.now_ns()
+    me = threading.get_ident()
+    entry = waits_since_submit.get(me)
+    blocked = now - t_blocked
+    if entry is None:
+        waits_since_submit[me] = [blocked, now]
+    else:
+        entry[0] += blocked
+        entry[1] = now
+
+
 class Handle:
     """Completion of one op. Set once, by the cycle thread, with a result or an error."""
 
@@ -97,6 +121,7 @@ class Handle:
             if _waiters.get(me) is not threading.current_thread():
                 _waiters[me] = threading.current_thread()
             _blocked_on[me] = self
+            t_blocked = timebase.now_ns() if note_waits else 0
             try:
                 with _cond:
                     # the timeout lets a KeyboardInterrupt reach the user promptly
@@ -104,6 +129,8 @@ class Handle:
                         _cond.wait(0.5)
             finally:
                 _blocked_on.pop(me, None)
+            if t_blocked:  # an op already done costs nothing more (the thread never stopped)
+                _note_wait(t_blocked)
         if self.release is not None:
             release, self.release = self.release, None
             release()

@@ -24,7 +24,7 @@ from hvdprof.common import timebase
 from hvdprof.common.records import TunableParams
 from hvdprof.config import Config
 from hvdprof.errors import ConfigError, HvdprofError, NotInitializedError
-from hvdprof.runtime import environment, stacks
+from hvdprof.runtime import environment, handles, stacks
 from hvdprof.runtime.backends.gloo import GlooBackend
 from hvdprof.runtime.backends.shm import (
     SHM_DIR,
@@ -326,6 +326,10 @@ class Runtime:
                 )
             self._inflight.add(name)
         req = Request(name, signature, tensor, output, timebase.now_ns(), splits)
+        if handles.note_waits and handles.waits_since_submit:  # after a wait that blocked
+            waited = handles.waits_since_submit.pop(threading.get_ident(), None)
+            if waited is not None:
+                self.timeline.add_waited(waited[1], waited[0])
         device = self.device_path
         if device is not None and tensor is not None and device.routes(signature.device):
             req.stream_event = device.ready_event(tensor)
@@ -337,6 +341,12 @@ class Runtime:
         if cycle.failure is not None:  # lost the race with a failing cycle: fail it here
             req.fail(cycle.failure)
         return req
+
+    def timeline_switched(self, on: bool) -> None:
+        """While a timeline records, waits note when the training thread got control back
+        (see ``handles.note_waits``); called by the timeline session as it opens and closes."""
+        handles.waits_since_submit.clear()
+        handles.note_waits = on
 
     def is_in_flight(self, name: str) -> bool:
         return name in self._inflight

@@ -13,6 +13,7 @@ import socket
 import sys
 from typing import Any
 
+from hvdprof.common import activities as act
 from hvdprof.common import timebase
 from hvdprof.config import timeline_path_problem
 from hvdprof.errors import HvdprofError
@@ -60,6 +61,7 @@ class TimelineSession:
             job=getattr(runtime, "job", None),
         )
         runtime.cycle.observers.append(self.sink)
+        runtime.timeline_switched(True)
         if runtime.rank == 0 and config.horovod_timeline_file:
             _link_horovod_file(config.horovod_timeline_file, self.sink.path)
         return self.sink
@@ -96,10 +98,18 @@ class TimelineSession:
                 **decisions,
             )
 
+    def add_waited(self, t_ns: int, blocked_ns: int) -> None:
+        """Note when this rank's training thread got control back from waiting on ops,
+        and how long it was blocked since it last submitted (any thread)."""
+        sink = self.sink
+        if sink is not None:
+            sink.add_counter(act.COUNTER_WAITED, {"value": blocked_ns / 1e6}, t_ns=t_ns)
+
     def close(self) -> None:
         sink, self.sink = self.sink, None
         if sink is None:
             return
+        self.runtime.timeline_switched(False)
         observers = self.runtime.cycle.observers
         if sink in observers:
             observers.remove(sink)
