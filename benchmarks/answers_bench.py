@@ -16,7 +16,7 @@ Per scenario it reports, over the repeats:
 
 * right ranks (%): the verdict named every slow rank and no other (goal >= 95%);
 * named on balanced (%): a balanced run named anyone;
-* false alarms (%): ... and the ranks' own measured time (data + forward + backward, each
+* false alarms (%): ... and the ranks' own measured time (data + forward + backward + optimizer step, each
   rank timing itself) does not show the named rank slower than the others by half the
   cost named (goal <= 5%): a rank of a balanced job on a busy machine can really be starved;
 * cost in band (%): the verdict's cost per step lies in
@@ -124,7 +124,7 @@ def run_job(
     truth["slept_ms"] = [0.0] * steps  # per step, the most a slow rank slept
     for r in range(ranks):
         mine = json.loads(Path(f"{steps_file}.rank{r}").read_text())
-        own.append(statistics.mean(sum(x[:3]) for x in mine["phases_ms"][1:]))
+        own.append(statistics.mean(sum(x[:4]) for x in mine["phases_ms"][1:]))
         slept = zip(truth["slept_ms"], mine["slept_ms"], strict=True)
         truth["slept_ms"] = [max(a, b) for a, b in slept]
     return tl, truth, own
@@ -153,7 +153,7 @@ def judge(
     }
     if scenario == "balanced":
         # no fault injected; a rank named is a false alarm unless the ranks' measured own
-        # time (data + forward + backward) shows it slower than the others by half the
+        # time (data + forward + backward + optimizer step) shows it slower than the others by half the
         # cost named (and the bar)
         row["named"] = bool(s.culprits)
         row["false_alarm"] = False

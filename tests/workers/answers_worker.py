@@ -17,8 +17,9 @@ every slow rank: an intermittent fault), where ``WHERE`` says:
 Rank 0 writes ``FILE`` (JSON): every step's wall time on rank 0 (``step_ms``), measured
 from one step's start to the next's, and the steps that were slowed (``slow_steps``): the
 ground truth the verdicts are checked against; every rank writes ``FILE.rank<R>``: its data,
-forward, backward and optimizer times per step, and the delay it actually slept (a sleep
-overshoots on a busy machine).
+forward, backward and optimizer step times per step (its own work), the time it waited for
+the other ranks' gradients, and the delay it actually slept (a sleep overshoots on a busy
+machine).
 Output: ``SECTION train OK <n>`` and ``DONE``.
 """
 
@@ -101,7 +102,8 @@ opt = hvd.DistributedOptimizer(
 )
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 starts: list[float] = []
-spans: list[tuple[float, ...]] = []  # per step: data, forward, backward, optimizer (s)
+# per step: data, forward, backward, optimizer step (its own work), waiting for the others (s)
+spans: list[tuple[float, ...]] = []
 slept: list[float] = []  # per step: the delay injected, as slept (s)
 
 with ck.section("train"):
@@ -120,8 +122,11 @@ with ck.section("train"):
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
-        opt.step()
-        spans.append((t0 - t_data, t1 - t0, t2 - t1, time.perf_counter() - t2))
+        opt.synchronize()  # waiting for the other ranks: not this rank's own work
+        t3 = time.perf_counter()
+        with opt.skip_synchronize():
+            opt.step()
+        spans.append((t0 - t_data, t1 - t0, t2 - t1, time.perf_counter() - t3, t3 - t2))
         slept.append(SLEPT[0])
         ck.true(bool(torch.isfinite(loss)), f"step {k}: loss is finite")
     starts.append(time.perf_counter())
@@ -129,8 +134,8 @@ with ck.section("train"):
         with open(ARGS.out, "w") as f:
             step_ms = [(b - a) * 1000.0 for a, b in itertools.pairwise(starts)]
             json.dump({"step_ms": step_ms, "slow_steps": SLOW_STEPS}, f)
-    if ARGS.out:  # every rank: its data, forward, backward and optimizer step times (ms),
-        # and the delay it slept in each step
+    if ARGS.out:  # every rank: its data, forward, backward, optimizer step and waiting
+        # times (ms), and the delay it slept in each step
         with open(f"{ARGS.out}.rank{R}", "w") as f:
             phases = [[round(x * 1000.0, 3) for x in s] for s in spans]
             delays = [round(x * 1000.0, 3) for x in slept]
