@@ -12,16 +12,19 @@ must be there and they fail instead.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -228,3 +231,112 @@ def run_slurm_style(
         parse_output(out, result)
         parse_output(err, result)
     return result
+
+
+class LiveProcess:
+    """A process started in a session of its own, alive until :meth:`kill`, its output
+    (stdout and stderr) read line by line as it comes.
+
+    A thread reads the output, so no wait can block past its deadline on a process that
+    prints nothing; a test that must act while the process runs (signal it, release it)
+    waits for a line, then kills the whole session however the test ends.
+    """
+
+    def __init__(
+        self, argv: list[str], env: dict[str, str] | None = None, *, wait_s: float = 120.0
+    ) -> None:
+        self.wait_s = wait_s
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env if env is not None else child_env(),
+            cwd=REPO,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self._cursor = 0  # lines before it were matched by next_line already
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def output(self) -> str:
+        with self._cond:
+            return "\n".join(self.lines)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_for(
+        self, found: Callable[[list[str]], object], what: str, timeout: float | None = None
+    ) -> object:
+        """Block until ``found(lines)`` is truthy and return it; fail with the output when
+        ``timeout`` (default ``wait_s``) passes or the process ends without it."""
+        deadline = time.monotonic() + (self.wait_s if timeout is None else timeout)
+        with self._cond:
+            while True:
+                result = found(self.lines)
+                if result:
+                    return result
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
+                    break
+                self._cond.wait(min(left, 1.0))
+        self.kill()
+        pytest.fail(f"{what}: not seen in time; output:\n{self.output}")
+
+    def wait_line(self, pattern: str, timeout: float | None = None) -> str:
+        """The first line of all the output so far that matches ``pattern``."""
+        regex = re.compile(pattern)
+        found = self.wait_for(
+            lambda lines: next((x for x in lines if regex.search(x)), None), pattern, timeout
+        )
+        return str(found)
+
+    def next_line(self, pattern: str, timeout: float | None = None) -> str:
+        """The first line after the last one ``next_line`` matched that matches ``pattern``
+        (so two calls with one pattern need two such lines)."""
+        regex = re.compile(pattern)
+
+        def after_cursor(lines: list[str]) -> tuple[int, str] | None:
+            for i in range(self._cursor, len(lines)):
+                if regex.search(lines[i]):
+                    return i, lines[i]
+            return None
+
+        i, line = self.wait_for(after_cursor, pattern, timeout)  # type: ignore[misc]
+        self._cursor = i + 1
+        return line
+
+    def wait(self, timeout: float) -> int:
+        """The exit code, once the process has ended and all its output is read."""
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"still running after {timeout:g} s; output:\n{self.output}")
+        self._reader.join(30)
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL the process's whole session (a launcher and its ranks), if still alive."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)

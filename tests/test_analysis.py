@@ -27,6 +27,7 @@ from hvdprof.analysis import (
     time_breakdown,
     timeline_window,
 )
+from hvdprof.analysis.breakdown import RankBreakdown
 from hvdprof.analysis.loader import RunLoader
 from hvdprof.analysis.model import PHASE_NEGOTIATE, PHASE_OP
 from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
@@ -107,6 +108,15 @@ def test_a_rank_that_wakes_late_is_not_blamed_for_its_code(tmp_path: Path, wakeu
         assert "4.00 ms after the others'" in s.verdict
     else:
         assert s.culprits == [2] and s.cost_ms == pytest.approx(4.0, abs=1e-3), s.verdict
+
+
+def test_phase_means_per_step_leave_the_warm_up_step_out_as_the_step_time_does() -> None:
+    # the first step holds the start-up broadcasts: 100 ms of negotiation there, 1 ms after
+    warm = RankBreakdown(0, 104.0, {}, 5, {"negotiate": [100.0, 1.0, 1.0, 1.0, 1.0]})
+    assert warm.mean_step_ms("negotiate") == 1.0
+    # too few steps to tell a warm-up from the rest: all of them count
+    short = RankBreakdown(0, 103.0, {}, 4, {"negotiate": [100.0, 1.0, 1.0, 1.0]})
+    assert short.mean_step_ms("negotiate") == pytest.approx(103.0 / 4)
 
 
 def test_no_straggler_when_ranks_are_even(tmp_path: Path) -> None:

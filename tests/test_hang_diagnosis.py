@@ -20,7 +20,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, WORKERS, child_env, run_job
-from launch_support import LAUNCHED, child_env_mpi, mpi_or_skip, mpirun_prefix
+from launch_support import LAUNCHED, LiveProcess, child_env_mpi, mpi_or_skip, mpirun_prefix
 
 from hvdprof.runtime import stacks
 from hvdprof.runtime.stall import Stall, describe_stall
@@ -48,7 +47,7 @@ def worker_line(tag: str) -> int:
     raise AssertionError(f"no '# LINE {tag}' in {WORKER}")
 
 
-class LiveJob:
+class LiveJob(LiveProcess):
     """``hvdprof run -np 2 -- hang_worker.py MODE DIR`` (or, with ``mpirun``, under
     mpirun through ``launched.py``), its output read as it comes."""
 
@@ -73,56 +72,7 @@ class LiveJob:
                 *launcher_args, "--", sys.executable, str(WORKER), mode, str(directory),
             ]  # fmt: skip
             full_env = child_env(env, JOB_S)
-        self.proc = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            env=full_env,
-            cwd=REPO,
-            start_new_session=True,
-        )
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with self._cond:
-                self.lines.append(line.rstrip("\n"))
-                self._cond.notify_all()
-        with self._cond:
-            self.lines.append("")  # (EOF: wake the waiters)
-            self._cond.notify_all()
-
-    @property
-    def output(self) -> str:
-        with self._cond:
-            return "\n".join(self.lines)
-
-    def wait_for(self, found: Callable[[list[str]], object], what: str) -> object:
-        """Block until ``found(lines)`` is truthy; fail after WAIT_S with the output."""
-        deadline = time.monotonic() + WAIT_S
-        with self._cond:
-            while True:
-                result = found(self.lines)
-                if result:
-                    return result
-                left = deadline - time.monotonic()
-                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
-                    break
-                self._cond.wait(min(left, 1.0))
-        pytest.fail(f"{what}: not seen within {WAIT_S:g} s; output:\n{self.output}")
-
-    def wait_line(self, pattern: str) -> str:
-        regex = re.compile(pattern)
-        line = self.wait_for(
-            lambda lines: next((x for x in lines if regex.search(x)), None), pattern
-        )
-        return str(line)
+        super().__init__(command, full_env, wait_s=WAIT_S)
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + WAIT_S
@@ -135,18 +85,8 @@ class LiveJob:
         (self.dir / "release").touch()
 
     def finish(self) -> int:
-        try:
-            code = self.proc.wait(JOB_S + 30)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"the launcher outlived its --timeout; output:\n{self.output}")
-        self._reader.join(30)
-        return code
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(30)
+        """The launcher's exit code; it must end within its own --timeout."""
+        return self.wait(JOB_S + 30)
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, child_env
+from launch_support import LiveProcess
 
 from hvdprof.runtime import stacks
 from hvdprof.stack_target import pid_max
@@ -81,49 +82,6 @@ def dead_pid() -> int:
     return proc.pid
 
 
-class Started:
-    """A process we started, alive until ``stop``; its output read line by line."""
-
-    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            env=env if env is not None else child_env(),
-            cwd=REPO,
-            start_new_session=True,
-        )
-        self.lines: list[str] = []
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def wait_line(self, pattern: str, timeout: float = 120.0) -> str:
-        assert self.proc.stdout is not None
-        regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.lines.append(line.rstrip("\n"))
-            if regex.search(line):
-                return line
-        self.stop()
-        pytest.fail(f"{pattern!r} not seen; output:\n" + "\n".join(self.lines))
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(30)
-
-
 def wait_handled(pid: int, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while stacks.stack_signal_disposition(pid) != "caught":
@@ -157,14 +115,14 @@ def test_a_pid_that_does_not_exist_is_one_line() -> None:
 
 # ------------------------------------------------------------ processes that are not jobs
 def test_a_process_that_is_not_hvdprof_is_refused_and_lives() -> None:
-    sleeper = Started(["sleep", "1000"])
-    catcher = Started(
+    sleeper = LiveProcess(["sleep", "1000"])
+    catcher = LiveProcess(
         [sys.executable, "-c", "import signal, time\n"
          "signal.signal(signal.SIGUSR1, lambda *a: print('GOT IT', flush=True))\n"
          "print('READY', flush=True)\ntime.sleep(1000)"]
     )  # fmt: skip
     try:
-        catcher.wait_line("READY")
+        catcher.next_line("READY")
         for started, shown in ((sleeper, "sleep 1000"), (catcher, "-c import signal")):
             line = assert_refused(
                 stacks_cli(str(started.pid)), f"process {started.pid} ", "not an hvdprof job"
@@ -174,8 +132,8 @@ def test_a_process_that_is_not_hvdprof_is_refused_and_lives() -> None:
         assert sleeper.alive() and catcher.alive()
         assert stacks.stack_signal_disposition(sleeper.pid) == "default"  # it would have died
     finally:
-        sleeper.stop()
-        catcher.stop()
+        sleeper.kill()
+        catcher.kill()
     assert "GOT IT" not in "\n".join(catcher.lines)
 
 
@@ -184,13 +142,13 @@ def test_an_hvdprof_rank_that_is_still_starting_is_refused_and_lives(disposition
     """A rank imports torch for seconds before hvdprof's handler is in: under `hvdprof
     run` it ignores SIGUSR1 meanwhile; started another way, SIGUSR1 would end it."""
     ignore = "signal.signal(signal.SIGUSR1, signal.SIG_IGN)\n" if disposition == "ignored" else ""
-    rank = Started(
+    rank = LiveProcess(
         [sys.executable, "-c", f"import signal, time\n{ignore}print('READY', flush=True)\n"
          "time.sleep(1000)"],
         env=child_env({"HVDPROF_RANK": "3", "HVDPROF_SIZE": "4"}),
     )  # fmt: skip
     try:
-        rank.wait_line("READY")
+        rank.next_line("READY")
         assert stacks.stack_signal_disposition(rank.pid) == disposition
         assert_refused(
             stacks_cli(str(rank.pid)),
@@ -200,7 +158,7 @@ def test_an_hvdprof_rank_that_is_still_starting_is_refused_and_lives(disposition
         time.sleep(0.3)
         assert rank.alive()
     finally:
-        rank.stop()
+        rank.kill()
 
 
 # ------------------------------------------------------------------------ hvdprof jobs
@@ -223,39 +181,39 @@ def test_a_rank_started_without_hvdprof_run_is_accepted_after_init(tmp_path: Pat
     """As under mpirun, torchrun or srun: no HVDPROF_* variable in its environment; it is
     recognised by the marker hvd.init() leaves, and the marker goes at exit."""
     release = tmp_path / "release"
-    rank = Started([sys.executable, "-c", RANK_CODE, str(release)])
+    rank = LiveProcess([sys.executable, "-c", RANK_CODE, str(release)])
     try:
-        rank.wait_line(r"^PID \d+ READY")
+        rank.next_line(r"^PID \d+ READY")
         marker = Path(stacks.marker_dir(os.getuid())) / str(rank.pid)
         assert marker.is_file()
         done = stacks_cli(str(rank.pid))
         assert done.returncode == 0, done.stderr
         assert f"asked process {rank.pid}" in done.stdout
-        rank.wait_line(rf"^hvdprof rank 0: {stacks.END_MARKER}$")
+        rank.next_line(rf"^hvdprof rank 0: {stacks.END_MARKER}$")
         release.touch()
-        rank.wait_line("^DONE$")
-        assert rank.proc.wait(60) == 0
+        rank.next_line("^DONE$")
+        assert rank.wait(60) == 0
     finally:
-        rank.stop()
+        rank.kill()
     assert not marker.exists(), "the marker outlived its process"
 
 
 def test_the_launcher_and_a_rank_by_its_own_pid_are_accepted(tmp_path: Path) -> None:
     release = tmp_path / "release"
-    job = Started(
+    job = LiveProcess(
         [str(CONSOLE_SCRIPT), "run", "-np", "1", "--timeout", "150", "--",
          sys.executable, "-c", RANK_CODE, str(release)]
     )  # fmt: skip
     try:
-        rank_pid = int(job.wait_line(r"PID \d+ READY").split("PID ")[1].split()[0])
+        rank_pid = int(job.next_line(r"PID \d+ READY").split("PID ")[1].split()[0])
         for pid in (job.pid, rank_pid):
             done = stacks_cli(str(pid))
             assert done.returncode == 0, done.stderr
-            job.wait_line(rf"^\[0\]<stderr>:hvdprof rank 0: {stacks.END_MARKER}$")
+            job.next_line(rf"^\[0\]<stderr>:hvdprof rank 0: {stacks.END_MARKER}$")
         release.touch()
-        assert job.proc.wait(150) == 0, "\n".join(job.lines)
+        assert job.wait(150) == 0, job.output
     finally:
-        job.stop()
+        job.kill()
 
 
 # -------------------------------------------------------------- an early SIGUSR1 to run
@@ -313,7 +271,7 @@ def test_an_early_sigusr1_is_held_and_forwarded(delay_ms: int) -> None:
     ``import re``: tens of ms on this loaded machine, see the README); a signal then still
     ends the launcher, so the test sends at ``delay_ms`` or, when the launcher does not
     handle SIGUSR1 yet, as soon as it does, and says which."""
-    job = Started(
+    job = LiveProcess(
         [str(CONSOLE_SCRIPT), "run", "-np", "1", "--timeout", "150", "--",
          sys.executable, "-c", EARLY_RANK]
     )  # fmt: skip
@@ -324,12 +282,10 @@ def test_an_early_sigusr1_is_held_and_forwarded(delay_ms: int) -> None:
         wait_handled(job.pid)
         sent_ms = (time.monotonic() - started) * 1000
         os.kill(job.pid, signal.SIGUSR1)
-        job.wait_line("^\\[0\\]<stdout>:DONE$", timeout=150)
-        code = job.proc.wait(150)
-        assert job.proc.stdout is not None
-        job.lines += job.proc.stdout.read().splitlines()
+        job.next_line("^\\[0\\]<stdout>:DONE$", timeout=150)
+        code = job.wait(150)
     finally:
-        job.stop()
+        job.kill()
     out = "\n".join(job.lines)
     why = f"sent at {sent_ms:.0f} ms (handler {'already in' if early == 'caught' else early})"
     assert code == 0, f"{why}\n{out}"

@@ -25,7 +25,7 @@ from hvdprof.analysis.model import (
     PHASE_QUEUE,
     Run,
 )
-from hvdprof.analysis.steps import step_of, step_starts
+from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, step_of, step_starts
 
 #: Categories of the breakdown, in priority order, then idle.
 CATEGORIES: tuple[str, ...] = (
@@ -83,7 +83,11 @@ class RankBreakdown:
         return self.total_ms[category] / self.wall_ms if self.wall_ms > 0 else 0.0
 
     def mean_step_ms(self, category: str) -> float:
+        """Mean per step, the warm-up step (start-up broadcasts, first allocations) left out
+        as in the run's step time, so the two add up."""
         values = self.per_step_ms.get(category) or []
+        if len(values) >= MIN_STEPS_TO_SKIP_WARMUP:
+            values = values[1:]
         return float(np.mean(values)) if values else 0.0
 
 

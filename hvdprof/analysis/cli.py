@@ -226,6 +226,7 @@ def print_report(report: Report) -> None:
 
     from hvdprof.analysis.breakdown import CATEGORIES, SHORT_LABELS
     from hvdprof.analysis.fusion import REASON_WORDS
+    from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP
 
     console = _console()
     r = report.run
@@ -247,6 +248,8 @@ def print_report(report: Report) -> None:
         # the table then fits 80 columns with whole headers)
         per_rank = len(steps) > 1
         shown = "" if per_rank else f", {steps[0]} steps"
+        if all(rb.steps >= MIN_STEPS_TO_SKIP_WARMUP for rb in b.ranks):
+            shown += ", the first left out"
         table = Table(
             title=f"1. Where the time goes, per rank (mean ms per step{shown}, share of wall time)"
         )

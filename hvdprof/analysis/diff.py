@@ -29,7 +29,7 @@ import numpy as np
 
 from hvdprof.analysis.breakdown import CATEGORIES, LABELS, Breakdown, time_breakdown
 from hvdprof.analysis.model import PHASE_NEGOTIATE, PHASE_OP, Run
-from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, one_time_tensors, typical_step_ms
+from hvdprof.analysis.steps import one_time_tensors, typical_step_ms
 from hvdprof.analysis.stragglers import find_stragglers, own_work
 
 #: A cause must add at least this much per step (ms) ...
@@ -105,12 +105,7 @@ def _per_step(b: Breakdown) -> dict[str, float]:
     start-up broadcasts) left out as in the step time."""
     out = {}
     for c in CATEGORIES:
-        values = []
-        for r in b.ranks:
-            x = r.per_step_ms.get(c) or []
-            x = x[1:] if len(x) >= MIN_STEPS_TO_SKIP_WARMUP else x
-            if x:
-                values.append(float(np.mean(x)))
+        values = [r.mean_step_ms(c) for r in b.ranks if r.per_step_ms.get(c)]
         out[c] = float(np.mean(values)) if values else 0.0
     return out
 
