@@ -16,8 +16,9 @@ the union over the ops ``r`` reached after the pack of the intervals from the pa
 latest submission at or before ``r``'s to ``r``'s arrival (a union, not a sum: a rank late
 by ``d`` for every gradient holds the job ``d``, whether the step reduces one gradient or
 fifty). Its *cost* is as much of that as its own work explains (below). A rank *held* a
-step when its cost there reached the bar below and what the ranks not named reach in 95% of
-the steps (so a busy machine's noise is not counted as holding). Persistent,
+step when its cost there reached the bar below, what the ranks not named reach in 95% of
+the steps, and a third of its own mean cost in the steps it held (so a busy machine's
+noise, the culprit's included, is not counted as holding). Persistent,
 intermittent and several culprits are then cases of one model: the share of steps a rank
 held, its hold when it did, and its mean hold per step with a 95% interval (a moving-block
 bootstrap over the steps, since neighbouring steps correlate; seeded, so deterministic).
@@ -334,6 +335,28 @@ def _group_lateness_us(t: np.ndarray, group: list[int]) -> tuple[float, float]:
     rest = np.delete(t, group, axis=1)
     merged = np.column_stack([t[:, group].max(axis=1), rest])
     return _lateness_us(merged, 0)
+
+
+def held_cut(cost: np.ndarray, floor: float) -> float:
+    """The cost (ms) from which a named rank *held* a step: the floor, or a third of its
+    mean cost in the steps it held, whichever is more (to a fixed point).
+
+    On a busy machine a culprit is also late by its ordinary noise in the steps its fault
+    spared: a rank slowed by 40 ms in a quarter of 199 steps was late by a median 3 ms in
+    the others and passed the floor in 78 steps, not 43, so "held the job in 39%" was
+    really 22%. A third of the held steps' mean separates those modes and keeps every
+    step of a persistent fault (its steps lie around that mean, far above a third of it).
+    """
+    cut = floor
+    for _ in range(20):
+        above = cost[cost >= cut]
+        if not len(above):
+            return cut
+        nxt = max(floor, float(above.mean()) / 3.0)
+        if nxt <= cut:
+            return cut
+        cut = nxt
+    return cut
 
 
 def _robust_std(x: np.ndarray) -> float:
@@ -683,7 +706,8 @@ def find_stragglers(run: Run) -> Stragglers:
     if bystanders and n_window:
         out.held_floor_ms = max(bar, float(np.quantile(h[:, bystanders], 0.95)))
     for x in ranks:
-        held = h[:, x.rank] >= out.held_floor_ms
+        cut = held_cut(h[:, x.rank], out.held_floor_ms) if x.named else out.held_floor_ms
+        held = h[:, x.rank] >= cut
         x.held_count = int(held.sum())
         x.held_share = float(held.mean()) if n_window else 0.0
         x.held_ms = float(h[held, x.rank].mean()) if held.any() else 0.0
@@ -736,6 +760,7 @@ def find_stragglers(run: Run) -> Stragglers:
         out.cost_ms = max(float(cost.mean()) - floor, 0.0)
         out.cost_low_ms = max(float(np.quantile(boot, 0.025)) - floor, 0.0)
         out.cost_high_ms = max(float(np.quantile(boot, 0.975)) - floor, 0.0)
+        out.held_floor_ms = held_cut(cost, out.held_floor_ms)
         out.held_share = float((cost >= out.held_floor_ms).mean())
         top = group[0]
         # the phase from the steps they held (all of them for a persistent fault, the
