@@ -365,17 +365,21 @@ def _robust_std(x: np.ndarray) -> float:
     return float(1.4826 * np.median(np.abs(x - np.median(x))))
 
 
-def _onset(cost: np.ndarray, min_len: int = 3) -> int:
-    """Index where ``cost`` steps up (0: no step up, the fault is there from the start).
+def _onset(cost: np.ndarray, quiet_ms: float, min_len: int = 3, min_before: int = 5) -> int:
+    """Index where ``cost`` (ms) steps up (0: no step up, the fault is there from the start).
 
-    The steps after the onset must be at least a third of them (a short burst at the end
-    is a hiccup, not a fault to report), and those before it a tenth (a loaded machine's
-    first steps of a 500-step run were found as an onset at step 7). Medians on both sides: a fault in some steps only
-    (intermittent) has no onset.
+    "It started mid-run" says the rank did not hold the job before: the steps before the
+    onset must hold it less than ``quiet_ms`` (the bar a culprit must pass), three in four.
+    A fault partly masked in the first steps (a loaded 20-step run where the other ranks
+    were slow too) is one from the start, not one with an onset. The steps before must be
+    at least ``min_before`` and a tenth (a loaded CI run found an onset after 3 low steps
+    of 19; a 500-step run's first 7), those after at least a third (a short burst at the
+    end is a hiccup, not a fault to report). Medians on both sides: a fault in some steps
+    only (intermittent) has no onset.
     """
     n = len(cost)
     tail = max(min_len, n // 3)
-    head = max(min_len, n // 10)  # a few slow first steps of a long run are its warm-up
+    head = max(min_before, n // 10)
     if n < head + tail:
         return 0
     c1 = np.concatenate([[0.0], np.cumsum(cost)])
@@ -386,7 +390,8 @@ def _onset(cost: np.ndarray, min_len: int = 3) -> int:
     best = int(k[np.argmin(sse_a + sse_b)])
     before, after = float(np.median(cost[:best])), float(np.median(cost[best:]))
     spread = _robust_std(np.concatenate([cost[:best] - before, cost[best:] - after]))
-    if after > 0 and before < 0.5 * after and after - before > 3.0 * spread:
+    quiet = float(np.quantile(cost[:best], 0.75)) < quiet_ms  # not a median: 2 of 5 held
+    if quiet and before < 0.5 * after and after - before > 3.0 * spread:
         return best
     return 0
 
@@ -642,7 +647,7 @@ def find_stragglers(run: Run) -> Stragglers:
 
     # the candidate: the rank that held the job most; from its onset on (when any is named)
     candidate = int(np.argmax(hold[counted].sum(axis=0)))
-    onset = first + _onset(hold[counted, candidate] / 1000.0) if reject.any() else first
+    onset = first + _onset(hold[counted, candidate] / 1000.0, bar_all) if reject.any() else first
     window = slice(onset, n_steps)
     n_window = n_steps - onset
     out.steps_judged = n_window
