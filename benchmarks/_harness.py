@@ -22,16 +22,18 @@ Measurement rules, the same for every script:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -454,6 +456,27 @@ def write_results(
         )
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return path
+
+
+@contextlib.contextmanager
+def spin_loops(on: bool) -> Iterator[None]:
+    """One Python spin loop per core at normal priority while on (``--load``): the busy
+    machine every verdict and gate must also hold on."""
+    procs = (
+        [
+            subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(os.cpu_count() or 1)
+        ]
+        if on
+        else []
+    )
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
 
 
 def hvdprof_backend() -> str:

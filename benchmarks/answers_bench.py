@@ -42,7 +42,6 @@ oversubscribed). Results: ``benchmarks/results/answers_bench.np<ranks>[.tiny][.l
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -50,7 +49,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,26 +75,6 @@ INTERMITTENT_STEPS = 200
 #: share of the steps an intermittent fault slows
 INTERMITTENT_SHARE = 0.25
 TINY = ["--width", "64", "--layers", "4", "--batch", "16"]
-
-
-@contextlib.contextmanager
-def spin_loops(on: bool) -> Iterator[None]:
-    """One Python spin loop per core at normal priority while on (``--load``)."""
-    procs = (
-        [
-            subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(os.cpu_count() or 1)
-        ]
-        if on
-        else []
-    )
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
 
 
 def run_job(
@@ -267,7 +245,10 @@ def main() -> None:
     model = TINY if args.tiny else []
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="hvdprof-answers-") as tmp, spin_loops(args.load):
+    with (
+        tempfile.TemporaryDirectory(prefix="hvdprof-answers-") as tmp,
+        _harness.spin_loops(args.load),
+    ):
         for rep in range(repeats):
             base = Path(tmp) / f"r{rep}"
             baseline = run_job(args.ranks, args.steps, base / "balanced", model, args.timeout)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -26,13 +27,18 @@ def make_dataset(
     return points, labels
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prepare: Callable[[nn.Module], None] | None = None) -> int:
+    """Train; ``prepare`` sees the model before training (the gate calibration benchmark
+    hooks a known slowdown into its backward pass there)."""
     parser = argparse.ArgumentParser(description="hvdprof demo: data-parallel training")
     # 15 epochs (960 steps of a few ms): long enough for autotune to finish a round and
     # print its decision; at 5 the job ended while the tuner was still measuring
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument(
+        "--steps", type=int, default=0, help="stop after this many steps (default: all epochs)"
+    )
     args = parser.parse_args(argv)
 
     hvd.init()
@@ -44,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     model = nn.Sequential(
         nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10)
     )
+    if prepare is not None:
+        prepare(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -64,9 +72,13 @@ def main(argv: list[str] | None = None) -> int:
             total += loss.item()
             batches += 1
             steps += 1
+            if steps == args.steps:
+                break
         avg = hvd.allreduce(torch.tensor(total / batches), name="epoch_loss").item()
         if hvd.rank() == 0:
             print(f"epoch {epoch}: mean loss {avg:.4f}")
+        if steps == args.steps:
+            break
 
     with torch.no_grad():
         correct = (model(x).argmax(1) == y).sum()

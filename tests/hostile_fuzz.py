@@ -438,6 +438,20 @@ ROUTES = (
 _BASES: dict[Path, Any] = {}
 
 
+def gate_both_ways(base: Any, run: Any) -> None:
+    """The run's summary written and read back, and every kind of --fail-on rule."""
+    from hvdprof.analysis import check_gate, parse_rule, read_summary, summarize, write_summary
+
+    with tempfile.TemporaryDirectory() as tmp:  # not beside the run: the page lists it
+        path = os.path.join(tmp, "summary.json")
+        write_summary(summarize(run), path)
+        back = read_summary(path)
+    sb = summarize(base)
+    for rule in ("5%", "negotiate:10%", "rank:5%", "rank1:1ms"):
+        check_gate(sb, back, parse_rule(rule)).to_dict()
+        check_gate(back, sb, parse_rule(rule)).to_dict()
+
+
 def check(case: Case, run_dir: Path, base_dir: Path | None, served: Path) -> list[str]:
     """What went wrong with one case: exceptions and 5xx answers (empty: all well)."""
     from fastapi.testclient import TestClient
@@ -474,6 +488,7 @@ def check(case: Case, run_dir: Path, base_dir: Path | None, served: Path) -> lis
                 )
                 attempt("diff a-b", lambda: diff_runs(base, run).to_dict())
                 attempt("diff b-a", lambda: diff_runs(run, base).to_dict())
+                attempt("gate", lambda: gate_both_ways(base, run))
         client = TestClient(create_app(DashboardSettings(served)), base_url="http://127.0.0.1")
         listed = attempt("/api/runs", lambda: client.get("/api/runs").json()["runs"]) or []
         prefix = shown(os.fsdecode(os.path.relpath(os.fsencode(run_dir), os.fsencode(served))))

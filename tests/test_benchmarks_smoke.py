@@ -22,6 +22,7 @@ BENCHMARKS = [
     "divergence_check.py",
     "dashboard_load.py",
     "answers_bench.py",
+    "gate_calibration.py",
 ]
 
 

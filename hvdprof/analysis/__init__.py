@@ -24,12 +24,14 @@ if TYPE_CHECKING:
     from hvdprof.analysis.breakdown import Breakdown, time_breakdown
     from hvdprof.analysis.diff import RunDiff, diff_runs
     from hvdprof.analysis.fusion import FusionReport, fusion_report
+    from hvdprof.analysis.gate import GateResult, check_gate, parse_rule
     from hvdprof.analysis.loader import LoadError, load_run
     from hvdprof.analysis.model import PHASES, Problem, Run
     from hvdprof.analysis.overlap import OverlapReport, overlap_report
     from hvdprof.analysis.report import Report, analyze
     from hvdprof.analysis.stalls import StallReport, stall_report
     from hvdprof.analysis.stragglers import Stragglers, find_stragglers
+    from hvdprof.analysis.summary import RunSummary, read_summary, summarize, write_summary
     from hvdprof.analysis.window import TimelineWindow, timeline_window
 
 #: name -> module defining it. Resolved on first use, so that ``hvdprof run`` (whose
@@ -39,6 +41,13 @@ _EXPORTS: dict[str, str] = {
     "BandwidthReport": "hvdprof.analysis.bandwidth",
     "Breakdown": "hvdprof.analysis.breakdown",
     "FusionReport": "hvdprof.analysis.fusion",
+    "GateResult": "hvdprof.analysis.gate",
+    "RunSummary": "hvdprof.analysis.summary",
+    "check_gate": "hvdprof.analysis.gate",
+    "parse_rule": "hvdprof.analysis.gate",
+    "read_summary": "hvdprof.analysis.summary",
+    "summarize": "hvdprof.analysis.summary",
+    "write_summary": "hvdprof.analysis.summary",
     "LoadError": "hvdprof.analysis.loader",
     "OverlapReport": "hvdprof.analysis.overlap",
     "PHASES": "hvdprof.analysis.model",
@@ -82,24 +91,31 @@ __all__ = [
     "BandwidthReport",
     "Breakdown",
     "FusionReport",
+    "GateResult",
     "LoadError",
     "OverlapReport",
     "Problem",
     "Report",
     "Run",
     "RunDiff",
+    "RunSummary",
     "StallReport",
     "Stragglers",
     "TimelineWindow",
     "analyze",
     "autotune_report",
     "bandwidth_report",
+    "check_gate",
     "diff_runs",
     "find_stragglers",
     "fusion_report",
     "load_run",
     "overlap_report",
+    "parse_rule",
+    "read_summary",
     "stall_report",
+    "summarize",
     "time_breakdown",
     "timeline_window",
+    "write_summary",
 ]

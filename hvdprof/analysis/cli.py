@@ -2,12 +2,14 @@
 
 :mod:`hvdprof.cli` only registers these; the work is here. Exit codes of ``analyze``:
 0 when everything was read, 1 when something was skipped (the report covers the rest),
-2 for usage errors or when nothing at all could be read.
+2 for usage errors or when nothing at all could be read; ``diff`` adds 3 when a
+``--fail-on`` rule failed (:mod:`hvdprof.analysis.gate`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -23,6 +25,8 @@ if TYPE_CHECKING:
 EXIT_CLEAN = 0
 EXIT_SKIPPED = 1
 EXIT_UNREADABLE = 2
+#: ``diff --fail-on``: B is worse than A beyond a rule's margin, at its confidence
+EXIT_REGRESSION = 3
 
 
 def add_analyze_parser(commands: Any) -> None:
@@ -49,22 +53,48 @@ def add_analyze_parser(commands: Any) -> None:
     parser.add_argument(
         "--no-cache", action="store_true", help="neither read nor write .hvdprof-cache/"
     )
+    parser.add_argument(
+        "--summary",
+        metavar="FILE",
+        help="also write the run's summary (per-step times per phase and rank: kilobytes) "
+        "to FILE, a baseline 'hvdprof diff FILE DIR' compares against",
+    )
     parser.set_defaults(handler=cmd_analyze)
 
 
 def add_diff_parser(commands: Any) -> None:
-    """``hvdprof diff DIR_A DIR_B [--json]``."""
+    """``hvdprof diff A B [--json] [--fail-on RULE ...]``."""
     parser = commands.add_parser(
         "diff",
-        help="what changed between two runs (biggest regressions first)",
-        description="Compare run B with run A per step: per phase, per rank and per tensor.",
+        help="what changed between two runs (biggest regressions first); a CI gate",
+        description="Compare run B with run A per step: per phase, per rank and per tensor. "
+        "A and B are timeline directories (or trace files) or summaries written by "
+        "'hvdprof analyze DIR --summary FILE'. Exit code 0: compared; 1: something was "
+        "skipped (listed); 2: usage error or nothing readable; 3: a --fail-on rule failed.",
     )
-    parser.add_argument("run_a", metavar="DIR_A", help="the reference run")
-    parser.add_argument("run_b", metavar="DIR_B", help="the run to compare")
+    parser.add_argument("run_a", metavar="A", help="the reference run (directory or summary)")
+    parser.add_argument("run_b", metavar="B", help="the run to compare (directory or summary)")
     parser.add_argument("--json", action="store_true", help="print the diff as JSON")
-    parser.add_argument("--top", type=int, default=20, help="rows to show (default 20)")
+    parser.add_argument(
+        "--top", type=int, default=20, help="rows to show per table (default 20; 0: none)"
+    )
     parser.add_argument(
         "--no-cache", action="store_true", help="neither read nor write .hvdprof-cache/"
+    )
+    parser.add_argument(
+        "--fail-on",
+        action="append",
+        default=[],
+        metavar="RULE",
+        help="exit 3 when B is worse than A by more than RULE with --confidence: '5%%' or "
+        "'2ms' (mean step time), 'negotiate:10%%' (a phase), 'rank:5%%' or 'rank1:5%%' "
+        "(a rank's own work); repeatable",
+    )
+    parser.add_argument(
+        "--confidence",
+        type=float,
+        default=0.95,
+        help="one-sided confidence of --fail-on (default 0.95)",
     )
     parser.set_defaults(handler=cmd_diff)
 
@@ -137,23 +167,63 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         _print_json(report.to_dict())
     else:
         print_report(report)
+    if args.summary:
+        _write_summary(run, args.summary, sys.stderr if args.json else sys.stdout)
     return EXIT_SKIPPED if report.skipped else EXIT_CLEAN
+
+
+def _write_summary(run: Run, path: str, stream: Any) -> None:
+    from hvdprof.analysis.summary import summarize, write_summary
+
+    size = write_summary(summarize(run), path)
+    traces = _trace_bytes(run)
+    share = f" ({size / traces:.2%} of the traces' {traces / 1e6:.1f} MB)" if traces else ""
+    print(printable(f"summary written to {path}: {size / 1000:.1f} kB{share}"), file=stream)
+
+
+def _trace_bytes(run: Run) -> int:
+    total = 0
+    for f in set(run.files.values()):
+        with contextlib.suppress(OSError):
+            total += os.path.getsize(f)
+    return total
+
+
+def _load_either(path: str, cache: bool) -> Any:
+    """A summary file as it is, anything else as a run."""
+    from hvdprof.analysis.summary import read_summary
+
+    summary = read_summary(path)
+    return summary if summary is not None else _load(path, cache)
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
     from hvdprof.analysis.breakdown import LABELS
-    from hvdprof.analysis.diff import diff_runs
+    from hvdprof.analysis.diff import diff_summaries
+    from hvdprof.analysis.gate import check_gate, parse_rule
+    from hvdprof.analysis.summary import RunSummary, summarize
 
-    run_a = _load(args.run_a, not args.no_cache)
-    run_b = _load(args.run_b, not args.no_cache)
-    diff = diff_runs(run_a, run_b)
+    rules = [parse_rule(text) for text in args.fail_on]  # a bad rule: before any loading
+    if not 0.5 < args.confidence < 1.0:
+        raise_usage(f"--confidence {args.confidence}: expected a number between 0.5 and 1")
+    a = _load_either(args.run_a, not args.no_cache)
+    b = _load_either(args.run_b, not args.no_cache)
+    sa = a if isinstance(a, RunSummary) else summarize(a)
+    sb = b if isinstance(b, RunSummary) else summarize(b)
+    diff = diff_summaries(sa, sb)
+    gates = [check_gate(sa, sb, rule, args.confidence) for rule in rules]
+    failed = any(g.failed for g in gates)
+    skipped = bool(sa.problems or sb.problems)
+    code = EXIT_REGRESSION if failed else EXIT_SKIPPED if skipped else EXIT_CLEAN
     if args.json:
-        _print_json(diff.to_dict())
-        return EXIT_SKIPPED if run_a.problems or run_b.problems else EXIT_CLEAN
+        data = diff.to_dict()
+        data["gate"] = [g.to_dict() for g in gates]
+        _print_json(data)
+        return code
     from rich.table import Table
 
     console = _console()
-    console.print(diff.verdict, style="bold")
+    console.print(diff.verdict or "", style="bold")
     sections = (
         ("work", "Causes: each rank's own work per step (compute and runtime phases)"),
         ("wait", "Consequences: each rank's waiting for the others per step"),
@@ -165,9 +235,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
             for r in diff.rows
             if (r.kind == kind if kind else r.kind not in ("work", "wait")) and (r.a_ms or r.b_ms)
         ]
-        if not rows:
+        if not rows or args.top <= 0:
             continue
-        table = Table(title=f"{title}; B ({run_b.path}) against A ({run_a.path})")
+        table = Table(title=f"{title}; B ({diff.b}) against A ({diff.a})")
         for col in ("what", "A (ms/step)", "B (ms/step)", "change (ms)", "B / A"):
             table.add_column(col, justify="left" if col == "what" else "right")
         for row in rows[: args.top]:
@@ -181,10 +251,27 @@ def cmd_diff(args: argparse.Namespace) -> int:
             ratio = f"{row.ratio:.2f}x" if row.ratio is not None else "new"
             table.add_row(what, f"{row.a_ms:.3f}", f"{row.b_ms:.3f}", f"{row.delta_ms:+.3f}", ratio)
         console.print(_fitted(table))
-    for run in (run_a, run_b):
-        for p in run.problems:
+    for s in (sa, sb):
+        for p in s.problems:
             console.print(_styled(("skipped", "yellow"), f" {p}"))
-    return EXIT_SKIPPED if run_a.problems or run_b.problems else EXIT_CLEAN
+    for g in gates:
+        style = "bold red" if g.failed else "green"
+        line = g.message
+        if g.failed and diff.cause is not None and g.checks:
+            line += f" Where it came from: {diff.cause.key} {diff.cause.delta_ms:+.2f} ms per step"
+            if diff.effects:
+                line += "; " + ", ".join(
+                    f"{r.key} waits {r.delta_ms:+.2f} ms" for r in diff.effects
+                )
+            line += "."
+        console.print(line, style=style)
+    return code
+
+
+def raise_usage(message: str) -> None:
+    from hvdprof.errors import HvdprofError
+
+    raise HvdprofError(message)
 
 
 def _console() -> Any:

@@ -25,19 +25,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from hvdprof.analysis.breakdown import CATEGORIES, LABELS, Breakdown, time_breakdown
-from hvdprof.analysis.model import PHASE_NEGOTIATE, PHASE_OP, Run
-from hvdprof.analysis.steps import one_time_tensors, typical_step_ms
-from hvdprof.analysis.stragglers import find_stragglers, own_work
+from hvdprof.analysis.breakdown import CATEGORIES, LABELS
+from hvdprof.analysis.model import Run
+from hvdprof.analysis.summary import RUNTIME_PHASES, RunSummary, summarize
 
 #: A cause must add at least this much per step (ms) ...
 MIN_CAUSE_MS = 0.5
 #: ... and this share of run A's step to be named.
 MIN_CAUSE_SHARE = 0.05
-#: A rank's own runtime phases (the rest of its own work is compute).
-RUNTIME_PHASES: tuple[str, ...] = ("collective", "memcpy_in", "memcpy_out", "queue", "other")
 
 
 @dataclass
@@ -100,77 +95,47 @@ class RunDiff:
         }
 
 
-def _per_step(b: Breakdown) -> dict[str, float]:
-    """Each phase's mean wall time per step, averaged over ranks, the warm-up step (the
-    start-up broadcasts) left out as in the step time."""
-    out = {}
-    for c in CATEGORIES:
-        values = [r.mean_step_ms(c) for r in b.ranks if r.per_step_ms.get(c)]
-        out[c] = float(np.mean(values)) if values else 0.0
-    return out
-
-
-def _tensor_ms(run: Run, breakdown: Breakdown) -> dict[str, float]:
-    """Each tensor's negotiation + op time per rank and step (ms)."""
-    s = run.slices
-    mask = ((s.phase == PHASE_NEGOTIATE) | (s.phase == PHASE_OP)) & (s.tensor >= 0)
-    rank_steps = sum(r.steps for r in breakdown.ranks)  # (rank, step) pairs
-    if not mask.any() or rank_steps <= 0:
-        return {}
-    t = s.tensor[mask]
-    total = np.bincount(t, weights=s.dur_us[mask], minlength=len(run.tensors))
-    ops = np.bincount(t, weights=(s.phase[mask] == PHASE_OP), minlength=len(run.tensors))
-    return {
-        run.tensors[i]: float(total[i]) / rank_steps / 1000.0
-        for i in np.flatnonzero(ops > 0).tolist()
-    }
-
-
-def _rank_split(run: Run, b: Breakdown) -> dict[int, dict[str, float]]:
-    """Per rank, ms per step: ``wait`` and its own work as ``compute`` + runtime phases."""
-    work = own_work(run)
-    out: dict[int, dict[str, float]] = {}
-    for r in b.ranks:
-        phases = {c: r.mean_step_ms(c) for c in RUNTIME_PHASES}
-        w = work.get(r.rank)
-        if w is not None:
-            wait, compute = w.wait_ms, max(w.work_ms - sum(phases.values()), 0.0)
-        else:
-            wait, compute = r.mean_step_ms("negotiate"), r.mean_step_ms("idle")
-        out[r.rank] = {"compute": compute, **phases, "wait": wait}
-    return out
-
-
 def _work_label(rank: int, part: str) -> str:
     return f"rank {rank}: {'compute' if part == 'compute' else LABELS.get(part, part)}"
 
 
-def diff_runs(run_a: Run, run_b: Run) -> RunDiff:
-    """Compare run B with run A: the causes (own work that grew) first, then waiting."""
-    ba, bb = time_breakdown(run_a), time_breakdown(run_b)
-    pa, pb = _per_step(ba), _per_step(bb)
+def diff_runs(run_a: Run | RunSummary, run_b: Run | RunSummary) -> RunDiff:
+    """Compare run B with run A: the causes (own work that grew) first, then waiting.
+
+    Either may be a trace (a loaded :class:`Run`) or a summary (:func:`summarize`, or one
+    read back with ``read_summary``): a trace is summarised first, so both give one answer.
+    """
+    a = run_a if isinstance(run_a, RunSummary) else summarize(run_a)
+    b = run_b if isinstance(run_b, RunSummary) else summarize(run_b)
+    return diff_summaries(a, b)
+
+
+def diff_summaries(a: RunSummary, b: RunSummary) -> RunDiff:
+    """:func:`diff_runs` of two summaries."""
+    pa, pb = a.phase_ms, b.phase_ms
     # the step time analyze quotes for each run (one number per fact)
-    step_a = typical_step_ms(run_a) or sum(pa.values())
-    step_b = typical_step_ms(run_b) or sum(pb.values())
-    out = RunDiff(run_a.path, run_b.path, step_a, step_b)
-    sa, sb = _rank_split(run_a, ba), _rank_split(run_b, bb)
+    step_a = a.step_ms or sum(pa.values())
+    step_b = b.step_ms or sum(pb.values())
+    out = RunDiff(a.path or a.source, b.path or b.source, step_a, step_b)
+    sa, sb = a.rank_ms, b.rank_ms
     zero: dict[str, float] = {}
     work: list[DiffRow] = []
     wait: list[DiffRow] = []
     for rank in sorted(set(sa) | set(sb)):
-        a, b = sa.get(rank, zero), sb.get(rank, zero)
+        ra, rb = sa.get(rank, zero), sb.get(rank, zero)
         for part in ("compute", *RUNTIME_PHASES):
             work.append(
-                DiffRow("work", _work_label(rank, part), a.get(part, 0.0), b.get(part, 0.0))
+                DiffRow("work", _work_label(rank, part), ra.get(part, 0.0), rb.get(part, 0.0))
             )
-        wait.append(DiffRow("wait", f"rank {rank}", a.get("wait", 0.0), b.get("wait", 0.0)))
+        wait.append(DiffRow("wait", f"rank {rank}", ra.get("wait", 0.0), rb.get("wait", 0.0)))
     work.sort(key=lambda r: -r.delta_ms)
     wait.sort(key=lambda r: -r.delta_ms)
-    others: list[DiffRow] = [DiffRow("phase", c, pa[c], pb[c]) for c in CATEGORIES]
-    ta, tb = _tensor_ms(run_a, ba), _tensor_ms(run_b, bb)
+    others: list[DiffRow] = [
+        DiffRow("phase", c, pa.get(c, 0.0), pb.get(c, 0.0)) for c in CATEGORIES
+    ]
+    ta, tb = a.tensor_ms, b.tensor_ms
     # one-time ops (start-up broadcasts) in either run are not per-step work: no row
-    once = {run_a.tensors[i] for i in one_time_tensors(run_a).tolist()}
-    once |= {run_b.tensors[i] for i in one_time_tensors(run_b).tolist()}
+    once = set(a.one_time) | set(b.one_time)
     out.one_time = sorted(once & (set(ta) | set(tb)))
     for name in sorted((set(ta) & set(tb)) - once):
         others.append(DiffRow("tensor", name, ta[name], tb[name]))
@@ -210,17 +175,16 @@ def diff_runs(run_a: Run, run_b: Run) -> RunDiff:
             f" Tensors only in A: {len(out.only_in_a)}, only in B: {len(out.only_in_b)}"
             " (not compared)."
         )
-    out.verdict = text + _straggler_change(run_a, run_b, out)
+    out.verdict = text + _straggler_change(a, b, out)
     return out
 
 
-def _straggler_change(run_a: Run, run_b: Run, out: RunDiff) -> str:
+def _straggler_change(a: RunSummary, b: RunSummary, out: RunDiff) -> str:
     """A rank that became (or stopped being) the straggler: waiting shows up on the
     *other* ranks' rows, so the rows alone would name the wrong rank."""
-    sa, sb = find_stragglers(run_a), find_stragglers(run_b)
-    out.straggler_a, out.straggler_b = sa.straggler, sb.straggler
-    if sb.straggler is not None and sb.straggler != sa.straggler:
-        return f" In B, rank {sb.straggler} is the straggler (not in A): {sb.verdict}"
-    if sa.straggler is not None and sb.straggler is None:
-        return f" Rank {sa.straggler}, the straggler in A, is no longer one in B."
+    out.straggler_a, out.straggler_b = a.straggler, b.straggler
+    if b.straggler is not None and b.straggler != a.straggler:
+        return f" In B, rank {b.straggler} is the straggler (not in A): {b.straggler_verdict}"
+    if a.straggler is not None and b.straggler is None:
+        return f" Rank {a.straggler}, the straggler in A, is no longer one in B."
     return ""

@@ -365,17 +365,16 @@ def _robust_std(x: np.ndarray) -> float:
     return float(1.4826 * np.median(np.abs(x - np.median(x))))
 
 
-def _onset(cost: np.ndarray, quiet_ms: float, min_len: int = 3, min_before: int = 5) -> int:
+def _onset(cost: np.ndarray, min_len: int = 3, min_before: int = 5) -> int:
     """Index where ``cost`` (ms) steps up (0: no step up, the fault is there from the start).
 
-    "It started mid-run" says the rank did not hold the job before: the steps before the
-    onset must hold it less than ``quiet_ms`` (the bar a culprit must pass), three in four.
-    A fault partly masked in the first steps (a loaded 20-step run where the other ranks
-    were slow too) is one from the start, not one with an onset. The steps before must be
-    at least ``min_before`` and a tenth (a loaded CI run found an onset after 3 low steps
-    of 19; a 500-step run's first 7), those after at least a third (a short burst at the
-    end is a hiccup, not a fault to report). Medians on both sides: a fault in some steps
-    only (intermittent) has no onset.
+    "It started mid-run" says the rank held the job far less before: three in four of the
+    steps before the onset must cost less than half the median after it (a median alone
+    let a loaded CI run whose fault ran from step 0, partly masked in its first steps,
+    split off 3 low steps and 2 faulty ones). The steps before must be at least
+    ``min_before`` and a tenth (a 500-step run's first 7 steps were its warm-up), those
+    after at least a third (a short burst at the end is a hiccup, not a fault to report).
+    A fault in some steps only (intermittent) has no onset.
     """
     n = len(cost)
     tail = max(min_len, n // 3)
@@ -390,24 +389,27 @@ def _onset(cost: np.ndarray, quiet_ms: float, min_len: int = 3, min_before: int 
     best = int(k[np.argmin(sse_a + sse_b)])
     before, after = float(np.median(cost[:best])), float(np.median(cost[best:]))
     spread = _robust_std(np.concatenate([cost[:best] - before, cost[best:] - after]))
-    quiet = float(np.quantile(cost[:best], 0.75)) < quiet_ms  # not a median: 2 of 5 held
-    if quiet and before < 0.5 * after and after - before > 3.0 * spread:
+    quiet = float(np.quantile(cost[:best], 0.75)) < 0.5 * after
+    if quiet and after - before > 3.0 * spread:
         return best
     return 0
 
 
-def block_bootstrap_means(x: np.ndarray, samples: int = BOOTSTRAP_SAMPLES) -> np.ndarray:
+def block_bootstrap_means(
+    x: np.ndarray, samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED
+) -> np.ndarray:
     """Means of ``samples`` moving-block resamples of the rows of ``x`` (steps, columns).
 
     Blocks of about n^(1/3) consecutive steps keep the correlation of neighbouring steps
-    (a slow spell lasts several); the generator is seeded, so the answer is deterministic.
-    Returns (samples, columns).
+    (a slow spell lasts several); the generator is seeded, so the answer is deterministic
+    (two independent runs compared need two seeds: the same picks in both would correlate
+    their resamples). Returns (samples, columns).
     """
     n = len(x)
     block = max(1, round(n ** (1.0 / 3.0)))
     starts_n = n - block + 1
     n_blocks = -(-n // block)
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    rng = np.random.default_rng(seed)
     picks = rng.integers(0, starts_n, size=(samples, n_blocks))
     counts = np.zeros((samples, starts_n))
     np.add.at(counts, (np.repeat(np.arange(samples), n_blocks), picks.ravel()), 1.0)
@@ -647,7 +649,7 @@ def find_stragglers(run: Run) -> Stragglers:
 
     # the candidate: the rank that held the job most; from its onset on (when any is named)
     candidate = int(np.argmax(hold[counted].sum(axis=0)))
-    onset = first + _onset(hold[counted, candidate] / 1000.0, bar_all) if reject.any() else first
+    onset = first + _onset(hold[counted, candidate] / 1000.0) if reject.any() else first
     window = slice(onset, n_steps)
     n_window = n_steps - onset
     out.steps_judged = n_window
@@ -956,17 +958,31 @@ class RankWork:
     work_ms: float  # step_ms - wait_ms: its own compute, data loading and runtime work
 
 
-def own_work(run: Run) -> dict[int, RankWork]:
-    """Per rank, mean per step of its own work and of its waiting for the others.
+@dataclass
+class OwnWorkSeries:
+    """Each counted step's length and waiting per rank (ms; rows: steps from
+    ``first_step`` on, the warm-up left out as in the step time; columns: ranks)."""
+
+    first_step: int
+    step_ms: np.ndarray
+    wait_ms: np.ndarray
+
+    @property
+    def work_ms(self) -> np.ndarray:
+        return np.maximum(self.step_ms - self.wait_ms, 0.0)
+
+
+def own_work_series(run: Run) -> OwnWorkSeries | None:
+    """Per step and rank, the step's length and the rank's waiting for the others.
 
     A rank waits on an op it reached before the last rank from its latest submission
     before the last arrival (it had nothing more to submit) until that arrival; the union
-    of those intervals per step is its waiting, the rest of the step its own work. Empty
-    when the run has no arrivals of every rank.
+    of those intervals per step is its waiting, the rest of the step its own work. None
+    when the run has no arrivals of every rank, or fewer than two steps to count.
     """
     arr = arrivals(run) if len(run.slices) else None
     if arr is None or arr.t_us.shape[1] < 2 or not len(arr.t_us):
-        return {}
+        return None
     n_ranks = arr.t_us.shape[1]
     order = np.argsort(arr.step, kind="stable")
     t, step = arr.t_us[order], arr.step[order]
@@ -990,12 +1006,21 @@ def own_work(run: Run) -> dict[int, RankWork]:
             wait[k, r] = float((s1 - s0).sum())
     first = 1 if n_steps >= MIN_STEPS_TO_SKIP_WARMUP else 0
     if n_steps - first < 2:
-        return {}
+        return None
     spans = np.diff(begin[first:], axis=0)  # step k: from its start to step k+1's
-    waits = wait[first:-1]
+    return OwnWorkSeries(int(steps[first]), spans / 1000.0, wait[first:-1] / 1000.0)
+
+
+def own_work(run: Run) -> dict[int, RankWork]:
+    """Per rank, mean per step of its own work and of its waiting for the others
+    (:func:`own_work_series` averaged). Empty when the run has no arrivals of every rank.
+    """
+    series = own_work_series(run)
+    if series is None:
+        return {}
     out = {}
-    for r in range(n_ranks):
-        step_ms = float(spans[:, r].mean()) / 1000.0
-        wait_ms = float(waits[:, r].mean()) / 1000.0
-        out[r] = RankWork(r, len(spans), step_ms, wait_ms, max(step_ms - wait_ms, 0.0))
+    for r in range(series.step_ms.shape[1]):
+        step_ms = float(series.step_ms[:, r].mean())
+        wait_ms = float(series.wait_ms[:, r].mean())
+        out[r] = RankWork(r, len(series.step_ms), step_ms, wait_ms, max(step_ms - wait_ms, 0.0))
     return out

@@ -1,0 +1,256 @@
+"""``hvdprof diff --fail-on``: fail a CI job when training got slower, and only then.
+
+Two runs of one job differ by several percent from noise alone, so a gate on the change in
+step time would fail at random. Each rule here is a one-sided test: B is worse than A by
+more than the rule's margin only when the bootstrap's lower bound on the change, at the
+stated confidence, is above the margin. Steps are resampled in blocks (a slow spell lasts
+several steps: independent draws would understate the noise), A and B independently.
+
+Rules (``--fail-on``, repeatable; each is its own test):
+
+* ``5%`` or ``2ms``: the step time, as ``analyze`` and ``diff`` quote it (the median over
+  ranks and steps: a busy runner's descheduled step moves a mean by more than a
+  regression of every step's code would);
+* ``PHASE:10%``: one phase's mean time per step, mean over ranks (as the diff's rows) (a breakdown category:
+  ``collective``, ``memcpy_in``, ``memcpy_out``, ``queue``, ``other``, ``negotiate``,
+  ``idle``);
+* ``rank:5%``: every rank's own work per step (its step less its waiting for the others),
+  the confidence split over the ranks (Bonferroni); ``rank3:5%`` for one rank.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hvdprof.analysis.breakdown import CATEGORIES, LABELS
+from hvdprof.analysis.stragglers import BOOTSTRAP_SEED
+from hvdprof.analysis.summary import RunSummary
+from hvdprof.errors import HvdprofError
+
+#: Resamples per run: the 5% quantile of the ratio moves by well under 0.1% at this size.
+GATE_SAMPLES = 4000
+#: Steps a run needs before a gate can judge it.
+MIN_GATE_STEPS = 10
+
+_RULE = re.compile(
+    r"^\s*(?:(?P<what>[a-z_]+)(?P<rank>\d+)?\s*:\s*)?(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>%|ms)\s*$"
+)
+
+
+class RuleError(HvdprofError):
+    """A ``--fail-on`` rule that cannot be read: the message says what is expected."""
+
+
+@dataclass(frozen=True)
+class GateRule:
+    """What to test (``step``, a phase, or ``rank``), on which rank, and the margin."""
+
+    text: str
+    what: str  # "step" | a breakdown category | "rank"
+    margin: float  # a fraction (0.05) when relative, else ms
+    relative: bool
+    rank: int | None = None  # "rank3:5%": that rank only
+
+    def describe(self) -> str:
+        margin = _margin(self)
+        if self.what == "step":
+            return f"median step time worse by more than {margin}"
+        if self.what == "rank":
+            who = f"rank {self.rank}'s" if self.rank is not None else "a rank's"
+            return f"{who} own work per step worse by more than {margin}"
+        return f"{LABELS[self.what]} per step worse by more than {margin}"
+
+
+def parse_rule(text: str) -> GateRule:
+    """``5%``, ``2ms``, ``negotiate:10%``, ``rank:5%``, ``rank1:3ms`` -> a rule."""
+    m = _RULE.match(text.lower())
+    if m is None:
+        raise RuleError(
+            f"--fail-on {text!r}: expected a margin (5% or 2ms), optionally after a phase "
+            f"or rank ('negotiate:10%', 'rank:5%', 'rank1:3ms'); phases: {', '.join(CATEGORIES)}"
+        )
+    what = m["what"] or "step"
+    rank = int(m["rank"]) if m["rank"] is not None else None
+    if rank is not None and what != "rank":
+        raise RuleError(f"--fail-on {text!r}: only 'rank' takes a number ('rank1:5%')")
+    if what not in ("step", "rank", *CATEGORIES):
+        raise RuleError(
+            f"--fail-on {text!r}: {what!r} is not a phase; phases: {', '.join(CATEGORIES)}, "
+            "or 'rank' / 'rankN' for own work"
+        )
+    relative = m["unit"] == "%"
+    value = float(m["value"])
+    return GateRule(text.strip(), what, value / 100.0 if relative else value, relative, rank)
+
+
+@dataclass
+class GateCheck:
+    """One series tested: the change of B's mean against A's, and its interval."""
+
+    name: str  # "median step time", "rank 1 own work", ...
+    a_ms: float
+    b_ms: float
+    change: float  # relative (0.08 = +8%) for a relative rule, else ms
+    low: float  # the one-sided bound: the change is at least this, at the confidence
+    high: float  # the interval's other end (same coverage on the other side)
+    failed: bool
+    note: str = ""  # why it could not be judged
+
+
+@dataclass
+class GateResult:
+    """A rule's answer: failed when any of its checks failed."""
+
+    rule: GateRule
+    confidence: float
+    checks: list[GateCheck] = field(default_factory=list)
+    failed: bool = False
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule.text,
+            "what": self.rule.what,
+            "margin": self.rule.margin,
+            "relative": self.rule.relative,
+            "rank": self.rule.rank,
+            "confidence": self.confidence,
+            "failed": self.failed,
+            "message": self.message,
+            "checks": [asdict(c) for c in self.checks],
+        }
+
+
+def _series(s: RunSummary, rule: GateRule) -> dict[str, np.ndarray]:
+    """The per-step series ``rule`` tests in one run, by name (rows: steps)."""
+    if rule.what == "step":
+        step = np.asarray(s.series.step, dtype=float)
+        return {"median step time": step if step.ndim == 2 else step.reshape(-1, 1)}
+    if rule.what == "rank":
+        ranks = [rule.rank] if rule.rank is not None else sorted(s.series.work)
+        return {
+            f"rank {r} own work": np.asarray(s.series.work[r], dtype=float)[:, None]
+            for r in ranks
+            if r in s.series.work
+        }
+    return {LABELS[rule.what]: np.asarray(s.series.phase.get(rule.what, []), dtype=float)[:, None]}
+
+
+def block_rows(n: int, samples: int, seed: int) -> np.ndarray:
+    """Row indices of ``samples`` moving-block resamples of ``n`` steps: blocks of about
+    n^(1/3) consecutive steps, joined and cut to ``n`` (samples, n)."""
+    block = max(1, round(n ** (1.0 / 3.0)))
+    n_blocks = -(-n // block)
+    rng = np.random.default_rng(seed)
+    starts = rng.integers(0, n - block + 1, size=(samples, n_blocks))
+    rows = (starts[:, :, None] + np.arange(block)).reshape(samples, -1)
+    return rows[:, :n]
+
+
+def _statistic(x: np.ndarray, rows: np.ndarray | None, median: bool) -> np.ndarray | float:
+    """The median over every value of the rows (the step time, as analyze quotes it) or
+    the mean per step (a phase's or a rank's time, as the diff's rows quote it)."""
+    if rows is None:
+        return float(np.median(x)) if median else float(x.sum(axis=1).mean())
+    picked = x[rows]  # (samples, n, columns)
+    if median:
+        return np.median(picked.reshape(len(rows), -1), axis=1)
+    return picked.sum(axis=2).mean(axis=1)
+
+
+def _check(
+    name: str, xa: np.ndarray, xb: np.ndarray, rule: GateRule, alpha: float, seeds: tuple[int, int]
+) -> GateCheck:
+    median = rule.what == "step"
+    ma, mb = float(_statistic(xa, None, median)), float(_statistic(xb, None, median))
+    ba = _statistic(xa, block_rows(len(xa), GATE_SAMPLES, seeds[0]), median)
+    bb = _statistic(xb, block_rows(len(xb), GATE_SAMPLES, seeds[1]), median)
+    if rule.relative:
+        if ma <= 0:  # absent in A: any reliable amount in B is a regression of any size
+            low = float("inf") if np.quantile(bb, alpha) > 0 else 0.0
+            change, high = (float("inf") if mb > 0 else 0.0), low
+        else:
+            ratio = bb / np.maximum(ba, 1e-12)
+            change = mb / ma - 1.0
+            low = float(np.quantile(ratio, alpha)) - 1.0
+            high = float(np.quantile(ratio, 1.0 - alpha)) - 1.0
+    else:
+        d = bb - ba
+        change = mb - ma
+        low, high = float(np.quantile(d, alpha)), float(np.quantile(d, 1.0 - alpha))
+    return GateCheck(name, ma, mb, change, low, high, failed=low > rule.margin)
+
+
+def _fmt(change: float, relative: bool) -> str:
+    if change == float("inf"):
+        return "new in B"
+    return f"{change:+.1%}" if relative else f"{change:+.2f} ms"
+
+
+def check_gate(
+    a: RunSummary, b: RunSummary, rule: GateRule, confidence: float = 0.95
+) -> GateResult:
+    """Test ``rule`` on run B against run A (one-sided, at ``confidence``)."""
+    out = GateResult(rule, confidence)
+    sa, sb = _series(a, rule), _series(b, rule)
+    names = [n for n in sa if n in sb]
+    if not names:
+        why = (
+            "own work needs every rank's submission stamps (hvdprof timelines of every rank)"
+            if rule.what == "rank"
+            else "neither run has it"
+        )
+        if rule.what == "rank" and rule.rank is not None:
+            why = f"rank {rule.rank} is not in both runs' own-work series ({why})"
+        out.message = f"{rule.text}: cannot be judged: {why}."
+        out.failed = True  # a gate that cannot look does not pass silently
+        return out
+    alpha = (1.0 - confidence) / len(names)  # Bonferroni over ranks
+    for i, name in enumerate(names):
+        xa, xb = sa[name], sb[name]
+        if len(xa) < MIN_GATE_STEPS or len(xb) < MIN_GATE_STEPS:
+            out.checks.append(GateCheck(name, 0.0, 0.0, 0.0, 0.0, 0.0, True, note="too few steps"))
+            continue
+        seeds = (BOOTSTRAP_SEED + 2 * i + 1, BOOTSTRAP_SEED + 2 * i + 2)
+        out.checks.append(_check(name, xa, xb, rule, alpha, seeds))
+    out.failed = any(c.failed for c in out.checks)
+    out.message = _message(out, len(names), a, b)
+    return out
+
+
+def _message(out: GateResult, tested: int, a: RunSummary, b: RunSummary) -> str:
+    rule = out.rule
+    short = [c for c in out.checks if c.note]
+    if short:
+        c = short[0]
+        return (
+            f"FAIL {rule.text}: {c.name}: too few steps to judge (at least "
+            f"{MIN_GATE_STEPS} after the warm-up step in each run)."
+        )
+    worst = max(out.checks, key=lambda c: (c.failed, c.low))
+    conf = f"{out.confidence:.0%}" + (" (split over the ranks)" if tested > 1 else "")
+    level = 2 * (1 - out.confidence) if tested == 1 else 2 * (1 - out.confidence) / tested
+    interval = (
+        f"{1 - level:.0%} interval {_fmt(worst.low, rule.relative)} to "
+        f"{_fmt(worst.high, rule.relative)}"
+    )
+    if worst.change == float("inf"):
+        interval = "absent in A"
+    body = (
+        f"{worst.name} {worst.a_ms:.3f} -> {worst.b_ms:.3f} ms per step "
+        f"({_fmt(worst.change, rule.relative)}; {interval})"
+    )
+    if out.failed:
+        return f"FAIL {rule.text}: {body}: {rule.describe()} with {conf} confidence."
+    return (
+        f"pass {rule.text}: {body}: no evidence at {conf} confidence of worse by more "
+        f"than {_margin(rule)}."
+    )
+
+
+def _margin(rule: GateRule) -> str:
+    return f"+{rule.margin:.0%}" if rule.relative else f"+{rule.margin:g} ms"

@@ -1,0 +1,269 @@
+"""A run's summary: what ``hvdprof diff`` and its gate need, in kilobytes, not the trace.
+
+A CI job that fails a pull request on a slower step keeps a baseline. Keeping the
+baseline's traces costs megabytes per run; this keeps the per-step series the gate tests
+(the step time, each phase averaged over ranks, each rank's own work and waiting) and the
+means the diff's rows and verdict come from. ``diff`` always works on summaries, also
+when given two trace directories, so diffing against a summary file gives the same
+verdict as diffing against the trace it was written from, to the last digit.
+
+Written by ``hvdprof analyze DIR --summary FILE`` as JSON (msgspec checks every field's
+type when it is read back, so a damaged or foreign file is refused with the field named).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from hvdprof.analysis.breakdown import CATEGORIES, Breakdown, time_breakdown
+from hvdprof.analysis.model import PHASE_NEGOTIATE, PHASE_OP, Run
+from hvdprof.analysis.steps import (
+    MIN_STEPS_TO_SKIP_WARMUP,
+    count_steps,
+    one_time_tensors,
+    step_starts,
+    typical_step_ms,
+)
+from hvdprof.analysis.stragglers import find_stragglers, own_work, own_work_series
+from hvdprof.errors import HvdprofError
+
+SUMMARY_FORMAT = "hvdprof-summary"
+SUMMARY_VERSION = 1
+#: A rank's own runtime phases (the rest of its own work is compute).
+RUNTIME_PHASES: tuple[str, ...] = ("collective", "memcpy_in", "memcpy_out", "queue", "other")
+#: A file larger than this is not a summary (summaries are kilobytes): read as a trace.
+MAX_SUMMARY_BYTES = 64 << 20
+#: Per-step values are kept to the microsecond: the timelines' own resolution.
+DIGITS = 3
+
+
+class Series(msgspec.Struct, forbid_unknown_fields=True):
+    """Per-step values (ms), the warm-up step left out: what the gate resamples."""
+
+    step: list[list[float]] = []  # per step, each rank's step length (steps x ranks)
+    phase: dict[str, list[float]] = {}  # breakdown category -> mean over ranks
+    work: dict[int, list[float]] = {}  # rank -> its own work (every rank's stamps only)
+    wait: dict[int, list[float]] = {}  # rank -> its waiting for the others
+
+
+class RunSummary(msgspec.Struct, forbid_unknown_fields=True):
+    """One run, as ``diff`` compares it. ``source`` is the directory summarised."""
+
+    format: str
+    version: int
+    source: str
+    trace_format: str
+    ranks: list[int]
+    steps_in_run: int
+    step_ms: float  # the step time analyze quotes (median, warm-up left out)
+    phase_ms: dict[str, float]  # each breakdown category per step, mean over ranks
+    rank_ms: dict[int, dict[str, float]]  # per rank: compute, runtime phases, wait
+    own_work_known: bool  # every rank's submission stamps (else the breakdown stands in)
+    tensor_ms: dict[str, float]  # per-step tensors: negotiation + op per rank and step
+    one_time: list[str]  # tensors reduced once (start-up broadcasts): no per-step row
+    series: Series
+    straggler: int | None = None
+    straggler_verdict: str | None = None
+    problems: list[str] = []
+    #: the file this summary was read from ("" when made from a trace in memory)
+    path: str = ""
+
+
+class SummaryError(HvdprofError):
+    """A summary file that cannot be used: the message names the file and the problem."""
+
+
+def _per_step_phases(b: Breakdown) -> dict[str, float]:
+    """Each phase's mean wall time per step, averaged over ranks, the warm-up step (the
+    start-up broadcasts) left out as in the step time."""
+    out = {}
+    for c in CATEGORIES:
+        values = [r.mean_step_ms(c) for r in b.ranks if r.per_step_ms.get(c)]
+        out[c] = float(np.mean(values)) if values else 0.0
+    return out
+
+
+def _tensor_ms(run: Run, breakdown: Breakdown) -> dict[str, float]:
+    """Each tensor's negotiation + op time per rank and step (ms)."""
+    s = run.slices
+    mask = ((s.phase == PHASE_NEGOTIATE) | (s.phase == PHASE_OP)) & (s.tensor >= 0)
+    rank_steps = sum(r.steps for r in breakdown.ranks)  # (rank, step) pairs
+    if not mask.any() or rank_steps <= 0:
+        return {}
+    t = s.tensor[mask]
+    total = np.bincount(t, weights=s.dur_us[mask], minlength=len(run.tensors))
+    ops = np.bincount(t, weights=(s.phase[mask] == PHASE_OP), minlength=len(run.tensors))
+    return {
+        run.tensors[i]: float(total[i]) / rank_steps / 1000.0
+        for i in np.flatnonzero(ops > 0).tolist()
+    }
+
+
+def _rank_ms(run: Run, b: Breakdown) -> tuple[dict[int, dict[str, float]], bool]:
+    """Per rank, ms per step: ``wait`` and its own work as ``compute`` + runtime phases.
+    Without every rank's stamps the negotiation wait stands in for the waiting and the
+    idle time for compute."""
+    work = own_work(run)
+    out: dict[int, dict[str, float]] = {}
+    for r in b.ranks:
+        phases = {c: r.mean_step_ms(c) for c in RUNTIME_PHASES}
+        w = work.get(r.rank)
+        if w is not None:
+            wait, compute = w.wait_ms, max(w.work_ms - sum(phases.values()), 0.0)
+        else:
+            wait, compute = r.mean_step_ms("negotiate"), r.mean_step_ms("idle")
+        out[r.rank] = {"compute": compute, **phases, "wait": wait}
+    return out, bool(work)
+
+
+def _rounded(x: np.ndarray) -> list[float]:
+    return [round(float(v), DIGITS) for v in x]
+
+
+def _series(run: Run, b: Breakdown) -> Series:
+    out = Series()
+    spans = []
+    for starts in step_starts(run).values():
+        first = 1 if len(starts) >= MIN_STEPS_TO_SKIP_WARMUP else 0
+        spans.append(np.diff(starts[first:]) / 1000.0)
+    n = min((len(x) for x in spans), default=0)
+    if n:
+        out.step = [_rounded(row) for row in np.stack([x[:n] for x in spans], axis=1)]
+    per_rank = [r for r in b.ranks if r.steps]
+    for c in CATEGORIES:
+        rows = []
+        for r in per_rank:
+            values = r.per_step_ms.get(c) or []
+            rows.append(values[1:] if len(values) >= MIN_STEPS_TO_SKIP_WARMUP else values)
+        m = min((len(x) for x in rows), default=0)
+        if m:
+            out.phase[c] = _rounded(np.mean([x[:m] for x in rows], axis=0))
+    own = own_work_series(run)
+    if own is not None:  # columns are ranks, as in own_work
+        for rank in range(own.step_ms.shape[1]):
+            out.work[rank] = _rounded(own.work_ms[:, rank])
+            out.wait[rank] = _rounded(own.wait_ms[:, rank])
+    return out
+
+
+def summarize(run: Run) -> RunSummary:
+    """The run as ``diff`` compares it: means for the rows, per-step series for the gate.
+
+    Every number ``diff`` uses comes from here, whether the summary is written to a file or
+    made from a trace on the spot, so both give the same answer.
+    """
+    b = time_breakdown(run)
+    rank_ms, known = _rank_ms(run, b)
+    ta = _tensor_ms(run, b)
+    once = sorted({run.tensors[i] for i in one_time_tensors(run).tolist()} & set(ta))
+    stragglers = find_stragglers(run)
+    summary = RunSummary(
+        format=SUMMARY_FORMAT,
+        version=SUMMARY_VERSION,
+        source=run.path,
+        trace_format=run.format,
+        ranks=list(run.ranks),
+        steps_in_run=count_steps(run),
+        step_ms=typical_step_ms(run),
+        phase_ms=_per_step_phases(b),
+        rank_ms=rank_ms,
+        own_work_known=known,
+        tensor_ms=ta,
+        one_time=once,
+        series=_series(run, b),
+        straggler=stragglers.straggler,
+        straggler_verdict=stragglers.verdict,
+        problems=[str(p) for p in run.problems],
+    )
+    # JSON holds no NaN or infinity: a time a damaged trace made non-finite is 0, and said
+    plain = msgspec.to_builtins(summary)
+    bad: list[str] = []
+    plain = _finite(plain, "$", bad)
+    if bad:
+        plain["problems"].append(
+            f"summary: {len(bad)} non-finite time(s) read as 0 ({', '.join(bad[:3])})"
+        )
+    # what a file written and read back would hold, to the bit (one answer either way)
+    return msgspec.json.decode(msgspec.json.encode(plain), type=RunSummary)
+
+
+def _finite(value: Any, where: str, bad: list[str]) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        bad.append(where)
+        return 0.0
+    if isinstance(value, dict):
+        return {k: _finite(v, f"{where}.{k}", bad) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v, f"{where}[{i}]", bad) for i, v in enumerate(value)]
+    return value
+
+
+def write_summary(summary: RunSummary, path: str) -> int:
+    """Write ``summary`` to ``path`` as JSON (atomically: a CI job killed mid-write leaves
+    the old baseline). Returns the bytes written."""
+    data = msgspec.json.encode(msgspec.structs.replace(summary, path=""))
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+    return len(data)
+
+
+def read_summary(path: str) -> RunSummary | None:
+    """The summary in ``path``; None when ``path`` is not a summary file (a directory, a
+    trace). A file that says it is a summary but is damaged, truncated or of another
+    version raises :class:`SummaryError` naming the file and what is wrong."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_SUMMARY_BYTES:
+            return None
+        with open(path, "rb") as f:
+            head = f.read(256)
+            if b'"format":"hvdprof-summary"' not in head.replace(b" ", b""):
+                return None
+            data = head + f.read()
+    except OSError as exc:
+        raise SummaryError(f"{path}: cannot read the summary: {exc.strerror}") from None
+    try:
+        probe = msgspec.json.decode(data)
+    except msgspec.DecodeError as exc:
+        raise SummaryError(
+            f"{path}: not a whole summary ({exc}); write it again with "
+            "'hvdprof analyze DIR --summary FILE'"
+        ) from None
+    version = probe.get("version") if isinstance(probe, dict) else None
+    if version != SUMMARY_VERSION:
+        raise SummaryError(
+            f"{path}: summary version {version!r}, this hvdprof reads version "
+            f"{SUMMARY_VERSION}; write it again with 'hvdprof analyze DIR --summary FILE'"
+        )
+    try:
+        summary = msgspec.json.decode(data, type=RunSummary)
+    except msgspec.ValidationError as exc:
+        raise SummaryError(f"{path}: not a valid summary: {exc}") from None
+    problem = _shape_problem(summary)
+    if problem:
+        raise SummaryError(f"{path}: not a valid summary: {problem}")
+    return msgspec.structs.replace(summary, path=path)
+
+
+def _shape_problem(s: RunSummary) -> str | None:
+    """What is wrong with the series' shapes or values (types msgspec has checked)."""
+    widths = {len(row) for row in s.series.step}
+    if len(widths) > 1:
+        return f"`$.series.step` rows have {sorted(widths)} values: one per rank in every step"
+    groups = {"phase": s.series.phase, "work": s.series.work, "wait": s.series.wait}
+    for name, series in groups.items():
+        for key, values in series.items():
+            if not all(math.isfinite(v) and v >= 0 for v in values):
+                return f"`$.series.{name}.{key}` holds a negative or non-finite time"
+    if not all(math.isfinite(v) and v >= 0 for row in s.series.step for v in row):
+        return "`$.series.step` holds a negative or non-finite time"
+    return None
