@@ -2,7 +2,7 @@
 
 A CI job that fails a pull request on a slower step keeps a baseline. Keeping the
 baseline's traces costs megabytes per run; this keeps the per-step series the gate tests
-(the step time, each phase averaged over ranks, each rank's own work and waiting) and the
+(each rank's step lengths, each phase averaged over ranks, each rank's own work) and the
 means the diff's rows and verdict come from. ``diff`` always works on summaries, also
 when given two trace directories, so diffing against a summary file gives the same
 verdict as diffing against the trace it was written from, to the last digit.
@@ -48,7 +48,6 @@ class Series(msgspec.Struct, forbid_unknown_fields=True):
     step: list[list[float]] = []  # per step, each rank's step length (steps x ranks)
     phase: dict[str, list[float]] = {}  # breakdown category -> mean over ranks
     work: dict[int, list[float]] = {}  # rank -> its own work (every rank's stamps only)
-    wait: dict[int, list[float]] = {}  # rank -> its waiting for the others
 
 
 class RunSummary(msgspec.Struct, forbid_unknown_fields=True):
@@ -147,7 +146,6 @@ def _series(run: Run, b: Breakdown) -> Series:
     if own is not None:  # columns are ranks, as in own_work
         for rank in range(own.step_ms.shape[1]):
             out.work[rank] = _rounded(own.work_ms[:, rank])
-            out.wait[rank] = _rounded(own.wait_ms[:, rank])
     return out
 
 
@@ -259,7 +257,7 @@ def _shape_problem(s: RunSummary) -> str | None:
     widths = {len(row) for row in s.series.step}
     if len(widths) > 1:
         return f"`$.series.step` rows have {sorted(widths)} values: one per rank in every step"
-    groups = {"phase": s.series.phase, "work": s.series.work, "wait": s.series.wait}
+    groups = {"phase": s.series.phase, "work": s.series.work}
     for name, series in groups.items():
         for key, values in series.items():
             if not all(math.isfinite(v) and v >= 0 for v in values):
