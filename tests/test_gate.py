@@ -140,6 +140,22 @@ def test_the_block_bootstrap_sees_correlated_noise() -> None:
     assert fails <= 3, fails
 
 
+def test_blocks_grow_with_the_reach_of_the_dependence() -> None:
+    from hvdprof.analysis.gate import block_length
+
+    rng = np.random.default_rng(2)
+    iid = rng.standard_normal(150)
+    ar = np.zeros(150)
+    for i in range(1, 150):  # each step carries 90% of the last one's excess
+        ar[i] = 0.9 * ar[i - 1] + rng.standard_normal()
+    drift = np.repeat(rng.standard_normal(5), 30) + 0.3 * rng.standard_normal(150)
+    floor = round(150 ** (1 / 3))
+    assert block_length(iid) == floor
+    assert block_length(ar) > 2 * floor and block_length(drift) > 2 * floor
+    assert block_length(np.full(150, 3.0)) == floor  # no variance: nothing to size
+    assert block_length(np.arange(6.0)) == 2  # too short to estimate: n^(1/3)
+
+
 def test_absolute_margins_and_the_interval_reported() -> None:
     rng = np.random.default_rng(5)
     a, b = noisy_steps(rng, 200, 10.0), noisy_steps(rng, 200, 12.0)
