@@ -3,17 +3,18 @@
 Two runs of one job differ by several percent from noise alone, so a gate on the change in
 step time would fail at random. Each rule here is a one-sided test: B is worse than A by
 more than the rule's margin only when the bootstrap's lower bound on the change, at the
-stated confidence, is above the margin. Steps are resampled in blocks (a slow spell lasts
-several steps: independent draws would understate the noise), A and B independently.
+stated confidence, is above the margin. Steps are resampled in blocks as long as each
+run's own dependence reaches (a slow spell lasts many steps: independent draws, or short
+blocks, would understate the noise), A and B independently.
 
 Rules (``--fail-on``, repeatable; each is its own test):
 
 * ``5%`` or ``2ms``: the step time, as ``analyze`` and ``diff`` quote it (the median over
   ranks and steps: a busy runner's descheduled step moves a mean by more than a
   regression of every step's code would);
-* ``PHASE:10%``: one phase's mean time per step, mean over ranks (as the diff's rows) (a breakdown category:
-  ``collective``, ``memcpy_in``, ``memcpy_out``, ``queue``, ``other``, ``negotiate``,
-  ``idle``);
+* ``PHASE:10%``: one phase's mean time per step, mean over ranks, as the diff's rows
+  quote it (a breakdown category: ``collective``, ``memcpy_in``, ``memcpy_out``,
+  ``queue``, ``other``, ``negotiate``, ``idle``);
 * ``rank:5%``: every rank's own work per step (its step less its waiting for the others),
   the confidence split over the ranks (Bonferroni); ``rank3:5%`` for one rank.
 """
