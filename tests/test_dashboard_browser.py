@@ -306,7 +306,10 @@ def test_horovod_timeline_and_compare(browser: object, served: Path, tmp_path: P
         page.select_option("#compare-a", "demo")
         page.select_option("#compare-b", "horovod/timeline.json")
         page.click("#compare-go")
-        page.wait_for_selector("#compare .barlayer, #compare .empty")
+        # the card's placeholder (".empty") is there before the answer: wait for the
+        # comparison itself (a loaded full suite read the placeholder's empty legend)
+        page.wait_for_function("document.getElementById('compare').dataset.drawn === '1'")
+        page.wait_for_selector("#compare .legendtext, #compare .empty")
         page.screenshot(path=str(tmp_path / "compare.png"), full_page=True)
         legend = " ".join(page.locator("#compare .legendtext").all_text_contents())
         assert "demo" in legend and str(served) not in legend  # run ids, not long paths
