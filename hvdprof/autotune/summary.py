@@ -5,7 +5,7 @@ round ends with exactly one line on rank 0's stderr, also recorded on the timeli
 sample's ``decision``) and in the autotune log (a ``decision`` row), e.g.::
 
     hvdprof autotune: HVDPROF_CYCLE_TIME=0.5 — step time -14% against the default
-    (95% interval -10% to -18%), confirmed over 60 paired steps
+    (95% interval -18% to -10%), confirmed over 60 paired steps
 
 or, when nothing passed the test, ``hvdprof autotune: kept the default — nothing to set:
 none of the 9 settings tried beat it with 95% confidence; the most promising, ...``. The

@@ -631,11 +631,11 @@ def percent(change: float) -> str:
 
 
 def interval_text(d: Decision) -> str:
-    """The 95% interval of the step-time change, e.g. ``95% interval -10% to -18%``."""
+    """The 95% interval of the step-time change, low to high, e.g. ``95% interval -18% to
+    -10%`` (the demo printed a kept default's as "+13% to -14%", which reads as a typo)."""
     if not math.isfinite(d.std_error):
         return "no interval: not compared"
-    low = d.step_time_change(Z_INTERVAL)  # the smaller gain
-    high = d.step_time_change(-Z_INTERVAL)
+    low, high = sorted((d.step_time_change(Z_INTERVAL), d.step_time_change(-Z_INTERVAL)))
     return f"95% interval {percent(low)} to {percent(high)}"
 
 
