@@ -395,21 +395,18 @@ def _onset(cost: np.ndarray, min_len: int = 3, min_before: int = 5) -> int:
     return 0
 
 
-def block_bootstrap_means(
-    x: np.ndarray, samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED
-) -> np.ndarray:
+def block_bootstrap_means(x: np.ndarray, samples: int = BOOTSTRAP_SAMPLES) -> np.ndarray:
     """Means of ``samples`` moving-block resamples of the rows of ``x`` (steps, columns).
 
     Blocks of about n^(1/3) consecutive steps keep the correlation of neighbouring steps
-    (a slow spell lasts several); the generator is seeded, so the answer is deterministic
-    (two independent runs compared need two seeds: the same picks in both would correlate
-    their resamples). Returns (samples, columns).
+    (a slow spell lasts several); the generator is seeded, so the answer is deterministic.
+    Returns (samples, columns).
     """
     n = len(x)
     block = max(1, round(n ** (1.0 / 3.0)))
     starts_n = n - block + 1
     n_blocks = -(-n // block)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
     picks = rng.integers(0, starts_n, size=(samples, n_blocks))
     counts = np.zeros((samples, starts_n))
     np.add.at(counts, (np.repeat(np.arange(samples), n_blocks), picks.ravel()), 1.0)

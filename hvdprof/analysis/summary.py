@@ -29,7 +29,7 @@ from hvdprof.analysis.steps import (
     step_starts,
     typical_step_ms,
 )
-from hvdprof.analysis.stragglers import find_stragglers, own_work, own_work_series
+from hvdprof.analysis.stragglers import OwnWorkSeries, find_stragglers, own_work_series
 from hvdprof.errors import HvdprofError
 
 SUMMARY_FORMAT = "hvdprof-summary"
@@ -103,28 +103,28 @@ def _tensor_ms(run: Run, breakdown: Breakdown) -> dict[str, float]:
     }
 
 
-def _rank_ms(run: Run, b: Breakdown) -> tuple[dict[int, dict[str, float]], bool]:
-    """Per rank, ms per step: ``wait`` and its own work as ``compute`` + runtime phases.
-    Without every rank's stamps the negotiation wait stands in for the waiting and the
-    idle time for compute."""
-    work = own_work(run)
+def _rank_ms(b: Breakdown, own: OwnWorkSeries | None) -> dict[int, dict[str, float]]:
+    """Per rank, ms per step: ``wait`` and its own work as ``compute`` + runtime phases
+    (the means of ``own``, as :func:`own_work` gives them). Without every rank's stamps the
+    negotiation wait stands in for the waiting and the idle time for compute."""
     out: dict[int, dict[str, float]] = {}
     for r in b.ranks:
         phases = {c: r.mean_step_ms(c) for c in RUNTIME_PHASES}
-        w = work.get(r.rank)
-        if w is not None:
-            wait, compute = w.wait_ms, max(w.work_ms - sum(phases.values()), 0.0)
+        if own is not None and r.rank < own.step_ms.shape[1]:
+            step_ms = float(own.step_ms[:, r.rank].mean())
+            wait = float(own.wait_ms[:, r.rank].mean())
+            compute = max(max(step_ms - wait, 0.0) - sum(phases.values()), 0.0)
         else:
             wait, compute = r.mean_step_ms("negotiate"), r.mean_step_ms("idle")
         out[r.rank] = {"compute": compute, **phases, "wait": wait}
-    return out, bool(work)
+    return out
 
 
 def _rounded(x: np.ndarray) -> list[float]:
     return [round(float(v), DIGITS) for v in x]
 
 
-def _series(run: Run, b: Breakdown) -> Series:
+def _series(run: Run, b: Breakdown, own: OwnWorkSeries | None) -> Series:
     out = Series()
     spans = []
     for starts in step_starts(run).values():
@@ -142,7 +142,6 @@ def _series(run: Run, b: Breakdown) -> Series:
         m = min((len(x) for x in rows), default=0)
         if m:
             out.phase[c] = _rounded(np.mean([x[:m] for x in rows], axis=0))
-    own = own_work_series(run)
     if own is not None:  # columns are ranks, as in own_work
         for rank in range(own.step_ms.shape[1]):
             out.work[rank] = _rounded(own.work_ms[:, rank])
@@ -156,7 +155,8 @@ def summarize(run: Run) -> RunSummary:
     made from a trace on the spot, so both give the same answer.
     """
     b = time_breakdown(run)
-    rank_ms, known = _rank_ms(run, b)
+    own = own_work_series(run)  # once: the rows' means and the gate's series
+    rank_ms, known = _rank_ms(b, own), own is not None
     ta = _tensor_ms(run, b)
     once = sorted({run.tensors[i] for i in one_time_tensors(run).tolist()} & set(ta))
     stragglers = find_stragglers(run)
@@ -173,7 +173,7 @@ def summarize(run: Run) -> RunSummary:
         own_work_known=known,
         tensor_ms=ta,
         one_time=once,
-        series=_series(run, b),
+        series=_series(run, b, own),
         straggler=stragglers.straggler,
         straggler_verdict=stragglers.verdict,
         problems=[str(p) for p in run.problems],
