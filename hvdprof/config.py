@@ -320,6 +320,15 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "0 (off)",
     ),
     EnvVar(
+        "HVDPROF_DYNAMIC_PROCESS_SETS",
+        "dynamic_process_sets",
+        _bool,
+        False,
+        "Allow `hvd.add_process_set`/`remove_process_set` after `init()` (Horovod's "
+        "`HOROVOD_DYNAMIC_PROCESS_SETS`). Off, as in Horovod: sets then come from "
+        "`init(process_sets=[...])` only.",
+    ),
+    EnvVar(
         "HVDPROF_GC_FREEZE",
         "gc_freeze",
         _bool,
@@ -611,6 +620,7 @@ HOROVOD_NAMES: tuple[tuple[str, str, Callable[[str], str] | None], ...] = (
         None,
     ),
     ("HOROVOD_FUSION_THRESHOLD", "HVDPROF_FUSION_THRESHOLD", None),
+    ("HOROVOD_DYNAMIC_PROCESS_SETS", "HVDPROF_DYNAMIC_PROCESS_SETS", None),
     ("HOROVOD_CYCLE_TIME", "HVDPROF_CYCLE_TIME", None),
     ("HOROVOD_CACHE_CAPACITY", "HVDPROF_CACHE_CAPACITY", None),
     ("HOROVOD_STALL_CHECK_TIME_SECONDS", "HVDPROF_STALL_CHECK_TIME_SECONDS", None),
@@ -682,6 +692,7 @@ class Config:
     collective_timeout_s: float = 60.0
     stall_check_time_s: float = 60.0
     stall_shutdown_time_s: float = 0.0
+    dynamic_process_sets: bool = False
     gc_freeze: bool = True
     threads_default: bool = True
     log_level: str = "warning"

@@ -36,10 +36,8 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 import hvdprof
-import hvdprof.torch as hvd
 from hvdprof.config import timeline_path_problem
 from hvdprof.excepthook import user_frame
-from hvdprof.torch.mpi_ops import ProcessSetUnsupportedError
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -425,19 +423,10 @@ def test_every_rank_says_a_timeline_file_must_be_a_directory(tmp_path: Path) -> 
 # ------------------------------------------------------------- 7. what is not supported
 
 
-def _add_process_set_raises() -> bool:
-    try:
-        hvd.add_process_set([0])
-    except ProcessSetUnsupportedError:
-        return True
-    return False
-
-
 #: Each bullet of the README's list, by a phrase it must contain, with a check that the
 #: thing is still unsupported. A new bullet needs a check here; a check that stops holding
 #: means the list is no longer true.
 NOT_SUPPORTED = {
-    "`hvd.add_process_set`": lambda capsys: _add_process_set_raises(),
     "`horovod.run`": lambda capsys: (
         not hasattr(hvdprof, "run") and importlib.util.find_spec("hvdprof.run") is None
     ),

@@ -128,7 +128,8 @@ def test_single_key_fast_plan_matches_the_general_loop(seed: int) -> None:
 
 def test_fusion_key_and_nbytes() -> None:
     s = sig(dtype="torch.float16", shape=(2, 3), reduce_op=ReduceOp.AVERAGE, prescale=0.5)
-    assert fusion_key(s) == FusionKey("torch.float16", ReduceOp.AVERAGE, 0.5, 1.0, "cpu")
+    assert fusion_key(s) == FusionKey("torch.float16", ReduceOp.AVERAGE, 0.5, 1.0, "cpu", 0)
+    assert fusion_key(s._replace(process_set=2)) != fusion_key(s)  # sets never share a buffer
     sizes = {
         "torch.float16": 2,
         "torch.bfloat16": 2,

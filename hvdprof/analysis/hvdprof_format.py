@@ -58,6 +58,7 @@ class _OpArgs(msgspec.Struct):
     dtype: str | None = None
     cached: bool | None = None
     ready_us: dict[str, float] | None = None
+    process_set: int = 0
 
 
 class _X(msgspec.Struct, tag_field="ph", tag="X"):
@@ -105,6 +106,18 @@ _TID = operator.attrgetter("tid")
 _TS = operator.attrgetter("ts")
 _DUR = operator.attrgetter("dur")
 _TENSOR = operator.attrgetter("tensor")
+_PROCESS_SET = operator.attrgetter("process_set")
+
+
+def set_tensor(name: str | None, process_set: Any) -> str | None:
+    """A tensor's name as the analysis keys it: an op of a process set other than the
+    global one is its own tensor (``grad@set1``), since each set names its ops apart and
+    its waits are read among its members only."""
+    if name is None or not process_set:
+        return name
+    return f"{name}@set{int(process_set)}"
+
+
 _CACHED_ARG = operator.attrgetter("cached")
 _MINUS_ONES = itertools.repeat(-1)
 _CACHED = {True: 1, False: 0, None: -1}
@@ -413,6 +426,8 @@ class HvdprofFileParser:
             heads = np.flatnonzero((phase == PHASE_OP) | (phase == PHASE_NEGOTIATE))
             args = [xs[i].args or _NO_ARGS for i in heads.tolist()]
             tnames = list(map(_TENSOR, args))
+            if any(map(_PROCESS_SET, args)):
+                tnames = [set_tensor(t, a.process_set) for t, a in zip(tnames, args, strict=True)]
             tensors = self.t.tensors
             for t in set(tnames):
                 if t is not None:
@@ -725,6 +740,8 @@ class HvdprofFileParser:
     def _op_slice(self, e: dict[str, Any], tid: int, phase: int, op: int, start: float) -> tuple:
         args = e.get("args") or {}
         tname = args.get("tensor")
+        if isinstance(tname, str) and args.get("process_set"):
+            tname = set_tensor(tname, args.get("process_set"))
         tensor = (
             self.t.tensors.code(tname) if isinstance(tname, str) else self._lane_tensor.get(tid, -1)
         )

@@ -16,6 +16,7 @@ from hvdprof.analysis.divergence import DivergenceReport, divergence_report
 from hvdprof.analysis.fusion import FusionReport, fusion_report
 from hvdprof.analysis.model import Problem, Run
 from hvdprof.analysis.overlap import OverlapReport, overlap_report
+from hvdprof.analysis.process_sets import SetStragglers, set_stragglers
 from hvdprof.analysis.stalls import StallReport, stall_report
 from hvdprof.analysis.stragglers import Stragglers, find_stragglers
 from hvdprof.timeline.manifest import TRACE_RE
@@ -36,6 +37,8 @@ class Report:
     divergence: DivergenceReport = field(default_factory=DivergenceReport)
     stalls: StallReport = field(default_factory=StallReport)
     gpu: GpuReport = field(default_factory=GpuReport)
+    #: each process set's own straggler answer (none: every op ran on every rank)
+    process_sets: list[SetStragglers] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     verdicts: list[str] = field(default_factory=list)
 
@@ -58,6 +61,7 @@ class Report:
             "divergence": self.divergence.to_dict(),
             "stalls": self.stalls.to_dict()["stalls"],
             "gpu": self.gpu.to_dict(),
+            "process_sets": [s.to_dict() for s in self.process_sets],
             "problems": [p.to_dict() for p in self.problems],
         }
 
@@ -99,8 +103,14 @@ def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
         divergence=divergence_report(run),
         stalls=stall_report(run),
         gpu=gpu_report(run),
+        process_sets=set_stragglers(run),
         problems=list(run.problems) + (overlap.problems if overlap else []),
     )
+    if report.process_sets and not report.stragglers.ops_with_marks:
+        report.stragglers.verdict = (
+            "Every collective with readiness marks ran in a process set: each set's "
+            "straggler is judged among its members below."
+        )
     # what someone whose job hung, or whose ranks diverged, wants to know first
     verdicts: list[str] = list(report.stalls.verdicts)
     if report.divergence.verdict:
@@ -144,5 +154,11 @@ def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
     ):
         if part is not None and part.verdict:
             verdicts.append(part.verdict)
+        if part is report.stragglers:
+            for s in report.process_sets:
+                who = ", ".join(str(r) for r in s.members)
+                verdicts.append(
+                    f"Process set {s.process_set} (ranks {who}): {s.stragglers.verdict}"
+                )
     report.verdicts = verdicts
     return report

@@ -273,6 +273,8 @@ def arrivals(run: Run) -> Arrivals | None:
     occ = s.occurrence[rows].astype(np.int64)
     op = s.op[rows].astype(np.int64)
     keep = (tensor >= 0) & (occ >= 0) & (rank < n_ranks)
+    if act.SHUTDOWN_BARRIER in run.tensors:  # the runtime's own wait at shutdown
+        keep &= tensor != run.tensors.index(act.SHUTDOWN_BARRIER)
     rank, ts, tensor, occ, op = rank[keep], ts[keep], tensor[keep], occ[keep], op[keep]
     if not len(ts):
         return None

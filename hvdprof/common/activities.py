@@ -31,6 +31,9 @@ MEMCPY_IN_FUSION_BUFFER = "MEMCPY_IN_FUSION_BUFFER"
 MEMCPY_OUT_FUSION_BUFFER = "MEMCPY_OUT_FUSION_BUFFER"
 #: Instant inside the negotiate slice: when this rank learned that rank N was ready.
 READY_PREFIX = "READY rank "
+#: the barrier ``shutdown()`` runs when the job has process sets (a rank whose sets are
+#: done waits there for the others): the runtime's, not the training's; not a step's op
+SHUTDOWN_BARRIER = "hvdprof.shutdown"
 #: Slice per negotiation cycle (HVDPROF_TIMELINE_MARK_CYCLES=1).
 CYCLE_PREFIX = "CYCLE "
 #: Instant: the autotuner applied new parameters at this cycle.

@@ -65,6 +65,7 @@ class OpRecord:
     group_id: int  # index into CycleRecord.groups' group_id; -1 when it failed before running
     t_done: int = 0
     error: str | None = None
+    process_set: int = 0  # the op's process set (0: every rank)
 
 
 @dataclass(slots=True)
@@ -78,8 +79,9 @@ class OpBatch:
     """
 
     names: list[str]
-    #: per op, (op, dtype, shape, nbytes): one shared tuple per distinct signature
-    kinds: list[tuple[str, str, tuple[int, ...], int]]
+    #: per op, (op, dtype, shape, nbytes): one shared tuple per distinct signature, with
+    #: the process set's id as a fifth item for an op of a set other than the global one
+    kinds: list[tuple[Any, ...]]
     t_submit: list[int]
     t_negotiated: list[int]
     #: (ops, ranks) int64: when this rank learned each rank was ready; NO_TIME if unknown
@@ -101,7 +103,8 @@ class OpBatch:
         ready_rows = self.ready.tolist()
         cached = self.cached.tolist()
         for i, name in enumerate(self.names):
-            op, dtype, shape, nbytes = self.kinds[i]
+            kind = self.kinds[i]
+            op, dtype, shape, nbytes = kind[:4]
             out.append(
                 OpRecord(
                     name,
@@ -116,6 +119,7 @@ class OpBatch:
                     self.group_ids[i],
                     self.t_done[i],
                     errors.get(i),
+                    kind[4] if len(kind) > 4 else 0,
                 )
             )
         return out
@@ -129,7 +133,11 @@ class OpBatch:
                 ready[i, r] = t
         return cls(
             names=[r.name for r in records],
-            kinds=[(r.op, r.dtype, tuple(r.shape), r.nbytes) for r in records],
+            kinds=[
+                (r.op, r.dtype, tuple(r.shape), r.nbytes)
+                + ((r.process_set,) if r.process_set else ())
+                for r in records
+            ],
             t_submit=[r.t_submit for r in records],
             t_negotiated=[r.t_negotiated for r in records],
             ready=ready,

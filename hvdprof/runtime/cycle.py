@@ -29,7 +29,7 @@ from hvdprof.common import timebase
 from hvdprof.common.activities import NVTX_NEGOTIATE, STALL
 from hvdprof.common.records import NO_TIME, CycleObserver, CycleRecord, OpBatch, TunableParams
 from hvdprof.config import Config
-from hvdprof.errors import HvdprofInternalError, StallAbortError
+from hvdprof.errors import HvdprofInternalError, StallAbortError, TensorMismatchError
 from hvdprof.runtime import stacks
 from hvdprof.runtime.control import ControlChannel
 from hvdprof.runtime.executor import Executor
@@ -99,6 +99,8 @@ class CycleLoop:
 
         # owned by the cycle thread
         self.cache = ResponseCache(config.cache_capacity if params.cache_enabled else 0)
+        #: the job's process sets (set by the runtime; None: every op is global)
+        self.sets: Any = None
         self.coordinator = Coordinator(size) if rank == 0 else None
         check_s = config.stall_check_time_s
         self.stall = StallInspector(size, check_s, config.stall_shutdown_time_s)
@@ -125,6 +127,7 @@ class CycleLoop:
         self._cycle_start = np.zeros(_RING, dtype=np.int64)
         self._last_stall_check = 0.0
         self._directives: list[tuple[str, Any]] = []  # rank 0's, for the next slow path
+        self._taken: list[Any] = []  # the last reply's responses this rank ran
 
         self.observers: list[CycleObserver] = []
         self.proposer: Any = None  # rank 0's autotuner: poll_proposal() -> TunableParams | None
@@ -378,9 +381,21 @@ class CycleLoop:
             self.cache.apply(reply, self.params.cache_enabled)
             for name in reply.evicted:
                 self._reroute_evicted(name)
+            sets, me = self.sets, self.rank
+            taken = self._taken = []
             for response in reply.responses:
+                set_id = response.signature.process_set
+                if set_id and not (sets is not None and sets.includes(set_id, me)):
+                    # another set's op (or one of a set removed meanwhile): its members
+                    # run it; a request of ours fails with the coordinator's word
+                    req = self._sent.get(response.name)
+                    if req is not None and req.signature.process_set == set_id:
+                        del self._sent[response.name]
+                        req.fail(TensorMismatchError(response.error or "process set removed"))
+                    continue
                 ready_reqs.append(self._sent.pop(response.name, None))
                 ready_ops.append(NegotiatedOp(response))
+                taken.append(response)
             self.counters["coordinator_responses"] += len(reply.responses)
         self._grow_bits()
 
@@ -769,7 +784,7 @@ class CycleLoop:
             times[first < 0] = NO_TIME
             ready[:n_cached] = times.T
         if reply is not None:  # the coordinator's path: readiness by cycle, per op
-            for i, response in enumerate(reply.responses, start=n_cached):
+            for i, response in enumerate(self._taken, start=n_cached):
                 row = ready[i]
                 for r, c in response.ready_cycles.items():
                     row[r] = self._time_of(c)

@@ -88,6 +88,11 @@ class Executor:
         self.failed = False
         #: device path (issue 28): ops on a GPU go to this DevicePath, if set
         self.device: Any = None
+        #: process sets this rank belongs to, other than the global one: id -> an
+        #: executor on the set's own group (its rank and size are the set's)
+        self.subsets: dict[int, Executor] = {}
+        #: global rank -> this executor's rank (a set's executor; None: the same)
+        self.rank_of: dict[int, int] | None = None
 
     # ----------------------------------------------------------------------------------
     def run(
@@ -105,6 +110,65 @@ class Executor:
         With ``detailed``, ``op_group`` and ``op_done`` give each op's group id and
         completion time afterwards (for the timeline).
         """
+        if self.subsets:
+            for op in ops:
+                if op.signature.process_set:
+                    return self._run_by_set(ops, requests, threshold_bytes, max_inflight, detailed)
+        return self._run_one_set(ops, requests, threshold_bytes, max_inflight, detailed)
+
+    def _run_by_set(
+        self,
+        ops: list[AgreedOp],
+        requests: list[Request | None],
+        threshold_bytes: int,
+        max_inflight: int,
+        detailed: bool,
+    ) -> tuple[int, list[GroupRecord]]:
+        """Each process set's ops on its own executor: the global set's first, then by id.
+
+        Every rank runs the sets it belongs to in that order, so members of two sets meet
+        in both in the same order. Group ids stay unique across sets (one counter).
+        """
+        by_set: dict[int, list[int]] = {}
+        for i, op in enumerate(ops):
+            by_set.setdefault(op.signature.process_set, []).append(i)
+        n = len(ops)
+        op_group, op_done = [-1] * n, [0] * n
+        reduced, records, failed = 0, [], False
+        for set_id in sorted(by_set):
+            where = by_set[set_id]
+            runner = self if set_id == 0 else self.subsets.get(set_id)
+            if runner is None:  # (the cycle runs only this rank's sets' ops)
+                raise AssertionError(f"process set {set_id} ran on a rank outside it")
+            runner.next_group_id = self.next_group_id
+            part, part_records = runner._run_one_set(
+                [ops[i] for i in where],
+                [requests[i] for i in where],
+                threshold_bytes,
+                max_inflight,
+                detailed,
+            )
+            self.next_group_id = runner.next_group_id
+            reduced += part
+            records.extend(part_records)
+            failed = failed or runner.failed
+            if detailed:
+                for j, i in enumerate(where):
+                    op_group[i] = runner.op_group[j]
+                    op_done[i] = runner.op_done[j]
+        self.failed = failed
+        if detailed:
+            self.op_group, self.op_done = op_group, op_done
+        return reduced, records
+
+    def _run_one_set(
+        self,
+        ops: list[AgreedOp],
+        requests: list[Request | None],
+        threshold_bytes: int,
+        max_inflight: int,
+        detailed: bool,
+    ) -> tuple[int, list[GroupRecord]]:
         n = len(ops)
         self.failed = False
         if detailed:
@@ -440,7 +504,8 @@ class Executor:
             out = req.output
             if out is not req.tensor:
                 out.copy_(req.tensor)
-            self.backend.broadcast(out, sig.root_rank)
+            root = sig.root_rank if self.rank_of is None else self.rank_of[sig.root_rank]
+            self.backend.broadcast(out, root)
             return out
         if sig.op == OpType.ALLGATHER:
             return self._allgather(req, op.first_dims or ())

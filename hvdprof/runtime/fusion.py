@@ -23,10 +23,13 @@ class FusionKey(NamedTuple):
     prescale: float
     postscale: float
     device: str
+    process_set: int  # only the tensors of one process set share a buffer
 
 
 def fusion_key(sig: Signature) -> FusionKey:
-    return FusionKey(sig.dtype, sig.reduce_op, sig.prescale, sig.postscale, sig.device)
+    return FusionKey(
+        sig.dtype, sig.reduce_op, sig.prescale, sig.postscale, sig.device, sig.process_set
+    )
 
 
 def signature_nbytes(sig: Signature) -> int:

@@ -82,13 +82,16 @@ class AgreedOp:
         #: an allreduce that may share a fusion buffer (a failed op never runs; Adasum
         #: combines whole tensors, one at a time)
         self.fusable = signature.op == OpType.ALLREDUCE and signature.reduce_op != ReduceOp.ADASUM
-        #: (op, dtype, shape, nbytes) as the timeline shows them, made once per name
-        self.description = (
+        #: (op, dtype, shape, nbytes) as the timeline shows them, made once per name,
+        #: and the process set's id after them for an op of a set other than the global
+        self.description: tuple[Any, ...] = (
             signature.op.name,
             torch_attr(signature.dtype),
             tuple(signature.shape),
             self.nbytes,
         )
+        if signature.process_set:
+            self.description += (signature.process_set,)
 
 
 class NegotiatedOp(AgreedOp):
@@ -199,10 +202,16 @@ class _Pending:
 
 
 class Coordinator:
-    """Rank 0's table of names some ranks have submitted and others not yet."""
+    """Rank 0's table of names some ranks have submitted and others not yet.
 
-    def __init__(self, size: int) -> None:
+    An op of a process set waits for that set's members only (``sets``: the runtime's
+    :class:`~hvdprof.runtime.process_sets.ProcessSetTable`, or None: every op is global).
+    """
+
+    def __init__(self, size: int, sets: Any = None) -> None:
         self.size = size
+        self.sets = sets
+        self._everyone = frozenset(range(size))
         self._table: dict[str, _Pending] = {}
 
     def pending(self) -> dict[str, tuple[frozenset[int], float]]:
@@ -231,31 +240,73 @@ class Coordinator:
                 if cache.bit(meta.name) >= 0 and meta.name not in evicted:
                     evicted.add(meta.name)
                     reply.evicted.append(meta.name)
-                entry = self._table.get(meta.name)
+                # names are per process set, as each of Horovod's sets has its own queue
+                key = meta.name
+                if meta.signature.process_set:
+                    key = f"{meta.name} (process set {meta.signature.process_set})"
+                entry = self._table.get(key)
                 if entry is None:
-                    entry = self._table[meta.name] = _Pending(first_seen=now)
+                    entry = self._table[key] = _Pending(first_seen=now)
                 entry.metas[rank] = meta
                 entry.cycles[rank] = cycle
-        for name in list(self._table):
-            entry = self._table[name]
+        for key in list(self._table):
+            entry = self._table[key]
             submitted = set(entry.metas)
-            missing = set(range(self.size)) - submitted - joined
+            first = next(iter(entry.metas.values()))
+            name, set_id = first.name, first.signature.process_set
+            if set_id:
+                members = self.sets.members(set_id) if self.sets is not None else None
+                if members is None:  # removed while some members still had it pending
+                    del self._table[key]
+                    reply.responses.append(self._removed_set(name, entry, set_id))
+                    continue
+                if set(members) - submitted:  # (join() concerns the global set only)
+                    continue
+                del self._table[key]
+                reply.responses.append(self._verdict(name, entry, (), cache_enabled, members))
+                continue
+            missing = self._everyone - submitted - joined
             if missing:
                 continue
-            del self._table[name]
+            del self._table[key]
             reply.responses.append(
                 self._verdict(name, entry, tuple(sorted(set(joined) - submitted)), cache_enabled)
             )
         return reply
 
+    def _removed_set(self, name: str, entry: _Pending, set_id: int) -> Response:
+        sig = next(iter(entry.metas.values())).signature
+        return Response(
+            name=name,
+            signature=sig,
+            ready_cycles=dict(entry.cycles),
+            error=(
+                f"{sig.op.name.lower()} of tensor {name!r} was submitted to process set "
+                f"{set_id}, which has been removed"
+            ),
+        )
+
     def _verdict(
-        self, name: str, entry: _Pending, joined: tuple[int, ...], cache_enabled: bool
+        self,
+        name: str,
+        entry: _Pending,
+        joined: tuple[int, ...],
+        cache_enabled: bool,
+        members: tuple[int, ...] | None = None,
     ) -> Response:
         ranks = sorted(entry.metas)
         first = entry.metas[ranks[0]]
         sig = first.signature
         response = Response(name=name, signature=sig, ready_cycles=dict(entry.cycles))
         error = _mismatch_message(name, entry.metas)
+        stray = sorted(set(ranks) - set(members)) if members is not None else []
+        if error is None and stray:
+            error = (
+                f"{sig.op.name.lower()} of tensor {name!r} for process set {sig.process_set} "
+                f"(ranks {list(members or ())}) was also submitted by rank(s) {stray}, "
+                "which are not in it"
+            )
+        order = range(self.size) if members is None else members
         if error is None and joined and sig.op != OpType.ALLREDUCE:
             error = (
                 f"{sig.op.name.lower()} of tensor {name!r} was submitted while rank(s) "
@@ -264,14 +315,20 @@ class Coordinator:
         if error is None and sig.op in (OpType.ALLGATHER, OpType.ALLTOALL):
             response.first_dims = tuple(
                 entry.metas[r].signature.shape[0] if entry.metas[r].signature.shape else 1
-                for r in range(self.size)
+                for r in order
             )
         if error is None and sig.op == OpType.ALLTOALL:
-            response.splits = tuple(entry.metas[r].splits or () for r in range(self.size))
+            response.splits = tuple(entry.metas[r].splits or () for r in order)
         response.error = error
         response.joined = joined
+        # An op of a process set goes through the coordinator every time: a cache bit is
+        # ready when set on every rank, and the ranks outside the set never set it.
         response.cacheable = (
-            cache_enabled and error is None and not joined and sig.op not in NEVER_CACHED
+            cache_enabled
+            and error is None
+            and not joined
+            and sig.op not in NEVER_CACHED
+            and not sig.process_set
         )
         return response
 

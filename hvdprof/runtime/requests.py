@@ -55,6 +55,8 @@ class Signature(NamedTuple):
     prescale: float
     postscale: float
     device: str
+    #: the process set's id (0: every rank); see :mod:`hvdprof.runtime.process_sets`
+    process_set: int = 0
 
     def compared_shape(self) -> tuple[int, ...]:
         return self.shape[1:] if self.op in VARIABLE_FIRST_DIM else self.shape
@@ -70,6 +72,7 @@ class Signature(NamedTuple):
             "prescale",
             "postscale",
             "device",
+            "process_set",
         ):
             a, b = getattr(self, field_name), getattr(other, field_name)
             if a != b:

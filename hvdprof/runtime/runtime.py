@@ -20,6 +20,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from hvdprof.common import activities as act
 from hvdprof.common import timebase
 from hvdprof.common.records import TunableParams
 from hvdprof.config import Config
@@ -37,7 +38,8 @@ from hvdprof.runtime.cycle import CycleLoop
 from hvdprof.runtime.device_path import open_device_path
 from hvdprof.runtime.executor import Executor
 from hvdprof.runtime.handles import Handle
-from hvdprof.runtime.requests import OpType, Request, Signature
+from hvdprof.runtime.process_sets import ProcessSetTable
+from hvdprof.runtime.requests import OpType, ReduceOp, Request, Signature
 from hvdprof.runtime.threads import per_rank_threads
 
 log = logging.getLogger("hvdprof")
@@ -166,6 +168,11 @@ class Runtime:
             self.executor,
             params,
         )
+        self.process_sets = ProcessSetTable(self.size)
+        self.cycle.sets = self.process_sets
+        if self.cycle.coordinator is not None:
+            self.cycle.coordinator.sets = self.process_sets
+        self._set_groups: dict[int, Any] = {}  # set id -> its process group (members only)
         self.cycle.thread_share = per_rank_threads(t.local_size)
         if self.launch.launcher == environment.HVDPROF:
             self.cycle.stall_exit_code = STALL_EXIT_CODE
@@ -279,12 +286,83 @@ class Runtime:
         """This rank's address for the others: loopback when the job is on one machine."""
         return "127.0.0.1" if self.topology.cross_size == 1 else socket.gethostname()
 
-    def _gloo_group(self, store: Any, prefix: str, timeout: datetime.timedelta) -> Any:
+    def _gloo_group(
+        self,
+        store: Any,
+        prefix: str,
+        timeout: datetime.timedelta,
+        rank: int | None = None,
+        size: int | None = None,
+    ) -> Any:
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timeout
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=self._host())]
         options._threads = max(2, self.config.max_inflight)
-        return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), self.rank, self.size, options)
+        return dist.ProcessGroupGloo(
+            dist.PrefixStore(prefix, store),
+            self.rank if rank is None else rank,
+            self.size if size is None else size,
+            options,
+        )
+
+    # ---------------------------------------------------------------- process sets
+    def add_process_set(self, members: tuple[int, ...]) -> int:
+        """Register a set on every rank (collective: every rank calls it, in one order)."""
+        result: list[int] = []
+
+        def command() -> None:
+            set_id = self.process_sets.add(members)
+            try:
+                self._open_set(set_id, members)
+            except BaseException:
+                self.process_sets.remove(set_id)
+                raise
+            result.append(set_id)
+
+        self.run_collectively(command)
+        return result[0]
+
+    def remove_process_set(self, set_id: int) -> bool:
+        """Unregister a set on every rank (collective); False for the global or an unknown one."""
+        result: list[bool] = []
+
+        def command() -> None:
+            removed = self.process_sets.remove(set_id)
+            executor = self.executor.subsets.pop(set_id, None)
+            group = self._set_groups.pop(set_id, None)
+            if executor is not None:
+                executor.backend.close()
+            if group is not None:
+                with contextlib.suppress(Exception):
+                    group.shutdown()
+            result.append(removed)
+
+        self.run_collectively(command)
+        return result[0]
+
+    def _open_set(self, set_id: int, members: tuple[int, ...]) -> None:
+        """The set's own group, on the cycle thread of every rank at the same cycle: an
+        MPI communicator split from the job's (collective over every rank), or a Gloo
+        group of the members alone, under keys no other set uses."""
+        member = self.rank in members
+        backend: Any = None
+        if self.data_engine == "mpi":
+            backend = self.backend.split(member)
+        elif member:
+            timeout = datetime.timedelta(seconds=self.config.collective_timeout_s)
+            prefix = f"hvdprof/set{set_id}.{self.process_sets.serial}/"
+            group = self._gloo_group(
+                self._store, prefix, timeout, members.index(self.rank), len(members)
+            )
+            self._set_groups[set_id] = group
+            backend = GlooBackend(group, members.index(self.rank), len(members))
+        if backend is None:
+            return
+        executor = Executor(backend, members.index(self.rank), len(members))
+        executor.retire = self._completed_batch
+        executor.nvtx = self.executor.nvtx
+        executor.rank_of = {r: i for i, r in enumerate(members)}
+        self.executor.subsets[set_id] = executor
 
     def sync_clock(self) -> None:
         """Ping-pong with rank 0 (collective: every rank at the same point)."""
@@ -315,6 +393,8 @@ class Runtime:
             self.check_usable()
         release = None
         if name is None:
+            if signature.process_set:  # each set names its own ops, in its own order
+                kind = f"{kind}.set{signature.process_set}"
             name, release = self._names.allocate(kind)
         with self._inflight_lock:
             if name in self._inflight:
@@ -394,11 +474,26 @@ class Runtime:
     # ---------------------------------------------------------------- shutdown
     def shutdown(self) -> None:
         cycle = self.cycle
+        if len(self.process_sets.ids()) > 1 and cycle.failure is None and cycle.thread.is_alive():
+            # With process sets, one set may finish before another: the control exchange
+            # needs every rank, so a rank whose sets are done waits here (cycling) for the
+            # others' shutdown rather than ending their sets' pending ops.
+            with contextlib.suppress(Exception):
+                barrier = Signature(OpType.BARRIER, "none", (), ReduceOp.SUM, -1, 1.0, 1.0, "cpu")
+                self.submit(act.SHUTDOWN_BARRIER, "barrier", barrier, None, None).wait()
         if cycle.thread.is_alive():
             cycle.shutdown_requested = True
             cycle.wake.set()
             cycle.thread.join(timeout=self.config.collective_timeout_s + 5)
         cycle.shutdown_requested = True
+        for executor in self.executor.subsets.values():
+            with contextlib.suppress(Exception):
+                executor.backend.close()
+        for group in self._set_groups.values():
+            with contextlib.suppress(Exception):
+                group.shutdown()
+        self.executor.subsets.clear()
+        self._set_groups.clear()
         with contextlib.suppress(Exception):  # best effort: the peers may be gone
             self._data_pg.shutdown()
         if self.device_path is not None:  # device path (issue 28)

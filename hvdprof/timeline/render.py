@@ -377,12 +377,14 @@ class CycleRenderer:
             key = (name, kind, is_cached)
             if lane.args_key != key or lane.args_text == "":
                 lane.args_key = key
-                _, dtype, shape, nbytes = kind
+                dtype, shape, nbytes = kind[1:4]
                 lane.args_text = (
                     f'"tensor":{name_text},"dtype":{esc(str(dtype))},'
                     f'"shape":[{",".join(str(int(d)) for d in shape)}],'
                     f'"bytes":{int(nbytes)},"cached":{cached_text}'
                 )
+                if len(kind) > 4:  # an op of a process set: which one
+                    lane.args_text += f',"process_set":{int(kind[4])}'
 
             x = start + shift  # unique per op (its submission): not worth caching
             if x >= 1000:
@@ -436,6 +438,7 @@ class CycleRenderer:
             else:
                 neg_dur = us(d)
 
+            set_arg = f',"process_set":{int(kind[4])}' if len(kind) > 4 else ""
             # <OP>: negotiated until done, with the phases as children.
             args = lane.args_text
             if group is not None:
@@ -457,7 +460,8 @@ class CycleRenderer:
                 dur = us(d)
             text = (
                 f'{marks}{{"name":{neg_name[0]},"ph":"X","ts":{start_text},"dur":{neg_dur},'
-                f'"args":{{"tensor":{name_text},"cached":{cached_text}{ready_args}}},{tail},\n'
+                f'"args":{{"tensor":{name_text},"cached":{cached_text}{set_arg}{ready_args}}},'
+                f"{tail},\n"
                 f'{{"name":{neg_name[1]},"ph":"X","ts":{neg_text},"dur":{dur},'
                 f'"args":{{{args}}},{tail}'
             )
@@ -545,7 +549,10 @@ def cycle_columns(
             ready[i * ranks + r] = t
     columns = (
         [r.name for r in records],
-        [(r.op, r.dtype, tuple(r.shape), r.nbytes) for r in records],
+        [
+            (r.op, r.dtype, tuple(r.shape), r.nbytes) + ((r.process_set,) if r.process_set else ())
+            for r in records
+        ],
         [r.t_submit for r in records],
         [r.t_negotiated for r in records],
         ready,

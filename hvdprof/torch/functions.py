@@ -13,13 +13,15 @@ from hvdprof.torch.mpi_ops import (
     allgather,
     broadcast_,
     broadcast_async_,
+    global_process_set,
     rank,
-    size,
     synchronize,
 )
 
 
-def broadcast_parameters(params: Any, root_rank: int) -> None:
+def broadcast_parameters(
+    params: Any, root_rank: int, process_set: Any = global_process_set
+) -> None:
     """Overwrite every rank's parameters with ``root_rank``'s, in place.
 
     ``params`` is a ``state_dict()``, ``named_parameters()`` or a list of (name, tensor).
@@ -40,12 +42,18 @@ def broadcast_parameters(params: Any, root_rank: int) -> None:
         tensor = p.data if isinstance(p, torch.nn.Parameter) else p
         if not isinstance(tensor, torch.Tensor):
             continue
-        handles.append(broadcast_async_(tensor, root_rank, name=f"broadcast.param.{name}"))
+        handles.append(
+            broadcast_async_(
+                tensor, root_rank, name=f"broadcast.param.{name}", process_set=process_set
+            )
+        )
     for h in handles:
         synchronize(h)
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
+def broadcast_object(
+    obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = global_process_set
+) -> Any:
     """``root_rank``'s object on every rank (pickled; the size travels first)."""
     base = name or type(obj).__name__
     if rank() == root_rank:
@@ -55,29 +63,35 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> A
         length = torch.tensor([payload.numel()], dtype=torch.int64)
     else:
         length = torch.zeros(1, dtype=torch.int64)
-    broadcast_(length, root_rank, name=f"{base}.sz")
+    broadcast_(length, root_rank, name=f"{base}.sz", process_set=process_set)
     if rank() != root_rank:
         payload = torch.empty(int(length.item()), dtype=torch.uint8)
-    broadcast_(payload, root_rank, name=f"{base}.t")
+    broadcast_(payload, root_rank, name=f"{base}.t", process_set=process_set)
     if rank() == root_rank:
         return obj
     return pickle.loads(payload.numpy().tobytes())
 
 
-def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
+def allgather_object(
+    obj: Any, name: str | None = None, process_set: Any = global_process_set
+) -> list[Any]:
     """Every rank's object, in rank order."""
     base = name or type(obj).__name__
     payload = torch.frombuffer(
         bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8
     )
-    sizes = allgather(torch.tensor([payload.numel()], dtype=torch.int64), name=f"{base}.sz")
-    data = allgather(payload, name=f"{base}.t")
+    sizes = allgather(
+        torch.tensor([payload.numel()], dtype=torch.int64),
+        name=f"{base}.sz",
+        process_set=process_set,
+    )
+    data = allgather(payload, name=f"{base}.t", process_set=process_set)
     out = []
     offset = 0
     for n in sizes.tolist():
         out.append(pickle.loads(data[offset : offset + n].numpy().tobytes()))
         offset += n
-    assert len(out) == size()
+    assert len(out) == len(sizes)
     return out
 
 
@@ -87,10 +101,13 @@ def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
     parameter without ``requires_grad`` keeps ``grad`` None. The wrapped optimizer's own
     ``step`` runs, never DistributedOptimizer's: that would allreduce, and deadlock unless
     every rank did the same."""
+    sparse = isinstance(optimizer, torch.optim.SparseAdam)  # it refuses dense gradients
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.requires_grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
+                if sparse:
+                    p.grad = p.grad.to_sparse()
     if hasattr(optimizer, "_allreduce_delay"):  # a DistributedOptimizer: its base's step
         super(optimizer.__class__, optimizer).step()
     else:

@@ -23,6 +23,7 @@ from hvdprof.torch.mpi_ops import (
     Adasum,
     Average,
     _check_process_set,
+    _size_of,
     allgather,
     allreduce_async_,
     global_process_set,
@@ -116,8 +117,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         gradient_predivide_factor: float,
         groups: Any,
         sparse_as_dense: bool,
+        process_set: Any = global_process_set,
     ) -> None:
         super(self.__class__, self).__init__(params)
+        self._process_set = process_set
+        self._ranks = _size_of(process_set)
         self._compression = compression
         named_parameters = _named_parameters(self.param_groups, named_parameters)
         if gradient_predivide_factor != 1.0 and op != Average:
@@ -138,7 +142,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._divergence = _divergence_check(named_parameters)
-        if size() > 1:
+        if self._ranks > 1:
             self._register_hooks()
 
     def _register_hooks(self) -> None:
@@ -161,7 +165,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if tensor.is_sparse:
             if not self._sparse_as_dense:
                 # indices and values allgathered, as Horovod does: synchronize() calls it
-                return sparse_allreduce_async(tensor, name=f"allreduce.{name}", op=self.op), None
+                handle = sparse_allreduce_async(
+                    tensor, name=f"allreduce.{name}", op=self.op, process_set=self._process_set
+                )
+                return handle, None
             tensor = tensor.to_dense()  # reduced densely; synchronize() replaces p.grad
         prescale, postscale = 1.0, 1.0
         if self.op == Average:
@@ -174,6 +181,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             op=self.op,
             prescale_factor=prescale,
             postscale_factor=postscale,
+            process_set=self._process_set,
         )
         return handle, (ctx, compressed)
 
@@ -189,7 +197,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self) -> None:
         """Wait for every gradient allreduce; gradients are averaged when this returns."""
-        if size() == 1:
+        if self._ranks == 1:
             self._synchronized = True
             return
         for group in self.param_groups:
@@ -393,6 +401,8 @@ def DistributedOptimizer(
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Adasum and size() > 1:
+        if process_set is not global_process_set and _size_of(process_set) != size():
+            raise ValueError("DistributedOptimizer(op=Adasum) supports the global process set only")
         if not is_power_of_two(size()):
             raise AdasumUnsupportedError(
                 f"DistributedOptimizer(op=Adasum) needs a power-of-two number of ranks (as "
@@ -420,4 +430,5 @@ def DistributedOptimizer(
         gradient_predivide_factor,
         groups,
         sparse_as_dense,
+        process_set,
     )

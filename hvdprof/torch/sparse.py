@@ -18,9 +18,9 @@ from hvdprof.torch.mpi_ops import (
     Average,
     Sum,
     _check_process_set,
+    _size_of,
     allgather_async,
     global_process_set,
-    size,
     synchronize,
 )
 
@@ -34,6 +34,7 @@ def sparse_allreduce_async(
     """Start the allreduce of a sparse tensor; returns a function that waits for it and
     gives the reduced sparse tensor (as Horovod's: call it, or ``hvd.synchronize`` it)."""
     _check_process_set(process_set, "sparse_allreduce_async")
+    ranks = _size_of(process_set)
     if not tensor.is_sparse:
         raise ValueError(
             f"sparse_allreduce_async needs a sparse (COO) tensor, got layout {tensor.layout}; "
@@ -44,14 +45,18 @@ def sparse_allreduce_async(
     t = tensor.coalesce() if not tensor.is_coalesced() else tensor
     # allgather concatenates along the first dimension: indices go (nnz, ndim), not
     # (ndim, nnz), so that every rank's entries follow each other
-    indices = allgather_async(t.indices().t().contiguous(), name=f"{name}.indices")
-    values = allgather_async(t.values().contiguous(), name=f"{name}.values")
+    indices = allgather_async(
+        t.indices().t().contiguous(), name=f"{name}.indices", process_set=process_set
+    )
+    values = allgather_async(
+        t.values().contiguous(), name=f"{name}.values", process_set=process_set
+    )
 
     def wait() -> torch.Tensor:
         all_values = synchronize(values)
         all_indices = synchronize(indices)
         if op == Average:
-            all_values = all_values / size()
+            all_values = all_values / ranks
         return torch.sparse_coo_tensor(
             all_indices.t(), all_values, t.size(), dtype=t.dtype, device=t.device
         )

@@ -16,7 +16,13 @@ from typing import Any
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from hvdprof.torch.mpi_ops import Sum, _check_process_set, allreduce, global_process_set, size
+from hvdprof.torch.mpi_ops import (
+    Sum,
+    _check_process_set,
+    _size_of,
+    allreduce,
+    global_process_set,
+)
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -34,6 +40,7 @@ class SyncBatchNorm(_BatchNorm):
     ) -> None:
         _check_process_set(process_set, "SyncBatchNorm")
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
+        self.process_set = process_set
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2:
@@ -41,7 +48,7 @@ class SyncBatchNorm(_BatchNorm):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
-        if not self.training or size() == 1:
+        if not self.training or _size_of(self.process_set) == 1:
             return super().forward(input)
         momentum = self.momentum
         if self.track_running_stats and self.num_batches_tracked is not None:
@@ -53,7 +60,7 @@ class SyncBatchNorm(_BatchNorm):
             [float(input.numel() // input.size(1))], dtype=input.dtype, device=input.device
         )
         local = torch.cat([input.sum(dims), (input * input).sum(dims), count])
-        total = allreduce(local, op=Sum, name=None)
+        total = allreduce(local, op=Sum, name=None, process_set=self.process_set)
         c = self.num_features
         n = total[2 * c]
         mean = total[:c] / n

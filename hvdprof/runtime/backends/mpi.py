@@ -218,6 +218,15 @@ class MpiBackend:
         if dst is not output:
             output.copy_(dst)
 
+    def split(self, member: bool) -> MpiBackend | None:
+        """A process set's communicator: ``MPI_Comm_split`` of this one, which every rank
+        calls; the members (in rank order) get the new backend, the others None."""
+        MPI = self.MPI
+        comm = self.comm.Split(0 if member else MPI.UNDEFINED, self.rank)
+        if comm == MPI.COMM_NULL:
+            return None
+        return MpiBackend(comm)
+
     def close(self) -> None:
         comm, self.comm = self.comm, None
         if comm is not None and not self.MPI.Is_finalized():
