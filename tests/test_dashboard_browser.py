@@ -616,3 +616,45 @@ def test_report_opens_offline(browser: object, served: Path, tmp_path: Path, cap
     assert page.locator("#autotune-score .scatterlayer .point").count() > 0
     assert errors == []
     context.close()
+
+
+def test_process_sets_filter(browser: object, tmp_path: Path) -> None:
+    """A real 4-rank job in sets {0, 1} and {2, 3}, rank 3 slowed: the page offers the
+    sets, and choosing set 2 narrows the timeline and the straggler card to ranks 2 and 3,
+    with rank 3 named there; set 1 names nobody."""
+    from conftest import run_job
+
+    root = tmp_path / "served"
+    result = run_job(
+        "process_sets_worker.py",
+        4,
+        "train",
+        "3",
+        "40",
+        timeout=240,
+        launcher_args=("--timeline", str(root / "sets")),
+    )
+    assert result.returncode == 0, result.describe()
+    with dashboard_server(root) as base:
+        page, errors = open_page(browser, base + "?run=sets")
+        page.wait_for_selector("#set-filter:not([hidden])")
+        options = page.locator("#set-select option").all_text_contents()
+        assert options == ["all ranks", "set 1: ranks 0, 1", "set 2: ranks 2, 3"], options
+        ranks_shown = "window.HVD_STATE.lanes.map((l) => l.split(' (')[0]).join()"
+        assert page.evaluate(ranks_shown) == "rank 0,rank 1,rank 2,rank 3"
+        page.select_option("#set-select", "2")
+        wait_for_timeline(page, ranks_shown + " === 'rank 2,rank 3'")
+        verdict = page.locator("#straggler-verdict").text_content()
+        assert verdict.startswith("Process set 2 (ranks 2, 3): rank 3 is the straggler"), verdict
+        rows = page.locator("#stragglers .ytick text").all_text_contents()
+        assert sorted(rows) == ["rank 2", "rank 3 \u25c0 straggler"], rows
+        page.screenshot(path=str(tmp_path / "process-set-2.png"), full_page=True)
+        page.select_option("#set-select", "1")
+        wait_for_timeline(page, ranks_shown + " === 'rank 0,rank 1'")
+        verdict = page.locator("#straggler-verdict").text_content()
+        assert verdict.startswith("Process set 1 (ranks 0, 1): No straggler"), verdict
+        rows = page.locator("#stragglers .ytick text").all_text_contents()
+        assert sorted(rows) == ["rank 0", "rank 1"], rows
+        page.select_option("#set-select", "")
+        wait_for_timeline(page, "window.HVD_STATE.lanes.length === 4")
+        assert errors == []

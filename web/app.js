@@ -19,6 +19,7 @@
   const state = {
     runs: [], run: null, info: null, expand: "", laneKind: "tensor", view: null, version: 0,
     timelineRequest: 0, lanes: [], live: false, updates: 0, offline: false,
+    processSets: [], set: "",
   };
   window.HVD_STATE = state; // for the browser tests and the curious
 
@@ -188,6 +189,8 @@
       max_items: Math.min(20000, width * 4),
     };
     if (state.view) { query.t0_us = state.view[0]; query.t1_us = state.view[1]; }
+    const chosen = chosenSet();
+    if (chosen && !EMBEDDED) query.ranks = chosen.members.join(",");
     let body;
     try {
       body = await api("api/timeline", query);
@@ -456,11 +459,12 @@
   // is a rank that waited (the victim); the rank it waited for is marked on its row.
   function drawWaitHeatmap(data) {
     const el = $("stragglers");
-    const ranks = (data && data.ranks) || [];
+    const chosen = chosenSet();
+    const ranks = ((data && data.ranks) || []).filter((r) => !chosen || chosen.members.includes(r.rank));
     const z = ranks.map((r) => ((r.per_step_ms || {}).negotiate) || []);
     // Ranks of the run with no row here (a Horovod timeline is written by rank 0 alone).
     const shown = new Set(ranks.filter((r, i) => z[i].length).map((r) => r.rank));
-    const missing = ((state.info && state.info.ranks) || []).filter((r) => !shown.has(r));
+    const missing = ((state.info && state.info.ranks) || []).filter((r) => !shown.has(r) && (!chosen || chosen.members.includes(r)));
     const culprit = stragglerRank(stragglersData);
     const notes = [];
     if (missing.length && shown.size) notes.push("no negotiation wait recorded for rank " + missing.join(", ") + " (its timeline has no negotiation slices)");
@@ -499,9 +503,34 @@
   }
 
   function drawStragglers(data) {
-    stragglersData = data;
-    text($("straggler-verdict"), data && data.verdict);
+    jobStragglers = data;
+    const chosen = chosenSet();
+    stragglersData = chosen ? chosen.stragglers : data;
+    text($("straggler-verdict"), chosen
+      ? "Process set " + chosen.process_set + " (ranks " + chosen.members.join(", ") + "): " + (stragglersData.verdict || "")
+      : data && data.verdict);
     drawWaitHeatmap(breakdownData); // mark the straggler's row (the breakdown may be drawn first)
+  }
+  let jobStragglers = null;
+
+  // Process sets (hvdprof.analysis.process_sets): each set's members and its straggler,
+  // judged among its members. Choosing one narrows the timeline's rows and the straggler
+  // card to its ranks.
+  function chosenSet() {
+    return state.processSets.find((s) => String(s.process_set) === state.set) || null;
+  }
+  function drawProcessSets(data) {
+    state.processSets = (data && data.sets) || [];
+    if (state.set && !chosenSet()) state.set = "";
+    const options = [["", "all ranks"]].concat(state.processSets.map((s) =>
+      [String(s.process_set), "set " + s.process_set + ": ranks " + s.members.join(", ")]));
+    fillSelect($("set-select"), options, state.set);
+    $("set-filter").hidden = !state.processSets.length;
+  }
+  function setFilter(value) {
+    state.set = value;
+    drawStragglers(jobStragglers);
+    loadTimeline();
   }
 
   function drawFusion(data) {
@@ -767,7 +796,9 @@
       loadSection("autotune", drawAutotune),
       loadSection("surrogate", drawSurface),
       loadSection("stalls", drawStalls),
+      loadSection("process_sets", drawProcessSets),
     ]);
+    if (state.set) drawStragglers(jobStragglers); // the sets may arrive after the card
   }
 
   // Nothing of another run may stay on screen under this run's name.
@@ -787,6 +818,7 @@
 
   async function selectRun(runId) {
     state.run = runId; state.view = null; state.expand = ""; state.laneKind = "tensor";
+    state.set = ""; state.processSets = []; $("set-filter").hidden = true;
     if (!runId) {
       clearRun("no run to show yet");
       empty($("timeline"), "no runs under this directory yet: this page updates by itself when a job starts writing one");
@@ -869,6 +901,7 @@
     if (EMBEDDED) $("docs-link").hidden = true;
     $("run-select").addEventListener("change", (e) => selectRun(e.target.value));
     $("expand-select").addEventListener("change", (e) => setExpand(e.target.value));
+    $("set-select").addEventListener("change", (e) => setFilter(e.target.value));
     $("reset-zoom").addEventListener("click", () => { state.view = null; state.selectedSample = null; loadTimeline(); });
     $("compare-go").addEventListener("click", compareRuns);
     connectLive();

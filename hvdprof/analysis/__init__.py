@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from hvdprof.analysis.loader import LoadError, load_run
     from hvdprof.analysis.model import PHASES, Problem, Run
     from hvdprof.analysis.overlap import OverlapReport, overlap_report
+    from hvdprof.analysis.process_sets import ProcessSetReport, process_set_report
     from hvdprof.analysis.report import Report, analyze
     from hvdprof.analysis.stalls import StallReport, stall_report
     from hvdprof.analysis.stragglers import Stragglers, find_stragglers
@@ -51,6 +52,8 @@ _EXPORTS: dict[str, str] = {
     "LoadError": "hvdprof.analysis.loader",
     "OverlapReport": "hvdprof.analysis.overlap",
     "PHASES": "hvdprof.analysis.model",
+    "ProcessSetReport": "hvdprof.analysis.process_sets",
+    "process_set_report": "hvdprof.analysis.process_sets",
     "Problem": "hvdprof.analysis.model",
     "Report": "hvdprof.analysis.report",
     "Run": "hvdprof.analysis.model",
@@ -95,6 +98,7 @@ __all__ = [
     "LoadError",
     "OverlapReport",
     "Problem",
+    "ProcessSetReport",
     "Report",
     "Run",
     "RunDiff",
@@ -112,6 +116,7 @@ __all__ = [
     "load_run",
     "overlap_report",
     "parse_rule",
+    "process_set_report",
     "read_summary",
     "stall_report",
     "summarize",

@@ -101,6 +101,28 @@ def set_run(run: Run, set_id: int, members: list[int]) -> Run:
     )
 
 
+@dataclass
+class ProcessSetReport:
+    """The run's process sets (other than the global one) and each one's straggler."""
+
+    sets: list[SetStragglers]
+    verdict: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {"sets": [s.to_dict() for s in self.sets], "verdict": self.verdict}
+
+
+def process_set_report(run: Run) -> ProcessSetReport:
+    """What the page's process-set filter shows: each set's members and straggler."""
+    sets = set_stragglers(run)
+    verdict = " ".join(
+        f"Process set {s.process_set} (ranks {', '.join(map(str, s.members))}): "
+        f"{s.stragglers.verdict}"
+        for s in sets
+    )
+    return ProcessSetReport(sets, verdict)
+
+
 def set_stragglers(run: Run) -> list[SetStragglers]:
     """Each process set's straggler verdict, judged among its members alone."""
     out = []

@@ -32,6 +32,10 @@ ANALYSES: dict[str, tuple[str, str]] = {
     "autotune": ("autotune_report", "Autotune samples: parameters, score, time window"),
     "surrogate": ("autotune_surface", "The autotuner's view over fusion threshold x cycle time"),
     "stalls": ("stall_report", "Stalls: which rank kept the job waiting, how long, and where"),
+    "process_sets": (
+        "process_set_report",
+        "Process sets: each one's members, and its straggler judged among them",
+    ),
 }
 
 
