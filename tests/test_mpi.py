@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -167,6 +168,20 @@ def test_dead_rank_under_mpirun_ends_the_job() -> None:
     )
     assert result.returncode != 0, result.describe()
     assert "unreachable" not in result.output
+
+
+@pytest.mark.parametrize("failing", [0, 2])
+def test_a_rank_failing_alone_in_a_collective_ends_the_job(failing: int) -> None:
+    """One rank's backend raises inside an allgatherv while the others wait in MPI (no
+    timeout there): that rank says why and aborts the job, rather than leaving it hung.
+    Rank 0 (the coordinator) and another rank."""
+    started = time.monotonic()
+    result = run_mpi("mpi_local_failure_worker.py", 3, str(failing), env=MPI, timeout=120)
+    assert result.returncode != 0, result.describe()
+    assert time.monotonic() - started < 100, result.describe()
+    assert "injected: this rank's allgatherv failed before joining" in result.output
+    assert "MPI_Abort" in result.output, result.describe()
+    assert not any(line == "OK" for r in range(3) for line in result.lines(r))
 
 
 def test_benchmark_quick_run_writes_results(tmp_path: Path) -> None:

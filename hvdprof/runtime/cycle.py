@@ -83,6 +83,9 @@ class CycleLoop:
         #: ``on_instant(name, args)``: an instant for this rank's timeline (a stall on rank
         #: 0, a stack dump), called on the cycle thread
         self.on_instant: Callable[[str, dict[str, Any]], None] | None = None
+        #: called on the cycle thread when it dies of an error (under MPI: abort the job,
+        #: since the other ranks wait inside blocking MPI calls that nothing else ends)
+        self.on_fatal: Callable[[BaseException], None] | None = None
         #: a stall that ends the job (HVDPROF_STALL_SHUTDOWN_TIME_SECONDS) ends this process
         #: with this exit code, after the timeline is closed (``hvdprof run``: the
         #: launcher then stops the job); None: the user's threads get StallAbortError
@@ -128,6 +131,7 @@ class CycleLoop:
         self._last_stall_check = 0.0
         self._directives: list[tuple[str, Any]] = []  # rank 0's, for the next slow path
         self._taken: list[Any] = []  # the last reply's responses this rank ran
+        self._running: list[Request | None] = []  # requests inside the executor right now
 
         self.observers: list[CycleObserver] = []
         self.proposer: Any = None  # rank 0's autotuner: poll_proposal() -> TunableParams | None
@@ -191,6 +195,8 @@ class CycleLoop:
                 self._let_burst_finish(cycle_s)
         except BaseException as exc:  # a dead peer, a timeout: fail everything, loudly
             self._fail(self._internal_error(exc))
+            if self.on_fatal is not None and self.failure is not None:
+                self.on_fatal(self.failure)
         finally:
             for observer in self.observers:
                 try:
@@ -249,6 +255,7 @@ class CycleLoop:
 
     def _all_requests(self) -> list[Request]:
         out = list(self._cached_waiting.values()) + self._outbox + list(self._sent.values())
+        out += [req for req in self._running if req is not None and not req.done_flag]
         while self.queue:
             out.append(self.queue.popleft())
         return out
@@ -401,6 +408,9 @@ class CycleLoop:
 
         reduced, groups = 0, []
         if ready_ops:
+            # held here while they run: should the cycle thread die inside the executor
+            # (an exception on this rank alone), _fail must still reach their waiters
+            self._running = ready_reqs
             reduced, groups = self.executor.run(
                 ready_ops,
                 ready_reqs,
@@ -408,6 +418,7 @@ class CycleLoop:
                 self.config.max_inflight,
                 detailed,
             )
+        self._running = []
         t_end = timebase.now_ns()
         op_batch = self._complete(
             ready_ops, ready_reqs, n_cached, reply, detailed, t_negotiated, t_end

@@ -176,6 +176,8 @@ class Runtime:
         self.cycle.thread_share = per_rank_threads(t.local_size)
         if self.launch.launcher == environment.HVDPROF:
             self.cycle.stall_exit_code = STALL_EXIT_CODE
+        if type(self.control).__name__ == "MpiControlChannel":  # MPI calls have no timeout
+            self.cycle.on_fatal = _abort_mpi_job
         self.started_at = time.time()
         timebase.set_skew_us(config.clock_skew_us)
         self.timeline: Any = None
@@ -561,6 +563,20 @@ def _rendezvous_store(cfg: Config, port: int, rank: int, size: int) -> tuple[Any
         entry[0].set_timeout(datetime.timedelta(seconds=cfg.start_timeout_s))
     entry[1] += 1
     return entry[0], entry[1]
+
+
+def _abort_mpi_job(error: BaseException) -> None:
+    """This rank's cycle thread died: say why, then ``MPI_Abort``. The other ranks are
+    blocked in an MPI call this rank will never join, which has no timeout; the abort is
+    what makes the launcher end the job instead of leaving it hung."""
+    from hvdprof.runtime.backends.mpi import import_mpi
+
+    stacks.write_all(
+        2,
+        f"hvdprof: error: {error}\nhvdprof: ending the job with MPI_Abort: the other ranks "
+        "wait in MPI calls this rank will not join\n".encode(errors="replace"),
+    )
+    import_mpi().COMM_WORLD.Abort(1)
 
 
 def _free_port() -> int:

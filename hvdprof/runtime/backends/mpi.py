@@ -103,14 +103,24 @@ def _displacements(counts: list[int]) -> list[int]:
     return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(int).tolist()
 
 
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous ``t`` as one dimension of stride 1 over the same memory.
+
+    Not ``reshape(-1)``: a contiguous tensor may carry any stride on a dimension of size 1
+    (a sparse gradient's transposed indices of one row have shape (1, 1), strides (1, 2)),
+    which ``reshape`` keeps, and a byte view of that refuses to exist. Failing there left
+    the other ranks inside ``MPI_Allgatherv`` for good."""
+    return t.as_strided((t.numel(),), (1,))
+
+
 def _bytes(t: torch.Tensor) -> np.ndarray:
     """The memory of contiguous ``t`` as a flat uint8 numpy array (no copy)."""
-    return t.reshape(-1).view(torch.uint8).numpy()
+    return _flat(t).view(torch.uint8).numpy()
 
 
 def _view(t: torch.Tensor) -> np.ndarray:
     """Contiguous ``t`` as a flat numpy array of its own dtype (no copy)."""
-    return t.reshape(-1).numpy()
+    return _flat(t).numpy()
 
 
 class MpiBackend:
