@@ -22,10 +22,8 @@ from hvdprof.torch.mpi_ops import (
     HorovodInternalError,
     Max,
     Min,
-    ProcessSet,
     Product,
     Sum,
-    add_process_set,
     allgather,
     allgather_async,
     allreduce,
@@ -44,7 +42,6 @@ from hvdprof.torch.mpi_ops import (
     cross_size,
     cuda_built,
     ddl_built,
-    global_process_set,
     gloo_built,
     gloo_enabled,
     grouped_allgather,
@@ -66,20 +63,26 @@ from hvdprof.torch.mpi_ops import (
     mpi_threads_supported,
     nccl_built,
     poll,
-    process_set_by_id,
-    process_sets,
     rank,
     reducescatter,
     reducescatter_async,
-    remove_process_set,
     rocm_built,
     shutdown,
     size,
     start_timeline,
     stop_timeline,
+    sycl_built,
     synchronize,
 )
 from hvdprof.torch.optimizer import DistributedOptimizer
+from hvdprof.torch.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    process_set_by_id,
+    process_sets,
+    remove_process_set,
+)
 from hvdprof.torch.sparse import sparse_allreduce_async
 from hvdprof.torch.sync_batch_norm import SyncBatchNorm
 
@@ -167,5 +170,6 @@ __all__ = [
     "sparse_allreduce_async",
     "start_timeline",
     "stop_timeline",
+    "sycl_built",
     "synchronize",
 ]

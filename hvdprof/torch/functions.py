@@ -13,10 +13,10 @@ from hvdprof.torch.mpi_ops import (
     allgather,
     broadcast_,
     broadcast_async_,
-    global_process_set,
     rank,
     synchronize,
 )
+from hvdprof.torch.process_sets import global_process_set
 
 
 def broadcast_parameters(

@@ -22,7 +22,17 @@ from hvdprof.runtime.backends.gloo import SUPPORTED_DTYPES
 from hvdprof.runtime.dtypes import ADASUM_DTYPES
 from hvdprof.runtime.handles import Handle
 from hvdprof.runtime.requests import OpType, ReduceOp, Signature
+from hvdprof.torch import process_sets as _sets
 from hvdprof.torch.compression import Compression
+from hvdprof.torch.process_sets import (
+    ProcessSet,
+    global_process_set,
+    in_set,
+    rank_in,
+    set_of,
+    set_size,
+    size_of,
+)
 
 HorovodInternalError = HvdprofInternalError
 
@@ -34,304 +44,21 @@ Max = int(ReduceOp.MAX)
 Product = int(ReduceOp.PRODUCT)
 
 
-class ProcessSet:
-    """Horovod's process set: a group of ranks whose collectives run among themselves.
-
-    Made from a list of ranks (or an mpi4py communicator, under MPI) and registered with
-    ``init(process_sets=[...])`` or ``add_process_set``; pass it as ``process_set=`` to any
-    collective or to ``DistributedOptimizer``. Only the members may submit its ops.
-    """
-
-    process_set_id: int | None = None
-    ranks: list[int] | None = None
-    mpi_comm: Any = None
-
-    def __init__(self, ranks_or_comm: Any) -> None:
-        if _is_mpi_comm(ranks_or_comm):
-            self.mpi_comm = ranks_or_comm
-            return
-        try:
-            ranks = sorted(ranks_or_comm)
-        except TypeError:
-            raise ValueError(
-                "ProcessSet should be initialized with a list of process ranks or an mpi4py "
-                f"Comm object, got {ranks_or_comm!r}"
-            ) from None
-        if any(not isinstance(r, int) for r in ranks):
-            raise ValueError(
-                "ProcessSet should be initialized with a list of process ranks or an mpi4py "
-                f"Comm object, got {ranks_or_comm!r}"
-            )
-        self.ranks = [int(r) for r in ranks]
-
-    def _members(self) -> tuple[int, ...] | None:
-        """The registered members; None before registration or after removal."""
-        runtime = _rt.current()
-        if runtime is None or self.process_set_id is None:
-            return None
-        return runtime.process_sets.members(self.process_set_id)
-
-    def size(self) -> int | None:
-        """Number of ranks in the set; None while it is not registered."""
-        members = self._members()
-        return None if members is None else len(members)
-
-    def rank(self) -> int | None:
-        """This process's rank within the set, -1 outside it; None while unregistered."""
-        members = self._members()
-        if members is None:
-            return None
-        me = _rt.get().rank
-        return members.index(me) if me in members else -1
-
-    def included(self) -> bool | None:
-        """Whether this process is in the set; None while it is not registered."""
-        members = self._members()
-        return None if members is None else _rt.get().rank in members
-
-    def invalidate(self) -> None:
-        self.process_set_id = None
-        self.ranks = None
-        self.mpi_comm = None
-
-    def __str__(self) -> str:
-        return (
-            f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, "
-            f"mpi_comm={self.mpi_comm})"
-        )
-
-    __repr__ = __str__
-
-
-def _is_mpi_comm(value: Any) -> bool:
-    return type(value).__module__.startswith("mpi4py") and hasattr(value, "Get_group")
-
-
-global_process_set = ProcessSet([])
-global_process_set.process_set_id = 0
-#: set id -> the ProcessSet objects that name it (Horovod keeps the same table)
-_sets_by_id: dict[int, list[ProcessSet]] = {0: [global_process_set]}
-
-
-def _set_of(process_set: Any, what: str) -> tuple[int, tuple[int, ...] | None]:
-    """``(set id, members)`` of a collective's ``process_set=``; (0, None) for the global
-    set. A set that is unknown, removed, or does not include this rank is an error here,
-    before anything is submitted, as in Horovod."""
-    if process_set is global_process_set:
-        return 0, None
-    runtime = _rt.get()
-    if not isinstance(process_set, ProcessSet):
-        raise TypeError(
-            f"hvdprof rank {runtime.rank}: {what} takes process_set= a ProcessSet, got "
-            f"{type(process_set).__name__}"
-        )
-    set_id = process_set.process_set_id
-    if set_id == 0:
-        return 0, None
-    members = None if set_id is None else runtime.process_sets.members(set_id)
-    if members is None:
-        raise ValueError(
-            f"hvdprof rank {runtime.rank}: {what} got {process_set}, which is not registered "
-            "(pass it to init(process_sets=...) or add_process_set first) or was removed"
-        )
-    if runtime.rank not in members:
-        raise ValueError(
-            f"hvdprof rank {runtime.rank}: {what}: rank {runtime.rank} is not part of "
-            f"process set {set_id} (ranks {list(members)})"
-        )
-    return set_id, members
-
-
-def _check_process_set(process_set: Any, what: str) -> None:
-    """Raise unless this rank may run ``what`` on ``process_set``."""
-    _set_of(process_set, what)
-
-
-def _set_size(set_id: int, members: tuple[int, ...] | None, runtime: _rt.Runtime) -> int:
-    return runtime.size if members is None else len(members)
-
-
-def _size_of(process_set: Any) -> int:
-    """Ranks in ``process_set`` (the job's size for the global set)."""
-    set_id, members = _set_of(process_set, "size")
-    return _set_size(set_id, members, _rt.get())
-
-
-def _rank_in(process_set: Any) -> int:
-    """This rank's index in ``process_set`` (its rank for the global set)."""
-    _, members = _set_of(process_set, "rank")
-    me = _rt.get().rank
-    return me if members is None else members.index(me)
-
-
-def _in_set(sig: Signature, set_id: int) -> Signature:
-    return sig._replace(process_set=set_id) if set_id else sig
-
-
-def _dynamic_allowed() -> bool:
-    return _dynamic_sets or _rt.get().config.dynamic_process_sets
-
-
-_dynamic_sets = False  # init(process_sets="dynamic")
-
-
-def _ranks_of(process_set: ProcessSet) -> list[int]:
-    if process_set.ranks is not None:
-        return process_set.ranks
-    comm = process_set.mpi_comm
-    from mpi4py import MPI  # a communicator was passed: mpi4py is there
-
-    world = MPI.COMM_WORLD.Get_group()
-    mine = comm.Get_group()
-    ranks = MPI.Group.Translate_ranks(mine, list(range(mine.Get_size())), world)
-    return sorted(int(r) for r in ranks)
-
-
-def _register(process_set: ProcessSet, existing_ok: bool = False) -> ProcessSet:
-    from hvdprof.runtime.process_sets import ProcessSetError, normalize_ranks
-
-    runtime = _rt.get()
-    ranks = process_set.ranks
-    if ranks is None:
-        raise ValueError(
-            "a process set made from an MPI communicator can only be passed to "
-            "init(process_sets=...)"
-        )
-    try:
-        members = normalize_ranks(ranks, runtime.size)
-        if members == tuple(range(runtime.size)):
-            set_id = 0  # the global set under another name (Horovod does the same)
-        else:
-            existing = runtime.process_sets.find(members)
-            if existing is not None and existing_ok:  # init(): a repeated set is ignored
-                set_id = existing
-            elif existing is not None:
-                raise ProcessSetError(
-                    f"a process set with ranks {list(members)} already exists (id {existing})"
-                )
-            else:
-                set_id = runtime.add_process_set(members)
-    except ProcessSetError as exc:
-        raise ValueError(f"hvdprof rank {runtime.rank}: {exc}") from None
-    process_set.process_set_id = set_id
-    process_set.ranks = list(members)
-    _sets_by_id.setdefault(set_id, []).append(process_set)
-    return process_set
-
-
-def add_process_set(process_set: Any) -> ProcessSet:
-    """Register a new process set after ``init`` (every rank calls it, in one order).
-
-    As in Horovod, this needs ``HOROVOD_DYNAMIC_PROCESS_SETS=1`` (or
-    ``HVDPROF_DYNAMIC_PROCESS_SETS=1``, or ``init(process_sets="dynamic")``).
-    """
-    if not isinstance(process_set, ProcessSet):
-        process_set = ProcessSet(process_set)
-    if process_set.ranks is None:
-        raise NotImplementedError(
-            "Dynamically adding process sets defined by an MPI communicator is not "
-            "implemented; build the process set from a list of ranks"
-        )
-    runtime = _rt.get()
-    if not _dynamic_allowed():
-        raise ValueError(
-            f"hvdprof rank {runtime.rank}: add_process_set needs dynamic process sets: set "
-            "HOROVOD_DYNAMIC_PROCESS_SETS=1 (or HVDPROF_DYNAMIC_PROCESS_SETS=1), or call "
-            "init(process_sets='dynamic')"
-        )
-    return _register(process_set)
-
-
-def remove_process_set(process_set: ProcessSet) -> bool:
-    """Unregister a set on every rank (collective); False for the global set.
-
-    Every ``ProcessSet`` object naming it is invalidated, as in Horovod.
-    """
-    set_id = getattr(process_set, "process_set_id", None)
-    if set_id is None:
-        raise ValueError(f"remove_process_set: {process_set} is not registered")
-    if set_id == 0:
-        return False
-    runtime = _rt.get()
-    if not _dynamic_allowed():
-        raise ValueError(
-            f"hvdprof rank {runtime.rank}: remove_process_set needs dynamic process sets: "
-            "set HOROVOD_DYNAMIC_PROCESS_SETS=1 (or HVDPROF_DYNAMIC_PROCESS_SETS=1)"
-        )
-    for same in _sets_by_id.pop(set_id, [process_set]):
-        same.invalidate()
-    process_set.invalidate()
-    return runtime.remove_process_set(set_id)
-
-
-def process_set_by_id(process_set_id: int) -> ProcessSet:
-    """The registered set with this id."""
-    sets = _sets_by_id.get(process_set_id)
-    if not sets:
-        raise ValueError(f"No known process set with id {process_set_id}")
-    return sets[0]
-
-
-def process_sets() -> list[ProcessSet]:
-    """One registered ``ProcessSet`` per id, by id (the global set first)."""
-    return [_sets_by_id[i][0] for i in sorted(_sets_by_id) if _sets_by_id[i]]
-
-
 # ------------------------------------------------------------------ set-up and topology
 def init(comm: Any = None, process_sets: Any = None) -> None:
     """Start the runtime (idempotent). Reads every HVDPROF_* variable once.
 
-    ``process_sets``: a list of ``ProcessSet`` to register now (every rank passes the same
-    list), or ``"dynamic"`` to allow ``add_process_set``/``remove_process_set`` later.
+    ``process_sets``: the sets to register now (``ProcessSet`` objects, lists of ranks or
+    mpi4py communicators; every rank passes the same), or ``"dynamic"`` to allow
+    ``add_process_set``/``remove_process_set`` later.
     """
-    global _dynamic_sets
     if comm is not None:
         raise ValueError(
             "hvdprof.torch.init(comm=...) is not supported: ranks come from `hvdprof run`"
         )
     fresh = not is_initialized()
     _rt.init(Config.from_env())
-    if fresh:  # a new runtime knows only the global set
-        for set_id in [i for i in _sets_by_id if i]:
-            for stale in _sets_by_id.pop(set_id):
-                stale.process_set_id = None
-        global_process_set.ranks = list(range(_rt.get().size))
-        _dynamic_sets = False
-    if isinstance(process_sets, str):
-        if process_sets != "dynamic":
-            raise ValueError(
-                f"init(process_sets={process_sets!r}): pass a list of ProcessSet or 'dynamic'"
-            )
-        _dynamic_sets = True
-        return
-    sets = list(process_sets or ())
-    for process_set in sets:
-        if not isinstance(process_set, ProcessSet):
-            raise TypeError(f"init(process_sets=...) takes ProcessSet objects, got {process_set!r}")
-    by_comm = [ps for ps in sets if ps.ranks is None and ps.mpi_comm is not None]
-    if by_comm:
-        _register_comm_sets(by_comm)
-    for process_set in sets:
-        if process_set.process_set_id is None:
-            _register(process_set, existing_ok=True)
-
-
-def _register_comm_sets(sets: list[ProcessSet]) -> None:
-    """Sets given as communicators: each rank knows only the ones it is in, so every rank
-    shares the world ranks of its communicators, and all register the union, in order."""
-    from mpi4py import MPI  # a communicator was passed: mpi4py is there
-
-    mine = [tuple(_ranks_of(ps)) for ps in sets]
-    everyone = MPI.COMM_WORLD.allgather(mine)
-    for members in sorted({m for lists in everyone for m in lists}):
-        if _rt.get().process_sets.find(members) is None:
-            _register(ProcessSet(list(members)))
-    for ps, members in zip(sets, mine, strict=True):
-        ps.ranks = list(members)
-        ps.process_set_id = (
-            0 if len(members) == _rt.get().size else (_rt.get().process_sets.find(members))
-        )
-        _sets_by_id.setdefault(ps.process_set_id, []).append(ps)
+    _sets.set_up(process_sets, fresh)
 
 
 def shutdown() -> None:
@@ -414,6 +141,11 @@ def cuda_built() -> bool:
 
 
 def rocm_built() -> bool:
+    return False
+
+
+def sycl_built() -> bool:
+    """Intel's Horovod (SYCL, XPU devices) asks this; hvdprof has no SYCL path."""
     return False
 
 
@@ -657,7 +389,7 @@ def _allreduce_async(
     if not checked:
         tensor = _check_tensor(tensor, what, runtime, in_place)
         if op is ReduceOp.ADASUM:
-            _check_adasum(tensor, runtime, what, _set_size(set_id, members, runtime))
+            _check_adasum(tensor, runtime, what, set_size(set_id, members, runtime))
     output = tensor if in_place else torch.empty_like(tensor)
     # the per-op path: _signature and _check_name inlined (a few hundred ns per op)
     try:
@@ -685,7 +417,7 @@ def allreduce_async(
     """Start an allreduce; the input is not modified. Returns a handle."""
     set_id, members = 0, None
     if process_set is not global_process_set:
-        set_id, members = _set_of(process_set, "allreduce_async")
+        set_id, members = set_of(process_set, "allreduce_async")
     reduce_op = _resolve_op(op, average)
     h = _allreduce_async(
         tensor,
@@ -713,7 +445,7 @@ def allreduce_async_(
     """Start an in-place allreduce. Returns a handle."""
     set_id, members = 0, None
     if process_set is not global_process_set:
-        set_id, members = _set_of(process_set, "allreduce_async_")
+        set_id, members = set_of(process_set, "allreduce_async_")
     reduce_op = _resolve_op(op, average)
     h = _allreduce_async(
         tensor,
@@ -799,7 +531,7 @@ def _grouped_async(
 ) -> int:
     set_id, members = 0, None
     if process_set is not global_process_set:
-        set_id, members = _set_of(process_set, "grouped_allreduce")
+        set_id, members = set_of(process_set, "grouped_allreduce")
     if not tensors:
         raise ValueError("grouped_allreduce needs at least one tensor")
     name = _check_name(name)
@@ -808,7 +540,7 @@ def _grouped_async(
     checked = [_check_tensor(t, "grouped_allreduce", runtime, in_place) for t in tensors]
     if op is ReduceOp.ADASUM:
         for t in checked:
-            _check_adasum(t, runtime, "grouped_allreduce", _set_size(set_id, members, runtime))
+            _check_adasum(t, runtime, "grouped_allreduce", set_size(set_id, members, runtime))
     names = [None if name is None else f"{name}.{i}" for i in range(len(checked))]
     busy = [n for n in names if n is not None and runtime.is_in_flight(n)]
     if busy:
@@ -951,7 +683,7 @@ def grouped_allreduce_(
 def _allgather_submit(tensor: torch.Tensor, name: str | None, what: str, set_id: int = 0) -> Handle:
     runtime = _rt.get()
     tensor = _check_tensor(tensor, what, runtime, False)
-    sig = _in_set(_signature(OpType.ALLGATHER, tensor), set_id)
+    sig = in_set(_signature(OpType.ALLGATHER, tensor), set_id)
     return runtime.submit(_check_name(name), "allgather", sig, tensor, None)
 
 
@@ -959,7 +691,7 @@ def allgather_async(
     tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> int:
     """Concatenate every rank's tensor along the first dimension (which may differ)."""
-    set_id, _ = _set_of(process_set, "allgather_async")
+    set_id, _ = set_of(process_set, "allgather_async")
     return _handles.add_single(_allgather_submit(tensor, name, "allgather", set_id))
 
 
@@ -981,7 +713,7 @@ class _AllgatherFunction(torch.autograd.Function):
         # as Horovod's: the average of the gradients, this rank's rows of it
         reduced = allreduce(grad_output.contiguous(), op=Average, process_set=ctx.process_set)
         dims = _gather_first_dims([ctx.dim], ctx.process_set)[:, 0]
-        offset = int(dims[: _rank_in(ctx.process_set)].sum())
+        offset = int(dims[: rank_in(ctx.process_set)].sum())
         return reduced.narrow(0, offset, ctx.dim), None, None
 
 
@@ -998,7 +730,7 @@ def grouped_allgather_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Allgather each tensor of the list; ``synchronize`` gives a tuple of outputs."""
-    set_id, _ = _set_of(process_set, "grouped_allgather_async")
+    set_id, _ = set_of(process_set, "grouped_allgather_async")
     if not tensors:
         raise ValueError("grouped_allgather needs at least one tensor")
     name = _check_name(name)
@@ -1025,7 +757,7 @@ class _GroupedAllgatherFunction(torch.autograd.Function):
             [g.contiguous() for g in grad_outputs], op=Average, process_set=ctx.process_set
         )
         dims = _gather_first_dims(ctx.dims, ctx.process_set)
-        me = _rank_in(ctx.process_set)
+        me = rank_in(ctx.process_set)
         offsets = dims[:me].sum(0).tolist() if me else [0] * len(ctx.dims)
         grads = [g.narrow(0, int(o), d) for g, o, d in zip(reduced, offsets, ctx.dims, strict=True)]
         return (None, None, *grads)
@@ -1049,7 +781,7 @@ def _broadcast_async(
     what = "broadcast_" if in_place else "broadcast"
     set_id, members = 0, None
     if process_set is not global_process_set:
-        set_id, members = _set_of(process_set, what)
+        set_id, members = set_of(process_set, what)
     runtime = _rt.get()
     tensor = _check_tensor(tensor, what, runtime, in_place)
     if not isinstance(root_rank, int) or not 0 <= root_rank < runtime.size:
@@ -1062,7 +794,7 @@ def _broadcast_async(
             f"{set_id} (ranks {list(members)})"
         )
     output = tensor if in_place else torch.empty_like(tensor)
-    sig = _in_set(_signature(OpType.BROADCAST, tensor, ReduceOp.SUM, root_rank), set_id)
+    sig = in_set(_signature(OpType.BROADCAST, tensor, ReduceOp.SUM, root_rank), set_id)
     h = runtime.submit(_check_name(name), "broadcast", sig, tensor, output)
     return _handles.add_single(h)
 
@@ -1145,9 +877,9 @@ def alltoall_async(
     As Horovod's, ``synchronize`` gives ``(output, received_splits)`` with or without
     ``splits``; the received splits are int32, or ``splits``' dtype when it is a tensor.
     """
-    set_id, members = _set_of(process_set, "alltoall_async")
+    set_id, members = set_of(process_set, "alltoall_async")
     runtime = _rt.get()
-    ranks = _set_size(set_id, members, runtime)
+    ranks = set_size(set_id, members, runtime)
     tensor = _check_tensor(tensor, "alltoall", runtime, False)
     rows = tensor.shape[0] if tensor.dim() else 1
     if splits is None:
@@ -1160,7 +892,7 @@ def alltoall_async(
                 f"hvdprof rank {runtime.rank}: alltoall splits {list(split_list)} must have one "
                 f"non-negative entry per rank ({ranks}) summing to the first dimension ({rows})"
             )
-    sig = _in_set(_signature(OpType.ALLTOALL, tensor), set_id)
+    sig = in_set(_signature(OpType.ALLTOALL, tensor), set_id)
     h = runtime.submit(_check_name(name), "alltoall", sig, tensor, None, split_list)
     if isinstance(splits, torch.Tensor) and splits.dtype != torch.int32:
         dtype = splits.dtype
@@ -1197,11 +929,11 @@ def alltoall(
     Differentiable: the gradient flows back through the inverse alltoall.
     """
     if splits is None:
-        set_id, members = _set_of(process_set, "alltoall")
+        set_id, members = set_of(process_set, "alltoall")
         runtime = _rt.get()
         output, _ = _AlltoallFunction.apply(
             tensor,
-            list(_even_splits(tensor, runtime, _set_size(set_id, members, runtime))),
+            list(_even_splits(tensor, runtime, set_size(set_id, members, runtime))),
             name,
             process_set,
         )
@@ -1230,7 +962,7 @@ def _reducescatter_submit(
             f"hvdprof rank {runtime.rank}: {what} needs a tensor with at least one dimension"
         )
     sig = _signature(OpType.REDUCESCATTER, tensor, reduce_op, -1, prescale_factor, postscale_factor)
-    sig = _in_set(sig, set_id)
+    sig = in_set(sig, set_id)
     return runtime.submit(_check_name(name), "reducescatter", sig, tensor, None)
 
 
@@ -1243,7 +975,7 @@ def reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> int:
     """Reduce, then give rank r its share of the first dimension (extra rows to low ranks)."""
-    set_id, _ = _set_of(process_set, "reducescatter_async")
+    set_id, _ = set_of(process_set, "reducescatter_async")
     h = _reducescatter_submit(
         tensor,
         name,
@@ -1263,7 +995,7 @@ def _reducescatter_grad(
     number of ranks, and both scale factors apply."""
     if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
         raise ValueError(f"reducescatter with op={op.name.title()} has no gradient")
-    ranks = size() if process_set is None else _size_of(process_set)
+    ranks = size() if process_set is None else size_of(process_set)
     factor = float(ranks) if op == ReduceOp.SUM else 1.0
     factor *= scales[0] * scales[1]
     return grad.contiguous() * factor if factor != 1.0 else grad.contiguous()
@@ -1311,7 +1043,7 @@ def grouped_reducescatter_async(
     postscale_factor: float = 1.0,
 ) -> int:
     """Reducescatter each tensor of the list; ``synchronize`` gives a tuple of outputs."""
-    set_id, _ = _set_of(process_set, "grouped_reducescatter_async")
+    set_id, _ = set_of(process_set, "grouped_reducescatter_async")
     if not tensors:
         raise ValueError("grouped_reducescatter needs at least one tensor")
     reduce_op = _resolve_op(op, None)
@@ -1374,7 +1106,7 @@ def grouped_reducescatter(
 # ------------------------------------------------------------------ barrier and join
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Return once every rank of ``process_set`` has called barrier."""
-    set_id, _ = _set_of(process_set, "barrier")
+    set_id, _ = set_of(process_set, "barrier")
     runtime = _rt.get()
     sig = Signature(OpType.BARRIER, "none", (), ReduceOp.SUM, -1, 1.0, 1.0, "cpu", set_id)
     h = runtime.submit(None, "barrier", sig, None, None)

@@ -22,14 +22,12 @@ from hvdprof.torch.divergence import DivergenceCheck
 from hvdprof.torch.mpi_ops import (
     Adasum,
     Average,
-    _check_process_set,
-    _size_of,
     allgather,
     allreduce_async_,
-    global_process_set,
     size,
     synchronize,
 )
+from hvdprof.torch.process_sets import check_process_set, global_process_set, size_of
 from hvdprof.torch.sparse import sparse_allreduce_async
 
 
@@ -121,7 +119,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     ) -> None:
         super(self.__class__, self).__init__(params)
         self._process_set = process_set
-        self._ranks = _size_of(process_set)
+        self._ranks = size_of(process_set)
         self._compression = compression
         named_parameters = _named_parameters(self.param_groups, named_parameters)
         if gradient_predivide_factor != 1.0 and op != Average:
@@ -397,11 +395,11 @@ def DistributedOptimizer(
     rank gives Horovod's delta optimizer (see ``_DistributedAdasumOptimizer``).
     """
     if process_set is not global_process_set:
-        _check_process_set(process_set, "DistributedOptimizer")
+        check_process_set(process_set, "DistributedOptimizer")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Adasum and size() > 1:
-        if process_set is not global_process_set and _size_of(process_set) != size():
+        if process_set is not global_process_set and size_of(process_set) != size():
             raise ValueError("DistributedOptimizer(op=Adasum) supports the global process set only")
         if not is_power_of_two(size()):
             raise AdasumUnsupportedError(

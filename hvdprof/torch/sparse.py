@@ -17,12 +17,10 @@ import torch
 from hvdprof.torch.mpi_ops import (
     Average,
     Sum,
-    _check_process_set,
-    _size_of,
     allgather_async,
-    global_process_set,
     synchronize,
 )
+from hvdprof.torch.process_sets import check_process_set, global_process_set, size_of
 
 
 def sparse_allreduce_async(
@@ -33,8 +31,8 @@ def sparse_allreduce_async(
 ) -> Callable[[], torch.Tensor]:
     """Start the allreduce of a sparse tensor; returns a function that waits for it and
     gives the reduced sparse tensor (as Horovod's: call it, or ``hvd.synchronize`` it)."""
-    _check_process_set(process_set, "sparse_allreduce_async")
-    ranks = _size_of(process_set)
+    check_process_set(process_set, "sparse_allreduce_async")
+    ranks = size_of(process_set)
     if not tensor.is_sparse:
         raise ValueError(
             f"sparse_allreduce_async needs a sparse (COO) tensor, got layout {tensor.layout}; "

@@ -18,11 +18,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from hvdprof.torch.mpi_ops import (
     Sum,
-    _check_process_set,
-    _size_of,
     allreduce,
-    global_process_set,
 )
+from hvdprof.torch.process_sets import check_process_set, global_process_set, size_of
 
 
 class SyncBatchNorm(_BatchNorm):
@@ -38,7 +36,7 @@ class SyncBatchNorm(_BatchNorm):
         track_running_stats: bool = True,
         process_set: Any = global_process_set,
     ) -> None:
-        _check_process_set(process_set, "SyncBatchNorm")
+        check_process_set(process_set, "SyncBatchNorm")
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
         self.process_set = process_set
 
@@ -48,7 +46,7 @@ class SyncBatchNorm(_BatchNorm):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
-        if not self.training or _size_of(self.process_set) == 1:
+        if not self.training or size_of(self.process_set) == 1:
             return super().forward(input)
         momentum = self.momentum
         if self.track_running_stats and self.num_batches_tracked is not None:
