@@ -24,10 +24,11 @@ from hvdprof.torch.mpi_ops import (
     Average,
     allgather,
     allreduce_async_,
+    rank,
     size,
     synchronize,
 )
-from hvdprof.torch.process_sets import check_process_set, global_process_set, size_of
+from hvdprof.torch.process_sets import global_process_set, set_of
 from hvdprof.torch.sparse import sparse_allreduce_async
 
 
@@ -119,7 +120,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     ) -> None:
         super(self.__class__, self).__init__(params)
         self._process_set = process_set
-        self._ranks = size_of(process_set)
+        _, members = set_of(process_set, "DistributedOptimizer", outside_ok=True)
+        self._ranks = size() if members is None else len(members)
+        # as Horovod's: a rank outside the optimizer's set steps on its own gradients
+        self._included = members is None or rank() in members
         self._compression = compression
         named_parameters = _named_parameters(self.param_groups, named_parameters)
         if gradient_predivide_factor != 1.0 and op != Average:
@@ -140,7 +144,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._divergence = _divergence_check(named_parameters)
-        if self._ranks > 1:
+        if self._ranks > 1 and self._included:
             self._register_hooks()
 
     def _register_hooks(self) -> None:
@@ -195,7 +199,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self) -> None:
         """Wait for every gradient allreduce; gradients are averaged when this returns."""
-        if self._ranks == 1:
+        if self._ranks == 1 or not self._included:
             self._synchronized = True
             return
         for group in self.param_groups:
@@ -220,8 +224,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 continue
             dtype_ctx, _ = ctx
             reduced = self._compression.decompress(output, dtype_ctx)
-            if p.grad.is_sparse:  # sparse_as_dense: the gradient becomes the dense result
-                p.grad = reduced
+            if p.grad.is_sparse:  # sparse_as_dense: reduced densely, sparse again (as
+                p.grad = reduced.to_sparse()  # Horovod's): SparseAdam still gets sparse
             elif reduced is not p.grad:
                 p.grad.copy_(reduced)
         self._handles.clear()
@@ -395,11 +399,12 @@ def DistributedOptimizer(
     rank gives Horovod's delta optimizer (see ``_DistributedAdasumOptimizer``).
     """
     if process_set is not global_process_set:
-        check_process_set(process_set, "DistributedOptimizer")
+        set_of(process_set, "DistributedOptimizer", outside_ok=True)
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Adasum and size() > 1:
-        if process_set is not global_process_set and size_of(process_set) != size():
+        members = set_of(process_set, "DistributedOptimizer", outside_ok=True)[1]
+        if members is not None and len(members) != size():
             raise ValueError("DistributedOptimizer(op=Adasum) supports the global process set only")
         if not is_power_of_two(size()):
             raise AdasumUnsupportedError(

@@ -93,10 +93,13 @@ global_process_set.process_set_id = 0
 _sets_by_id: dict[int, list[ProcessSet]] = {0: [global_process_set]}
 
 
-def set_of(process_set: Any, what: str) -> tuple[int, tuple[int, ...] | None]:
+def set_of(
+    process_set: Any, what: str, outside_ok: bool = False
+) -> tuple[int, tuple[int, ...] | None]:
     """``(set id, members)`` of a collective's ``process_set=``; (0, None) for the global
     set. A set that is unknown, removed, or does not include this rank is an error here,
-    before anything is submitted, as in Horovod."""
+    before anything is submitted, as in Horovod (``outside_ok``: not the last, for the
+    optimizer, which a rank outside its set may build and step locally)."""
     if process_set is global_process_set:
         return 0, None
     runtime = _rt.get()
@@ -114,7 +117,7 @@ def set_of(process_set: Any, what: str) -> tuple[int, tuple[int, ...] | None]:
             f"hvdprof rank {runtime.rank}: {what} got {process_set}, which is not registered "
             "(pass it to init(process_sets=...) or add_process_set first) or was removed"
         )
-    if runtime.rank not in members:
+    if runtime.rank not in members and not outside_ok:
         raise ValueError(
             f"hvdprof rank {runtime.rank}: {what}: rank {runtime.rank} is not part of "
             f"process set {set_id} (ranks {list(members)})"

@@ -117,6 +117,19 @@ def ops() -> None:
         opt.step()
     w = hvd.allgather(model.weight.detach(), process_set=mine)
     check(all(torch.equal(w[i], w[0]) for i in range(len(members))), "optimizer on a set")
+    # as Horovod's: a rank outside the optimizer's set builds it and steps on its own
+    lone = torch.nn.Linear(4, 1)
+    before = lone.weight.detach().clone()
+    outside = hvd.DistributedOptimizer(
+        torch.optim.SGD(lone.parameters(), lr=0.1),
+        named_parameters=lone.named_parameters(),
+        process_set=other,
+    )
+    outside.zero_grad()
+    lone(torch.ones(2, 4)).sum().backward()
+    local = before - 0.1 * lone.weight.grad
+    outside.step()
+    check(torch.allclose(lone.weight.detach(), local), "outside its set: a local step")
 
     # sparse gradients stay sparse, so SparseAdam works (Horovod's test_sparse_embeddings);
     # under MPI this once hung at 4 ranks (a one-row gradient's strides: see backends/mpi)
@@ -156,6 +169,18 @@ def sparse_adam(rank: int, size: int) -> None:
         sparse_opt.step()
     w = hvd.allgather(emb.weight.detach()[None])
     check(all(torch.equal(w[i], w[0]) for i in range(size)), "SparseAdam in step on every rank")
+    # sparse_as_dense: reduced densely, handed back sparse (SparseAdam refuses dense)
+    dense_opt = hvd.DistributedOptimizer(
+        torch.optim.SparseAdam(emb.parameters(), lr=0.1),
+        named_parameters=emb.named_parameters(),
+        sparse_as_dense=True,
+    )
+    dense_opt.zero_grad()
+    emb(torch.tensor([rank % 10])).sum().backward()
+    dense_opt.synchronize()
+    check(emb.weight.grad.is_sparse, "sparse_as_dense gives a sparse gradient back")
+    with dense_opt.skip_synchronize():
+        dense_opt.step()
 
 
 def static() -> None:
