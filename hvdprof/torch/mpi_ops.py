@@ -108,15 +108,20 @@ def mpi_threads_supported() -> bool:
 
 
 def mpi_enabled() -> bool:
-    return False
+    """Whether this job's collectives run on MPI (``HVDPROF_BACKEND=mpi`` under mpirun)."""
+    runtime = _rt.current()
+    return runtime is not None and is_initialized() and runtime.data_engine == "mpi"
 
 
 def mpi_built() -> bool:
-    return False
+    """Whether the MPI engine can be used here (mpi4py is installed)."""
+    from hvdprof.runtime.environment import mpi4py_installed
+
+    return mpi4py_installed()
 
 
 def gloo_enabled() -> bool:
-    return is_initialized()
+    return is_initialized() and not mpi_enabled()
 
 
 def gloo_built() -> bool:
