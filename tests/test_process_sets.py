@@ -64,6 +64,10 @@ def test_coordinator_waits_for_the_members_only_and_keys_names_per_set() -> None
         ("g", s1, None)
     ]
     assert not reply.responses[0].cacheable  # a set's op never takes the cache's fast path
+    # the stall inspector's view: rank 2 submitted set 2's "g" and rank 3 has not; ranks
+    # 0 and 1 are outside set 2 and never named as late for it
+    ready, _ = coord.pending()["g (process set 2)"]
+    assert ready == frozenset({0, 1, 2})
     # a set removed while one member waited: the op fails with a word on the set
     table.remove(s2)
     reply = coord.handle(2, [], frozenset(), cache, True, 0.0)
@@ -124,3 +128,26 @@ def test_timeline_and_each_sets_straggler(tmp_path) -> None:  # type: ignore[no-
         v.startswith("Process set 2 (ranks 2, 3): rank 3 is the straggler")
         for v in report["verdicts"]
     )
+
+
+def test_a_stall_in_one_set_names_only_its_late_member() -> None:
+    result = run_job(
+        "process_sets_worker.py",
+        4,
+        "stall",
+        env={"HVDPROF_STALL_CHECK_TIME_SECONDS": "1"},
+        timeout=180,
+    )
+    _ok(result, 4)
+    lines = [
+        line
+        for r in range(4)
+        for line in result.lines(r, "stderr")
+        if "hvdprof stall:" in line and "(process set 1)" in line
+    ]
+    assert lines, result.describe()
+    for line in lines:
+        assert "rank 1 has not submitted 'x (process set 1)'" in line, line
+        for outsider in (2, 3):
+            assert f"rank {outsider} has not submitted 'x" not in line, line
+            assert f"{outsider}] submitted" not in line and f"rank {outsider} submitted" not in line

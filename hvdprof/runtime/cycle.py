@@ -632,7 +632,7 @@ class CycleLoop:
             joined = frozenset(int(r) for r in np.flatnonzero(matrix[:, _JOINED]))
         if joined:  # a rank in join() is not late: the others go on without it
             waiting = {n: (ready | joined, since) for n, (ready, since) in waiting.items()}
-        stall = self.stall.inspect(now, waiting, kinds)
+        stall = self.stall.inspect(now, waiting, kinds, self.coordinator.pending_outsiders())
         if stall is not None:
             # Ask the late ranks where they are: every rank applies the order at the end
             # of the same cycle (``_exchange_stacks``), so the user's threads go on.

@@ -215,8 +215,30 @@ class Coordinator:
         self._table: dict[str, _Pending] = {}
 
     def pending(self) -> dict[str, tuple[frozenset[int], float]]:
-        """name -> (ranks that submitted it, when the first one did): for the stall inspector."""
-        return {n: (frozenset(p.metas), p.first_seen) for n, p in self._table.items()}
+        """name -> (ranks that submitted it, when the first one did): for the stall inspector.
+
+        For an op of a process set, the ranks outside the set count as ready: they never
+        submit it, so they are never the late ones it waits for."""
+        out = {}
+        for n, p in self._table.items():
+            ready = frozenset(p.metas)
+            set_id = next(iter(p.metas.values())).signature.process_set
+            members = self.sets.members(set_id) if set_id and self.sets is not None else None
+            if members is not None:
+                ready |= self._everyone - frozenset(members)
+            out[n] = (ready, p.first_seen)
+        return out
+
+    def pending_outsiders(self) -> dict[str, frozenset[int]]:
+        """name -> the ranks outside its process set, for each pending op of a set (the
+        stall line must not say they submitted it)."""
+        out = {}
+        for n, p in self._table.items():
+            set_id = next(iter(p.metas.values())).signature.process_set
+            members = self.sets.members(set_id) if set_id and self.sets is not None else None
+            if members is not None:
+                out[n] = self._everyone - frozenset(members)
+        return out
 
     def pending_kinds(self) -> dict[str, str]:
         """name -> op type (``ALLREDUCE``...) of every pending name, as its first rank sent it."""

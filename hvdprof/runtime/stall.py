@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hvdprof.runtime import stacks
@@ -35,6 +35,9 @@ class Stall:
     waited_s: float
     #: HVDPROF_STALL_SHUTDOWN_TIME_SECONDS has elapsed: the job ends
     shutdown: bool
+    #: name -> ranks outside its process set (counted in ``names``' ready ranks: never
+    #: late for it, and never said to have submitted it)
+    outside: dict[str, frozenset[int]] = field(default_factory=dict)
 
     def missing(self, size: int) -> list[int]:
         """Every rank that has not submitted some stalled name."""
@@ -55,6 +58,7 @@ class StallInspector:
         now: float,
         waiting: Mapping[str, tuple[frozenset[int], float]],
         kinds: Mapping[str, str] | None = None,
+        outside: Mapping[str, frozenset[int]] | None = None,
     ) -> Stall | None:
         """``waiting``: name -> (ranks ready, since when). A stall due a report (one per
         check interval, or the shutdown), else None."""
@@ -69,7 +73,15 @@ class StallInspector:
             return None
         self._last_warning = now
         kinds = kinds or {}
-        return Stall(stalled, {n: kinds.get(n, "op") for n in stalled}, now, oldest, shutdown)
+        outside = outside or {}
+        return Stall(
+            stalled,
+            {n: kinds.get(n, "op") for n in stalled},
+            now,
+            oldest,
+            shutdown,
+            {n: outside[n] for n in stalled if n in outside},
+        )
 
     def report(self, stall: Stall, states: Mapping[int, Mapping[str, Any]]) -> str:
         """The stall line (logged here as a warning unless it ends the job)."""
@@ -142,7 +154,7 @@ def describe_stall(size: int, stall: Stall, states: Mapping[int, Mapping[str, An
             )
         parts.append(clause)
     for name in waiting_on:
-        ready = sorted(stall.names[name][0])
+        ready = sorted(stall.names[name][0] - stall.outside.get(name, frozenset()))
         kind = stall.kinds.get(name, "op").lower()
         others = [r for r in ready if r != 0]
         if 0 in ready:

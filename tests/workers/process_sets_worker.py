@@ -219,10 +219,32 @@ def train(slow_rank: int, delay_ms: float) -> None:
     print("OK train", flush=True)
 
 
+def stall() -> None:
+    """Rank 1 is 3 s late for set {0, 1}'s allreduce while set {2, 3} keeps working: the
+    stall line names rank 1 alone; ranks 2 and 3 are neither late for it nor said to
+    have submitted it."""
+    hvd.init(process_sets=[hvd.ProcessSet([0, 1]), hvd.ProcessSet([2, 3])])
+    rank = hvd.rank()
+    mine = hvd.process_sets()[1 if rank < 2 else 2]
+    started = time.monotonic()
+    if rank == 1:
+        time.sleep(3.0)
+    if rank < 2:
+        hvd.allreduce(torch.ones(4), name="x", process_set=mine)
+    else:
+        while time.monotonic() - started < 3.0:
+            hvd.allreduce(torch.ones(4), name="y", process_set=mine)
+            time.sleep(0.01)
+    hvd.shutdown()
+    print("OK stall", flush=True)
+
+
 if MODE == "ops":
     ops()
 elif MODE == "static":
     static()
+elif MODE == "stall":
+    stall()
 elif MODE == "train":
     train(int(sys.argv[2]), float(sys.argv[3]))
 else:
