@@ -238,7 +238,9 @@ def test_slow_ranks_named_with_their_phase_and_cost(scenario, name: str) -> None
     diff = diff_runs(load_run(balanced.timeline, cache=False), load_run(slow.timeline, cache=False))
     assert diff.cause is not None, diff.verdict
     assert diff.cause.key in {f"rank {r}: compute" for r in sc.slow}, diff.verdict
-    assert all(r.key.removeprefix("rank ") not in map(str, sc.slow) for r in diff.effects)
+    assert all(r.key.removeprefix("rank ") not in map(str, sc.slow) for r in diff.effects), (
+        diff.verdict
+    )
     assert f"Cause: {diff.cause.key} +" in diff.verdict, diff.verdict
 
 

@@ -325,3 +325,31 @@ def test_real_runs_a_slowed_backward_fails_the_gate_and_is_named(tmp_path: Path)
     trace_diff = json.loads(cli("diff", str(a), str(slow), *rules, "--json").stdout)
     assert trace_diff["verdict"] == data["verdict"] and trace_diff["gate"] == data["gate"]
     assert msgspec.json.decode(base.read_bytes())["format"] == "hvdprof-summary"
+
+
+def test_diff_two_slow_ranks_are_both_causes_never_effects() -> None:
+    """Ranks 2 and 3 both compute 10 ms more per step; rank 3 also waits 2 ms more for
+    rank 2 (noise between two slow ranks). Rank 3 is a cause as well, not an effect of
+    rank 2; ranks 0 and 1, whose own work did not grow, are the effects."""
+    from hvdprof.analysis.diff import diff_summaries
+    from hvdprof.analysis.summary import RunSummary, Series
+
+    def run(name: str, slow: float, extra_wait: float) -> RunSummary:
+        ranks = {
+            r: {
+                "compute": 20.0 + (slow if r in (2, 3) else 0.0),
+                "wait": (slow if r in (0, 1) else 0.0) + (extra_wait if r == 3 else 0.0),
+            }
+            for r in range(4)
+        }
+        return RunSummary(
+            format="hvdprof-summary", version=1, source=name, trace_format="hvdprof",
+            ranks=[0, 1, 2, 3], steps_in_run=50, step_ms=25.0 + slow,
+            phase_ms={"idle": 20.0 + slow}, rank_ms=ranks, own_work_known=True,
+            tensor_ms={}, one_time=[], series=Series(),
+        )  # fmt: skip
+
+    d = diff_summaries(run("a", 0.0, 0.0), run("b", 10.0, 2.0))
+    assert d.cause is not None and d.cause.key in ("rank 2: compute", "rank 3: compute")
+    assert sorted(r.key for r in d.effects) == ["rank 0", "rank 1"], d.verdict
+    assert "(also rank " in d.verdict, d.verdict

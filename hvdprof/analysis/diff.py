@@ -149,9 +149,17 @@ def diff_summaries(a: RunSummary, b: RunSummary) -> RunDiff:
     cause = work[0] if work and work[0].delta_ms >= floor else None
     if cause is not None:
         out.cause = cause
-        culprit = cause.key.split(":", 1)[0]
-        out.effects = [r for r in wait if r.key != culprit and r.delta_ms >= floor]
+        # every rank whose own work grew as much is a cause too (two slow ranks on one
+        # host): the time one of them waits for the other is not an effect of the first
+        grown: dict[str, DiffRow] = {}
+        for r in work:
+            if r.delta_ms >= floor:
+                grown.setdefault(r.key.split(":", 1)[0], r)
+        out.effects = [r for r in wait if r.key not in grown and r.delta_ms >= floor]
         text += f" Cause: {cause.key} {cause.delta_ms:+.1f} ms per step"
+        also = [r for rank, r in grown.items() if r is not cause][:3]
+        if also:
+            text += " (also " + ", ".join(f"{r.key} {r.delta_ms:+.1f}" for r in also) + ")"
         if out.effects:
             ranks = ", ".join(r.key.removeprefix("rank ") for r in out.effects)
             deltas = ", ".join(f"{r.delta_ms:+.1f}" for r in out.effects)
