@@ -622,18 +622,10 @@ def test_process_sets_filter(browser: object, tmp_path: Path) -> None:
     """A real 4-rank job in sets {0, 1} and {2, 3}, rank 3 slowed: the page offers the
     sets, and choosing set 2 narrows the timeline and the straggler card to ranks 2 and 3,
     with rank 3 named there; set 1 names nobody."""
-    from conftest import run_job
+    from test_process_sets import record_two_set_job
 
     root = tmp_path / "served"
-    result = run_job(
-        "process_sets_worker.py",
-        4,
-        "train",
-        "3",
-        "40",
-        timeout=240,
-        launcher_args=("--timeline", str(root / "sets")),
-    )
+    result = record_two_set_job(root / "sets")
     assert result.returncode == 0, result.describe()
     with dashboard_server(root) as base:
         page, errors = open_page(browser, base + "?run=sets")
@@ -642,19 +634,18 @@ def test_process_sets_filter(browser: object, tmp_path: Path) -> None:
         assert options == ["all ranks", "set 1: ranks 0, 1", "set 2: ranks 2, 3"], options
         ranks_shown = "window.HVD_STATE.lanes.map((l) => l.split(' (')[0]).join()"
         assert page.evaluate(ranks_shown) == "rank 0,rank 1,rank 2,rank 3"
-        page.select_option("#set-select", "2")
-        wait_for_timeline(page, ranks_shown + " === 'rank 2,rank 3'")
-        verdict = page.locator("#straggler-verdict").text_content()
-        assert verdict.startswith("Process set 2 (ranks 2, 3): rank 3 is the straggler"), verdict
-        rows = page.locator("#stragglers .ytick text").all_text_contents()
-        assert sorted(rows) == ["rank 2", "rank 3 \u25c0 straggler"], rows
-        page.screenshot(path=str(tmp_path / "process-set-2.png"), full_page=True)
-        page.select_option("#set-select", "1")
-        wait_for_timeline(page, ranks_shown + " === 'rank 0,rank 1'")
-        verdict = page.locator("#straggler-verdict").text_content()
-        assert verdict.startswith("Process set 1 (ranks 0, 1): No straggler"), verdict
-        rows = page.locator("#stragglers .ytick text").all_text_contents()
-        assert sorted(rows) == ["rank 0", "rank 1"], rows
+        for value, lanes_shown, said, rows_drawn in (
+            ("2", "rank 2,rank 3", "(ranks 2, 3): rank 3 is the straggler",
+             ["rank 2", "rank 3 \u25c0 straggler"]),
+            ("1", "rank 0,rank 1", "(ranks 0, 1): No straggler", ["rank 0", "rank 1"]),
+        ):  # fmt: skip
+            page.select_option("#set-select", value)
+            wait_for_timeline(page, f"{ranks_shown} === '{lanes_shown}'")
+            verdict = page.locator("#straggler-verdict").text_content()
+            assert verdict.startswith(f"Process set {value} {said}"), verdict
+            rows = page.locator("#stragglers .ytick text").all_text_contents()
+            assert sorted(rows) == rows_drawn, rows
+            page.screenshot(path=str(tmp_path / f"process-set-{value}.png"), full_page=True)
         page.select_option("#set-select", "")
         wait_for_timeline(page, "window.HVD_STATE.lanes.length === 4")
         assert errors == []

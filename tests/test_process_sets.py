@@ -91,12 +91,10 @@ def test_sets_map_to_mpi_communicators() -> None:
     _ok(result, 4)
 
 
-def test_timeline_and_each_sets_straggler(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Sets {0, 1} and {2, 3}; rank 3 sleeps 40 ms per step from step 5. Each op's events
-    carry its set; set 2 names rank 3, set 1 names nobody, and no rank outside set 2 is
-    ever its straggler."""
-    timeline = tmp_path / "tl"
-    result = run_job(
+def record_two_set_job(timeline) -> JobResult:  # type: ignore[no-untyped-def]
+    """Sets {0, 1} and {2, 3} training apart, rank 3 40 ms late per step from step 5,
+    recorded into ``timeline`` (also the browser test's run)."""
+    return run_job(
         "process_sets_worker.py",
         4,
         "train",
@@ -105,7 +103,14 @@ def test_timeline_and_each_sets_straggler(tmp_path) -> None:  # type: ignore[no-
         timeout=240,
         launcher_args=("--timeline", str(timeline)),
     )
-    _ok(result, 4)
+
+
+def test_timeline_and_each_sets_straggler(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Sets {0, 1} and {2, 3}; rank 3 sleeps 40 ms per step from step 5. Each op's events
+    carry its set; set 2 names rank 3, set 1 names nobody, and no rank outside set 2 is
+    ever its straggler."""
+    timeline = tmp_path / "tl"
+    _ok(record_two_set_job(timeline), 4)
     for rank, set_id in ((0, 1), (1, 1), (2, 2), (3, 2)):
         text = (timeline / f"rank.{rank}.json").read_text()
         assert f'"process_set":{set_id}' in text
