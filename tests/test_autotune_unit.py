@@ -487,8 +487,8 @@ def test_decision_line_says_what_it_did_once_and_truly() -> None:
 
 
 def test_pinned_knobs_are_named_with_their_estimated_cost() -> None:
-    config = Config(cycle_time_ms=5.0, explicitly_set=frozenset({"HVDPROF_CYCLE_TIME"}))
-    initial = TunableParams(config.fusion_threshold_bytes, 5.0, True)
+    config = Config(cycle_time_ms=25.0, explicitly_set=frozenset({"HVDPROF_CYCLE_TIME"}))
+    initial = TunableParams(config.fusion_threshold_bytes, 25.0, True)
     space = space_from_config(config, initial)
     structure = JobStructure(0.02, MiB, (MiB,), wait_fraction=0.5)
     t = PairedTuner(space, 20, initial, structure=structure)
@@ -497,8 +497,8 @@ def test_pinned_knobs_are_named_with_their_estimated_cost() -> None:
         params = t.ask()
         t.tell(params, noisy(1e9, window, rng, 0.0, IN_RUN))
     line = end_line(t.decision(), config, 3, structure)
-    assert "pinned by you (not tuned): HVDPROF_CYCLE_TIME=5 (" in line
-    # waits are half the step; at the default 1 ms they would shrink to a fifth: 40%
+    assert "pinned by you (not tuned): HVDPROF_CYCLE_TIME=25 (" in line
+    # waits are half the step; at the default 5 ms they would shrink to a fifth: 40%
     assert "the step might be up to 40% shorter" in line
     assert line.count("\n") == 0
 

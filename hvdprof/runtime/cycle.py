@@ -97,6 +97,9 @@ class CycleLoop:
         self.queue: deque[Request] = deque()
         self.commands: deque[Callable[[], None]] = deque()
         self.wake = threading.Event()
+        #: set when a user thread starts to wait on an unfinished op: the cycle's pacing
+        #: sleep ends at once (that thread submits nothing more until the wait ends)
+        self.urgent = threading.Event()
         self.shutdown_requested = False
         self.join_handle: Any = None
 
@@ -177,8 +180,8 @@ class CycleLoop:
                 if busy:
                     idle_since = 0.0
                     delay = cycle_s - (time.monotonic() - t0)
-                    if delay > 0:
-                        time.sleep(delay)
+                    if delay > 0 and not self.urgent.is_set():
+                        self.urgent.wait(delay)
                 else:
                     # Idle on every rank (the allgather showed nothing pending anywhere).
                     # Keep the cycle's pace for a moment, then slow down: nothing can
@@ -192,7 +195,10 @@ class CycleLoop:
                         wait = max(wait, _IDLE_SLEEP_MAX_S)
                     self.wake.wait(wait)
                 self.wake.clear()
-                self._let_burst_finish(cycle_s)
+                if self.urgent.is_set():
+                    self.urgent.clear()  # nothing more comes: no burst to wait for
+                else:
+                    self._let_burst_finish(cycle_s)
         except BaseException as exc:  # a dead peer, a timeout: fail everything, loudly
             self._fail(self._internal_error(exc))
             if self.on_fatal is not None and self.failure is not None:
@@ -219,8 +225,11 @@ class CycleLoop:
             return
         pause = max(cycle_s / 4, 0.0002)
         deadline = time.monotonic() + _BURST_WAIT_MAX_S
+        urgent = self.urgent
         while time.monotonic() < deadline:
-            time.sleep(pause)
+            if urgent.wait(pause):  # the submitting thread now waits: the burst is over
+                urgent.clear()
+                return
             m = len(queue)
             if m == n:
                 return

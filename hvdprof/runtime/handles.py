@@ -28,6 +28,10 @@ waits_since_submit: dict[int, list[int]] = {}
 _blocked_on: dict[int, Handle] = {}
 #: thread id -> every thread that has ever waited on a handle (the user's threads)
 _waiters: dict[int, threading.Thread] = {}
+#: called (on the user's thread) as it starts to block on an op that has not completed:
+#: the runtime points it at the cycle thread's "negotiate now" event, since a thread that
+#: waits submits nothing more until its wait ends, so pacing the cycle gains nothing
+on_block: Any = None
 
 
 def user_thread_blocked() -> bool:
@@ -121,6 +125,8 @@ class Handle:
             if _waiters.get(me) is not threading.current_thread():
                 _waiters[me] = threading.current_thread()
             _blocked_on[me] = self
+            if on_block is not None:
+                on_block()
             t_blocked = timebase.now_ns() if note_waits else 0
             try:
                 with _cond:

@@ -182,6 +182,7 @@ class Runtime:
         timebase.set_skew_us(config.clock_skew_us)
         self.timeline: Any = None
         self._setup_observers()
+        handles.on_block = self.cycle.urgent.set
         self.cycle.start()
 
     def _setup_observers(self) -> None:
@@ -488,6 +489,8 @@ class Runtime:
             cycle.wake.set()
             cycle.thread.join(timeout=self.config.collective_timeout_s + 5)
         cycle.shutdown_requested = True
+        if handles.on_block == cycle.urgent.set:
+            handles.on_block = None
         for executor in self.executor.subsets.values():
             with contextlib.suppress(Exception):
                 executor.backend.close()
