@@ -43,7 +43,9 @@ runtime or the machine, and the verdict says so instead of blaming its code.
 is above the bar with confidence: the one-sided p-value of "mean excess at or below the
 bar" (from the bootstrap's standard error), Holm-corrected over the ranks tested at
 :data:`ALPHA`, and its mean hold is at least the bar. The bar is absolute and relative: the most of :data:`MIN_COST_MS`, one
-negotiation cycle and :data:`MIN_STEP_SHARE` of the step. The uncertainty that decides is
+negotiation cycle (only where waiting ranks negotiated at the cycle's pace: Horovod, and
+hvdprof timelines whose manifest lacks ``negotiates_on_wait``) and :data:`MIN_STEP_SHARE`
+of the step. The uncertainty that decides is
 that of a mean over ``n`` steps, not the noise of one step, so a loaded machine's noisy
 steps widen the interval rather than hide or invent a culprit; with fewer than
 :data:`MIN_STEPS` steps, or an excess whose interval reaches below the bar, the verdict
@@ -179,6 +181,7 @@ class Stragglers:
     held_floor_ms: float = 0.0  # a step is held when a cost reaches this (bar and noise)
     noise_floor_ms: float = 0.0  # mean cost of the ranks not named: taken off the culprits'
     cycle_time_ms: float = 0.0  # the run's negotiation cycle (manifest), 0 unknown
+    pace_ms: float = 0.0  # the bar's cycle term (0: a rank's wait starts a cycle at once)
     spread_ms: float = 0.0  # median gap between the first and the last rank to finish
     own_work_known: bool = False  # each rank's own work measured (else lateness decides)
     ranks: list[RankStraggle] = field(default_factory=list)  # most hold first
@@ -446,6 +449,16 @@ def _cycle_time_ms(run: Run) -> float:
     return max(values) if values else 0.0
 
 
+def _pace_ms(run: Run) -> float:
+    """The bar's cycle term: a rank late by less than a cycle held nobody where waiting
+    ranks negotiated at the cycle's pace (Horovod, hvdprof before its manifests said
+    ``negotiates_on_wait``); where a wait starts a cycle at once, lateness is not rounded."""
+    manifests = list(run.manifests.values())
+    if manifests and all(m.get("negotiates_on_wait") for m in manifests):
+        return 0.0
+    return _cycle_time_ms(run)
+
+
 def _lateness(ms: float) -> str:
     """'late by 2.2 ms', or 'early by 3.1 ms' (never 'late by -3.1 ms')."""
     if ms >= 0.05:
@@ -641,7 +654,8 @@ def find_stragglers(run: Run) -> Stragglers:
     # the steps it picked would name a rank for a busy machine's burst of noise
     e = excess[counted] / 1000.0
     n_all = n_steps - first
-    bar_all = max(MIN_COST_MS, out.cycle_time_ms, MIN_STEP_SHARE * typical_step_ms(run))
+    pace_ms = out.pace_ms = _pace_ms(run)
+    bar_all = max(MIN_COST_MS, pace_ms, MIN_STEP_SHARE * typical_step_ms(run))
     boot_e = block_bootstrap_means(e) if n_all else np.zeros((1, n_ranks))
     p = _p_above(e.mean(axis=0) if n_all else np.zeros(n_ranks), boot_e.std(axis=0), bar_all)
     reject = holm(p) if n_all >= MIN_STEPS else np.zeros(n_ranks, dtype=bool)
@@ -660,7 +674,7 @@ def find_stragglers(run: Run) -> Stragglers:
         out.noise_ms = (
             max(_robust_std(in_window), _robust_std(np.diff(in_window)) / np.sqrt(2.0)) / 1000.0
         )
-    bar = max(MIN_COST_MS, out.cycle_time_ms, MIN_STEP_SHARE * out.step_ms)
+    bar = max(MIN_COST_MS, pace_ms, MIN_STEP_SHARE * out.step_ms)
     out.threshold_ms = bar
 
     # per rank: its cost and interval from the onset on
@@ -878,7 +892,8 @@ def _no_culprit_verdict(
         text += (
             f": no rank's {part} was material over {n} steps (the most, rank {top.rank}, "
             f"{a} ms per step more than the others' on average; material is {b} ms: the "
-            f"most of {MIN_COST_MS:g} ms, one cycle and {MIN_STEP_SHARE:.0%} of the "
+            f"most of {MIN_COST_MS:g} ms, {'one cycle and ' if out.pace_ms else ''}"
+            f"{MIN_STEP_SHARE:.0%} of the "
             f"{out.step_ms:.1f} ms step)"
         )
     text += (

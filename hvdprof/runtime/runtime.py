@@ -154,6 +154,7 @@ class Runtime:
             backend=self.data_engine,
             shared_memory=self.shm is not None,
             host=self.host_name,
+            negotiates_on_wait=True,
         )
         params = TunableParams(
             fusion_threshold_bytes=config.fusion_threshold_bytes,

@@ -344,6 +344,9 @@ class TimelineSink:
             # how the job was started and which engine moved its tensors (mpi, gloo)
             "launcher": self.job.get("launcher"),
             "backend": self.job.get("backend"),
+            # a rank's wait on an op starts a cycle at once (not at the cycle's pace): the
+            # straggler bar then needs no cycle of slack
+            "negotiates_on_wait": bool(self.job.get("negotiates_on_wait", False)),
             "os_pid": os.getpid(),
             # the process writing the trace file: until it exits, the file may still grow
             # (after a SIGKILL of the rank it drains what the rank handed over, then exits)
