@@ -38,6 +38,7 @@ import os
 import statistics
 import sys
 import threading
+import time
 from typing import Any
 
 import _harness as h
@@ -175,6 +176,31 @@ class CpuMeter:
         }
 
 
+class PhaseMeter:
+    """Per variant, each iteration's wall ms in forward, backward and ``step()`` (this rank),
+    and for hvdprof the share of the step's allreduced bytes done before backward returned.
+
+    Where a step's time goes: DDP waits for its last bucket inside backward, hvdprof in
+    ``step()`` (``synchronize``); the overlap says how much communication backward hid.
+    """
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list[tuple[float, float, float, float]]] = {}
+
+    def reset(self) -> None:
+        self.rows.clear()
+
+    def add(self, name: str, fwd: float, bwd: float, step: float, overlap: float) -> None:
+        self.rows.setdefault(name, []).append((fwd * 1e3, bwd * 1e3, step * 1e3, overlap))
+
+    def medians(self) -> dict[str, dict[str, float]]:
+        keys = ("forward_ms", "backward_ms", "step_ms", "overlap")
+        return {
+            name: {k: round(statistics.median(r[i] for r in rows), 3) for i, k in enumerate(keys)}
+            for name, rows in self.rows.items()
+        }
+
+
 def build(kind: str, rank: int, batch: int, image: int) -> tuple[Any, Any, Any]:
     """(model factory, inputs, loss function) of one of the two models."""
     import torch
@@ -214,6 +240,11 @@ def worker(args: Any) -> None:
     fns: dict[str, Any] = {}
     meters: dict[str, h.StatsMeter] = {}
     cpu = CpuMeter(args.block)
+    phases = PhaseMeter()
+
+    def reduced_bytes() -> int:
+        return int(hvd.runtime_stats().get("bytes_reduced", 0))
+
     pairs: dict[str, tuple[Any, Any]] = {}
     info: dict[str, Any] = {}
     for kind in models:
@@ -244,21 +275,36 @@ def worker(args: Any) -> None:
         opt_l = torch.optim.SGD(model_l.parameters(), lr=args.lr)
         pairs[kind] = (model_h, model_d)
 
-        def train(model: Any, opt: Any, loss_fn: Any = loss_fn) -> None:
+        def train(model: Any, opt: Any, name: str, loss_fn: Any = loss_fn) -> None:
+            clock = time.perf_counter
+            counted = name.endswith("/hvdprof")
             for _ in range(args.block):
+                t0 = clock()
                 opt.zero_grad()
-                loss_fn(model).backward()
+                loss = loss_fn(model)
+                t1 = clock()
+                b0 = reduced_bytes() if counted else 0
+                loss.backward()
+                t2 = clock()
+                b1 = reduced_bytes() if counted else 0
                 opt.step()
+                t3 = clock()
+                b2 = reduced_bytes() if counted else 0
+                phases.add(
+                    name, t1 - t0, t2 - t1, t3 - t2, (b1 - b0) / (b2 - b0) if b2 > b0 else 0.0
+                )
 
         meter = meters[kind] = h.StatsMeter()
-        fns[f"{kind}/hvdprof"] = cpu.wrap(
-            f"{kind}/hvdprof", meter.wrap(lambda m=model_h, o=opt_h, t=train: t(m, o))
-        )
-        fns[f"{kind}/ddp"] = cpu.wrap(f"{kind}/ddp", lambda m=ddp, o=opt_d, t=train: t(m, o))
-        if args.local:
-            fns[f"{kind}/local"] = cpu.wrap(
-                f"{kind}/local", lambda m=model_l, o=opt_l, t=train: t(m, o)
-            )
+        for variant, model, opt in (
+            ("hvdprof", model_h, opt_h),
+            ("ddp", ddp, opt_d),
+            ("local", model_l, opt_l),
+        ):
+            if variant == "local" and not args.local:
+                continue
+            name = f"{kind}/{variant}"
+            fn = lambda m=model, o=opt, n=name, t=train: t(m, o, n)  # noqa: E731
+            fns[name] = cpu.wrap(name, meter.wrap(fn) if variant == "hvdprof" else fn)
         h.log(
             f"{NAME}: {kind}: {info[kind]['params']:,} parameters in {info[kind]['tensors']} "
             f"tensors, batch {args.batch}, {args.block} iterations per block"
@@ -268,11 +314,14 @@ def worker(args: Any) -> None:
         for m in meters.values():
             m.reset()
         cpu.reset()
+        phases.reset()
 
     samples = h.interleave(fns, args.steps, args.warmup, progress=h.log, after_warmup=after_warmup)
     samples = h.gather_slowest(samples)
     cpu_all: list[Any] = [None] * size
     dist.all_gather_object(cpu_all, cpu.medians())
+    phases_all: list[Any] = [None] * size
+    dist.all_gather_object(phases_all, phases.medians())
 
     # Sanity: each model is identical on every rank, and the two copies stayed close
     # (same data, same averaged gradients, same number of SGD steps).
@@ -295,6 +344,7 @@ def worker(args: Any) -> None:
                 "models": info,
                 "hvdprof_per_block": {k: m.per_call() for k, m in meters.items()},
                 "cpu_ms_per_iteration": {f"rank {r}": c for r, c in enumerate(cpu_all)},
+                "phases_per_iteration": {f"rank {r}": c for r, c in enumerate(phases_all)},
                 "checks": checks,
                 "torch_threads": torch.get_num_threads(),
             }
@@ -405,6 +455,27 @@ def main() -> None:
         )
     )
     print("(CPU: rank 0's threads, median over blocks; the cycle thread idles during ddp)")
+    phases0 = data["phases_per_iteration"].get("rank 0", {})
+    print()
+    print(
+        h.table(
+            [
+                (
+                    v,
+                    f"{p['forward_ms']:.1f}",
+                    f"{p['backward_ms']:.1f}",
+                    f"{p['step_ms']:.1f}",
+                    f"{p['overlap']:.0%}" if v.endswith("/hvdprof") else "-",
+                )
+                for v, p in phases0.items()
+            ],
+            ("variant", "forward ms", "backward ms", "step() ms", "bytes done in backward"),
+        )
+    )
+    print(
+        "(rank 0, median per iteration: DDP waits for its last bucket inside backward, "
+        "hvdprof in step())"
+    )
     print()
     print(h.ratio_table(ratios))
     for kind in models:
@@ -441,6 +512,7 @@ def main() -> None:
             "variants": {v: {**summary[v], "samples_per_sec": rate[v]} for v in summary},
             "ratios": ratios,
             "cpu_ms_per_iteration": data["cpu_ms_per_iteration"],
+            "phases_per_iteration": data["phases_per_iteration"],
             "hvdprof_per_block": data["hvdprof_per_block"],
             "checks": data["checks"],
             "job_wall_s": data["wall_s"],
