@@ -476,6 +476,9 @@ def check_names_and_cache() -> None:
     else:
         ck.eq(after["cache_hits"], 0, "no cache hits with HVDPROF_CACHE_CAPACITY=0")
         ck.eq(after["cache_entries"], 0, "no cache entries with HVDPROF_CACHE_CAPACITY=0")
+    # Before any rank reuses the name with another shape (h1 below): a peer that ran ahead
+    # would send it to the coordinator, which evicts the entry while this rank still checks.
+    hvd.barrier()
     # two unnamed ops in flight get two names, and the loop above did not leak slots
     h1 = hvd.allreduce_async(torch.ones(2), op=hvd.Sum)
     h2 = hvd.allreduce_async(torch.ones(2) * 2, op=hvd.Sum)
