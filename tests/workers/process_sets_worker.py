@@ -232,8 +232,14 @@ def stall() -> None:
     if rank < 2:
         hvd.allreduce(torch.ones(4), name="x", process_set=mine)
     else:
-        while time.monotonic() - started < 3.0:
-            hvd.allreduce(torch.ones(4), name="y", process_set=mine)
+        # both members stop at the same op: the allreduce itself carries the decision (each
+        # rank's own clock once let one of them submit one 'y' more, a real deadlock)
+        keep = True
+        while keep:
+            going = 1.0 if time.monotonic() - started < 3.0 else 0.0
+            keep = bool(
+                hvd.allreduce(torch.tensor([going]), name="y", op=hvd.Min, process_set=mine)
+            )
             time.sleep(0.01)
     hvd.shutdown()
     print("OK stall", flush=True)
