@@ -892,7 +892,7 @@ def _no_culprit_verdict(
         text += (
             f": no rank's {part} was material over {n} steps (the most, rank {top.rank}, "
             f"{a} ms per step more than the others' on average; material is {b} ms: the "
-            f"most of {MIN_COST_MS:g} ms, {'one cycle and ' if out.pace_ms else ''}"
+            f"most of {MIN_COST_MS:g} ms{', one cycle' if out.pace_ms else ''} and "
             f"{MIN_STEP_SHARE:.0%} of the "
             f"{out.step_ms:.1f} ms step)"
         )
