@@ -164,6 +164,13 @@ def test_an_onset_needs_quiet_steps_before_it() -> None:
     masked[:6] = 20.0 + rng.normal(0.0, 1.0, 6)  # held the job, if less: no onset
     assert _onset(masked) == 0
     assert _onset(32.0 + rng.normal(0.0, 1.5, 200)) == 0  # no step up at all
+    # the second CI case: intermittent-2 (loaded) with its seed's slowed steps, 20% of
+    # them before step 134 and 24% after, whose other steps' ordinary lateness rose from
+    # ~1 to ~4 ms there (the machine got busier): the fault ran from the start
+    truth = json.loads((DATA.parent / "intermittent-2-loaded" / "truth.json").read_text())
+    hit = np.isin(np.arange(1, 200), truth["slow_steps"])
+    ordinary = np.where(np.arange(1, 200) < 134, 1.0, 4.0) + np.abs(rng.normal(0.0, 0.5, 199))
+    assert _onset(np.where(hit, 40.0 + rng.normal(0.0, 1.0, 199), ordinary)) == 0
 
 
 def test_no_straggler_when_ranks_are_even(tmp_path: Path) -> None:
