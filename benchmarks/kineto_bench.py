@@ -9,7 +9,9 @@ through ``cudaLaunchKernel`` (correlation ids), memcpys, and DDP's bucketed allr
 
 Then, each in a fresh process (cold: no cache, nothing imported before):
 
-* hvdprof: ``load_run`` + ``analyze`` (every question, HTA's GPU numbers included);
+* hvdprof: ``load_run`` + ``analyze`` (every question, HTA's GPU numbers included); then,
+  timed apart, the dashboard's GPU stream lanes of the rank with most GPU events (first
+  view and a zoom, ``stream_lanes`` in the result);
 * HTA (HolisticTraceAnalysis): ``TraceAnalysis(trace_dir)`` + ``get_temporal_breakdown`` +
   ``get_comm_comp_overlap``, with its defaults (it parses ranks in worker processes).
 
@@ -69,6 +71,7 @@ def rank_events(rank: int, steps: int, late_rank: int, seed: int) -> Any:
         step_start = t
         events: list[dict[str, Any]] = []
         gpu_t = t + 20.0
+        nccl_end = 0.0
         late = 4000.0 if rank == late_rank else 0.0
         bucket_every = COMPUTE_OPS // BUCKETS
         for i in range(COMPUTE_OPS):
@@ -137,13 +140,15 @@ def rank_events(rank: int, steps: int, late_rank: int, seed: int) -> Any:
                     {"ph": "X", "cat": "kernel",
                      "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned "
                              "long, ncclWork*)",
-                     "pid": 0, "tid": 20, "ts": t + 20.0 + (4000.0 - late),  # the others' kernels wait for the late rank
-                     "dur": 900.0 + rng.random() * 100.0,
+                     "pid": 0, "tid": 20, "ts": t + 20.0,
+                     # the others' kernels spin until the late rank's starts: all end together
+                     "dur": 900.0 + rng.random() * 100.0 + (4000.0 - late),
                      "args": {"device": 0, "stream": 20, "correlation": corr}}
                 )  # fmt: skip
+                nccl_end = max(nccl_end, events[-1]["ts"] + events[-1]["dur"])
                 corr += 1
                 t += 41.0
-        t = max(t, gpu_t) + 200.0
+        t = max(t, gpu_t, nccl_end) + 200.0  # the step ends when its collectives do
         yield {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": pid,
                "tid": tid, "ts": step_start, "dur": t - step_start, "args": {}}  # fmt: skip
         yield from events
@@ -191,6 +196,22 @@ out = {"gpu": {str(r["rank"]): [100 * r[k] for k in ("idle_share", "compute_shar
        "non_compute_share", "comm_comp_overlap_share")] for r in report["gpu"]["ranks"]},
        "straggler": report["stragglers"]["straggler"], "events": run.events,
        "inner_s": time.perf_counter() - t0}
+# the dashboard's GPU stream lanes of the rank with the most GPU events: the first view
+# (whole run, binned), cold (its kernels sorted and merged on the way), then zoomed to 1%
+# (after inner_s: not part of the comparison with HTA)
+from hvdprof.analysis import timeline_window
+from hvdprof.analysis.gpu_lanes import stream_extent
+if run.gpu:
+    big = max(run.gpu, key=lambda r: len(run.gpu[r].start_us))
+    a, b = stream_extent(run, big)
+    t1 = time.perf_counter()
+    timeline_window(run, a, b, expand_rank=big, lanes="stream", max_items=5600)
+    t2 = time.perf_counter()
+    mid = a + 0.5 * (b - a)
+    timeline_window(run, mid, mid + 0.01 * (b - a), expand_rank=big, lanes="stream", max_items=5600)
+    out["stream_lanes"] = {"rank": big, "gpu_events": int(len(run.gpu[big].start_us)),
+                           "first_view_ms": 1000 * (t2 - t1),
+                           "zoom_1pct_ms": 1000 * (time.perf_counter() - t2)}
 print("RESULT " + json.dumps(out))
 """
 
@@ -325,6 +346,14 @@ def main() -> None:
         print(
             f"hvdprof: {ours['wall_s']:.1f} s, peak RSS {ours['peak_rss_mib']:.0f} MiB", flush=True
         )
+        lanes = ours.get("stream_lanes")
+        if lanes:
+            print(
+                f"GPU stream lanes of rank {lanes['rank']} ({lanes['gpu_events']:,} GPU events): "
+                f"first view {lanes['first_view_ms']:.0f} ms, zoomed to 1% "
+                f"{lanes['zoom_1pct_ms']:.1f} ms",
+                flush=True,
+            )
         result: dict[str, Any] = {
             "benchmark": "kineto_bench",
             "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

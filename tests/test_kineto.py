@@ -144,6 +144,9 @@ def test_ddp_balanced_names_no_straggler(ddp_runs: dict[str, Path]) -> None:
 def test_diff_names_the_slow_rank(ddp_runs: dict[str, Path]) -> None:
     d = diff_runs(load_run(ddp_runs["balanced"]), load_run(ddp_runs["slow"]))
     assert d.straggler_b == SLOW_RANK and d.straggler_a is None
+    # the cause in the user's own words: the record_function range the slow rank ran
+    assert d.cause is not None and d.cause.key == f"rank {SLOW_RANK}: compute", d.verdict
+    assert "in its 'slow_rank_extra_work' range (new in B)" in (d.verdict or ""), d.verdict
     assert f"rank {SLOW_RANK} is the straggler" in (d.verdict or "")
     proc = cli("diff", str(ddp_runs["balanced"]), str(ddp_runs["slow"]))
     assert proc.returncode == 0, proc.stderr

@@ -14,12 +14,17 @@
     autotune: "#9d4edd", aggregated: "#64748b",
   };
   const STALL_COLOR = "#dc2626";
+  // GPU events in stream lanes (hvdprof.analysis.gpu_lanes): HTA's kinds.
+  const GPU_COLORS = { gpu_computation: "#22a06b", gpu_communication: "#b45309", gpu_memory: "#0ea5e9", gpu_other: "#a8a29e" };
+  const GPU_LABELS = { gpu_computation: "compute kernel", gpu_communication: "communication kernel (NCCL)", gpu_memory: "memcpy / memset", gpu_other: "other GPU work" };
+  const phaseColor = (p) => PHASE_COLORS[p] || GPU_COLORS[p] || "#888";
+  const phaseLabel = (p) => GPU_LABELS[p] || p;
   // The breakdown's categories (hvdprof.analysis.breakdown); idle is compute, drawn quiet.
   const CATEGORY_COLORS = { idle: "#e5e7eb" };
   const state = {
     runs: [], run: null, info: null, expand: "", laneKind: "tensor", view: null, version: 0,
     timelineRequest: 0, lanes: [], live: false, updates: 0, offline: false,
-    processSets: [], set: "",
+    processSets: [], set: "", gpuRanks: [],
   };
   window.HVD_STATE = state; // for the browser tests and the curious
 
@@ -247,10 +252,16 @@
     const t0 = runT0();
     const laneLabel = new Map();
     const laneRank = new Map();
-    lanes.forEach((lane) => { laneLabel.set(lane.row, lane.label); laneRank.set(lane.row, lane.rank); });
+    const laneStream = new Map();
+    lanes.forEach((lane) => {
+      laneLabel.set(lane.row, lane.label); laneRank.set(lane.row, lane.rank);
+      if (lane.stream !== null && lane.stream !== undefined) laneStream.set(lane.row, lane.stream);
+    });
+    const cpuLane = lanes.find((l) => l.role === "cpu");
+    const launches = { x: [], y: [], text: [] }; // kernel launches, drawn on the CPU lane
     const byPhase = new Map();
     const group = (phase) => {
-      if (!byPhase.has(phase)) byPhase.set(phase, { y: [], base: [], x: [], text: [], custom: [] });
+      if (!byPhase.has(phase)) byPhase.set(phase, { y: [], base: [], x: [], text: [], custom: [], link: [] });
       return byPhase.get(phase);
     };
     // Binned (zoomed out): each bin is drawn as its phases' shares of it, side by side, so
@@ -264,9 +275,13 @@
       if (it.count !== undefined) {
         const parts = Object.keys(phaseUs).map((p) => [p, phaseUs[p][i] || 0]).filter(([, us]) => us > 0);
         const idle = Math.max(it.dur_us - it.busy_us, 0);
-        const lines = ["<b>" + fmtUs(it.start_us - t0) + " + " + fmtUs(it.dur_us) + "</b>: " + it.count + " slices, mostly " + (phase === "idle" ? "no slice (compute)" : phase)];
-        for (const [p, us] of parts.slice().sort((a, b) => b[1] - a[1])) lines.push(p + ": " + fmtUs(us));
-        if (idle > 0) lines.push("no slice (compute): " + fmtUs(idle));
+        // a GPU stream's blank is the stream idle; a rank's is its compute (no collective)
+        const gpuRow = laneStream.has(it.row);
+        const idleWords = gpuRow ? "idle (nothing on this stream)" : "no slice (compute)";
+        const unit = gpuRow ? " kernels" : " slices";
+        const lines = ["<b>" + fmtUs(it.start_us - t0) + " + " + fmtUs(it.dur_us) + "</b>: " + it.count + unit + ", mostly " + (phase === "idle" ? idleWords : phaseLabel(phase))];
+        for (const [p, us] of parts.slice().sort((a, b) => b[1] - a[1])) lines.push(phaseLabel(p) + ": " + fmtUs(us));
+        if (idle > 0) lines.push(idleWords + ": " + fmtUs(idle));
         lines.push("busy " + fmtUs(it.busy_us) + " of " + fmtUs(it.dur_us) + " \u00b7 zoom in to see each slice");
         const hover = lines.join("<br>");
         let offset = 0;
@@ -283,6 +298,17 @@
       g.base.push((it.start_us - t0) / 1000);
       g.x.push(Math.max(it.dur_us, 0) / 1000);
       g.custom.push(rank);
+      if (it.kind) { // a GPU event of a stream lane
+        const hover = kernelHover(it, t0);
+        g.text.push(hover);
+        g.link.push(it.launch_us != null && cpuLane ? [(it.launch_us - t0) / 1000, (it.start_us - t0) / 1000, lane] : null);
+        if (it.launch_us != null && cpuLane) {
+          launches.x.push((it.launch_us - t0) / 1000); launches.y.push(cpuLane.label);
+          launches.text.push("<b>launch</b> of " + (it.short_name || it.name) + "<br>on stream " + it.stream + ", started " + fmtUs(it.launch_delay_us) + " later");
+        }
+        return;
+      }
+      g.link.push(null);
       const lines = [];
       lines.push("<b>" + (it.name || phase) + "</b>  " + fmtUs(it.dur_us));
       if (it.tensor) lines.push("tensor: " + it.tensor);
@@ -297,11 +323,21 @@
     const traces = [];
     // enclosing op slices first, so the phases inside them are drawn on top
     const order = (p) => (p === "op" ? -1 : Object.keys(PHASE_COLORS).indexOf(p));
+    const links = [];
     for (const [phase, g] of [...byPhase].sort((x, y) => order(x[0]) - order(y[0]))) {
       traces.push({
-        type: "bar", orientation: "h", name: phase, y: g.y, base: g.base, x: g.x,
+        type: "bar", orientation: "h", name: phaseLabel(phase), y: g.y, base: g.base, x: g.x,
         customdata: g.custom, hovertext: g.text, hoverinfo: "text",
-        marker: { color: PHASE_COLORS[phase] || "#888", line: { width: 0 } },
+        marker: { color: phaseColor(phase), line: { width: 0 } },
+      });
+      links.push(g.link);
+    }
+    state.launchLinks = links; // per bar trace, per bar: [launch ms, start ms, lane] or null
+    if (launches.x.length) {
+      traces.push({
+        type: "scatter", mode: "markers", name: "kernel launch (CPU)", x: launches.x, y: launches.y,
+        hovertext: launches.text, hoverinfo: "text",
+        marker: { symbol: "line-ns-open", size: 7, color: "rgba(51,65,85,0.45)", line: { width: 1, color: "rgba(51,65,85,0.45)" } },
       });
     }
     const categories = lanes.map((l) => l.label);
@@ -331,14 +367,16 @@
     el.dataset.lanes = String(categories.length);
     el.dataset.items = String(items.length);
     const expanded = data.expand_rank != null;
-    const laneTitle = !expanded ? "" : "rank " + data.expand_rank + (state.laneKinds === "phase" ? ": phase lanes" : ": tensor lanes");
+    const laneWords = { phase: ": phase lanes", stream: ": CPU and GPU streams", tensor: ": tensor lanes" };
+    const laneTitle = !expanded ? "" : "rank " + data.expand_rank + (laneWords[state.laneKinds] || ": tensor lanes");
+    el.dataset.laneKind = state.laneKinds;
     const layout = Object.assign(baseLayout(), {
       barmode: "overlay", bargap: 0.25, showlegend: true,
       margin: { l: 150, r: 16, t: 30, b: 44 },
       xaxis: axis("ms since the run started (aligned clock: rank 0's)", { zeroline: false }),
       yaxis: axis(laneTitle, { type: "category", categoryorder: "array", categoryarray: categories.slice().reverse(), automargin: true, fixedrange: true }),
       // top left: the top right is where Plotly's tool bar appears
-      legend: { orientation: "h", x: 0, xanchor: "left", y: 1, yanchor: "bottom", title: { text: "phase: " } },
+      legend: { orientation: "h", x: 0, xanchor: "left", y: 1, yanchor: "bottom", title: { text: state.laneKinds === "stream" ? "kind: " : "phase: " } },
       uirevision: state.run + "|" + state.expand + "|" + state.laneKind,
       height: Math.max(260, 90 + 34 * Math.max(categories.length, 2)),
       shapes: stalls.shapes,
@@ -350,18 +388,72 @@
     draw(el, traces, layout, Object.assign({}, plotConfig, { scrollZoom: true }));
     el.dataset.binned = data.aggregated ? "1" : "0";
     const bin = items.length ? items[0].dur_us : 0;
-    const agg = !data.aggregated ? "" : " \u00b7 binned: " + data.total + " slices cut into time bins of " + fmtUs(bin) +
+    state.timelineShapes = stalls.shapes;
+    const agg = !data.aggregated ? "" : " \u00b7 binned: " + data.total + (state.laneKinds === "stream" ? " slices and GPU events" : " slices") + " cut into time bins of " + fmtUs(bin) +
       ", each drawn as its phases' shares of it (blank: no slice, i.e. compute)" +
       (EMBEDDED ? "; this offline report holds the bins only (zooming magnifies them): `hvdprof dashboard` shows single slices" : ": zoom in for single slices");
     const span = state.view ? state.view : [data.t0_us, data.t1_us];
     const sample = state.selectedSample != null && state.view ? " \u00b7 the window autotune sample " + state.selectedSample + " ran in" : "";
     const none = emptyLanes.length ? " \u00b7 nothing recorded in this window for: " + emptyLanes.join(", ") : "";
-    text($("timeline-status"), (data.aggregated ? items.length + " bins" : items.length + " slices") + " in " + fmtUs(span[1] - span[0]) + agg + sample + none);
+    const what = state.laneKinds === "stream" ? " slices and GPU events" : " slices";
+    text($("timeline-status"), (data.aggregated ? items.length + " bins" : items.length + what) + " in " + fmtUs(span[1] - span[0]) + agg + sample + none);
     if (!el.dataset.bound) {
       el.dataset.bound = "1";
       el.on("plotly_relayout", onRelayout);
       el.on("plotly_click", onTimelineClick);
+      el.on("plotly_hover", onTimelineHover);
+      el.on("plotly_unhover", () => showLaunchLink(null));
     }
+  }
+
+  // A GPU event's hover: what it is, where it ran, and when and where the CPU launched it.
+  function kernelHover(it, t0) {
+    const lines = ["<b>" + (it.short_name || it.name) + "</b>  " + fmtUs(it.dur_us)];
+    const full = String(it.name || "");
+    if (full && full !== it.short_name) {
+      for (let k = 0; k < full.length && k < 900; k += 100) lines.push("<span style='font-size:10px'>" + escapeHtml(full.slice(k, k + 100)) + "</span>");
+      if (full.length > 900) lines.push("<span style='font-size:10px'>\u2026</span>");
+    }
+    lines.push(it.kind + " on stream " + it.stream + ", starts at " + fmtUs(it.start_us - t0));
+    if (it.bytes != null && it.bytes >= 0) {
+      lines.push("bytes: " + fmtBytes(it.bytes) + (it.dur_us > 0 ? " (" + (it.bytes / it.dur_us / 1000).toPrecision(3) + " GB/s)" : ""));
+    }
+    if (it.launch_us != null) {
+      lines.push("launched on the CPU at " + fmtUs(it.launch_us - t0) + (it.launched_in ? " in " + it.launched_in : " (outside any collective op)") +
+        ": " + fmtUs(it.launch_delay_us) + " from launch to start");
+    } else {
+      lines.push("launch not recorded (no CPU call with its correlation id)");
+    }
+    return lines.join("<br>");
+  }
+  // (no "<" then "/" in this file: a report embeds it in a script element and escapes those)
+  function escapeHtml(s) { return s.replace(/&/g, "&amp;").replace(/[<]/g, "&lt;").replace(/>/g, "&gt;"); }
+
+  // On hover of a GPU event: a line from its launch on the CPU lane to its start.
+  function onTimelineHover(ev) {
+    const p = ev && ev.points && ev.points[0];
+    const links = state.launchLinks || [];
+    const link = p && links[p.curveNumber] ? links[p.curveNumber][p.pointIndex] : null;
+    showLaunchLink(link || null);
+  }
+  function showLaunchLink(link) {
+    const el = $("timeline");
+    if (!el.layout || (!link && !state.linkShown)) return;
+    const cats = (el.layout.yaxis && el.layout.yaxis.categoryarray) || [];
+    const cpu = (state.lastTimeline && (state.lastTimeline.rows || []).find((l) => l.role === "cpu")) || null;
+    const shapes = (state.timelineShapes || []).slice();
+    if (link && cpu) {
+      const y0 = cats.indexOf(cpu.label), y1 = cats.indexOf(link[2]);
+      if (y0 >= 0 && y1 >= 0) {
+        shapes.push({ type: "line", xref: "x", yref: "y", x0: link[0], x1: link[1], y0: y0, y1: y1,
+          line: { color: "#111827", width: 1.5, dash: "dot" } });
+        shapes.push({ type: "circle", xref: "x", yref: "y", xsizemode: "pixel", ysizemode: "pixel",
+          xanchor: link[0], yanchor: y0, x0: -4, x1: 4, y0: -4, y1: 4, fillcolor: "#111827", line: { width: 0 } });
+      }
+    }
+    state.linkShown = !!link;
+    el.dataset.launchLink = link ? "1" : "0";
+    Plotly.relayout(el, { shapes: shapes });
   }
 
   let relayoutTimer = null;
@@ -470,7 +562,16 @@
     if (missing.length && shown.size) notes.push("no negotiation wait recorded for rank " + missing.join(", ") + " (its timeline has no negotiation slices)");
     if (culprit !== null && !shown.has(culprit)) notes.push("rank " + culprit + " is the straggler (not drawn: no row here)");
     text($("stragglers-note"), notes.join(" \u00b7 "));
+    // The analysis compared no arrivals (torch.profiler traces without readiness marks, a
+    // single rank's timeline): a heatmap of waits would claim what it could not tell.
+    if (stragglersData && !stragglersData.ops_with_marks && culprit === null) {
+      text($("stragglers-note"), "");
+      empty(el, "no wait heatmap: arrivals cannot be compared in this run (see the verdict above)");
+      el.dataset.heatmap = "0";
+      return;
+    }
     if (!ranks.length || !z.some((row) => row.length)) { empty(el, "no negotiation waits recorded in this timeline"); return; }
+    el.dataset.heatmap = "1";
     const steps = Math.max(...z.map((row) => row.length));
     const named = new Set(culpritRanks(stragglersData));
     const label = (rank) => "rank " + rank + (named.has(rank) ? " \u25c0 straggler" : "");
@@ -491,7 +592,9 @@
       zmin: 0, zmax: colourCap(z),
       hovertemplate: "%{y}, step %{x}: waited %{z:.2f} ms for the others<extra></extra>",
     }], Object.assign(baseLayout(), {
-      xaxis: axis("training step"), yaxis: { autorange: "reversed", type: "category", automargin: true },
+      // whole steps only (two steps would otherwise tick at -0.5, 0, 0.5)
+      xaxis: axis("training step", { tickmode: "linear", tick0: 0, dtick: Math.max(1, Math.ceil(steps / 12)), tickformat: "d" }),
+      yaxis: { autorange: "reversed", type: "category", automargin: true },
       height: 340, margin: { l: 60, r: 16, t: 10, b: 44 }, shapes: shapes, annotations: annotations,
     }), plotConfig);
   }
@@ -590,6 +693,121 @@
       xaxis: logAxis("message size (bytes)", bins.map((b) => b.median_bytes), { tickformat: ".2~s" }),
       // GB/s, the unit of the verdict above the chart
       yaxis: logAxis("bus bandwidth (GB/s)", bins.map((b) => b.busbw_gbps)),
+    }), plotConfig);
+  }
+
+  // GPU (hvdprof.analysis.device.gpu_report): HTA's shares per rank as stacked bars, the
+  // rank that stands out, kernel time per name, memcpy bandwidth. Absent without a GPU.
+  let gpuData = null;
+  function drawGpu(data) {
+    gpuData = data;
+    const ranks = (data && data.ranks) || [];
+    state.gpuRanks = ranks.map((r) => r.rank);
+    fillLaneOptions();
+    const card = $("gpu-card");
+    card.hidden = !ranks.length;
+    if (!ranks.length) return;
+    text($("gpu-verdict"), data.stands_out_text || data.verdict);
+    const out = data.stands_out;
+    const xs = ranks.map((r) => "rank " + r.rank + (r.rank === out ? " \u25c0" : ""));
+    const pct = (v) => (100 * (v || 0)).toFixed(2) + "%";
+    const shares = [
+      ["compute_share", "compute", GPU_COLORS.gpu_computation],
+      ["non_compute_share", "non-compute (communication, memory, other)", GPU_COLORS.gpu_communication],
+      ["idle_share", "idle", "#d1d5db"],
+    ];
+    const traces = shares.map(([key, name, color]) => ({
+      type: "bar", name: name, x: xs, y: ranks.map((r) => 100 * r[key]),
+      text: ranks.map((r) => pct(r[key])), textposition: "inside", insidetextanchor: "middle",
+      marker: { color: color }, hovertemplate: "%{x}: %{y:.2f}% of the GPU span<extra>" + name + "</extra>",
+    }));
+    // the overlap has another denominator (communication time): its own panel on the right
+    traces.push({
+      type: "bar", name: "comm overlapped by compute", x: xs, y: ranks.map((r) => 100 * r.comm_comp_overlap_share),
+      text: ranks.map((r) => pct(r.comm_comp_overlap_share)), textposition: "outside", cliponaxis: false,
+      xaxis: "x2", yaxis: "y2", marker: { color: "#475569" }, showlegend: false,
+      hovertemplate: "%{x}: %{y:.2f}% of its communication kernel time overlaps compute kernels<extra>overlap</extra>",
+    });
+    draw($("gpu-shares"), traces, Object.assign(baseLayout(), {
+      barmode: "stack",
+      xaxis: { type: "category", domain: [0, 0.64], title: { text: "share of the GPU kernel span", font: { size: 11 } } },
+      yaxis: axis("%", { range: [0, 100] }),
+      xaxis2: { type: "category", domain: [0.74, 1], anchor: "y2", tickangle: 0, tickfont: { size: 10 }, title: { text: "comm overlapped<br>by compute", font: { size: 11 } } },
+      yaxis2: { range: [0, 100], anchor: "x2", showticklabels: false },
+      legend: { orientation: "h", y: -0.22, yanchor: "top", font: { size: 11 } },
+      margin: { l: 45, r: 10, t: 14, b: 10 }, height: 380, bargap: 0.4,
+    }), plotConfig);
+    // the shares as numbers (what HTA prints), the standing-out rank marked
+    const table = $("gpu-shares-table");
+    table.innerHTML = "";
+    const head = table.createTHead().insertRow();
+    for (const h of ["rank", "idle", "compute", "non-compute", "comm overlap", "events"]) {
+      const th = document.createElement("th"); th.textContent = h; head.appendChild(th);
+    }
+    const body = table.createTBody();
+    for (const r of ranks) {
+      const tr = body.insertRow();
+      tr.dataset.rank = String(r.rank);
+      if (r.rank === out) tr.className = "stands-out";
+      for (const v of [String(r.rank) + (r.rank === out ? " \u25c0" : ""), pct(r.idle_share), pct(r.compute_share), pct(r.non_compute_share), pct(r.comm_comp_overlap_share), String(r.kernels)]) {
+        tr.insertCell().textContent = v;
+      }
+    }
+    const select = $("gpu-kernel-rank");
+    const keep = select.value;
+    fillSelect(select, ranks.map((r) => [String(r.rank), "rank " + r.rank]), ranks.some((r) => String(r.rank) === keep) ? keep : String(out != null ? out : ranks[0].rank));
+    drawGpuKernels();
+    drawMemcpy(ranks);
+    text($("gpu-note"), "Shares over the GPU events HTA counts (" + ranks.map((r) => "rank " + r.rank + ": " + r.kernels).join(", ") +
+      "; with two or more profiler steps the last one is left out). " + (data.note || ""));
+  }
+
+  const KIND_WORDS = { computation: "compute", communication: "comm" };
+  function drawGpuKernels() {
+    const ranks = (gpuData && gpuData.ranks) || [];
+    const r = ranks.find((x) => String(x.rank) === $("gpu-kernel-rank").value) || ranks[0];
+    const table = $("gpu-kernels");
+    table.innerHTML = "";
+    if (!r) return;
+    const head = table.createTHead().insertRow();
+    for (const h of ["kernel", "kind", "count", "ms", "of busy"]) {
+      const th = document.createElement("th"); th.textContent = h; head.appendChild(th);
+    }
+    const body = table.createTBody();
+    for (const k of r.top_kernels || []) {
+      const tr = body.insertRow();
+      const name = tr.insertCell();
+      name.textContent = k.short_name; name.title = k.name; name.className = "kernel-name";
+      const kind = tr.insertCell();
+      const dot = document.createElement("span");
+      dot.className = "dot"; dot.style.background = GPU_COLORS["gpu_" + k.kind] || "#888";
+      kind.appendChild(dot); kind.appendChild(document.createTextNode(KIND_WORDS[k.kind] || k.kind));
+      kind.title = k.kind + " (HTA's kind)";
+      tr.insertCell().textContent = String(k.count);
+      tr.insertCell().textContent = k.total_ms.toFixed(2);
+      tr.insertCell().textContent = (100 * k.busy_share).toFixed(1) + "%";
+    }
+    text($("gpu-kernels-note"), "top " + (r.top_kernels || []).length + " of " + r.kernel_names + " kernel names by GPU time; share of the rank's GPU busy time (" +
+      fmtUs(1000 * r.busy_ms) + "); hover a name for the whole of it");
+  }
+
+  function drawMemcpy(ranks) {
+    const el = $("gpu-memcpy");
+    const kinds = [...new Set(ranks.flatMap((r) => (r.memcpy || []).map((c) => c.copy_kind)))].sort();
+    if (!kinds.length) { empty(el, "no memcpy with a recorded size"); return; }
+    const traces = ranks.map((r) => {
+      const by = new Map((r.memcpy || []).map((c) => [c.copy_kind, c]));
+      return {
+        type: "bar", name: "rank " + r.rank, x: kinds, y: kinds.map((k) => (by.get(k) ? by.get(k).gbps : null)),
+        text: kinds.map((k) => (by.get(k) ? by.get(k).count + " copies, " + fmtBytes(by.get(k).bytes) + " in " + by.get(k).total_ms.toFixed(3) + " ms" : "")),
+        hovertemplate: "%{x}: %{y:.3g} GB/s<br>%{text}<extra>rank " + r.rank + "</extra>", textposition: "none",
+      };
+    });
+    const all = ranks.flatMap((r) => (r.memcpy || []).map((c) => c.gbps));
+    draw(el, traces, Object.assign(baseLayout(), {
+      barmode: "group", title: { text: "memcpy bandwidth per copy kind", font: { size: 12 } },
+      xaxis: axis("copy kind", { type: "category" }), yaxis: logAxis("GB/s (bytes / duration)", all, { tickformat: ",.2~r" }),
+      legend: { orientation: "h", y: -0.25, yanchor: "top" }, margin: { l: 55, r: 10, t: 30, b: 10 }, height: 400,
     }), plotConfig);
   }
 
@@ -768,11 +986,7 @@
       (info.t1_us != null && info.t0_us != null ? " \u00b7 " + fmtUs(info.t1_us - info.t0_us) : "") +
       (info.complete ? "" : " \u00b7 still being written") + " \u00b7 v" + info.version);
     showLive();
-    const laneOptions = [["", "one row per rank"]];
-    for (const r of info.ranks) {
-      laneOptions.push([String(r), "rank " + r + ": tensor lanes"], [r + ":phase", "rank " + r + ": phase lanes"]);
-    }
-    fillSelect($("expand-select"), laneOptions, expandValue());
+    fillLaneOptions();
     const list = $("problems");
     list.innerHTML = "";
     // a file still being written ends in a half-written event: the run's notice says so,
@@ -786,6 +1000,20 @@
     $("problems-card").hidden = !problems.length;
   }
 
+  // The lanes control: per rank its tensor and phase lanes, and its GPU streams when the
+  // run has GPU activity on that rank (the gpu section says which).
+  function fillLaneOptions() {
+    const laneOptions = [["", "one row per rank"]];
+    const gpu = new Set(state.gpuRanks || []);
+    for (const r of (state.info && state.info.ranks) || []) {
+      laneOptions.push([String(r), "rank " + r + ": tensor lanes"], [r + ":phase", "rank " + r + ": phase lanes"]);
+      if (gpu.has(r) && (!EMBEDDED || EMBEDDED[embeddedKey("api/timeline", { expand_rank: r, lanes: "stream", run: state.run })] !== undefined)) {
+        laneOptions.push([r + ":stream", "rank " + r + ": GPU streams"]);
+      }
+    }
+    fillSelect($("expand-select"), laneOptions, expandValue());
+  }
+
   async function loadSections() {
     await Promise.all([
       loadSection("report", drawVerdicts),
@@ -797,12 +1025,14 @@
       loadSection("surrogate", drawSurface),
       loadSection("stalls", drawStalls),
       loadSection("process_sets", drawProcessSets),
+      loadSection("gpu", drawGpu),
     ]);
     if (state.set) drawStragglers(jobStragglers); // the sets may arrive after the card
   }
 
   // Nothing of another run may stay on screen under this run's name.
   function clearRun(message) {
+    $("gpu-card").hidden = true;
     for (const id of ["timeline", "breakdown", "stragglers", "fusion", "fusion-fill", "bandwidth", "autotune-score", "autotune-params", "autotune-surface"]) {
       empty($(id), message);
     }
@@ -819,6 +1049,7 @@
   async function selectRun(runId) {
     state.run = runId; state.view = null; state.expand = ""; state.laneKind = "tensor";
     state.set = ""; state.processSets = []; $("set-filter").hidden = true;
+    state.gpuRanks = []; $("gpu-card").hidden = true;
     if (!runId) {
       clearRun("no run to show yet");
       empty($("timeline"), "no runs under this directory yet: this page updates by itself when a job starts writing one");
@@ -841,12 +1072,12 @@
   // The lanes control: "" (a row per rank), "R" (rank R's tensor lanes), "R:phase".
   function expandValue() {
     if (state.expand === "") return "";
-    return state.laneKind === "phase" ? state.expand + ":phase" : state.expand;
+    return state.laneKind === "tensor" ? state.expand : state.expand + ":" + state.laneKind;
   }
   function setExpand(value) {
     const [rank, kind] = String(value || "").split(":");
     state.expand = rank || "";
-    state.laneKind = kind === "phase" ? "phase" : "tensor";
+    state.laneKind = kind === "phase" || kind === "stream" ? kind : "tensor";
     loadTimeline();
   }
 
@@ -904,6 +1135,7 @@
     $("set-select").addEventListener("change", (e) => setFilter(e.target.value));
     $("reset-zoom").addEventListener("click", () => { state.view = null; state.selectedSample = null; loadTimeline(); });
     $("compare-go").addEventListener("click", compareRuns);
+    $("gpu-kernel-rank").addEventListener("change", drawGpuKernels);
     connectLive();
     await loadRuns();
     await selectRun(state.run);

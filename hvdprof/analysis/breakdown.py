@@ -26,6 +26,7 @@ from hvdprof.analysis.model import (
     Run,
 )
 from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, step_of, step_starts
+from hvdprof.analysis.user_phases import UserPhases, user_phases
 
 #: Categories of the breakdown, in priority order, then idle.
 CATEGORIES: tuple[str, ...] = (
@@ -98,6 +99,8 @@ class Breakdown:
     categories: tuple[str, ...] = CATEGORIES
     ranks: list[RankBreakdown] = field(default_factory=list)
     verdict: str | None = None
+    #: the same steps in the trace's own ``record_function`` ranges (Kineto), if any
+    user: UserPhases = field(default_factory=UserPhases)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -116,6 +119,7 @@ class Breakdown:
                 for r in self.ranks
             ],
             "verdict": self.verdict,
+            "user_phases": self.user.to_dict(),
         }
 
 
@@ -173,6 +177,7 @@ def time_breakdown(run: Run) -> Breakdown:
             per_step["idle"] = [round(float(x), 6) for x in idle]
         out.ranks.append(RankBreakdown(rank, wall, total_ms, n_steps, per_step))
     out.verdict = _verdict(out)
+    out.user = user_phases(run)
     return out
 
 

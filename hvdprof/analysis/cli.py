@@ -34,8 +34,9 @@ def add_analyze_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "analyze",
         help="answer 'why is my step slow?' from a run's timelines",
-        description="Analyse the timelines in DIR (hvdprof's per-rank files or a Horovod "
-        "timeline): where the time goes, the straggler, fusion, bandwidth, overlap with "
+        description="Analyse the timelines in DIR (hvdprof's per-rank files, a Horovod "
+        "timeline, or a directory of torch.profiler traces, one per rank, from any PyTorch "
+        "distributed job): where the time goes, the straggler, fusion, bandwidth, overlap with "
         "compute (given torch.profiler traces) and autotune. Exit code 0: everything read; "
         "1: something was skipped (listed); 2: usage error or nothing readable.",
     )
@@ -68,7 +69,8 @@ def add_diff_parser(commands: Any) -> None:
         "diff",
         help="what changed between two runs (biggest regressions first); a CI gate",
         description="Compare run B with run A per step: per phase, per rank and per tensor. "
-        "A and B are timeline directories (or trace files) or summaries written by "
+        "A and B are timeline directories (hvdprof, Horovod, or torch.profiler traces), "
+        "trace files, or summaries written by "
         "'hvdprof analyze DIR --summary FILE'. Exit code 0: compared; 1: something was "
         "skipped (listed); 2: usage error or nothing readable; 3: a --fail-on rule failed.",
     )
@@ -358,14 +360,16 @@ def print_report(report: Report) -> None:
             " backend = the backend's collective call",
             highlight=False,
         )
+    if b.user.ranks:
+        _print_user_phases(console, b.user)
 
     s = report.stragglers
     if s.ranks:
-        seen = (
-            "each rank's own submission times"
-            if s.source == "source"
-            else f"readiness as rank {s.observer} saw it"
-        )
+        seen = {
+            "source": "each rank's own submission times",
+            "nccl_kernels": "each rank's NCCL kernel starts",
+            "launches": "each rank's launches, from its step's start",
+        }.get(s.source, f"readiness as rank {s.observer} saw it")
         since = (
             f", shares and costs from the onset at step {s.onset_step}"
             if s.onset_step is not None and s.onset_step > s.first_step
@@ -502,6 +506,8 @@ def print_report(report: Report) -> None:
         if a.recommended is not None:
             console.print("  *: the tuner's recommendation when the recording ended")
 
+    _print_gpu(console, report.gpu)
+
     if report.problems:
         table = Table(title="What could not be read (skipped)")
         for col in ("file", "where", "reason"):
@@ -512,6 +518,90 @@ def print_report(report: Report) -> None:
         if len(report.problems) > 50:
             console.print(f"... and {len(report.problems) - 50} more (see --json)")
     sys.stdout.flush()
+
+
+#: Kernel names per rank in ``analyze``'s GPU table (``--json`` has the report's top list).
+CLI_TOP_KERNELS = 5
+#: Kernel names are shortened to this many characters there (80-column terminals).
+CLI_KERNEL_CHARS = 31
+_KIND_WORDS = {"computation": "compute", "communication": "comm"}
+
+
+def _print_user_phases(console: Any, p: Any) -> None:
+    """The trace's own ranges, one row each, one column per rank (up to 8; beyond, the
+    median and the rank with the most)."""
+    import numpy as np
+    from rich.table import Table
+
+    from hvdprof.analysis.user_phases import OUTSIDE
+
+    table = Table(
+        title="1b. The step in the trace's own ranges (record_function; mean ms per step)"
+    )
+    table.add_column("range", justify="left", overflow="fold")
+    few = len(p.ranks) <= 8
+    if few:
+        for r in p.ranks:
+            table.add_column(f"rank {r.rank}", justify="right")
+    else:
+        table.add_column("median", justify="right")
+        table.add_column("most (rank)", justify="right")
+    for name in [*p.names, OUTSIDE, "step"]:
+        values = [r.mean_step_ms() if name == "step" else r.mean_ms(name) for r in p.ranks]
+        if few:
+            table.add_row(name, *[_ms(v) for v in values])
+        else:
+            top = int(np.argmax(values))
+            table.add_row(
+                name, _ms(float(np.median(values))), f"{_ms(values[top])} ({p.ranks[top].rank})"
+            )
+    console.print(_fitted(table))
+
+
+def _print_gpu(console: Any, g: Any) -> None:
+    """7. HTA's GPU shares per rank, the rank that stands out, top kernels, memcpy rates."""
+    from rich.table import Table
+
+    from hvdprof.analysis.device import short_kernel_name
+
+    if not g.ranks:
+        return
+    table = Table(title="7. GPU per rank (HTA's definitions: shares of the GPU kernel span)")
+    for col in ("rank", "span ms", "idle", "compute", "non-compute", "comm overlap", "events"):
+        table.add_column(col, justify="right")
+    for x in g.ranks:
+        mark = " *" if x.rank == g.stands_out else ""
+        table.add_row(
+            f"{x.rank}{mark}", _ms(x.span_ms), f"{x.idle_share:.2%}", f"{x.compute_share:.2%}",
+            f"{x.non_compute_share:.2%}", f"{x.comm_comp_overlap_share:.2%}", f"{x.kernels:,}",
+        )  # fmt: skip
+    console.print(_fitted(table))
+    if g.stands_out_text:
+        console.print(
+            f"  {'* ' if g.stands_out is not None else ''}{g.stands_out_text}", highlight=False
+        )
+    table = Table(title=f"GPU kernel time per name (top {CLI_TOP_KERNELS} per rank)")
+    for col in ("rank", "kernel", "kind", "count", "ms", "of busy"):
+        table.add_column(col, justify="left" if col in ("kernel", "kind") else "right")
+    for x in g.ranks:
+        for k in x.top_kernels[:CLI_TOP_KERNELS]:
+            table.add_row(
+                str(x.rank), printable(short_kernel_name(k.name, CLI_KERNEL_CHARS)),
+                _KIND_WORDS.get(k.kind, k.kind), f"{k.count:,}", _ms(k.total_ms),
+                f"{k.busy_share:.1%}",
+            )  # fmt: skip
+    console.print(_fitted(table))
+    copies = [(x.rank, c) for x in g.ranks for c in x.memcpy]
+    if copies:
+        table = Table(title="Memcpy bandwidth per copy kind (bytes / duration, GB/s = 10^9 B/s)")
+        for col in ("rank", "copy", "copies", "bytes", "ms", "GB/s"):
+            table.add_column(col, justify="right")
+        for rank, c in copies:
+            table.add_row(
+                str(rank), c.copy_kind, f"{c.count:,}", _bytes(c.bytes), f"{c.total_ms:.3f}",
+                f"{c.gbps:.3g}",
+            )  # fmt: skip
+        console.print(_fitted(table))
 
 
 def _bytes(n: float) -> str:

@@ -16,16 +16,128 @@ computation.
   ``get_comm_comp_overlap``; its denominator is communication time, not the span).
 
 All shares are fractions (0-1); HTA prints the same as percentages.
+
+Beside HTA's shares, per rank: the kernel time per kernel name (the top
+:data:`TOP_KERNELS`, with the share of the rank's GPU busy time each took) and the
+memcpy bandwidth per copy kind (bytes over duration, HtoD / DtoH / DtoD ...), over the
+same events the shares count; and, over the ranks, the one whose idle or compute share
+lies furthest from the others (named only when the gap reaches :data:`STANDS_OUT_POINTS`).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from hvdprof.analysis.model import Run
+
+#: HTA's kernel kinds, in GpuActivity.kind code order (0 compute, 1 comm, 2 memory, 3 other).
+GPU_KIND_NAMES: tuple[str, ...] = ("computation", "communication", "memory", "other")
+#: Kernel names listed per rank (most time first).
+TOP_KERNELS = 10
+#: Longest kernel name shown whole; longer C++ template names are shortened for display.
+SHORT_NAME_CHARS = 60
+#: A rank stands out when its idle or compute share is this many percentage points from
+#: the mean of the others: below, shares of a sampled step differ by noise.
+STANDS_OUT_POINTS = 2.0
+_COPY_KIND = re.compile(r"Memcpy\s+(\w+)")
+
+
+def short_kernel_name(name: str, limit: int = SHORT_NAME_CHARS) -> str:
+    """A kernel's name as a person reads it: no ``void``, no parameter list, template
+    arguments cut to fit ``limit`` (``at::native::vectorized_elementwise_kernel<4, ...>``)."""
+    s = name.strip().replace("(anonymous namespace)::", "{anon}::")
+    if s.startswith("void "):
+        s = s[5:]
+    depth = 0
+    for i, ch in enumerate(s):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0 and i > 0 and not s[i - 1].isspace():
+            s = s[:i]  # a parameter list (not "Memcpy DtoD (Device -> Device)")
+            break
+    if len(s) <= limit:
+        return s
+    cut = s.find("<")
+    if 0 < cut <= limit - 3:
+        # the template's leading arguments, whole, as many as fit
+        args, depth, begin = [], 0, cut + 1
+        for i in range(cut + 1, len(s)):
+            ch = s[i]
+            if ch in "<(":
+                depth += 1
+            elif ch in ">)":
+                depth -= 1
+                if depth < 0:
+                    break
+            elif ch == "," and depth == 0:
+                args.append(s[begin:i].strip())
+                begin = i + 1
+        kept = ""
+        for arg in args:
+            longer = f"{kept}, {arg}" if kept else arg
+            if cut + len(longer) + 5 > limit:  # name<kept, …>
+                break
+            kept = longer
+        return s[:cut] + "<" + (kept + ", " if kept else "") + "\u2026>"
+    # a long name: its start and its end (where kernels of one family differ)
+    head = s[:cut] if cut > 0 else s
+    keep = limit - 5 if cut > 0 else limit - 1
+    middle = head[: keep // 2] + "\u2026" + head[len(head) - (keep - keep // 2) :]
+    return middle + ("<\u2026>" if cut > 0 else "")
+
+
+def copy_kind(name: str) -> str | None:
+    """``HtoD``, ``DtoH``, ``DtoD``... of a ``Memcpy`` event's name (None: not a copy)."""
+    found = _COPY_KIND.match(name)
+    return found.group(1) if found else None
+
+
+@dataclass
+class KernelTime:
+    """One kernel name's time on one rank's GPU."""
+
+    name: str
+    short_name: str
+    kind: str  # GPU_KIND_NAMES
+    count: int
+    total_ms: float
+    busy_share: float  # of the rank's GPU busy time (union of every event)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "short_name": self.short_name,
+            "kind": self.kind,
+            "count": self.count,
+            "total_ms": self.total_ms,
+            "busy_share": self.busy_share,
+        }
+
+
+@dataclass
+class CopyBandwidth:
+    """One copy kind's memcpys on one rank: what they moved, how fast."""
+
+    copy_kind: str  # HtoD, DtoH, DtoD, ...
+    count: int  # copies with a recorded size and duration
+    bytes: int
+    total_ms: float
+    gbps: float  # bytes / total duration, GB/s (10^9 B/s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "copy_kind": self.copy_kind,
+            "count": self.count,
+            "bytes": self.bytes,
+            "total_ms": self.total_ms,
+            "gbps": self.gbps,
+        }
 
 
 @dataclass
@@ -40,6 +152,11 @@ class RankGpu:
     comm_ms: float  # union of communication kernels
     #: the same shares on the trace's own times, where HTA rounded them (None otherwise)
     unrounded: dict[str, float] | None = None
+    busy_ms: float = 0.0  # union of every GPU event
+    #: the TOP_KERNELS names with the most time, most first
+    top_kernels: list[KernelTime] = field(default_factory=list)
+    kernel_names: int = 0  # distinct names in all
+    memcpy: list[CopyBandwidth] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -51,6 +168,10 @@ class RankGpu:
             "comm_comp_overlap_share": self.comm_comp_overlap_share,
             "kernels": self.kernels,
             "comm_ms": self.comm_ms,
+            "busy_ms": self.busy_ms,
+            "top_kernels": [k.to_dict() for k in self.top_kernels],
+            "kernel_names": self.kernel_names,
+            "memcpy": [c.to_dict() for c in self.memcpy],
         }
         if self.unrounded is not None:
             out["unrounded"] = self.unrounded
@@ -63,10 +184,19 @@ class GpuReport:
 
     ranks: list[RankGpu] = field(default_factory=list)
     verdict: str | None = None
+    #: the rank whose idle or compute share is furthest from the others' (None: no rank
+    #: stands out by STANDS_OUT_POINTS, or fewer than two ranks), and in words
+    stands_out: int | None = None
+    stands_out_metric: str | None = None  # "idle_share" | "compute_share"
+    stands_out_text: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "ranks": [r.to_dict() for r in self.ranks],
+            "kinds": list(GPU_KIND_NAMES),
+            "stands_out": self.stands_out,
+            "stands_out_metric": self.stands_out_metric,
+            "stands_out_text": self.stands_out_text,
             "definition": "HTA get_temporal_breakdown / get_comm_comp_overlap, as fractions",
             "note": ROUNDING_NOTE if any(r.unrounded for r in self.ranks) else None,
             "verdict": self.verdict,
@@ -138,6 +268,95 @@ def rank_gpu(rank: int, start: np.ndarray, end: np.ndarray, kind: np.ndarray) ->
     )
 
 
+def _top_kernels(g: Any, m: np.ndarray, busy_us: float) -> tuple[list[KernelTime], int]:
+    """The names with the most GPU time among the events ``m`` selects (recorded times)."""
+    names = g.name[m].astype(np.int64)
+    if not len(names) or not len(g.names):
+        return [], 0
+    total = np.bincount(names, weights=g.dur_us[m], minlength=len(g.names))
+    count = np.bincount(names, minlength=len(g.names))
+    kind = np.zeros(len(g.names), np.int64)
+    kind[names] = g.kind[m]
+    used = np.flatnonzero(count)
+    top = used[np.argsort(-total[used], kind="stable")][:TOP_KERNELS]
+    return [
+        KernelTime(
+            name=g.names[i],
+            short_name=short_kernel_name(g.names[i]),
+            kind=GPU_KIND_NAMES[int(kind[i])],
+            count=int(count[i]),
+            total_ms=float(total[i]) / 1000.0,
+            busy_share=float(total[i]) / busy_us if busy_us > 0 else 0.0,
+        )
+        for i in top.tolist()
+    ], len(used)
+
+
+def _copy_bandwidth(g: Any, m: np.ndarray) -> list[CopyBandwidth]:
+    """Bytes over time per copy kind, from the memcpys with a recorded size and duration."""
+    kinds = [copy_kind(n) for n in g.names]
+    if not len(g.nbytes) or not any(kinds):
+        return []
+    code = np.asarray([-1 if k is None else i for i, k in enumerate(kinds)], np.int64)
+    names = g.name.astype(np.int64)
+    take = m & (code[names] >= 0) & (g.nbytes >= 0) & (g.dur_us > 0)
+    by_kind: dict[str, list[float]] = {}
+    for c, b, d in zip(
+        code[names[take]].tolist(), g.nbytes[take].tolist(), g.dur_us[take].tolist(), strict=True
+    ):
+        acc = by_kind.setdefault(kinds[c], [0, 0, 0.0])  # type: ignore[index]
+        acc[0] += 1
+        acc[1] += b
+        acc[2] += d
+    return [
+        CopyBandwidth(k, int(n), int(b), d / 1000.0, b / (d * 1000.0) if d > 0 else 0.0)
+        for k, (n, b, d) in sorted(by_kind.items())
+    ]
+
+
+def _stands_out(ranks: list[RankGpu]) -> tuple[int | None, str | None, str | None]:
+    """The rank whose idle or compute share lies furthest from the mean of the others.
+
+    With two ranks both are equally far: the one doing worse is named (more idle, less
+    compute), since that is the one to look at."""
+    if len(ranks) < 2:
+        return None, None, None
+    best: tuple[float, int, str] | None = None
+    for metric, worse in (("idle_share", 1.0), ("compute_share", -1.0)):
+        values = np.asarray([getattr(r, metric) for r in ranks])
+        others = (values.sum() - values) / (len(values) - 1)
+        gap = (values - others) * 100.0
+        # furthest first, then the worse side, then the lower rank
+        i = max(range(len(ranks)), key=lambda j: (round(abs(gap[j]), 9), worse * gap[j], -j))
+        if best is None or abs(gap[i]) > best[0]:
+            best = (abs(float(gap[i])), i, metric)
+    assert best is not None
+    points, i, metric = best
+    if points < STANDS_OUT_POINTS:
+        return (
+            None,
+            None,
+            (
+                f"No rank stands out: idle and compute shares lie within {STANDS_OUT_POINTS:g} "
+                "points of the other ranks' mean on every rank."
+            ),
+        )
+    r = ranks[i]
+    mine = getattr(r, metric)
+    others = float(np.mean([getattr(x, metric) for x in ranks if x is not r]))
+    what = "idle" if metric == "idle_share" else "computing"
+    more = "more" if mine > others else "less"
+    who = "the other rank" if len(ranks) == 2 else f"the other {len(ranks) - 1} ranks on average"
+    return (
+        r.rank,
+        metric,
+        (
+            f"Rank {r.rank} stands out: its GPU is {what} {mine:.1%} of its span, {more} than "
+            f"{who} ({others:.1%}), {points:.1f} points apart."
+        ),
+    )
+
+
 def gpu_report(run: Run) -> GpuReport:
     """HTA's temporal breakdown and comm/comp overlap for every rank with GPU activity."""
     out = GpuReport()
@@ -159,7 +378,13 @@ def gpu_report(run: Run) -> GpuReport:
                         "comm_comp_overlap_share",
                     )
                 }
+        merged = _merged(g.start_us[m], g.start_us[m] + g.dur_us[m])
+        busy_us = float((merged[1] - merged[0]).sum())
+        found.busy_ms = busy_us / 1000.0
+        found.top_kernels, found.kernel_names = _top_kernels(g, m, busy_us)
+        found.memcpy = _copy_bandwidth(g, m)
         out.ranks.append(found)
+    out.stands_out, out.stands_out_metric, out.stands_out_text = _stands_out(out.ranks)
     if out.ranks:
         idle = max(out.ranks, key=lambda r: r.idle_share)
         mean_idle = float(np.mean([r.idle_share for r in out.ranks]))

@@ -157,6 +157,7 @@ def diff_summaries(a: RunSummary, b: RunSummary) -> RunDiff:
                 grown.setdefault(r.key.split(":", 1)[0], r)
         out.effects = [r for r in wait if r.key not in grown and r.delta_ms >= floor]
         text += f" Cause: {cause.key} {cause.delta_ms:+.1f} ms per step"
+        text += _in_user_range(a, b, cause, floor)
         also = [r for rank, r in grown.items() if r is not cause][:3]
         if also:
             text += " (also " + ", ".join(f"{r.key} {r.delta_ms:+.1f}" for r in also) + ")"
@@ -185,6 +186,23 @@ def diff_summaries(a: RunSummary, b: RunSummary) -> RunDiff:
         )
     out.verdict = text + _straggler_change(a, b, out)
     return out
+
+
+def _in_user_range(a: RunSummary, b: RunSummary, cause: DiffRow, floor: float) -> str:
+    """Where in the trace's own ranges a rank's compute grew: the user's word for it
+    ("in its 'forward' range: +12.0 ms"), when both runs have ranges for that rank."""
+    if not cause.key.endswith(": compute"):
+        return ""
+    rank = int(cause.key.split(":", 1)[0].removeprefix("rank "))
+    ra, rb = a.range_ms.get(rank), b.range_ms.get(rank)
+    if not ra or not rb:
+        return ""
+    grown = sorted(((rb.get(n, 0.0) - ra.get(n, 0.0), n) for n in set(ra) | set(rb)), reverse=True)
+    delta, name = grown[0]
+    if delta < floor:
+        return ""
+    new = " (new in B)" if name not in ra else ""
+    return f" (in its '{name}' range{new}: {delta:+.1f} ms)"
 
 
 def _straggler_change(a: RunSummary, b: RunSummary, out: RunDiff) -> str:

@@ -47,6 +47,8 @@ from hvdprof.analysis.model import (
     Problem,
     Run,
     SliceTable,
+    TraceSteps,
+    UserRanges,
 )
 from hvdprof.common import limits
 from hvdprof.common.activities import NEGOTIATE_PREFIX
@@ -116,6 +118,7 @@ ITEMSIZE = {
 class _Args(msgspec.Struct):
     stream: int | None = None
     correlation: int | None = None
+    nbytes: int | None = msgspec.field(default=None, name="bytes")  # a memcpy's size
     nelems: int | None = msgspec.field(default=None, name="In msg nelems")
     dtype: str | None = None
     group_size: int | None = msgspec.field(default=None, name="Group size")
@@ -284,6 +287,24 @@ class GpuActivity:
     #: on the file's own clock (shares do not depend on the shift)
     hta_start: np.ndarray
     hta_end: np.ndarray
+    #: index into ``names`` of each event's name (kernel, ``Memcpy HtoD ...``)
+    name: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    names: list[str] = field(default_factory=list)
+    #: CUDA correlation id (-1: none): links the kernel to the runtime call that launched it
+    correlation: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: start of that launch (``cudaLaunchKernel``...) on the CPU, run's clock (NaN: none)
+    launch_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    #: bytes a memcpy or memset moved (-1: not recorded, or not a copy)
+    nbytes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def shifted(self, by_us: float) -> GpuActivity:
+        """The same events with start and launch moved by ``by_us`` (onto the run's clock);
+        HTA's times stay on the file's own."""
+        return GpuActivity(
+            self.start_us + by_us, self.dur_us, self.kind, self.stream, self.in_hta,
+            self.hta_start, self.hta_end, self.name, self.names, self.correlation,
+            self.launch_us + by_us, self.nbytes,
+        )  # fmt: skip
 
 
 @dataclass
@@ -306,6 +327,12 @@ class KinetoFile:
     ns_rounding: bool = False
     #: ProfilerStep number -> its start (file's clock)
     step_starts: dict[int, float] = field(default_factory=dict)
+    #: ProfilerStep start -> its end (file's clock; keyed by start, which survives the
+    #: run's renumbering of the steps)
+    step_end_of_start: dict[float, float] = field(default_factory=dict)
+    #: outermost user ranges on the training thread: start, dur (file's clock), index
+    #: into the names, names
+    ranges: tuple[np.ndarray, np.ndarray, np.ndarray, list[str]] | None = None
 
 
 def _empty_slices() -> dict[str, np.ndarray]:
@@ -669,6 +696,20 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
             launched = np.array(kept, bool)
         else:
             launched = np.ones(len(gpu_rows), bool)
+        used, g_name = np.unique(name_code[gpu_rows], return_inverse=True)
+        g_corr = np.full(len(gpu_rows), -1, np.int64)
+        g_launch = np.full(len(gpu_rows), np.nan)
+        g_bytes = np.full(len(gpu_rows), -1, np.int64)
+        for j, i in enumerate(gpu_rows.tolist()):
+            c = arg(xs[i], "correlation")
+            if isinstance(c, int) and not isinstance(c, bool):
+                g_corr[j] = c
+                hit = corr_ts.get(c)
+                if hit is not None:
+                    g_launch[j] = hit[1]
+            b = arg(xs[i], "bytes" if lenient else "nbytes")
+            if isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= MAX_ELEMENTS:
+                g_bytes[j] = b
         out.gpu = GpuActivity(
             ts[gpu_rows].copy(),
             dur[gpu_rows].copy(),
@@ -677,6 +718,11 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
             launched,
             h_start[gpu_rows].copy(),
             h_end[gpu_rows].copy(),
+            g_name.reshape(-1).astype(np.int32),
+            [name_list[c] for c in used.tolist()],
+            g_corr,
+            g_launch,
+            g_bytes,
         )
     # launches: c10d ops if any, else nccl CPU ranges, else gloo ranges
     present = {int(r) for r in np.unique(role)}
@@ -735,6 +781,8 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
     out.step_starts = {
         int(n): float(x) for n, x in zip(s_num.tolist(), s_start.tolist(), strict=True)
     }
+    out.step_end_of_start = dict(zip(s_start.tolist(), s_end.tolist(), strict=True))
+    out.ranges = _user_ranges(xs, name_list, name_code, role, is_gpu, tid, ts, dur, steps)
     l_ts = ts[launches]
     k = np.searchsorted(s_start, l_ts, side="right") - 1
     in_step = (
@@ -836,6 +884,82 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
     out.slices = cols
 
 
+#: ``record_function`` names that are not the user's phases: the profiler's own step,
+#: and the collectives' ranges (read as ops above)
+_NOT_A_PHASE = ("ProfilerStep#", "nccl:", "gloo:", "c10d::", "record_param_comms")
+
+
+def _user_ranges(
+    xs: list[Any], name_list: list[str], name_code: np.ndarray, role: np.ndarray,
+    is_gpu: np.ndarray, tid: np.ndarray, ts: np.ndarray, dur: np.ndarray, steps: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]] | None:  # fmt: skip
+    """The outermost ``user_annotation`` ranges of the training thread (the thread of the
+    ``ProfilerStep`` ranges; without steps, the thread with most such ranges).
+
+    Outermost only: "## forward ##" holds "## encoder ##", and counting both would count
+    the time twice. A range that starts inside an earlier one is inside it, whatever its
+    end says (a range cut by the end of the trace)."""
+    keep_name = np.array([not n.startswith(_NOT_A_PHASE) for n in name_list] or [False], bool)[
+        name_code
+    ]
+    cats = np.fromiter((e.cat == "user_annotation" for e in xs), bool, len(xs))
+    rows = np.flatnonzero(cats & keep_name & (role == 0) & ~is_gpu)
+    if not len(rows):
+        return None
+    if len(steps):
+        thread = int(np.bincount(tid[steps]).argmax())
+    else:
+        thread = int(np.bincount(tid[rows]).argmax())
+    rows = rows[tid[rows] == thread]
+    if len(steps):  # inside a step (the profiler's warm-up ranges before it are not one)
+        s0, s1 = ts[steps].min(), (ts[steps] + dur[steps]).max()
+        rows = rows[(ts[rows] >= s0) & (ts[rows] < s1)]
+    rows = rows[np.lexsort((-dur[rows], ts[rows]))]
+    if not len(rows):
+        return None
+    start, end = ts[rows], ts[rows] + dur[rows]
+    reach = np.maximum.accumulate(end)
+    outer = np.ones(len(rows), bool)
+    outer[1:] = start[1:] >= reach[:-1]
+    rows = rows[outer]
+    used, code = np.unique(name_code[rows], return_inverse=True)
+    names = [name_list[c] for c in used.tolist()]
+    return ts[rows].copy(), dur[rows].copy(), code.reshape(-1).astype(np.int32), names
+
+
+def attach_steps_and_ranges(
+    run: Run, files: list[KinetoFile], shifts: dict[int, float], lo: int
+) -> None:
+    """Each rank's ``ProfilerStep`` spans and outermost user ranges on the run's clock,
+    numbered as the collectives' steps are (``ProfilerStep#N`` is step ``N - lo``; steps
+    before the first with a collective are left out, as they are for the collectives)."""
+    run.trace_steps, run.user_ranges = {}, {}
+    for f in files:
+        shift = shifts.get(f.rank, 0.0)
+        numbered = sorted((n - lo, t) for n, t in f.step_starts.items() if n - lo >= 0)
+        if numbered and numbered[-1][0] < MAX_STEP_SPAN:
+            start = np.full(numbered[-1][0] + 1, np.nan)
+            end = np.full(len(start), np.nan)
+            for n, t in numbered:
+                start[n] = t + shift
+                end[n] = f.step_end_of_start.get(t, t) + shift
+            run.trace_steps[f.rank] = TraceSteps(start, end)
+        if f.ranges is None:
+            continue
+        r_start, r_dur, r_name, names = f.ranges
+        r_start = r_start + shift
+        step = np.full(len(r_start), -1, np.int64)
+        found = run.trace_steps.get(f.rank)
+        if found is not None:
+            known = np.flatnonzero(np.isfinite(found.start_us))
+            k = np.searchsorted(found.start_us[known], r_start, side="right") - 1
+            ok = k >= 0
+            at = known[np.maximum(k, 0)]
+            ok &= r_start < found.end_us[at]
+            step = np.where(ok, at, -1)
+        run.user_ranges[f.rank] = UserRanges(r_start, r_dur, r_name, step, names)
+
+
 # --- the run-level pass: one clock, readiness marks ---------------------------------------
 
 
@@ -883,10 +1007,10 @@ def finish_run(run: Run, files: list[KinetoFile], tables: Any = None) -> None:
             mine = rows[ok]
             theirs = ref_rows[pos[ok]]
             delta = (s.start_us[theirs] + s.dur_us[theirs]) - (s.start_us[mine] + s.dur_us[mine])
-            shifts[r] = float(np.median(delta))
-            aligned.append(
-                f"rank {r} by {shifts[r] / 1000.0:+.3f} ms ({int(ok.sum())} collectives)"
+            shifts[r], agreed = _end_shift(
+                s, ref_rows, rows, float(np.median(delta)), int(ok.sum())
             )
+            aligned.append(f"rank {r} by {shifts[r] / 1000.0:+.3f} ms ({agreed} collectives)")
         if len(ranks) > 1:
             text = (
                 "The torch.profiler traces have no baseTimeNanoseconds: their clocks were "
@@ -928,22 +1052,21 @@ def finish_run(run: Run, files: list[KinetoFile], tables: Any = None) -> None:
     gpu: dict[int, GpuActivity] = {}
     for f in files:
         if f.gpu is not None:
-            g = f.gpu
-            gpu[f.rank] = GpuActivity(
-                g.start_us + shifts.get(f.rank, 0.0),
-                g.dur_us,
-                g.kind,
-                g.stream,
-                g.in_hta,
-                g.hta_start,
-                g.hta_end,
-            )
+            gpu[f.rank] = f.gpu.shifted(shifts.get(f.rank, 0.0))
             gpu[f.rank].ns_rounding = f.ns_rounding  # type: ignore[attr-defined]
     run.gpu = gpu
-    # readiness: when each rank launched each collective, seen from the lowest rank's rows
-    run.marks = _marks(run, _in_step_offsets(run, files, shifts, lo))
+    attach_steps_and_ranges(run, files, shifts, lo)
+    # readiness: when each rank's GPU reached each NCCL collective (its kernel's start),
+    # else when it launched it, timed from its own step's start; seen from the lowest
+    # rank's rows
+    kernels = _kernel_times(run)
+    if kernels is not None:
+        run.marks = _marks(run, kernels=kernels)
+        notes += _unmatched_note(run, kernels)
+    else:
+        run.marks = _marks(run, _in_step_offsets(run, files, shifts, lo))
     if tables is not None:
-        _split_waiting(run, tables)
+        _split_waiting(run, tables, kernels)
     sizes = [f.world_size for f in files if f.world_size]
     if sizes:
         run.size = max(max(sizes), run.size)
@@ -993,42 +1116,66 @@ def _in_step_offsets(
     return out
 
 
-def _marks(run: Run, offsets: np.ndarray | None = None) -> MarkTable:
+def _marks(
+    run: Run,
+    offsets: np.ndarray | None = None,
+    kernels: tuple[np.ndarray, np.ndarray] | None = None,
+) -> MarkTable:
+    """Each rank's arrival at each collective the lowest rank also ran (its row there).
+
+    ``kernels`` (per slice row, its NCCL kernel's start and end, NaN: none): the arrival
+    is the kernel's start, and a rank's collective is the lowest rank's that ends with it
+    (:func:`_pairs_by_end`), not the one in the same lane: a sampled trace or another
+    thread's collectives shift the lanes. Else the launch, plus ``offsets``."""
     s = run.slices
     ops = np.flatnonzero(s.phase == PHASE_OP)
+    if kernels is not None:
+        ops = ops[np.isfinite(kernels[0][ops])]
     if not len(ops):
         return MarkTable()
     observer = int(s.rank[ops].min())
     obs_rows = ops[s.rank[ops] == observer]
-    obs_keys = _match_keys(s, obs_rows)
-    order = np.argsort(obs_keys, kind="stable")
-    obs_keys, obs_rows = obs_keys[order], obs_rows[order]
-    keys = _match_keys(s, ops)
-    pos = np.searchsorted(obs_keys, keys)
-    ok = (pos < len(obs_keys)) & (obs_keys[np.minimum(pos, len(obs_keys) - 1)] == keys)
-    rows = ops[ok]
+    if kernels is not None:
+        rows, theirs = _kernel_pairs(run, kernels)
+        ts = kernels[0][rows]
+    else:
+        obs_keys = _match_keys(s, obs_rows)
+        order = np.argsort(obs_keys, kind="stable")
+        obs_keys, obs_rows = obs_keys[order], obs_rows[order]
+        keys = _match_keys(s, ops)
+        pos = np.searchsorted(obs_keys, keys)
+        ok = (pos < len(obs_keys)) & (obs_keys[np.minimum(pos, len(obs_keys) - 1)] == keys)
+        rows = ops[ok]
+        theirs = obs_rows[pos[ok]]
+        ts = s.start_us[rows] + (offsets[rows] if offsets is not None else 0.0)
     cols = {
         "observer": np.full(len(rows), observer, np.int32),
         "tensor": s.tensor[rows],
-        "ts_us": s.start_us[rows] + (offsets[rows] if offsets is not None else 0.0),
+        "ts_us": ts,
         "ready_rank": s.rank[rows],
-        "slice": obs_rows[pos[ok]].astype(np.int64),
+        "slice": theirs.astype(np.int64),
     }
     return MarkTable(**{k: np.asarray(v, MARK_COLUMNS[k]) for k, v in cols.items()})
 
 
-def _split_waiting(run: Run, tables: Any) -> None:
+def _split_waiting(
+    run: Run, tables: Any, kernels: tuple[np.ndarray, np.ndarray] | None = None
+) -> None:
     """Waiting for the last rank as negotiation, as the other formats record it.
 
     A collective cannot start before every rank launched it: from a rank's launch to the
     last rank's launch it waits (a ``NEGOTIATE_<OP>`` row), and its op and backend rows
     begin when the last rank arrived. So the breakdown, the diff and the page show the
-    waiting where it is, on the ranks that waited."""
+    waiting where it is, on the ranks that waited. With NCCL kernels (``kernels``) the
+    GPU waits, not the CPU: :func:`_split_kernel_waiting`."""
     s = run.slices
     ops = np.flatnonzero(s.phase == PHASE_OP)
     if not len(ops):
         return
-    keys = _match_keys(s, ops)
+    if kernels is not None:
+        _split_kernel_waiting(run, tables, kernels)
+        return
+    keys = lanes = _match_keys(s, ops)
     uniq, inv = np.unique(keys, return_inverse=True)
     inv = inv.reshape(-1)
     t_last = np.full(len(uniq), -np.inf)
@@ -1042,7 +1189,7 @@ def _split_waiting(run: Run, tables: Any) -> None:
     coll = np.flatnonzero(s.phase == PHASE_COLLECTIVE)
     if len(coll):
         rk = s.rank[ops].astype(np.int64)
-        op_keys = (rk << 48) ^ keys
+        op_keys = (rk << 48) ^ lanes
         order = np.argsort(op_keys)
         sorted_keys = op_keys[order]
         c_keys = (s.rank[coll].astype(np.int64) << 48) ^ _match_keys(s, coll)
@@ -1065,5 +1212,248 @@ def _split_waiting(run: Run, tables: Any) -> None:
     neg.dur_us[:] = (ready - launch)[waits]
     s.start_us[ops] = ready
     s.dur_us[ops] = end - ready
+    run.slices = SliceTable.concat([s, neg])  # type: ignore[assignment]
+    run.names = tables.names.items
+
+
+# --- matching collectives across ranks by their ends; arrivals at NCCL kernels -----------
+
+#: The same collective ends within this of itself on every rank it spans (its last transfer
+#: lands on all of them): on the real NCCL pair (tests/data/kineto-hta) matched kernels end
+#: within 0.4 ms of each other, and a rank's other collectives of the op in the step 28 ms
+#: or more from them.
+END_MATCH_US = 1000.0
+#: At most this many same-step pairs are weighed per rank (else the lanes alone decide).
+MAX_END_PAIRS = 2_000_000
+
+
+def _step_groups(s: Any, rows: np.ndarray) -> np.ndarray:
+    """(op, step) of each op row: the collectives of another rank it can be."""
+    return s.op[rows].astype(np.int64) * (1 << 32) + s.occurrence[rows].astype(np.int64)
+
+
+def _end_pairs(
+    s: Any, ref_rows: np.ndarray, rows: np.ndarray, ref_end: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Every pair of a row of ``rows`` and one of ``ref_rows`` of the same op and step:
+    (index into rows, index into ref_rows, ref end - end). None past MAX_END_PAIRS."""
+    ga, gb = _step_groups(s, rows), _step_groups(s, ref_rows)
+    common = np.intersect1d(ga, gb)
+    ia, ib = np.argsort(ga, kind="stable"), np.argsort(gb, kind="stable")
+    a0, a1 = np.searchsorted(ga[ia], common, "left"), np.searchsorted(ga[ia], common, "right")
+    b0, b1 = np.searchsorted(gb[ib], common, "left"), np.searchsorted(gb[ib], common, "right")
+    if int(((a1 - a0) * (b1 - b0)).sum()) > MAX_END_PAIRS:
+        return None
+    out_a, out_b = [], []
+    for x0, x1, y0, y1 in zip(a0.tolist(), a1.tolist(), b0.tolist(), b1.tolist(), strict=True):
+        mine, theirs = np.meshgrid(ia[x0:x1], ib[y0:y1], indexing="ij")
+        out_a.append(mine.ravel())
+        out_b.append(theirs.ravel())
+    if not out_a:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    a, b = np.concatenate(out_a), np.concatenate(out_b)
+    return a, b, ref_end[ref_rows[b]] - end[rows[a]]
+
+
+def _densest(delta: np.ndarray) -> tuple[float, int]:
+    """The centre (median) of the END_MATCH_US-wide window holding the most of ``delta``,
+    and how many it holds: the shift on which the most collectives end together. A wrong
+    pairing of one op's collectives in a step agrees with fewer pairs than the right one."""
+    if not len(delta):
+        return 0.0, 0
+    d = np.sort(delta)
+    hi = np.searchsorted(d, d + END_MATCH_US, side="right")
+    count = hi - np.arange(len(d))
+    best = int(np.argmax(count))
+    return float(np.median(d[best : hi[best]])), int(count[best])
+
+
+def _end_shift(
+    s: Any, ref_rows: np.ndarray, rows: np.ndarray, lane_shift: float, lane_count: int
+) -> tuple[float, int]:
+    """A rank's clock shift onto the reference's, and on how many collectives it agrees.
+
+    The shift that makes the most of its collectives end with one of the reference's of
+    the same op in the same step; the lanes' median (the j-th allreduce of the step with
+    the j-th) where no two agree. Lanes alone mislead where a rank's trace lacks some
+    collectives (a sampled trace) or another thread issued them in another order: on the
+    real NCCL pair 4 of its 10 lane pairs end together, and their median was right only
+    because the wrong ones fell on both sides."""
+    end = s.start_us + s.dur_us
+    found = _end_pairs(s, ref_rows, rows, end, end)
+    if found is None:
+        return lane_shift, lane_count
+    shift, count = _densest(found[2])
+    if count < 2:
+        return lane_shift, lane_count
+    return shift, count
+
+
+def _kernel_rows(run: Run) -> np.ndarray | None:
+    """Backend rows that are NCCL kernels, when every rank that launched collectives ran
+    some (else None: arrivals are launches)."""
+    s = run.slices
+    coll = np.flatnonzero(s.phase == PHASE_COLLECTIVE)
+    ops = np.flatnonzero(s.phase == PHASE_OP)
+    if not len(coll) or not len(ops) or not run.names:
+        return None
+    comm = np.array([gpu_kind(n) == GPU_COMM for n in run.names] + [False], bool)
+    code = s.name[coll].astype(np.int64)
+    coll = coll[comm[np.where((code >= 0) & (code < len(run.names)), code, -1)]]
+    if not len(coll) or set(np.unique(s.rank[ops]).tolist()) - set(
+        np.unique(s.rank[coll]).tolist()
+    ):
+        return None
+    return coll
+
+
+def kernel_arrivals(run: Run) -> bool:
+    """True when the run's arrivals are NCCL kernel starts (see :func:`_kernel_times`)."""
+    return run.format == "kineto" and _kernel_rows(run) is not None
+
+
+def _kernel_times(run: Run) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per slice row of a collective's launch, its NCCL kernels' start and end on the run's
+    clock (NaN: none); None when the run has no NCCL kernels on every rank.
+
+    Why the kernel's start is the rank's arrival: on NCCL the CPU only enqueues the
+    collective (its launch returns at once) and the GPU stream reaches it after the
+    kernels before it, so the kernel's start is when that rank was ready; the kernel then
+    spins until every rank's has started, so the peers of a late rank have the long
+    kernels, and all of them end together."""
+    coll = _kernel_rows(run)
+    if coll is None:
+        return None
+    s = run.slices
+    ops = np.flatnonzero(s.phase == PHASE_OP)
+    op_keys = (s.rank[ops].astype(np.int64) << 48) ^ _match_keys(s, ops)
+    c_keys = (s.rank[coll].astype(np.int64) << 48) ^ _match_keys(s, coll)
+    order = np.argsort(c_keys)
+    sorted_keys = c_keys[order]
+    pos = np.minimum(np.searchsorted(sorted_keys, op_keys), len(sorted_keys) - 1)
+    hit = sorted_keys[pos] == op_keys
+    rows = coll[order[pos[hit]]]
+    start, end = np.full(len(s), np.nan), np.full(len(s), np.nan)
+    start[ops[hit]] = s.start_us[rows]
+    end[ops[hit]] = s.start_us[rows] + s.dur_us[rows]
+    return start, end
+
+
+def _kernel_pairs(
+    run: Run, kernels: tuple[np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each rank's collective launches (slice rows) with an NCCL kernel, and the lowest
+    rank's launch of the same collective (:func:`_pairs_by_end`), where it has one."""
+    s = run.slices
+    ops = np.flatnonzero(s.phase == PHASE_OP)
+    ops = ops[np.isfinite(kernels[0][ops])]
+    if not len(ops):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    obs_rows = ops[s.rank[ops] == int(s.rank[ops].min())]
+    rows, theirs = [], []
+    for r in np.unique(s.rank[ops]).tolist():
+        mine = ops[s.rank[ops] == r]
+        a, b = _pairs_by_end(s, obs_rows, mine, kernels[1])
+        rows.append(mine[a])
+        theirs.append(obs_rows[b])
+    return np.concatenate(rows).astype(np.int64), np.concatenate(theirs).astype(np.int64)
+
+
+def _pairs_by_end(
+    s: Any, obs_rows: np.ndarray, rows: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Which of ``rows`` is which of ``obs_rows`` (indices into each): the collective of the
+    same op and step whose kernel ends with it, within END_MATCH_US once the clocks'
+    residual offset (the densest shift: 0 on clocks aligned on the ends) is taken off;
+    one to one, nearest first. Lanes where there are too many pairs to weigh."""
+    found = _end_pairs(s, obs_rows, rows, end, end)
+    if found is None:
+        keys, obs_keys = _match_keys(s, rows), _match_keys(s, obs_rows)
+        order = np.argsort(obs_keys, kind="stable")
+        pos = np.minimum(np.searchsorted(obs_keys[order], keys), len(order) - 1)
+        ok = obs_keys[order][pos] == keys
+        return np.flatnonzero(ok), order[pos[ok]]
+    a, b, delta = found
+    residual, count = _densest(delta)
+    off = np.abs(delta - (residual if count >= 2 else 0.0))
+    near = np.flatnonzero(off <= END_MATCH_US)
+    near = near[np.argsort(off[near], kind="stable")]
+    used_a, used_b = np.zeros(len(rows), bool), np.zeros(len(obs_rows), bool)
+    out_a, out_b = [], []
+    for k in near.tolist():
+        i, j = int(a[k]), int(b[k])
+        if not used_a[i] and not used_b[j]:
+            used_a[i] = used_b[j] = True
+            out_a.append(i)
+            out_b.append(j)
+    return np.array(out_a, np.int64), np.array(out_b, np.int64)
+
+
+def _unmatched_note(run: Run, kernels: tuple[np.ndarray, np.ndarray]) -> list[str]:
+    """What the run's notes say when some ranks' NCCL collectives ended with none of the
+    lowest rank's (nothing when all did); a few ranks named, never a long list."""
+    s, m = run.slices, run.marks
+    ops = np.flatnonzero((s.phase == PHASE_OP) & np.isfinite(kernels[0]))
+    if not len(ops) or not len(m):
+        return []
+    observer = int(m.observer[0])
+    parts = []
+    for r in np.unique(s.rank[ops]).tolist():
+        ran = int((s.rank[ops] == r).sum())
+        found = int((m.ready_rank == r).sum())
+        if r != observer and found < ran:
+            parts.append(f"{found} of rank {r}'s {ran}")
+    if not parts:
+        return []
+    more = f" (and on {len(parts) - 4} more ranks)" if len(parts) > 4 else ""
+    return [
+        "Arrivals at NCCL collectives are their kernels' starts; a collective is matched "
+        f"across ranks by its kernels ending together (within {END_MATCH_US / 1000:g} ms): "
+        f"{', '.join(parts[:4])}{more} ended with one of rank {observer}'s; the rest with "
+        "none (a sampled trace, or groups without it), so they are not compared."
+    ]
+
+
+def _split_kernel_waiting(run: Run, tables: Any, kernels: tuple[np.ndarray, np.ndarray]) -> None:
+    """NCCL's waiting, where it happens: inside the kernel. A rank's kernel spins from its
+    start until the last rank's kernel of the same collective (matched by its end, as the
+    arrivals are) has started: that part of its backend row becomes a ``NEGOTIATE_<OP>``
+    row, the rest stays the transfer. The launch's row stays whole (the CPU only enqueued
+    the collective and went on); a collective matched on no other rank waits for nobody.
+    So the breakdown's waiting is the time the straggler analysis says the others waited.
+    """
+    s = run.slices
+    rows, theirs = _kernel_pairs(run, kernels)
+    if not len(rows):
+        return
+    _, inv = np.unique(theirs, return_inverse=True)
+    inv = inv.reshape(-1)
+    k_start, k_end = kernels[0][rows], kernels[1][rows]
+    last = np.full(int(inv.max()) + 1, -np.inf)
+    np.maximum.at(last, inv, k_start)
+    shared = np.bincount(inv)[inv] >= 2
+    ready = np.where(shared, np.minimum(np.maximum(last[inv], k_start), k_end), k_start)
+    waits = ready > k_start
+    # the backend (kernel) row of each of those launches: same rank, lane and occurrence
+    coll = _kernel_rows(run)
+    if coll is not None:
+        c_keys = (s.rank[coll].astype(np.int64) << 48) ^ _match_keys(s, coll)
+        order = np.argsort(c_keys)
+        op_keys = (s.rank[rows].astype(np.int64) << 48) ^ _match_keys(s, rows)
+        pos = np.minimum(np.searchsorted(c_keys[order], op_keys), len(order) - 1)
+        hit = c_keys[order][pos] == op_keys
+        c_rows = coll[order[pos[hit]]]
+        s.start_us[c_rows] = ready[hit]
+        s.dur_us[c_rows] = k_end[hit] - ready[hit]
+    neg = s.take(rows[waits])
+    neg.phase[:] = PHASE_NEGOTIATE
+    codes = {
+        int(op): tables.names.code(NEGOTIATE_PREFIX + OPS[int(op)])
+        for op in np.unique(neg.op).tolist()
+        if op >= 0
+    }
+    neg.name[:] = [codes.get(int(op), -1) for op in neg.op.tolist()]
+    neg.start_us[:] = k_start[waits]
+    neg.dur_us[:] = (ready - k_start)[waits]
     run.slices = SliceTable.concat([s, neg])  # type: ignore[assignment]
     run.names = tables.names.items

@@ -297,6 +297,33 @@ def stall_record(ts_us: float, args: dict[str, Any], rank: int) -> StallRecord:
 
 
 @dataclass
+class TraceSteps:
+    """A rank's steps as its own trace marks them (torch.profiler's ``ProfilerStep#N``):
+    the step the user counts, rather than one inferred from the collectives.
+
+    Index = step number in the run's numbering (the collectives' ``occurrence``); NaN
+    where this rank's trace has no such step."""
+
+    start_us: np.ndarray
+    end_us: np.ndarray
+
+
+@dataclass
+class UserRanges:
+    """A rank's outermost ``record_function`` ranges on its training thread ("forward",
+    "## backward ##", "Optimizer.step#SGD.step"): the phases in the user's own words.
+
+    Outermost only, so they never overlap and a step's ranges add up to at most the step.
+    """
+
+    start_us: np.ndarray
+    dur_us: np.ndarray
+    name: np.ndarray  # index into ``names``
+    step: np.ndarray  # step number (run's numbering), -1 outside every step
+    names: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Run:
     """A parsed run: every rank's timeline as columns, with what could not be read.
 
@@ -337,6 +364,10 @@ class Run:
     notes: list[str] = field(default_factory=list)
     #: per rank's GPU activity (Kineto traces with a GPU): ``kineto_format.GpuActivity``
     gpu: dict[int, Any] = field(default_factory=dict)
+    #: per rank, the steps its trace marks (Kineto ``ProfilerStep#N``), when it does
+    trace_steps: dict[int, TraceSteps] = field(default_factory=dict)
+    #: per rank, its outermost ``record_function`` ranges (Kineto), when it has any
+    user_ranges: dict[int, UserRanges] = field(default_factory=dict)
     _loader: Any = field(default=None, repr=False, compare=False)
     #: results derived from the slices that several analyses share (the exclusive
     #: segments of the breakdown and the binned timeline), keyed with the slice table's

@@ -154,6 +154,8 @@ def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
     ):
         if part is not None and part.verdict:
             verdicts.append(part.verdict)
+        if part is report.breakdown and report.breakdown.user.verdict:
+            verdicts.append(report.breakdown.user.verdict)
         if part is report.stragglers:
             for s in report.process_sets:
                 who = ", ".join(str(r) for r in s.members)

@@ -5,6 +5,10 @@ per step, so the n-th negotiation of a tensor belongs to step n (``occurrence``)
 rank, step n starts when the first tensor begins its (n+1)-th negotiation, which keeps
 the boundaries ordered even when a tensor (a broadcast at start-up, a per-epoch metric)
 is reduced less often.
+
+Where the trace marks its steps itself (torch.profiler's ``ProfilerStep#N``, read into
+``run.trace_steps``), those are the steps: the user counts them, and they begin with the
+data loading and forward pass that precede the step's first collective.
 """
 
 from __future__ import annotations
@@ -20,6 +24,12 @@ def step_starts(run: Run) -> dict[int, np.ndarray]:
     out: dict[int, np.ndarray] = {}
     sel = ((s.phase == PHASE_NEGOTIATE) | (s.phase == PHASE_OP)) & (s.occurrence >= 0)
     for rank in run.ranks:
+        marked = run.trace_steps.get(rank)
+        if marked is not None and np.isfinite(marked.start_us).any():
+            starts = np.where(np.isfinite(marked.start_us), marked.start_us, np.inf)
+            starts = np.minimum.accumulate(starts[::-1])[::-1]
+            out[rank] = starts[np.isfinite(starts)]
+            continue
         mask = sel & (s.rank == rank)
         if not mask.any():
             continue

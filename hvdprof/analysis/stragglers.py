@@ -10,6 +10,24 @@ observer's view, the moment rank 0 *learned* each rank was ready, rounded to a
 negotiation cycle and biased towards the observer; they are read that way, and the
 result says so (``source``).
 
+**torch.profiler traces.** Each traced rank's own file, so the traced ranks are compared:
+a trace of some of a job's ranks (2 of 128) says so once, in words (a rank without a
+trace is unknown, not late), and never lists the others. On NCCL a rank's arrival at a
+collective is its kernel's start on the run's clock (never before its launch: on one
+rank's clock a kernel starts after it is enqueued): the CPU launch only enqueues the
+collective (it returns at once) and the GPU stream comes to it after the kernels before
+it, so a rank whose CPU was late (data loading) and one whose GPU was (slower kernels)
+both start it late; the kernel then spins inside NCCL until every rank's has started, so
+the late rank's peers have the long kernels and all of them end together. That end is
+how a collective is matched across ranks (``kineto_format._pairs_by_end``: a sampled trace
+or another thread shifts the lanes) and how clocks without ``baseTimeNanoseconds`` are
+aligned; the others wait from their kernel's start to the late rank's, which is the hold
+below. Without GPU kernels (Gloo on CPU) the arrival is the launch, counted from the
+rank's own ``ProfilerStep`` start (a rank woken last by the previous step's collective is
+not taken for a straggler). A trace holds a few profiled steps: with fewer than
+:data:`MIN_STEPS`, a rank that held the others by the bar in every one of them is named
+for those steps, and the verdict says how few they were.
+
 **One model: who held each step, and by how much.** Per step and rank ``r``, its *hold*
 is the time the pack (the other ranks' median arrival at each op) was blocked on ``r``:
 the union over the ops ``r`` reached after the pack of the intervals from the pack's
@@ -71,6 +89,7 @@ from typing import Any
 import numpy as np
 
 from hvdprof.analysis.intervals import merge
+from hvdprof.analysis.kineto_format import kernel_arrivals
 from hvdprof.analysis.model import OPS, PHASE_OP, Run
 from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, count_steps, typical_step_ms
 from hvdprof.common import activities as act
@@ -96,19 +115,49 @@ PARTIAL_LAST_SHARE = 0.75
 #: time went before backward (data loading or forward).
 BEFORE_BACKWARD_SHARE = 0.5
 
-#: What torch.profiler traces without hvdprof's own readiness marks can say (one sentence,
-#: no list of ranks: a 128-rank job's list said nothing).
+#: Arrivals in torch.profiler traces: each rank's NCCL kernel's start (when its GPU reached
+#: the collective), or, without GPU kernels (Gloo), its launch timed from its own step's
+#: start. See the module doc.
+SOURCE_KERNELS = "nccl_kernels"
+SOURCE_LAUNCHES = "launches"
+#: How the verdict says where the arrivals come from (after "rank 1 is the straggler").
+SOURCE_WHERE = {
+    SOURCE_KERNELS: " (by its NCCL kernels' starts: when its GPU reached each collective)",
+    SOURCE_LAUNCHES: " (by when it launched each collective, timed from its step's start)",
+}
+#: ... after "ranks 1 and 2 are the stragglers" ...
+SOURCE_WHERE_PLURAL = {
+    SOURCE_KERNELS: " (by their NCCL kernels' starts: when their GPUs reached each collective)",
+    SOURCE_LAUNCHES: " (by when they launched each collective, timed from their steps' start)",
+}
+#: ... and after "No straggler" (no rank is meant).
+SOURCE_WHERE_NONE = {
+    SOURCE_KERNELS: " (by the NCCL kernels' starts: when each GPU reached each collective)",
+    SOURCE_LAUNCHES: " (by when each rank launched each collective, from its step's start)",
+}
+
+#: What torch.profiler traces whose collectives could not be matched across ranks can say
+#: (one sentence, no list of ranks: a 128-rank job's list said nothing).
 KINETO_ARRIVALS = (
-    "These torch.profiler traces record when each collective ran on each rank, not when "
-    "each rank was ready for it, so arrivals cannot be compared and no straggler can be "
-    "named from them; the time breakdown still shows each rank's communication time."
+    "No collective in these torch.profiler traces could be matched across the traced "
+    "ranks, so arrivals cannot be compared and no straggler can be named from them; the "
+    "time breakdown still shows each rank's communication time."
 )
+
+#: Missing ranks are named up to this many; past it, counted (never a list of 127).
+MAX_LISTED = 8
 
 PHASE_BEFORE_BACKWARD = "before_first_gradient"
 PHASE_BACKWARD = "backward"
 PHASE_WORDS = {
     PHASE_BEFORE_BACKWARD: "before its first gradient (data loading or forward)",
     PHASE_BACKWARD: "during backward (its later gradients are late)",
+}
+#: ... where the arrivals are NCCL kernels' starts (a collective need not be a gradient's)
+KERNEL_PHASE_WORDS = {
+    PHASE_BEFORE_BACKWARD: "before the step's first collective (data loading, forward, or "
+    "the kernels before it)",
+    PHASE_BACKWARD: "between the step's collectives (its later ones are late)",
 }
 GROUP_PHASE_WORDS = {
     PHASE_BEFORE_BACKWARD: "before their first gradient (data loading or forward)",
@@ -242,14 +291,20 @@ class Stragglers:
 
 @dataclass
 class Arrivals:
-    """When each rank arrived at each op: ``t_us[op, rank]`` on rank 0's clock."""
+    """When each rank arrived at each op: ``t_us[op, column]`` on rank 0's clock."""
 
-    t_us: np.ndarray  # (ops, ranks)
+    t_us: np.ndarray  # (ops, columns)
     step: np.ndarray  # (ops,) the op's step (the tensor's n-th negotiation)
     op: np.ndarray  # (ops,) op code
     tensor: np.ndarray  # (ops,) index into Run.tensors
     source: str
     observer: int | None
+    #: the rank of each column (None: column r is rank r). torch.profiler traces of some
+    #: ranks of a job (2 of 128) have a column per traced rank, never one per absent rank
+    ranks: list[int] | None = None
+
+    def rank_of(self, column: int) -> int:
+        return self.ranks[column] if self.ranks is not None else column
 
 
 def arrivals(run: Run) -> Arrivals | None:
@@ -264,12 +319,25 @@ def arrivals(run: Run) -> Arrivals | None:
     valid = m.slice >= 0
     n_ranks = max(run.size, int(m.ready_rank.max()) + 1, 1)
     own = valid & (m.observer == m.ready_rank)
-    if own.any() and len(np.unique(m.ready_rank[own])) >= n_ranks:
+    columns: list[int] | None = None
+    if run.format == "kineto":
+        # every rank's own trace, its marks filed under the lowest rank's collectives: the
+        # traced ranks are compared, whatever the job's size
+        observer = int(m.observer.min())
+        sel = valid & (m.observer == observer)
+        source = SOURCE_KERNELS if kernel_arrivals(run) else SOURCE_LAUNCHES
+        traced = np.unique(m.ready_rank[sel]).astype(np.int64)
+        n_ranks = len(traced)
+        if not np.array_equal(traced, np.arange(n_ranks)):
+            columns = traced.tolist()
+    elif own.any() and len(np.unique(m.ready_rank[own])) >= n_ranks:
         sel, source, observer = own, "source", None
     else:
         observer = int(m.observer.min())
         sel, source = valid & (m.observer == observer), "observer"
     rank = m.ready_rank[sel].astype(np.int64)
+    if columns is not None:
+        rank = np.searchsorted(np.array(columns), rank)
     ts = m.ts_us[sel]
     rows = m.slice[sel]
     tensor = s.tensor[rows].astype(np.int64)
@@ -296,6 +364,7 @@ def arrivals(run: Run) -> Arrivals | None:
         tensor=tensor[first],
         source=source,
         observer=observer,
+        ranks=columns,
     )
 
 
@@ -496,19 +565,28 @@ def _rank_list(ranks: list[int]) -> str:
     return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
 
 
-def _releases_us(run: Run, n_ranks: int, n_occ: int) -> np.ndarray:
-    """``[occurrence, rank]``: when the rank's last collective of that step ended on its
-    clock (NaN where it recorded none): the moment the runtime released it."""
+def _releases_us(
+    run: Run, n_ranks: int, n_occ: int, columns: list[int] | None = None
+) -> np.ndarray:
+    """``[occurrence, column]``: when the rank's last collective of that step ended on its
+    clock (NaN where it recorded none): the moment the runtime released it. ``columns``:
+    the rank of each column (None: column r is rank r)."""
     s = run.slices
     out = np.full((n_occ, n_ranks), -np.inf)
+    col = s.rank.astype(np.int64)
+    if columns is not None:
+        col = np.searchsorted(np.array(columns), col)
+        col = np.where(np.isin(s.rank, columns), col, -1)
     sel = (s.phase == PHASE_OP) & (s.occurrence >= 0) & (s.occurrence < n_occ)
-    sel &= (s.rank >= 0) & (s.rank < n_ranks)
-    np.maximum.at(out, (s.occurrence[sel], s.rank[sel]), s.end_us[sel])
+    sel &= (col >= 0) & (col < n_ranks)
+    np.maximum.at(out, (s.occurrence[sel], col[sel]), s.end_us[sel])
     out[~np.isfinite(out)] = np.nan
     return out
 
 
-def _resumed_us(run: Run, n_ranks: int, after: np.ndarray, until: np.ndarray) -> np.ndarray:
+def _resumed_us(
+    run: Run, n_ranks: int, after: np.ndarray, until: np.ndarray, columns: list[int] | None = None
+) -> np.ndarray:
     """``[step, rank]``: the first moment in ``(after, until]`` that the rank's training
     thread got control back from waiting on ops (:data:`~hvdprof.common.activities.COUNTER_WAITED`),
     NaN where it noted none (older timelines, other formats, a step it never waited in)."""
@@ -518,7 +596,7 @@ def _resumed_us(run: Run, n_ranks: int, after: np.ndarray, until: np.ndarray) ->
         return out
     ranks, ts, _ = waited
     for r in range(n_ranks):
-        x = np.sort(ts[ranks == r])
+        x = np.sort(ts[ranks == (columns[r] if columns is not None else r)])
         if not len(x):
             continue
         i = np.searchsorted(x, after[:, r], side="right")  # NaN: past the end
@@ -548,7 +626,24 @@ def _host_words(ranks: list[int], hosts: dict[int, str]) -> str:
 
 
 def find_stragglers(run: Run) -> Stragglers:
-    """Who held the job, what it cost per step, from which step on, and in which phase."""
+    """Who held the job, what it cost per step, from which step on, and in which phase.
+
+    torch.profiler traces of some of a job's ranks (2 of 128) compare the traced ranks and
+    say so once, in words: the others' arrivals are unknown, not late."""
+    out = _find_stragglers(run)
+    traced = len(run.ranks)
+    if run.format == "kineto" and 0 < traced < run.size and out.verdict:
+        v = out.verdict
+        if v.startswith("No "):
+            v = "no " + v[3:]
+        out.verdict = (
+            f"{traced} of the job's {run.size} ranks were traced, so only "
+            f"{'they are' if traced > 1 else 'it is'} compared: {v}"
+        )
+    return out
+
+
+def _find_stragglers(run: Run) -> Stragglers:
     out = Stragglers()
     arr = arrivals(run) if len(run.slices) else None
     n_ranks = arr.t_us.shape[1] if arr is not None else 0
@@ -561,7 +656,13 @@ def find_stragglers(run: Run) -> Stragglers:
     out.source, out.observer = arr.source, arr.observer
     if n_ranks < 2 or not len(arr.t_us):
         missing = _ranks_without_marks(run, n_ranks)
-        if n_ranks >= 2 and missing:
+        if n_ranks >= 2 and len(missing) > MAX_LISTED:
+            out.verdict = (
+                f"No readiness marks from {len(missing)} of the job's {n_ranks} ranks (no "
+                "timeline of their own was read): arrivals cannot be compared, so "
+                "stragglers cannot be named."
+            )
+        elif n_ranks >= 2 and missing:
             out.verdict = (
                 f"No readiness marks from {_rank_list(missing)} (no timeline of "
                 f"{'its' if len(missing) == 1 else 'their'} own was read): arrivals cannot be "
@@ -579,11 +680,12 @@ def find_stragglers(run: Run) -> Stragglers:
     t_last = t.max(axis=1)
     unique_last = (t == t_last[:, None]).sum(axis=1) == 1
     last_rank = np.where(unique_last, np.argmax(t, axis=1), -1)
+    job_rank = np.array([arr.rank_of(c) for c in range(n_ranks)] + [-1])  # [-1]: -1
     out.per_op = {
         "tensor": [run.tensors[i] for i in tensor.tolist()],
         "step": step.tolist(),
         "op": [OPS[c] if c >= 0 else "" for c in op_code.tolist()],
-        "last_rank": last_rank.tolist(),
+        "last_rank": job_rank[last_rank].tolist(),
         "wait_ms": ((t_last[:, None] - t).sum(axis=1) / (n_ranks - 1) / 1000.0).round(6).tolist(),
     }
 
@@ -606,7 +708,7 @@ def find_stragglers(run: Run) -> Stragglers:
     # own work: from the rank's release by the previous step's last collective to its last
     # submission, on its own clock; its excess over the others' mean, and the release's
     # lateness (the runtime's part)
-    release = _releases_us(run, n_ranks, int(steps.max()) + 1)
+    release = _releases_us(run, n_ranks, int(steps.max()) + 1, arr.ranks)
     prev = steps - 1
     rel = np.full((n_steps, n_ranks), np.nan)
     rel[prev >= 0] = release[prev[prev >= 0]]
@@ -615,7 +717,7 @@ def find_stragglers(run: Run) -> Stragglers:
     prev_finish = np.full((n_steps, n_ranks), np.nan)
     follows = np.flatnonzero(np.diff(steps) == 1) + 1
     prev_finish[follows] = finish[follows - 1]
-    resumed = _resumed_us(run, n_ranks, prev_finish, finish)
+    resumed = _resumed_us(run, n_ranks, prev_finish, finish, arr.ranks)
     rel = np.where(np.isfinite(resumed), resumed, rel)
     work = finish - rel
     others_mean = (work.sum(axis=1, keepdims=True) - work) / (n_ranks - 1)
@@ -637,7 +739,7 @@ def find_stragglers(run: Run) -> Stragglers:
     out.spread_ms = float(np.median(spread)) / 1000.0 if len(spread) else 0.0
     out.per_step = {
         "step": steps[counted].tolist(),
-        "last_rank": last_of_step[counted].tolist(),
+        "last_rank": job_rank[last_of_step[counted]].tolist(),
         "cost_ms": [
             round(float(hold[k, r]) / 1000.0, 6) if r >= 0 else 0.0
             for k, r in zip(range(first, n_steps), last_of_step[counted].tolist(), strict=True)
@@ -663,6 +765,10 @@ def find_stragglers(run: Run) -> Stragglers:
     boot_e = block_bootstrap_means(e) if n_all else np.zeros((1, n_ranks))
     p = _p_above(e.mean(axis=0) if n_all else np.zeros(n_ranks), boot_e.std(axis=0), bar_all)
     reject = holm(p) if n_all >= MIN_STEPS else np.zeros(n_ranks, dtype=bool)
+    if run.format == "kineto" and 0 < n_all < MIN_STEPS:
+        # torch.profiler records a few steps: a rank the others waited for by the bar in
+        # every one of them is named for those steps (the verdict says how few they were)
+        reject = (hold[counted] / 1000.0 >= bar_all).all(axis=0)
 
     # the candidate: the rank that held the job most; from its onset on (when any is named)
     candidate = int(np.argmax(hold[counted].sum(axis=0)))
@@ -697,8 +803,8 @@ def find_stragglers(run: Run) -> Stragglers:
         last_steps = int((last_of_step[window] == r).sum())
         held = h[:, r] >= bar
         x = RankStraggle(
-            rank=r,
-            host=run.hosts.get(r),
+            rank=arr.rank_of(r),
+            host=run.hosts.get(arr.rank_of(r)),
             last_count=last_steps,
             last_share=last_steps / n_window if n_window else 0.0,
             held_count=int(held.sum()),
@@ -725,36 +831,40 @@ def find_stragglers(run: Run) -> Stragglers:
     # a rank "held" a step when its cost there beat the bar and what the ranks not named
     # reach in 95% of the steps (a busy machine's noise: an intermittent culprit's slow
     # steps stand out of it, its ordinary ones do not)
-    bystanders = [x.rank for x in ranks if not x.named]
+    bystanders = [c for c, x in enumerate(ranks) if not x.named]  # columns
     out.held_floor_ms = bar
     if bystanders and n_window:
         out.held_floor_ms = max(bar, float(np.quantile(h[:, bystanders], 0.95)))
-    for x in ranks:
-        cut = held_cut(h[:, x.rank], out.held_floor_ms) if x.named else out.held_floor_ms
-        held = h[:, x.rank] >= cut
+    for c, x in enumerate(ranks):
+        cut = held_cut(h[:, c], out.held_floor_ms) if x.named else out.held_floor_ms
+        held = h[:, c] >= cut
         x.held_count = int(held.sum())
         x.held_share = float(held.mean()) if n_window else 0.0
-        x.held_ms = float(h[held, x.rank].mean()) if held.any() else 0.0
+        x.held_ms = float(h[held, c].mean()) if held.any() else 0.0
+    column = {x.rank: c for c, x in enumerate(ranks)}
     most_last = max(ranks, key=lambda x: (x.last_share, x.cost_per_step_ms, -x.rank))
     out.most_often_last = most_last.rank
     ranks.sort(key=lambda x: (-x.wait_caused_ms, x.rank))
     out.ranks = ranks
-    where = (
-        ""
-        if out.source == "source"
-        else f" (as rank {out.observer} saw each rank's readiness, rounded to its cycles)"
-    )
+    if out.source in SOURCE_WHERE:
+        where = SOURCE_WHERE[out.source]
+    elif out.source == "source":
+        where = ""
+    else:
+        where = f" (as rank {out.observer} saw each rank's readiness, rounded to its cycles)"
     # readiness marks on only some steps (Horovod's response cache records them only at a
     # tensor's first negotiation): say so, and judge by the ops and the waiting there
     if run_steps > 1 and n_steps < 0.5 * run_steps:
-        _partial_verdict(out, ranks, candidate, op_code, n_ops, n_steps, run_steps, where)
+        _partial_verdict(
+            out, ranks, arr.rank_of(candidate), op_code, n_ops, n_steps, run_steps, where
+        )
         return out
 
     named = [x for x in ranks if x.named]
     if named:
-        group = [x.rank for x in named]
-        out.culprits = group
-        out.straggler = group[0]
+        out.culprits = [x.rank for x in named]
+        out.straggler = out.culprits[0]
+        group = [column[x.rank] for x in named]  # their columns
         out.onset_step = int(steps[onset])
         lateness = (
             np.array(
@@ -801,9 +911,13 @@ def find_stragglers(run: Run) -> Stragglers:
         if out.late_at_end_ms > 0:
             before = out.late_at_first_ms >= BEFORE_BACKWARD_SHARE * out.late_at_end_ms
             out.phase = PHASE_BEFORE_BACKWARD if before else PHASE_BACKWARD
+        if len(named) > 1:
+            where = SOURCE_WHERE_PLURAL.get(out.source, where)
         out.verdict = _culprit_verdict(out, named, cost, run.hosts, onset > first, where)
         return out
-    out.verdict = _no_culprit_verdict(out, ranks, n_all, bar_all, where)
+    out.verdict = _no_culprit_verdict(
+        out, ranks, n_all, bar_all, SOURCE_WHERE_NONE.get(out.source, where)
+    )
     return out
 
 
@@ -860,12 +974,15 @@ def _culprit_verdict(
         out.thin = True
         text += f" Only {n} steps were judged: a longer run would make this surer."
     if out.phase is not None:
-        if len(named) == 1:
-            text += f" Its time went {PHASE_WORDS[out.phase]}: "
+        kernels = out.source == SOURCE_KERNELS
+        if len(named) == 1 or kernels:
+            phase = KERNEL_PHASE_WORDS if kernels else PHASE_WORDS
+            text += f" {'Its' if len(named) == 1 else 'Their'} time went {phase[out.phase]}: "
         else:
             text += f" Their time went {GROUP_PHASE_WORDS[out.phase]}: "
         text += (
-            f"{_lateness(out.late_at_first_ms)} at the first gradient, "
+            f"{_lateness(out.late_at_first_ms)} at the first "
+            f"{'collective' if kernels else 'gradient'}, "
             f"{_lateness(out.late_at_end_ms)} at the last."
         )
     return text
@@ -877,7 +994,14 @@ def _no_culprit_verdict(
     m = next(x for x in ranks if x.rank == out.most_often_last)
     top = max(ranks, key=lambda x: (x.own_excess_ms, -x.rank))
     text = f"No straggler{where}"
-    if n < MIN_STEPS:
+    if n < MIN_STEPS and where in SOURCE_WHERE_NONE.values():
+        out.thin = True
+        text += (
+            f": no rank held the others {bar:.1f} ms or more (the most of {MIN_COST_MS:g} ms "
+            f"and {MIN_STEP_SHARE:.0%} of the {out.step_ms:.1f} ms step) in each of the {n} "
+            f"step{'s' if n != 1 else ''} traced"
+        )
+    elif n < MIN_STEPS:
         out.thin = True
         text += f": {n} step{'s' if n != 1 else ''} are too few to name anyone with confidence"
     elif top.own_excess_ms >= bar:
@@ -999,8 +1123,8 @@ def own_work_series(run: Run) -> OwnWorkSeries | None:
     when the run has no arrivals of every rank, or fewer than two steps to count.
     """
     arr = arrivals(run) if len(run.slices) else None
-    if arr is None or arr.t_us.shape[1] < 2 or not len(arr.t_us):
-        return None
+    if arr is None or arr.t_us.shape[1] < 2 or not len(arr.t_us) or arr.ranks is not None:
+        return None  # (its columns are ranks 0..n-1: some traced ranks of a job are not)
     n_ranks = arr.t_us.shape[1]
     order = np.argsort(arr.step, kind="stable")
     t, step = arr.t_us[order], arr.step[order]

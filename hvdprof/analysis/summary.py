@@ -69,6 +69,9 @@ class RunSummary(msgspec.Struct, forbid_unknown_fields=True):
     straggler: int | None = None
     straggler_verdict: str | None = None
     problems: list[str] = []
+    #: per rank, ms per step in each of the trace's own ``record_function`` ranges
+    #: (Kineto traces that have them), so the diff names the user's own phase
+    range_ms: dict[int, dict[str, float]] = {}
     #: the file this summary was read from ("" when made from a trace in memory)
     path: str = ""
 
@@ -177,6 +180,7 @@ def summarize(run: Run) -> RunSummary:
         straggler=stragglers.straggler,
         straggler_verdict=stragglers.verdict,
         problems=[str(p) for p in run.problems],
+        range_ms={r.rank: {n: r.mean_ms(n) for n in r.per_step_ms} for r in b.user.ranks},
     )
     # JSON holds no NaN or infinity: a time a damaged trace made non-finite is 0, and said
     plain = msgspec.to_builtins(summary)

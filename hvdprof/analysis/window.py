@@ -5,8 +5,9 @@ backend call, other; the enclosing ``<OP>`` slices and cycle marks are left out 
 the phases tile them), or, for ``expand_rank``, that rank's slices in lanes: one row per
 tensor (``lanes="tensor"``: which tensor waited, which was reduced) or one row per phase
 (``lanes="phase"``: how negotiation, queueing, copies and the backend call of all tensors
-line up). When more than ``max_items`` slices overlap the window, it returns buckets
-instead: each row is cut into equal time bins (``max_items // rows`` of them). Each
+line up), or one row per GPU stream under the rank's CPU side (``lanes="stream"``, runs
+with GPU activity: :mod:`hvdprof.analysis.gpu_lanes`). When more than ``max_items``
+slices overlap the window, it returns buckets instead: each row is cut into equal time bins (``max_items // rows`` of them). Each
 slice's time is spread over every bin it covers, overlapping slices count once (the
 breakdown's phase priority), and each non-empty bin carries its time per phase, its busy
 time (at most its width), its dominant phase (most time, no slice included) and how many
@@ -24,11 +25,13 @@ from typing import Any
 import numpy as np
 
 from hvdprof.analysis.breakdown import PRIORITY, rank_segments
+from hvdprof.analysis.gpu_lanes import joined_bins, kernel_bins, kernel_columns, stream_lanes
 from hvdprof.analysis.intervals import exclusive_segments
 from hvdprof.analysis.model import OPS, PHASE_CYCLE, PHASE_OP, PHASES, Run
 
-#: How ``timeline_window`` splits an expanded rank into rows.
-LANE_KINDS: tuple[str, ...] = ("tensor", "phase")
+#: How ``timeline_window`` splits an expanded rank into rows (``stream``: its CPU side and
+#: one row per GPU stream, for ranks with GPU activity; see :mod:`gpu_lanes`).
+LANE_KINDS: tuple[str, ...] = ("tensor", "phase", "stream")
 #: The phase of a bin in which no slice was active most of the time (compute, waiting on data).
 IDLE = "idle"
 
@@ -94,6 +97,8 @@ def timeline_window(
         raise ValueError(f"timeline_window: lanes must be one of {LANE_KINDS}, got {lanes!r}")
     if t1_us < t0_us:
         t0_us, t1_us = t1_us, t0_us
+    if lanes == "stream" and expand_rank is not None:
+        return _stream_window(run, expand_rank, float(t0_us), float(t1_us), max_items)
     s = run.slices
     start = s.start_us
     mask = (start <= t1_us) & (start + s.dur_us >= t0_us)
@@ -152,20 +157,7 @@ def timeline_window(
         rows = np.searchsorted(tensors, s.tensor[idx])
     n_rows = max(len(out.rows), 1)
     if len(idx) <= max_items:
-        out.slices = {
-            "row": rows.tolist(),
-            "start_us": s.start_us[idx].tolist(),
-            "dur_us": s.dur_us[idx].tolist(),
-            "phase": [PHASES[p] for p in s.phase[idx].tolist()],
-            "name": _label(run.names, s.name[idx]),
-            "tensor": _label(run.tensors, s.tensor[idx]),
-            "op": [OPS[c] if c >= 0 else "" for c in s.op[idx].tolist()],
-            "bytes": s.bytes[idx].tolist(),
-            "group": s.group[idx].tolist(),
-            "group_tensors": s.group_tensors[idx].tolist(),
-            "backend": _label(run.backends, s.backend[idx]),
-            "dtype": _label(run.dtypes, s.dtype[idx]),
-        }
+        out.slices = {"row": rows.tolist(), **_slice_columns(run, idx)}
         return out
     out.aggregated = True
     if expand_rank is None:
@@ -178,6 +170,68 @@ def timeline_window(
         run, idx, rows, n_rows, float(t0_us), float(t1_us), max_items, expand_rank, lanes,
         lane_keys,
     )  # fmt: skip
+    return out
+
+
+def _slice_columns(run: Run, idx: np.ndarray) -> dict[str, list[Any]]:
+    """The slices ``idx`` as columns (all but ``row``)."""
+    s = run.slices
+    return {
+        "start_us": s.start_us[idx].tolist(),
+        "dur_us": s.dur_us[idx].tolist(),
+        "phase": [PHASES[p] for p in s.phase[idx].tolist()],
+        "name": _label(run.names, s.name[idx]),
+        "tensor": _label(run.tensors, s.tensor[idx]),
+        "op": [OPS[c] if c >= 0 else "" for c in s.op[idx].tolist()],
+        "bytes": s.bytes[idx].tolist(),
+        "group": s.group[idx].tolist(),
+        "group_tensors": s.group_tensors[idx].tolist(),
+        "backend": _label(run.backends, s.backend[idx]),
+        "dtype": _label(run.dtypes, s.dtype[idx]),
+    }
+
+
+#: What a GPU event holds in the slice-only columns of a stream window (and a CPU slice
+#: holds None in the GPU events' own: kind, stream, launch...).
+_KERNEL_BLANKS: dict[str, Any] = {
+    "tensor": "", "op": "", "group": -1, "group_tensors": 0, "backend": "", "dtype": "",
+}  # fmt: skip
+
+
+def _stream_window(
+    run: Run, rank: int, t0_us: float, t1_us: float, max_items: int
+) -> TimelineWindow:
+    """``rank``'s CPU side (its slices, as its rank row draws them, ``op`` included when
+    not binned) above its GPU streams (:mod:`hvdprof.analysis.gpu_lanes`)."""
+    lanes = stream_lanes(run, rank, t0_us, t1_us)
+    s = run.slices
+    cpu = np.flatnonzero(
+        (s.rank == rank) & (s.phase != PHASE_CYCLE)
+        & (s.start_us <= t1_us) & (s.start_us + s.dur_us >= t0_us)
+    )  # fmt: skip
+    out = TimelineWindow(t0_us, t1_us, rank, False, len(cpu) + len(lanes.idx))
+    out.lanes = "stream"
+    out.rows = lanes.rows
+    if out.total <= max_items:
+        mine = {"row": [0] * len(cpu), **_slice_columns(run, cpu)}
+        theirs = kernel_columns(run, rank, lanes)
+        n_cpu, n_gpu = len(cpu), len(lanes.idx)
+        out.slices = {
+            key: mine.get(key, [None] * n_cpu) + theirs.get(key, [_KERNEL_BLANKS.get(key)] * n_gpu)
+            for key in [*mine, *(k for k in theirs if k not in mine)]
+        }
+        return out
+    out.aggregated = True
+    n_bins = max(1, max_items // len(lanes.rows))
+    buckets = kernel_bins(lanes, t0_us, t1_us, n_bins)
+    binned = cpu[s.phase[cpu] != PHASE_OP]  # the phases tile the ops, as on a rank row
+    if len(binned):
+        mine = _bins(
+            run, binned, np.zeros(len(binned), np.int64), 1, t0_us, t1_us, n_bins, None,
+            "rank", np.asarray([rank], np.int64),
+        )  # fmt: skip
+        buckets = joined_bins(mine, buckets)
+    out.buckets = buckets
     return out
 
 

@@ -36,13 +36,27 @@ ANALYSES: dict[str, tuple[str, str]] = {
         "process_set_report",
         "Process sets: each one's members, and its straggler judged among them",
     ),
+    "gpu": (
+        "device.gpu_report",
+        "GPU per rank (torch.profiler traces): HTA's idle, compute, non-compute and overlap "
+        "shares, the rank that stands out, kernel time per name, memcpy bandwidth",
+    ),
 }
 
 
 def analysis_function(function: str) -> Callable[[Any], Any] | None:
-    """``hvdprof.analysis.<function>`` (or from its ``surrogate`` module), None if absent."""
+    """``hvdprof.analysis.<function>`` (or from its ``surrogate`` module; ``module.name``:
+    from that module of the library), None if absent."""
+    import importlib
+
     import hvdprof.analysis as library
 
+    if "." in function:
+        module, name = function.rsplit(".", 1)
+        try:
+            return getattr(importlib.import_module(f"hvdprof.analysis.{module}"), name, None)
+        except ImportError:
+            return None
     found = getattr(library, function, None)
     if found is None:
         from hvdprof.analysis import surrogate

@@ -33,12 +33,33 @@ def _ranks(text: str | None) -> tuple[int, ...] | None:
     return ranks
 
 
+def _stream_extent(catalog: RunCatalog, run: str, rank: int | None) -> tuple[float, float] | None:
+    """The whole-run window of ``rank``'s stream lanes; 422 when it has no GPU activity
+    (None when the run cannot be read: the section's notice says why)."""
+    from hvdprof.analysis.gpu_lanes import stream_extent
+    from hvdprof.dashboard.catalog import RunLoadError
+
+    try:
+        loaded = catalog.loaded(run).run
+    except RunLoadError:
+        return None
+    if rank not in loaded.gpu:
+        has = sorted(loaded.gpu)
+        raise HTTPException(
+            422,
+            f"rank {rank} has no GPU activity in this run: no stream lanes"
+            + (f" (ranks with GPU activity: {', '.join(map(str, has))})" if has else ""),
+        )
+    return stream_extent(loaded, rank)
+
+
 @router.get(
     "/timeline",
     response_model=TimelineWindowResponse,
     summary="Events between t0_us and t1_us (whole run when omitted), one row per rank",
     description="`hvdprof.analysis.timeline_window(run, t0_us, t1_us, ...).to_dict()` in "
-    "`data`: one row per rank, or with `expand_rank` that rank's tensor or phase lanes; "
+    "`data`: one row per rank, or with `expand_rank` that rank's tensor, phase or GPU "
+    "stream lanes; "
     "`slices` when they fit in `max_items`, else `buckets` (time bins with their dominant "
     "phase, slice count and busy time).",
 )
@@ -55,10 +76,13 @@ def timeline(
         Query(ge=0, lt=MAX_RANK, description="show this rank's slices in lanes (see `lanes`)"),
     ] = None,
     lanes: Annotated[
-        Literal["tensor", "phase"],
+        Literal["tensor", "phase", "stream"],
         Query(
-            description="how `expand_rank` is split: one row per tensor, or one row per "
-            "phase (negotiate, op, queue, memcpy_in, collective, memcpy_out, ...)"
+            description="how `expand_rank` is split: one row per tensor, one row per "
+            "phase (negotiate, op, queue, memcpy_in, collective, memcpy_out, ...), or "
+            "(runs with GPU activity: torch.profiler traces recorded on a GPU) the rank's "
+            "CPU side and one row per GPU stream, kernels coloured by kind (gpu_computation, "
+            "gpu_communication, gpu_memory, gpu_other), each with its launch on the CPU"
         ),
     ] = "tensor",
     max_items: Annotated[int, Query(ge=10, le=MAX_ITEMS_LIMIT)] = 4000,
@@ -66,8 +90,13 @@ def timeline(
     catalog.entry(run)  # 403 / 404 before anything else
     if t0_us is not None and t1_us is not None and not t1_us > t0_us:
         raise HTTPException(422, f"t1_us ({t1_us}) must be greater than t0_us ({t0_us})")
-    if lanes == "phase" and expand_rank is None:
-        raise HTTPException(422, "lanes=phase needs expand_rank: the rank whose phases to show")
+    if lanes in ("phase", "stream") and expand_rank is None:
+        raise HTTPException(
+            422, f"lanes={lanes} needs expand_rank: the rank whose {lanes}s to show"
+        )
+    extent = None
+    if lanes == "stream":
+        extent = _stream_extent(catalog, run, expand_rank)
     selected = _ranks(ranks)
     try:
         from hvdprof.analysis import timeline_window
@@ -82,8 +111,8 @@ def timeline(
         "timeline",
         lambda r: timeline_window(
             r,
-            r.t0_us if t0_us is None else t0_us,
-            r.t1_us if t1_us is None else t1_us,
+            (extent or (r.t0_us, r.t1_us))[0] if t0_us is None else t0_us,
+            (extent or (r.t0_us, r.t1_us))[1] if t1_us is None else t1_us,
             ranks=selected,
             expand_rank=expand_rank,
             lanes=lanes,
