@@ -115,13 +115,20 @@ def build_parser() -> argparse.ArgumentParser:
     """The full ``hvdprof`` parser; separate from :func:`main` so tests can inspect it."""
     parser = argparse.ArgumentParser(
         prog="hvdprof",
-        description="Horovod-compatible collective runtime for PyTorch: launch, trace, tune.",
+        description="Horovod-compatible collective runtime for PyTorch, and the tools to see "
+        "why a distributed step is slow: launch, trace, tune, analyze (hvdprof, Horovod and "
+        "torch.profiler traces), diff, and a live dashboard.",
     )
     parser.add_argument("--version", action="version", version=f"hvdprof {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_run(commands)
     _add_timeline(commands)
-    env = commands.add_parser("env", help="print the table of every HVDPROF_* variable")
+    env = commands.add_parser(
+        "env",
+        help="print the table of every HVDPROF_* variable",
+        description="Print every HVDPROF_* variable hvdprof reads, with its default and what "
+        "it does, as a Markdown table (the README's table is this output).",
+    )
     env.set_defaults(handler=_cmd_env)
     stacks = commands.add_parser(
         "stacks",

@@ -97,3 +97,67 @@ def test_no_import_cycle_between_packages() -> None:
     for start in sorted(graph):
         visit(start, [start])
     assert not cycles, "\n".join(cycles)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> hvdprof modules it imports (module level or inside functions alike;
+    ``from pkg import name`` counts as the submodule when ``name`` is one)."""
+    modules: dict[str, pathlib.Path] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        modules[".".join(p for p in rel.parts if p != "__init__")] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package[: len(package) - (node.level - 1)]
+                    base = ".".join([*up, *([node.module] if node.module else [])])
+                if base.split(".")[0] == "hvdprof":
+                    targets = [f"{base}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name.split(".")[0] == "hvdprof"]
+            for target in targets:
+                while target not in modules and "." in target:
+                    target = target.rsplit(".", 1)[0]
+                if target in modules and target != name:
+                    graph.setdefault(name, set()).add(target)
+    return graph
+
+
+def test_no_import_cycle_between_modules() -> None:
+    # a module that imports its own importer (runtime/environment.py once reached back
+    # into runtime.py inside a function) is two concepts tangled: pass what it needs in
+    graph = _module_graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def connect(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    assert len(graph) > 50  # the graph was read (a parse that found nothing passes anything)
+    assert not cycles, "modules importing each other:\n" + "\n".join(map(str, cycles))

@@ -147,58 +147,6 @@ class OpBatch:
             errors={i: r.error for i, r in enumerate(records) if r.error is not None},
         )
 
-    def columns(self, start: int, stop: int) -> tuple[Any, ...]:
-        """Rows ``start:stop`` as plain picklable values (the timeline's wire form)."""
-        errors = {i - start: e for i, e in self.errors.items() if start <= i < stop}
-        return (
-            self.names[start:stop],
-            self.kinds[start:stop],
-            self.t_submit[start:stop],
-            self.t_negotiated[start:stop],
-            self.ready[start:stop].tobytes(),
-            self.ready.shape[1],
-            self.cached[start:stop].tobytes(),
-            self.group_ids[start:stop],
-            self.t_done[start:stop],
-            errors,
-        )
-
-    @classmethod
-    def from_columns(cls, chunks: list[tuple[Any, ...]]) -> OpBatch:
-        """Inverse of :meth:`columns`, joining consecutive chunks."""
-        names: list[str] = []
-        kinds: list[Any] = []
-        t_submit: list[int] = []
-        t_negotiated: list[int] = []
-        readies, cacheds = [], []
-        group_ids: list[int] = []
-        t_done: list[int] = []
-        errors: dict[int, str] = {}
-        ranks = 0
-        for chunk in chunks:
-            n_, k_, s_, neg_, ready_, ranks, cached_, g_, d_, e_ = chunk
-            base = len(names)
-            names += n_
-            kinds += k_
-            t_submit += s_
-            t_negotiated += neg_
-            readies.append(np.frombuffer(ready_, dtype=np.int64).reshape(len(n_), ranks))
-            cacheds.append(np.frombuffer(cached_, dtype=bool))
-            group_ids += g_
-            t_done += d_
-            errors.update({base + i: e for i, e in e_.items()})
-        return cls(
-            names,
-            kinds,
-            t_submit,
-            t_negotiated,
-            np.concatenate(readies) if readies else np.zeros((0, ranks), dtype=np.int64),
-            np.concatenate(cacheds) if cacheds else np.zeros(0, dtype=bool),
-            group_ids,
-            t_done,
-            errors,
-        )
-
 
 @dataclass(slots=True)
 class CycleRecord:

@@ -34,8 +34,9 @@ def add_dashboard_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "dashboard",
         help="serve the timelines under DIR in the browser (live while a job writes)",
-        description="Serve the runs under DIR (timeline directories or trace files, hvdprof "
-        "or Horovod) as a dashboard. Read-only; loopback only unless --token is given.",
+        description="Serve the runs under DIR (timeline directories or trace files: hvdprof, "
+        "Horovod, or torch.profiler traces of any PyTorch distributed job) as a dashboard. "
+        "Read-only; loopback only unless --token is given.",
     )
     parser.add_argument(
         "directory", metavar="DIR", help="a timeline directory, or one holding several"

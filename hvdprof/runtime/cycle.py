@@ -195,10 +195,7 @@ class CycleLoop:
                         wait = max(wait, _IDLE_SLEEP_MAX_S)
                     self.wake.wait(wait)
                 self.wake.clear()
-                if self.urgent.is_set():
-                    self.urgent.clear()  # nothing more comes: no burst to wait for
-                else:
-                    self._let_burst_finish(cycle_s)
+                self._let_burst_finish(cycle_s)
         except BaseException as exc:  # a dead peer, a timeout: fail everything, loudly
             self._fail(self._internal_error(exc))
             if self.on_fatal is not None and self.failure is not None:
@@ -217,15 +214,19 @@ class CycleLoop:
 
         One cycle then negotiates and fuses the whole burst, instead of taking its head
         while racing the submitting thread for the GIL. Waits only while the queue keeps
-        growing (a quarter cycle without growth ends it), and never beyond a bound.
+        growing (a quarter cycle without growth ends it), and never beyond a bound. A user
+        thread that has started to wait (``urgent``) submits nothing more: no wait then.
         """
+        urgent = self.urgent
+        if urgent.is_set():
+            urgent.clear()
+            return
         queue = self.queue
         n = len(queue)
         if not n:
             return
         pause = max(cycle_s / 4, 0.0002)
         deadline = time.monotonic() + _BURST_WAIT_MAX_S
-        urgent = self.urgent
         while time.monotonic() < deadline:
             if urgent.wait(pause):  # the submitting thread now waits: the burst is over
                 urgent.clear()

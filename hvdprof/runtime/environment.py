@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hvdprof.config import name_of
-from hvdprof.errors import ConfigError, HvdprofError
+from hvdprof.errors import ConfigError
 
 if TYPE_CHECKING:
     from hvdprof.config import Config
@@ -265,49 +265,8 @@ def exchange_hosts(store: Any, rank: int, size: int, host: str) -> list[str]:
     return [store.get(f"hvdprof/host/{r}").decode() for r in range(size)]
 
 
-def rendezvous_mpi(runtime: Any) -> tuple[Any, Any, Any]:
-    """(store, control, data) for a job MPI started: control over MPI, and the data on MPI
-    too (``HVDPROF_BACKEND=mpi``, or ``auto``) or on Gloo, whose store rank 0 opens on a
-    port it announces over MPI, so no port needs to be configured either way."""
-    import datetime
-
-    import torch.distributed as dist
-
-    from hvdprof.runtime import runtime as rt
-    from hvdprof.runtime.backends import mpi
-
-    cfg = runtime.config
-    if runtime.data_engine == "mpi":
-        check_mpi_launch(runtime.launch, runtime.size)
-    control_comm, data_comm = mpi.open_world(runtime.rank, runtime.size, runtime.launch.launcher)
-    runtime.set_hosts(control_comm.allgather(runtime.host_name))
-    if runtime.data_engine == "mpi":
-        return None, mpi.MpiControlChannel(control_comm), mpi.MpiBackend(data_comm)
-    data_comm.Free()
-    if cfg.controller_port is None:
-        choice = None
-        if runtime.rank == 0:
-            local = runtime.topology.cross_size == 1
-            choice = ("127.0.0.1" if local else socket.gethostname(), _free_port(local))
-        addr, port = control_comm.bcast(choice, root=0)
-        cfg = runtime.config = cfg.replace(controller_addr=addr, controller_port=port)
-    control = mpi.MpiControlChannel(control_comm)
-    try:
-        root, generation = rt._rendezvous_store(
-            cfg, cfg.controller_port, runtime.rank, runtime.size
-        )
-        store = dist.PrefixStore(f"hvdprof/init{generation}/", root)
-        timeout = datetime.timedelta(seconds=cfg.collective_timeout_s)
-        data = runtime._gloo_group(store, "hvdprof/data/", timeout)
-    except Exception as exc:
-        raise HvdprofError(
-            f"hvdprof rank {runtime.rank}: the Gloo rendezvous at {cfg.controller_addr}:"
-            f"{cfg.controller_port} failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
-        ) from None
-    return store, control, data
-
-
-def _free_port(loopback: bool) -> int:
+def free_port(loopback: bool) -> int:
+    """A port nobody listens on now, on loopback or on every interface."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1" if loopback else "", 0))
         return s.getsockname()[1]

@@ -241,7 +241,7 @@ class Runtime:
         if self.data_engine == "mpi" or (
             self.launch.is_mpi and self.size > 1 and environment.mpi4py_installed()
         ):
-            return environment.rendezvous_mpi(self)
+            return self._rendezvous_mpi()
         cfg = self.config
         port = cfg.controller_port
         if port is None:
@@ -250,7 +250,7 @@ class Runtime:
                     "HVDPROF_CONTROLLER_PORT is not set for a multi-rank job: "
                     + environment.missing_rendezvous_hint(self.launch)
                 )
-            port = _free_port()
+            port = environment.free_port(True)
         try:
             root, generation = _rendezvous_store(cfg, port, self.rank, self.size)
         except Exception as exc:
@@ -276,6 +276,41 @@ class Runtime:
         except Exception as exc:
             raise HvdprofError(
                 f"hvdprof rank {self.rank}: connecting to the other ranks failed: {_first_line(exc)}"
+            ) from None
+        return store, control, data
+
+    def _rendezvous_mpi(self) -> tuple[Any, Any, Any]:
+        """(store, control, data) for a job MPI started: control over MPI, and the data on
+        MPI too (``HVDPROF_BACKEND=mpi``, or ``auto``) or on Gloo, whose store rank 0 opens
+        on a port it announces over MPI, so no port needs to be configured either way."""
+        from hvdprof.runtime.backends import mpi
+
+        cfg = self.config
+        if self.data_engine == "mpi":
+            environment.check_mpi_launch(self.launch, self.size)
+        control_comm, data_comm = mpi.open_world(self.rank, self.size, self.launch.launcher)
+        self.set_hosts(control_comm.allgather(self.host_name))
+        if self.data_engine == "mpi":
+            return None, mpi.MpiControlChannel(control_comm), mpi.MpiBackend(data_comm)
+        data_comm.Free()
+        if cfg.controller_port is None:
+            choice = None
+            if self.rank == 0:
+                local = self.topology.cross_size == 1
+                host = "127.0.0.1" if local else socket.gethostname()
+                choice = (host, environment.free_port(local))
+            addr, port = control_comm.bcast(choice, root=0)
+            cfg = self.config = cfg.replace(controller_addr=addr, controller_port=port)
+        control = mpi.MpiControlChannel(control_comm)
+        try:
+            root, generation = _rendezvous_store(cfg, cfg.controller_port, self.rank, self.size)
+            store = dist.PrefixStore(f"hvdprof/init{generation}/", root)
+            timeout = datetime.timedelta(seconds=cfg.collective_timeout_s)
+            data = self._gloo_group(store, "hvdprof/data/", timeout)
+        except Exception as exc:
+            raise HvdprofError(
+                f"hvdprof rank {self.rank}: the Gloo rendezvous at {cfg.controller_addr}:"
+                f"{cfg.controller_port} failed: {_first_line(exc)}"
             ) from None
         return store, control, data
 
@@ -581,12 +616,6 @@ def _abort_mpi_job(error: BaseException) -> None:
         "wait in MPI calls this rank will not join\n".encode(errors="replace"),
     )
     import_mpi().COMM_WORLD.Abort(1)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _first_line(exc: BaseException) -> str:

@@ -32,7 +32,7 @@ import json
 import time
 from collections.abc import Iterable, Mapping
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hvdprof.common import activities as act
 from hvdprof.timeline.writer import Lines, dumps_event
@@ -61,14 +61,75 @@ ITEM_COLUMNS = 5
 
 #: "not known" in the readiness column (``hvdprof.common.records.NO_TIME``)
 NO_TIME = -(1 << 63)
-#: a group row: ``GroupRecord``'s fields, in this order
-GROUP_FIELDS = (
-    "group_id", "op", "backend", "num_tensors", "nbytes", "buffer_bytes", "dtype",
-    "t_pack_start", "t_pack_end", "t_collective_start", "t_collective_end",
-    "t_unpack_start", "t_unpack_end", "t_wait_start", "t_wait_end",
-)  # fmt: skip
-#: the params row: ``TunableParams``' fields, in this order
-PARAM_FIELDS = ("fusion_threshold_bytes", "cycle_time_ms", "cache_enabled")
+
+
+class GroupRow(NamedTuple):
+    """One backend call as the renderer gets it: ``GroupRecord``'s fields, by name.
+
+    A tuple on the wire (pickled at C speed) that is read by field name, not position;
+    built once per group by :func:`group_rows` on both the in-process and the child path.
+    """
+
+    group_id: int
+    op: str
+    backend: str
+    num_tensors: int
+    nbytes: int
+    buffer_bytes: int
+    dtype: str
+    t_pack_start: int
+    t_pack_end: int
+    t_collective_start: int
+    t_collective_end: int
+    t_unpack_start: int
+    t_unpack_end: int
+    t_wait_start: int = 0  # device path only
+    t_wait_end: int = 0
+
+
+class ParamsRow(NamedTuple):
+    """``TunableParams``' fields, by name."""
+
+    fusion_threshold_bytes: int
+    cycle_time_ms: float
+    cache_enabled: bool
+
+
+class CycleHead(NamedTuple):
+    """A cycle's own facts, built once by :func:`cycle_head` (the transport sends it)."""
+
+    cycle: int
+    step: int
+    t_start: int
+    t_negotiated: int
+    t_end: int
+    params: ParamsRow
+    bytes_reduced: int
+    params_changed: bool
+
+
+class OpColumns(NamedTuple):
+    """A cycle's ops by column, as the renderer reads them. ``ready`` is flat (op ``i``,
+    rank ``r`` at ``i * ranks + r``, :data:`NO_TIME` when unknown); ``errors`` maps
+    positions to messages. (On the wire, ``t_negotiated`` may be one int, ``ready`` and
+    ``cached`` bytes: see :mod:`hvdprof.timeline.wire`.)"""
+
+    names: list[str]
+    kinds: list[tuple[Any, ...]]
+    t_submit: list[int]
+    t_negotiated: Any
+    ready: Any
+    ranks: int
+    cached: Any
+    group_ids: list[int]
+    t_done: list[int]
+    errors: dict[int, str]
+
+
+#: a group row's fields: ``GroupRecord``'s, in this order
+GROUP_FIELDS = GroupRow._fields
+#: the params row's: ``TunableParams``'
+PARAM_FIELDS = ParamsRow._fields
 
 
 def us(ns: int) -> str:
@@ -234,9 +295,9 @@ class CycleRenderer:
 
     def render_columns(
         self,
-        head: tuple[Any, ...],
-        groups: list[tuple[Any, ...]],
-        columns: tuple[Any, ...],
+        head: CycleHead,
+        groups: list[GroupRow],
+        columns: OpColumns,
         shift: int,
     ) -> Lines:
         """All events of one cycle in its plain form (see :func:`cycle_columns`): JSON texts,
@@ -244,11 +305,14 @@ class CycleRenderer:
         ``.events`` says how many."""
         out = Lines()
         p = self._pid
-        cycle, step, t_start, _t_negotiated, t_end, params, bytes_reduced, changed = head
-        n_ops = len(columns[0])
+        cycle, step, t_start = head.cycle, head.step, head.t_start
+        t_end, params, bytes_reduced = head.t_end, head.params, head.bytes_reduced
+        changed = head.params_changed
+        n_ops = len(columns.names)
         if self._params is None or changed or params != self._params:
             ts = us(t_start + shift)
-            threshold, cycle_ms, cache_enabled = params
+            threshold, cycle_ms = params.fusion_threshold_bytes, params.cycle_time_ms
+            cache_enabled = params.cache_enabled
             out.append(
                 f'{{"name":{self._esc(act.COUNTER_FUSION_THRESHOLD)},"ph":"C","ts":{ts},"pid":{p},"tid":0,'
                 f'"args":{{"value":{threshold / 1048576:.6g}}}}}'
@@ -290,12 +354,15 @@ class CycleRenderer:
         out.events += len(out)
         return out
 
-    def _phases(self, group: tuple[Any, ...], op: str, neg_end: int) -> list[tuple[str, int, int]]:
+    def _phases(self, group: GroupRow, op: str, neg_end: int) -> list[tuple[str, int, int]]:
         """The op's children in order, each starting no earlier than the previous ended."""
         spans: list[tuple[str, int, int]] = []
         cursor = neg_end
-        (_, _, backend, _, _, _, _, pack0, pack1, coll0, coll1, unpack0, unpack1) = group[:13]
-        wait0, wait1 = group[13:15] if len(group) > 13 else (0, 0)  # device path only
+        backend = group.backend
+        pack0, pack1 = group.t_pack_start, group.t_pack_end
+        coll0, coll1 = group.t_collective_start, group.t_collective_end
+        unpack0, unpack1 = group.t_unpack_start, group.t_unpack_end
+        wait0, wait1 = group.t_wait_start, group.t_wait_end  # device path only
         first = wait0 or pack0 or coll0
         if first and first > cursor:
             spans.append((f'"{act.QUEUE}"', cursor, first))
@@ -314,8 +381,8 @@ class CycleRenderer:
 
     def _render_ops(
         self,
-        groups: list[tuple[Any, ...]],
-        columns: tuple[Any, ...],
+        groups: list[GroupRow],
+        columns: OpColumns,
         t_end: int,
         shift: int,
         out: Lines,
@@ -323,14 +390,15 @@ class CycleRenderer:
         # The hot path (thousands of ops per step): straight from the columns, with no
         # object per op; everything that repeats across ops -- lane tails, per-tensor
         # args, group children, the cycle-granular timestamps -- is formatted once.
-        names, kinds, t_submit, t_negotiated, ready, ranks, cached, group_ids, t_done, errors = (
-            columns
-        )
+        names, kinds, t_submit = columns.names, columns.kinds, columns.t_submit
+        t_negotiated, ready, ranks = columns.t_negotiated, columns.ready, columns.ranks
+        cached, group_ids, t_done = columns.cached, columns.group_ids, columns.t_done
+        errors = columns.errors
         esc = self._esc
         escaped = self._escaped
         lanes = self._named
         append = out.append
-        by_id = {g[0]: g for g in groups}
+        by_id = {g.group_id: g for g in groups}
         fmt: dict[int, str] = {}  # timeline text of the local times that repeat in a cycle
         neg_names: dict[str, tuple[str, str]] = {}
         group_args: dict[int, str] = {}
@@ -356,7 +424,7 @@ class CycleRenderer:
                 last_gid, group = gid, by_id.get(gid)
             if not end:
                 if group is not None:
-                    end = group[12] or group[10]  # t_unpack_end or t_collective_end
+                    end = group.t_unpack_end or group.t_collective_end
                 end = end or t_end
             lane = lanes.get(name)
             if lane is None or lane.last_end > start:
@@ -445,9 +513,10 @@ class CycleRenderer:
                 more = group_args.get(gid)
                 if more is None:
                     more = group_args[gid] = (
-                        f',"group":{int(gid)},"group_tensors":{int(group[3])},'
-                        f'"group_bytes":{int(group[4])},"group_buffer_bytes":{int(group[5])},'
-                        f'"backend":{esc(str(group[2]))}'
+                        f',"group":{int(gid)},"group_tensors":{int(group.num_tensors)},'
+                        f'"group_bytes":{int(group.nbytes)},'
+                        f'"group_buffer_bytes":{int(group.buffer_bytes)},'
+                        f'"backend":{esc(str(group.backend))}'
                     )
                 args += more
             if errors and i in errors:
@@ -498,43 +567,56 @@ class CycleRenderer:
         out.events += extra
 
 
-_group_row = attrgetter(*GROUP_FIELDS)
-_param_row = attrgetter(*PARAM_FIELDS)
+_group_attrs = attrgetter(*GROUP_FIELDS)
+_param_attrs = attrgetter(*PARAM_FIELDS)
 
 
-def cycle_columns(
-    record: CycleRecord,
-) -> tuple[tuple[Any, ...], list[tuple[Any, ...]], tuple[Any, ...]]:
-    """A cycle record in the renderer's plain form: ``(head, groups, columns)``.
-
-    ``head`` is ``(cycle, step, t_start, t_negotiated, t_end, params_row, bytes_reduced,
-    params_changed)``; ``groups`` are rows of :data:`GROUP_FIELDS`; ``columns`` is
-    ``(names, kinds, t_submit, t_negotiated, ready, ranks, cached, group_ids, t_done,
-    errors)`` where ``ready`` is flat (op ``i``, rank ``r`` at ``i * ranks + r``, NO_TIME
-    when unknown) and ``errors`` maps positions to messages. ``record.ops`` may be an
-    ``OpBatch`` or a list of ``OpRecord``.
-    """
-    head = (
+def head_tuple(record: CycleRecord) -> tuple[Any, ...]:
+    """The cycle's :class:`CycleHead` as a plain tuple (the wire's form: a named tuple
+    pickles its class by name, which tripled the cost of encoding a small cycle)."""
+    return (
         record.cycle,
         record.step,
         record.t_start,
         record.t_negotiated,
         record.t_end,
-        _param_row(record.params),
+        _param_attrs(record.params),
         record.bytes_reduced,
         record.params_changed,
     )
-    groups = list(map(_group_row, record.groups))
+
+
+def as_head(plain: tuple[Any, ...]) -> CycleHead:
+    """A :func:`head_tuple` read by name."""
+    return CycleHead(*plain[:5], ParamsRow._make(plain[5]), plain[6], plain[7])
+
+
+def group_tuples(record: CycleRecord) -> list[tuple[Any, ...]]:
+    """The cycle's backend calls as plain :class:`GroupRow` tuples (the wire's form)."""
+    return list(map(_group_attrs, record.groups))
+
+
+def as_groups(plain: list[tuple[Any, ...]]) -> list[GroupRow]:
+    """:func:`group_tuples` read by name."""
+    make = GroupRow._make
+    return [make(g) for g in plain]
+
+
+def cycle_columns(record: CycleRecord) -> tuple[CycleHead, list[GroupRow], OpColumns]:
+    """A cycle record in the renderer's plain form: ``(head, groups, columns)``.
+
+    ``record.ops`` may be an ``OpBatch`` or a list of ``OpRecord``.
+    """
+    head, groups = as_head(head_tuple(record)), as_groups(group_tuples(record))
     ops = record.ops
     if hasattr(ops, "ready"):  # an OpBatch: its columns, flattened
-        ranks = int(ops.ready.shape[1])
-        columns = (
+        columns = OpColumns(
             ops.names,
             ops.kinds,
             ops.t_submit,
             ops.t_negotiated,
             ops.ready.ravel().tolist(),
-            ranks,
+            int(ops.ready.shape[1]),
             ops.cached.tolist(),
             ops.group_ids,
             ops.t_done,
@@ -547,7 +629,7 @@ def cycle_columns(
     for i, rec in enumerate(records):
         for r, t in rec.ready_times.items():
             ready[i * ranks + r] = t
-    columns = (
+    columns = OpColumns(
         [r.name for r in records],
         [
             (r.op, r.dtype, tuple(r.shape), r.nbytes) + ((r.process_set,) if r.process_set else ())

@@ -65,7 +65,6 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from operator import attrgetter
 from typing import Any
 
 from hvdprof.common.records import NO_TIME as RECORDS_NO_TIME
@@ -80,6 +79,8 @@ from hvdprof.timeline.render import (
     ITEM_LINES,
     NO_TIME,
     PARAM_FIELDS,
+    group_tuples,
+    head_tuple,
 )
 from hvdprof.timeline.render_process import set_autogroup_nice
 from hvdprof.timeline.wire import (  # noqa: F401  (the stream's names, for this side's users)
@@ -119,8 +120,6 @@ if tuple(f.name for f in dataclasses.fields(TunableParams)) != PARAM_FIELDS:
     raise ImportError("hvdprof.timeline.render.PARAM_FIELDS differs from TunableParams' fields")
 if NO_TIME != RECORDS_NO_TIME:
     raise ImportError("hvdprof.timeline.render.NO_TIME differs from the runtime's")
-_group_row = attrgetter(*GROUP_FIELDS)
-_param_row = attrgetter(*PARAM_FIELDS)
 _PICKLE = pickle.HIGHEST_PROTOCOL
 
 
@@ -187,7 +186,7 @@ def _columns(batch: OpBatch, start: int, stop: int) -> tuple[Any, ...]:
     errors = batch.errors
     if errors and not whole:
         errors = {i - start: e for i, e in errors.items() if start <= i < stop}
-    return (
+    return (  # an OpColumns, plain on the wire (see render.head_tuple)
         names,
         batch.kinds if whole else batch.kinds[start:stop],
         batch.t_submit if whole else batch.t_submit[start:stop],
@@ -214,17 +213,7 @@ def encode_cycle(record: CycleRecord, shift: int, weight: int) -> Iterator[bytes
     while n - start > OPS_PER_FRAME:
         yield _dumps((MSG_OPS, record.cycle, _columns(batch, start, start + OPS_PER_FRAME)))
         start += OPS_PER_FRAME
-    head = (
-        record.cycle,
-        record.step,
-        record.t_start,
-        record.t_negotiated,
-        record.t_end,
-        _param_row(record.params),
-        record.bytes_reduced,
-        record.params_changed,
-    )
-    groups = list(map(_group_row, record.groups))
+    head, groups = head_tuple(record), group_tuples(record)
     yield _dumps((MSG_CYCLE, head, groups, _columns(batch, start, n), n, shift, weight))
 
 

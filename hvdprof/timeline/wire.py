@@ -32,7 +32,7 @@ import struct
 from array import array
 from typing import Any
 
-from hvdprof.timeline.render import ITEM_COLUMNS
+from hvdprof.timeline.render import ITEM_COLUMNS, OpColumns, as_groups, as_head
 
 #: Bumped when the wire format changes; the child refuses a stream of another version.
 PROTOCOL = 3
@@ -104,35 +104,35 @@ class FrameReader:
         return len(self._buf) - self._pos
 
 
-def join_columns(chunks: list[tuple[Any, ...]]) -> tuple[Any, ...]:
-    """Wire op columns (one or more consecutive chunks) as the renderer's columns."""
+def join_columns(chunks: list[tuple[Any, ...]]) -> OpColumns:
+    """Wire op columns (one or more consecutive chunks, plain :class:`OpColumns` tuples)
+    as the renderer's columns."""
     if len(chunks) == 1:
-        names, kinds, t_submit, t_neg, ready, ranks, cached, group_ids, t_done, errors = chunks[0]
-        if type(t_neg) is int:
-            t_neg = [t_neg] * len(names)
+        c = OpColumns._make(chunks[0])
+        t_neg = [c.t_negotiated] * len(c.names) if type(c.t_negotiated) is int else c.t_negotiated
         flat = array("q")
-        flat.frombytes(ready)
-        return (names, kinds, t_submit, t_neg, flat.tolist(), ranks, list(cached), group_ids,
-                t_done, errors)  # fmt: skip
+        flat.frombytes(c.ready)
+        return c._replace(t_negotiated=t_neg, ready=flat.tolist(), cached=list(c.cached))
     names, kinds, t_submit, t_negs, group_ids, t_done = [], [], [], [], [], []
     flat = array("q")
     cached_bytes = bytearray()
     errors: dict[int, str] = {}
     ranks = 0
-    for chunk in chunks:
-        n_, k_, s_, neg_, ready_, ranks, cached_, g_, d_, e_ = chunk
+    for c in map(OpColumns._make, chunks):
         base = len(names)
-        names += n_
-        kinds += k_
-        t_submit += s_
-        t_negs += [neg_] * len(n_) if type(neg_) is int else neg_
-        flat.frombytes(ready_)
-        cached_bytes += cached_
-        group_ids += g_
-        t_done += d_
-        errors.update({base + i: e for i, e in e_.items()})
-    return (names, kinds, t_submit, t_negs, flat.tolist(), ranks, list(cached_bytes), group_ids,
-            t_done, errors)  # fmt: skip
+        names += c.names
+        kinds += c.kinds
+        t_submit += c.t_submit
+        neg = c.t_negotiated
+        t_negs += [neg] * len(c.names) if type(neg) is int else neg
+        flat.frombytes(c.ready)
+        cached_bytes += c.cached
+        group_ids += c.group_ids
+        t_done += c.t_done
+        errors.update({base + i: e for i, e in c.errors.items()})
+        ranks = c.ranks
+    return OpColumns(names, kinds, t_submit, t_negs, flat.tolist(), ranks, list(cached_bytes),
+                     group_ids, t_done, errors)  # fmt: skip
 
 
 class Decoder:
@@ -153,11 +153,12 @@ class Decoder:
             self._chunks.append(columns)
             return None
         if tag == MSG_CYCLE:
-            _, head, groups, columns, n, shift, weight = msg
-            chunks = self._chunks if self._chunks_cycle == head[0] else []
+            _, plain_head, plain_groups, columns, n, shift, weight = msg
+            head, groups = as_head(plain_head), as_groups(plain_groups)
+            chunks = self._chunks if self._chunks_cycle == head.cycle else []
             self._chunks, self._chunks_cycle = [], None
             joined = join_columns([*chunks, columns])
-            if len(joined[0]) != n:
+            if len(joined.names) != n:
                 self.lost_items += 1
                 self.lost_events += weight
                 return None
