@@ -531,6 +531,39 @@
       margin: { l: 60, r: 16, t: 10, b: 30 }, height: 360,
     }), plotConfig);
     drawWaitHeatmap(data);
+    drawUserPhases(data && data.user_phases);
+  }
+
+  // The same steps in the user's own words: one bar per range and rank (the median and the
+  // most beyond 10 ranks, so the legend stays short), the rank the analysis names marked.
+  function drawUserPhases(p) {
+    const box = $("breakdown-user-box");
+    const ranks = (p && p.ranks) || [];
+    box.hidden = !ranks.length;
+    if (!ranks.length) return;
+    text($("breakdown-user-verdict"), p.verdict);
+    const names = (p.names || []).concat([p.outside]);
+    const out = p.outlier ? p.outlier.rank : null;
+    const bar = (name, values, color) => Object.assign({
+      type: "bar", orientation: "h", name: name, y: names, x: values,
+      hovertemplate: "%{y}: %{x:.2f} ms per step<extra>" + name + "</extra>",
+    }, color ? { marker: { color: color } } : {});
+    let traces;
+    if (ranks.length <= 10) {
+      traces = ranks.map((r) => bar("rank " + r.rank + (r.rank === out ? " \u25c0" : ""),
+        names.map((n) => (r.mean_ms || {})[n] || 0)));
+    } else {
+      const col = (n) => ranks.map((r) => (r.mean_ms || {})[n] || 0).sort((a, b) => a - b);
+      traces = [
+        bar("median rank", names.map((n) => { const c = col(n); return c[Math.floor(c.length / 2)]; }), "#94a3b8"),
+        bar("the most", names.map((n) => { const c = col(n); return c[c.length - 1]; }), "#b45309"),
+      ];
+    }
+    draw($("breakdown-user"), traces, Object.assign(baseLayout(), {
+      barmode: "group", xaxis: axis("mean ms per step"), yaxis: { automargin: true, autorange: "reversed" },
+      legend: { orientation: "h", y: -0.25, font: { size: 11 } },
+      margin: { l: 10, r: 16, t: 10, b: 40 }, height: Math.max(220, 36 * names.length * Math.min(ranks.length, 3) / 2 + 90),
+    }), plotConfig);
   }
 
   // The rank the straggler analysis names (hvdprof.analysis.stragglers' result), or null.
@@ -1033,6 +1066,7 @@
   // Nothing of another run may stay on screen under this run's name.
   function clearRun(message) {
     $("gpu-card").hidden = true;
+    $("breakdown-user-box").hidden = true;
     for (const id of ["timeline", "breakdown", "stragglers", "fusion", "fusion-fill", "bandwidth", "autotune-score", "autotune-params", "autotune-surface"]) {
       empty($(id), message);
     }
