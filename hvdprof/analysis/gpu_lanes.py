@@ -252,7 +252,9 @@ def kernel_bins(lanes: StreamLanes, t0_us: float, t1_us: float, n_bins: int) -> 
     )
     counts = np.cumsum(delta.reshape(n_rows, stride), axis=1)[:, :n_bins]
     # covered time of each (row, kind) up to each bin edge, from the merged intervals
-    edges = t0_us - k.base + np.arange(stride, dtype=np.float64) * width
+    # (clipped to the key's own stretch: an edge before the rank's first kernel or after
+    # its last would read the neighbouring key's intervals)
+    edges = np.clip(t0_us - k.base + np.arange(stride, dtype=np.float64) * width, 0.0, k.span - 1.0)
     q = (np.arange(n_rows * _KINDS, dtype=np.float64) * k.span)[:, None] + edges[None, :]
     if len(k.merged_start):
         j = np.maximum(np.searchsorted(k.merged_start, q, side="right") - 1, 0)

@@ -899,6 +899,17 @@ class RunLoader:
         instants = [x.ts_us for x in run.autotune_samples] + [x.ts_us for x in run.params_changes]
         starts = [float(s.start_us.min())] if len(s) else []
         ends = [float((s.start_us + s.dur_us).max())] if len(s) else []
+        # and a torch.profiler trace's GPU work and marked steps: kernels run after the
+        # last collective, a step begins before its first
+        for g in run.gpu.values():
+            if len(g.start_us):
+                starts.append(float(g.start_us.min()))
+                ends.append(float((g.start_us + g.dur_us).max()))
+        for marked in run.trace_steps.values():
+            known = np.isfinite(marked.start_us)
+            if known.any():
+                starts.append(float(marked.start_us[known].min()))
+                ends.append(float(marked.end_us[known].max()))
         if starts or instants:
             run.t0_us = min(starts + instants)
             run.t1_us = max(ends + instants)

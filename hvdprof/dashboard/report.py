@@ -40,6 +40,7 @@ def _script(text: str) -> str:
 def embedded_responses(catalog: RunCatalog, run_id: str) -> dict[str, Any]:
     """The API responses the page needs for ``run_id``, keyed as the page's ``api()`` asks."""
     from hvdprof.analysis import timeline_window
+    from hvdprof.analysis.gpu_lanes import stream_extent
 
     entry = catalog.entry(run_id)
     info = run_info(catalog, run_id)
@@ -58,12 +59,19 @@ def embedded_responses(catalog: RunCatalog, run_id: str) -> dict[str, Any]:
         out[f"api/analysis/{name}?run={run_id}"] = body
     views: list[tuple[int | None, str]] = [(None, "tensor")]
     views += [(rank, kind) for rank in info.ranks for kind in ("tensor", "phase")]
+    gpu = (out.get(f"api/analysis/gpu?run={run_id}") or {}).get("data") or {}
+    views += [(int(r["rank"]), "stream") for r in gpu.get("ranks") or []]
+
+    def whole(r: Any, rank: int | None, lanes: str) -> Any:
+        t0, t1 = stream_extent(r, rank) if lanes == "stream" else (r.t0_us, r.t1_us)  # type: ignore[arg-type]
+        return timeline_window(
+            r, t0, t1, expand_rank=rank, lanes=lanes, max_items=REPORT_TIMELINE_ITEMS
+        )
+
     for expand, lanes in views:
         window = section(
             catalog, run_id, "timeline",
-            lambda r, e=expand, k=lanes: timeline_window(
-                r, r.t0_us, r.t1_us, expand_rank=e, lanes=k, max_items=REPORT_TIMELINE_ITEMS
-            ),
+            lambda r, e=expand, k=lanes: whole(r, e, k),
             None, None, None, expand, lanes, REPORT_TIMELINE_ITEMS,
         ).model_dump()  # fmt: skip
         data = window.get("data") or {}
