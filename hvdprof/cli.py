@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         "env",
         help="print the table of every HVDPROF_* variable",
         description="Print every HVDPROF_* variable hvdprof reads, with its default and what "
-        "it does, as a Markdown table (the README's table is this output).",
+        "it does, as a Markdown table (docs/environment.md holds this output).",
     )
     env.set_defaults(handler=_cmd_env)
     stacks = commands.add_parser(

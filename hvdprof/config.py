@@ -1,7 +1,7 @@
 """Every ``HVDPROF_*`` environment variable, parsed once into one typed object.
 
 Horovod scatters its configuration across C++ parsers; here the registry below is the
-single source of truth: the runtime, the launcher, the README table and the tests all
+single source of truth: the runtime, the launcher, the table in docs/environment.md and the tests all
 read names, defaults and meanings from it.
 """
 
@@ -652,7 +652,7 @@ def horovod_settings(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
 
 
 def horovod_table() -> str:
-    """The README's table of the Horovod variables hvdprof honours."""
+    """The table of the Horovod variables hvdprof honours (docs/running.md)."""
     rows = ["| Horovod's variable | sets | note |", "|---|---|---|"]
     notes = {
         "HOROVOD_TIMELINE": "a file: the ranks' directory goes beside it "
@@ -808,7 +808,7 @@ def env_var(name: str) -> EnvVar:
 
 
 def markdown_table() -> str:
-    """The README's table of environment variables, generated from the registry."""
+    """The table of environment variables in docs/environment.md, generated from the registry."""
     rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
     for var in ENV_VARS:
         default = var.default_text if var.default_text is not None else _default_text(var.default)
