@@ -161,3 +161,96 @@ def test_no_import_cycle_between_modules() -> None:
             connect(v)
     assert len(graph) > 50  # the graph was read (a parse that found nothing passes anything)
     assert not cycles, "modules importing each other:\n" + "\n".join(map(str, cycles))
+
+
+#: what detects a trace format: the registry's own business (hvdprof/analysis/formats.py)
+_FORMAT_DETECTION = {
+    "TRACE_RE",
+    "MANIFEST_RE",
+    "KINETO_NAME_RE",
+    "is_kineto_file",
+    "looks_like_kineto",
+    "sniff_rank",
+    "_is_horovod",
+    "looks_like_horovod",
+}
+_FORMAT_MODULES = {
+    "hvdprof.analysis.kineto_format",
+    "hvdprof.analysis.horovod_format",
+    "hvdprof.analysis.hvdprof_format",
+}
+
+
+def test_no_format_is_detected_outside_the_registry() -> None:
+    # the dashboard asks hvdprof.analysis.formats what a run is (and of which format); a
+    # copy of a format's detection there is a second truth that drifts (issue 39)
+    found = []
+    checked = 0
+    for path in sorted((PACKAGE / "dashboard").rglob("*.py")):
+        checked += 1
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module in _FORMAT_MODULES:
+                    names.append(node.module)
+                names += [a.name for a in node.names if a.name in _FORMAT_DETECTION]
+                if node.module == "hvdprof.analysis":
+                    names += [
+                        f"hvdprof.analysis.{a.name}"
+                        for a in node.names
+                        if f"hvdprof.analysis.{a.name}" in _FORMAT_MODULES
+                    ]
+            elif isinstance(node, ast.Import):
+                names += [a.name for a in node.names if a.name in _FORMAT_MODULES]
+            elif isinstance(node, ast.Name) and node.id in _FORMAT_DETECTION:
+                names.append(node.id)
+            elif isinstance(node, ast.Attribute) and node.attr in _FORMAT_DETECTION:
+                names.append(node.attr)
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names]
+    assert checked > 3  # the dashboard's modules were read
+    assert not found, "ask hvdprof.analysis.formats instead:\n" + "\n".join(found)
+
+
+def _analysis_function_names() -> set[str]:
+    """The analysis functions, as ``hvdprof/analysis/registry.py`` names them."""
+    names: set[str] = set()
+    tree = ast.parse((PACKAGE / "analysis" / "registry.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Analysis":
+            function = node.args[1] if len(node.args) > 1 else None
+            for kw in node.keywords:
+                if kw.arg == "function":
+                    function = kw.value
+            if isinstance(function, ast.JoinedStr):  # f"{m}.breakdown:time_breakdown"
+                function = function.values[-1]
+            if isinstance(function, ast.Constant) and isinstance(function.value, str):
+                names.add(function.value.rpartition(":")[2])
+    return names
+
+
+def test_no_front_end_names_an_analysis_function() -> None:
+    # the CLI's printer and the dashboard loop over the registry: an analysis named there
+    # again is a second list of the analyses, which goes stale when one is added
+    names = _analysis_function_names()
+    assert {"time_breakdown", "find_stragglers", "gpu_report", "autotune_surface"} <= names
+    word = re.compile(r"\b(" + "|".join(sorted(names)) + r")\b")
+    paths = [*sorted((PACKAGE / "dashboard").rglob("*.py")), PACKAGE / "analysis" / "cli.py"]
+    named = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Name):
+                found = [node.id]
+            elif isinstance(node, ast.Attribute):
+                found = [node.attr]
+            elif isinstance(node, ast.alias):
+                found = [node.name.rpartition(".")[2]]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found = word.findall(node.value)
+            else:
+                continue
+            named += [
+                f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', '?')}: {n}"
+                for n in found
+                if n in names
+            ]
+    assert not named, "loop over hvdprof.analysis.registry instead:\n" + "\n".join(named)

@@ -18,65 +18,64 @@ repair_if_shadowed()
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from hvdprof.analysis.autotune import AutotuneReport, autotune_report
-    from hvdprof.analysis.bandwidth import BandwidthReport, bandwidth_report
-    from hvdprof.analysis.breakdown import Breakdown, time_breakdown
-    from hvdprof.analysis.diff import RunDiff, diff_runs
-    from hvdprof.analysis.fusion import FusionReport, fusion_report
-    from hvdprof.analysis.gate import GateResult, check_gate, parse_rule
-    from hvdprof.analysis.loader import LoadError, load_run
-    from hvdprof.analysis.model import PHASES, Problem, Run
-    from hvdprof.analysis.overlap import OverlapReport, overlap_report
-    from hvdprof.analysis.process_sets import ProcessSetReport, process_set_report
-    from hvdprof.analysis.report import Report, analyze
-    from hvdprof.analysis.stalls import StallReport, stall_report
-    from hvdprof.analysis.stragglers import Stragglers, find_stragglers
-    from hvdprof.analysis.summary import RunSummary, read_summary, summarize, write_summary
-    from hvdprof.analysis.window import TimelineWindow, timeline_window
+from hvdprof.analysis import registry
 
-#: name -> module defining it. Resolved on first use, so that ``hvdprof run`` (whose
-#: parser registers ``analyze``) does not pay for numpy and the analyses at start-up.
-_EXPORTS: dict[str, str] = {
-    "AutotuneReport": "hvdprof.analysis.autotune",
-    "BandwidthReport": "hvdprof.analysis.bandwidth",
-    "Breakdown": "hvdprof.analysis.breakdown",
-    "FusionReport": "hvdprof.analysis.fusion",
+# For type checkers and editors (unused here: at run time every name resolves on first use).
+if TYPE_CHECKING:
+    from hvdprof.analysis.autotune import AutotuneReport, autotune_report  # noqa: F401
+    from hvdprof.analysis.bandwidth import BandwidthReport, bandwidth_report  # noqa: F401
+    from hvdprof.analysis.breakdown import Breakdown, time_breakdown  # noqa: F401
+    from hvdprof.analysis.device import GpuReport, gpu_report  # noqa: F401
+    from hvdprof.analysis.diff import RunDiff, diff_runs  # noqa: F401
+    from hvdprof.analysis.divergence import DivergenceReport, divergence_report  # noqa: F401
+    from hvdprof.analysis.fusion import FusionReport, fusion_report  # noqa: F401
+    from hvdprof.analysis.gate import GateResult, check_gate, parse_rule  # noqa: F401
+    from hvdprof.analysis.loader import LoadError, load_run  # noqa: F401
+    from hvdprof.analysis.model import PHASES, Problem, Run  # noqa: F401
+    from hvdprof.analysis.overlap import OverlapReport, overlap_report  # noqa: F401
+    from hvdprof.analysis.process_sets import ProcessSetReport, process_set_report  # noqa: F401
+    from hvdprof.analysis.report import Report, analyze  # noqa: F401
+    from hvdprof.analysis.stalls import StallReport, stall_report  # noqa: F401
+    from hvdprof.analysis.stragglers import Stragglers, find_stragglers  # noqa: F401
+    from hvdprof.analysis.summary import (  # noqa: F401
+        RunSummary,
+        read_summary,
+        summarize,
+        write_summary,
+    )
+    from hvdprof.analysis.surrogate import SurrogateSurface, autotune_surface  # noqa: F401
+    from hvdprof.analysis.window import TimelineWindow, timeline_window  # noqa: F401
+
+#: name -> module defining it, besides the analyses and their result types (those come from
+#: the registry). Resolved on first use, so that ``hvdprof run`` (whose parser registers
+#: ``analyze``) does not pay for numpy and the analyses at start-up.
+_OWN_EXPORTS: dict[str, str] = {
     "GateResult": "hvdprof.analysis.gate",
-    "RunSummary": "hvdprof.analysis.summary",
-    "check_gate": "hvdprof.analysis.gate",
-    "parse_rule": "hvdprof.analysis.gate",
-    "read_summary": "hvdprof.analysis.summary",
-    "summarize": "hvdprof.analysis.summary",
-    "write_summary": "hvdprof.analysis.summary",
     "LoadError": "hvdprof.analysis.loader",
-    "OverlapReport": "hvdprof.analysis.overlap",
     "PHASES": "hvdprof.analysis.model",
-    "ProcessSetReport": "hvdprof.analysis.process_sets",
-    "process_set_report": "hvdprof.analysis.process_sets",
     "Problem": "hvdprof.analysis.model",
     "Report": "hvdprof.analysis.report",
     "Run": "hvdprof.analysis.model",
-    "StallReport": "hvdprof.analysis.stalls",
     "RunDiff": "hvdprof.analysis.diff",
-    "Stragglers": "hvdprof.analysis.stragglers",
+    "RunSummary": "hvdprof.analysis.summary",
     "TimelineWindow": "hvdprof.analysis.window",
     "analyze": "hvdprof.analysis.report",
-    "autotune_report": "hvdprof.analysis.autotune",
-    "bandwidth_report": "hvdprof.analysis.bandwidth",
+    "check_gate": "hvdprof.analysis.gate",
     "diff_runs": "hvdprof.analysis.diff",
-    "find_stragglers": "hvdprof.analysis.stragglers",
-    "fusion_report": "hvdprof.analysis.fusion",
     "load_run": "hvdprof.analysis.loader",
-    "overlap_report": "hvdprof.analysis.overlap",
-    "stall_report": "hvdprof.analysis.stalls",
-    "time_breakdown": "hvdprof.analysis.breakdown",
+    "parse_rule": "hvdprof.analysis.gate",
+    "read_summary": "hvdprof.analysis.summary",
+    "summarize": "hvdprof.analysis.summary",
     "timeline_window": "hvdprof.analysis.window",
+    "write_summary": "hvdprof.analysis.summary",
 }
+
+_EXPORTS: dict[str, str] = {**registry.exports(), **_OWN_EXPORTS}
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
+    # the registry asked again: an analysis registered after import is exported too
+    module = _EXPORTS.get(name) or registry.exports().get(name)
     if module is None:
         raise AttributeError(f"module 'hvdprof.analysis' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
@@ -88,39 +87,4 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
 
 
-__all__ = [
-    "PHASES",
-    "AutotuneReport",
-    "BandwidthReport",
-    "Breakdown",
-    "FusionReport",
-    "GateResult",
-    "LoadError",
-    "OverlapReport",
-    "Problem",
-    "ProcessSetReport",
-    "Report",
-    "Run",
-    "RunDiff",
-    "RunSummary",
-    "StallReport",
-    "Stragglers",
-    "TimelineWindow",
-    "analyze",
-    "autotune_report",
-    "bandwidth_report",
-    "check_gate",
-    "diff_runs",
-    "find_stragglers",
-    "fusion_report",
-    "load_run",
-    "overlap_report",
-    "parse_rule",
-    "process_set_report",
-    "read_summary",
-    "stall_report",
-    "summarize",
-    "time_breakdown",
-    "timeline_window",
-    "write_summary",
-]
+__all__ = sorted(_EXPORTS)

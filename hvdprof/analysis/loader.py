@@ -29,8 +29,13 @@ from typing import Any
 import numpy as np
 import orjson
 
-from hvdprof.analysis import kineto_format
-from hvdprof.analysis.horovod_format import looks_like_horovod, parse_horovod
+from hvdprof.analysis import formats
+from hvdprof.analysis.formats import FileRead, TraceFormat
+from hvdprof.analysis.formats import brief as _brief
+from hvdprof.analysis.formats import file_kind as _file_kind
+from hvdprof.analysis.formats import max_ranks_name as _max_ranks_name
+from hvdprof.analysis.formats import not_a_file as _not_a_file
+from hvdprof.analysis.formats import rank_of_name as _rank_of_name
 from hvdprof.analysis.hvdprof_format import Columns, HvdprofFileParser, Tables
 from hvdprof.analysis.model import (
     MARK_COLUMNS,
@@ -46,7 +51,6 @@ from hvdprof.analysis.model import (
     StallRecord,
 )
 from hvdprof.common import limits
-from hvdprof.config import name_of
 from hvdprof.errors import HvdprofError
 from hvdprof.timeline.manifest import MANIFEST_RE, TRACE_RE, read_manifest
 
@@ -55,6 +59,8 @@ _log = logging.getLogger("hvdprof.analysis")
 #: bytes read per block (whole lines are cut from it)
 BLOCK_BYTES = 8 << 20
 CACHE_DIR = ".hvdprof-cache"
+#: kinds of hvdprof's own timelines, read incrementally by :class:`_Source`
+_INCREMENTAL_KINDS = ("hvdprof", "hvdprof-gz")
 #: inputs larger than this (bytes, all files) are parsed by a pool of processes
 PARALLEL_MIN_BYTES = 32 << 20
 #: bumped when the cached columns change meaning
@@ -63,9 +69,6 @@ CACHE_VERSION = 4
 FINGERPRINT_BYTES = 4096
 #: what a missing, cut or foreign cache file raises on reading (it is then ignored)
 _BAD_CACHE = (OSError, KeyError, ValueError, TypeError, EOFError, zipfile.BadZipFile)
-_RANK_IN_NAME = re.compile(r"rank[._-]?(\d+)")
-#: kinds read whole on each change, never cached nor parsed in worker processes
-_WHOLE_FILE_KINDS = ("horovod", "kineto")
 #: one line of an hvdprof file longer than this is not an event (a file of spaces)
 MAX_LINE_BYTES = 64 << 20
 
@@ -80,8 +83,13 @@ class _Source:
     def __init__(self, path: str, rank: int, kind: str, tables: Tables) -> None:
         self.path = path
         self.rank = rank
-        self.kind = kind  # "hvdprof" | "hvdprof-gz" | "horovod" | "kineto"
-        self.kineto: kineto_format.KinetoFile | None = None
+        #: "hvdprof" | "hvdprof-gz" (read incrementally here) | another format's name
+        self.kind = kind
+        self.format: TraceFormat = formats.format_named(
+            "hvdprof" if kind in _INCREMENTAL_KINDS else kind
+        )
+        #: a format read whole: what its last read gave (for its run-level pass)
+        self.whole: FileRead | None = None
         self.size = -1
         self.mtime_ns = -1
         self.offset = 0  # bytes consumed (plain hvdprof files)
@@ -105,9 +113,9 @@ class _Source:
         try:
             return self._read(progress)
         except Exception as exc:  # anything a hostile file provokes: the file, not the run
-            where = f"line {self.lines}" if self.kind in ("hvdprof", "hvdprof-gz") else ""
+            where = f"line {self.lines}" if self.kind in _INCREMENTAL_KINDS else ""
             self.columns = Columns()
-            self.kineto = None
+            self.whole = None
             self.complete = False
             self.events = 0
             self.problems = [
@@ -151,33 +159,14 @@ class _Source:
             self._reset()
         self.size, self.mtime_ns = st.st_size, st.st_mtime_ns
         try:
-            if self.kind == "horovod":
-                with open(self.path, "rb") as f:
-                    data = f.read()
-                cols, problems, complete, events, ranks = parse_horovod(
-                    self.path, data, self.tables
-                )
-                self.columns, self.complete, self.events = cols, complete, events
-                self.problems = problems
-                self.ranks_seen = ranks
-                if progress:
-                    progress(len(data))
-            elif self.kind == "kineto":
-                with open(self.path, "rb") as f:
-                    data = f.read()
-                k = kineto_format.parse_kineto(
-                    self.path, data, self.rank, self.tables, self.files_in_run
-                )
-                del data
-                self.kineto = k
-                self.rank = k.rank
-                cols = Columns()
-                cols.slice_chunks.append(k.slices)
-                cols.rows = len(k.slices["rank"])
-                self.columns, self.complete, self.events = cols, k.complete, k.events
-                self.problems = k.problems
-                self.ranks_seen = {k.rank}
-                self.host = k.host
+            if self.whole_file:
+                got = self.format.read(self.path, self.rank, self.tables, self.files_in_run)
+                self.whole = got
+                self.rank = got.rank
+                self.columns, self.complete, self.events = got.columns, got.complete, got.events
+                self.problems = got.problems
+                self.ranks_seen = got.ranks_seen
+                self.host = got.host
                 if progress:
                     progress(self.size)
             elif self.kind == "hvdprof-gz":
@@ -190,6 +179,11 @@ class _Source:
             self.problems.append(Problem(self.path, "gzip", f"read up to there: it {exc}"))
             self.complete = False
         return True
+
+    @property
+    def whole_file(self) -> bool:
+        """Read whole on each change, never cached nor parsed in worker processes."""
+        return not self.format.incremental
 
     def _reset(self) -> None:
         self.offset = 0
@@ -344,7 +338,7 @@ class _Source:
         """What the cache (its ``meta``, read here when not given) can do for the file as
         it is now: ``"current"``, ``"resume"`` or None (see :meth:`load_cache`). Cheap:
         only the cache's small ``meta`` member is read, not its columns."""
-        if self.kind in _WHOLE_FILE_KINDS:
+        if self.whole_file:
             return None
         try:
             if meta is None:
@@ -450,7 +444,7 @@ class _Source:
     ) -> None:
         """Write the columns (and, for a file still being written, where its parse stopped)
         beside the trace; silently skipped where that is not possible."""
-        if self.kind in _WHOLE_FILE_KINDS or self.size < 0:
+        if self.whole_file or self.size < 0:
             return
         meta, arrays = exported or self.export_columns()
         path = self.cache_path()
@@ -525,61 +519,21 @@ class RunLoader:
         self.sources: list[_Source] = []
         self.manifest_paths: dict[int, str] = {}
         self.fmt = "hvdprof"
+        self.format: TraceFormat = formats.format_named("hvdprof")
         self.find_problems: list[Problem] = []
         self._pending: tuple[Any, list[tuple[_Source, Any]]] | None = None
         self._discover()
 
     def _discover(self) -> None:
+        """The run's files, as the format registry finds them (:mod:`hvdprof.analysis.formats`)."""
         path = self.path
         if os.path.isdir(path):
             names = sorted(os.listdir(path))
-            traces: dict[int, str] = {}
-            for name in names:
-                full = os.path.join(path, name)
-                if (TRACE_RE.match(name) or MANIFEST_RE.match(name)) and (why := _not_a_file(full)):
-                    self.find_problems.append(Problem(full, "", f"not read: {why}"))
-                    continue
-                if m := TRACE_RE.match(name):
-                    found = _rank_of_name(m.group(1))
-                    if found is None:
-                        self.find_problems.append(
-                            Problem(
-                                full,
-                                "file name",
-                                f"rank {_brief(m.group(1))[:20]} is past the largest world size "
-                                f"({limits.max_ranks()}, {_max_ranks_name()}): not read",
-                            )
-                        )
-                        continue
-                    rank = found
-                    if rank in traces:
-                        older, newer = sorted((traces[rank], full), key=os.path.getmtime)
-                        self.find_problems.append(
-                            Problem(
-                                older,
-                                "",
-                                f"rank {rank} also has {os.path.basename(newer)}; using the newer",
-                            )
-                        )
-                        full = newer
-                    traces[rank] = full
-                elif (m := MANIFEST_RE.match(name)) and (
-                    r := _rank_of_name(m.group(1))
-                ) is not None:
-                    self.manifest_paths[r] = full
-            if not traces and self._discover_kineto(path, names):
-                return
-            if traces:
-                for rank, full in sorted(traces.items()):
-                    kind = "hvdprof-gz" if full.endswith(".gz") else "hvdprof"
-                    self.sources.append(_Source(full, rank, kind, self.tables))
-                return
-            for name in names:  # no hvdprof files: Horovod timelines?
-                full = os.path.join(path, name)
-                if name.endswith(".json") and os.path.isfile(full) and _is_horovod(full):
-                    self.sources.append(_Source(full, 0, "horovod", self.tables))
-            if self.sources:
-                self.fmt = "horovod"
+            found = formats.detect_directory(path, names)
+            self.find_problems += found.problems
+            self.manifest_paths.update(found.manifests)
+            if found.files:
+                self._take(found)
                 return
             if self.find_problems:
                 raise LoadError(
@@ -592,65 +546,21 @@ class RunLoader:
             if not os.path.lexists(path):
                 raise LoadError(f"{path}: no such file or directory")
             raise LoadError(f"{path}: {why}")
-        name = os.path.basename(path)
-        if kineto_format.is_kineto_file(path):
-            self.fmt = "kineto"
-            rank = kineto_format.sniff_rank(path, 1)
-            self.sources.append(_Source(path, 0 if rank is None else rank, "kineto", self.tables))
-            return
-        if _is_horovod(path):
-            self.fmt = "horovod"
-            self.sources.append(_Source(path, 0, "horovod", self.tables))
-            return
-        m = TRACE_RE.match(name) or _RANK_IN_NAME.search(name)
-        rank = (_rank_of_name(m.group(1)) if m else 0) or 0
-        kind = "hvdprof-gz" if name.endswith(".gz") else "hvdprof"
-        self.sources.append(_Source(path, rank, kind, self.tables))
-        manifest = os.path.join(os.path.dirname(path) or ".", f"manifest.rank.{rank}.json")
-        if os.path.exists(manifest):
-            self.manifest_paths[rank] = manifest
+        found = formats.detect_file(path)
+        self.manifest_paths.update(found.manifests)
+        self._take(found)
 
-    def _discover_kineto(self, path: str, names: list[str]) -> bool:
-        """torch.profiler traces in ``path`` (one per rank): True when there are any."""
-        files = []
-        odd = []
-        for n in names:
-            full = os.path.join(path, n)
-            why = _not_a_file(full)
-            if why is None:
-                if kineto_format.is_kineto_file(full):
-                    files.append(full)
-            elif kineto_format.KINETO_NAME_RE.match(n):
-                odd.append(Problem(full, "", f"not read: {why}"))
-        self.find_problems += odd
-        if not files:
-            return False
-        self.fmt = "kineto"
-        taken: dict[int, str] = {}
-        unranked = []
-        for full in files:
-            rank = kineto_format.sniff_rank(full, len(files))
-            if rank is None or rank in taken:
-                if rank is not None:
-                    self.find_problems.append(
-                        Problem(
-                            full,
-                            "",
-                            f"rank {rank} is also {os.path.basename(taken[rank])}; "
-                            "this one is read as another rank",
-                        )
-                    )
-                unranked.append(full)
-                continue
-            taken[rank] = full
-        for full in unranked:  # by file order, the lowest ranks no file claims
-            rank = next(r for r in range(len(taken) + 1) if r not in taken)
-            taken[rank] = full
-        for rank, full in sorted(taken.items()):
-            source = _Source(full, rank, "kineto", self.tables)
-            source.files_in_run = len(files)
+    def _take(self, found: formats.Detection) -> None:
+        """One source per file the registry found, read by its format."""
+        self.fmt = found.format
+        self.format = formats.format_named(found.format)
+        for file in found.files:
+            kind = found.format
+            if self.format.incremental:
+                kind = "hvdprof-gz" if file.path.endswith(".gz") else "hvdprof"
+            source = _Source(file.path, file.rank, kind, self.tables)
+            source.files_in_run = len(found.files)
             self.sources.append(source)
-        return True
 
     def load(self) -> Run:
         """Read every file (cache, worker processes or here) and assemble the run."""
@@ -669,7 +579,7 @@ class RunLoader:
         big = sum(_size(s.path) for s in todo) >= PARALLEL_MIN_BYTES
         futures: list[tuple[_Source, Any]] = []
         pool = None
-        if workers > 1 and big and all(s.kind not in _WHOLE_FILE_KINDS for s in todo):
+        if workers > 1 and big and not any(s.whole_file for s in todo):
             import multiprocessing
 
             try:
@@ -762,11 +672,7 @@ class RunLoader:
     def refresh(self, run: Run) -> bool:
         changed = self._new_files()
         for source in self.sources:
-            if (
-                source.kind not in _WHOLE_FILE_KINDS
-                and source.parser is None
-                and source.columns.rows
-            ):
+            if not source.whole_file and source.parser is None and source.columns.rows:
                 # came from the cache: it can only change by being rewritten
                 try:
                     st = os.stat(source.path)
@@ -885,10 +791,9 @@ class RunLoader:
             )
             for k, v in counters.items()
         }
-        if self.fmt == "kineto":
-            kineto_format.finish_run(
-                run, [s.kineto for s in self.sources if s.kineto is not None], self.tables
-            )
+        self.format.finish_run(
+            run, [s.whole for s in self.sources if s.whole is not None], self.tables
+        )
         run.autotune_samples.sort(key=lambda x: x.ts_us)
         run.params_changes.sort(key=lambda x: x.ts_us)
         run.notices.sort(key=lambda x: (x.ts_us, x.rank))
@@ -930,61 +835,6 @@ def _stall_from_dict(x: dict[str, Any]) -> StallRecord:
     x["where"] = {int(k): v for k, v in (x.get("where") or {}).items()}
     x["collective"] = {int(k): v for k, v in (x.get("collective") or {}).items()}
     return StallRecord(**x)
-
-
-def _brief(exc: BaseException) -> str:
-    """An exception's message in one line of at most 200 characters."""
-    text = " ".join(str(exc).split()) or "no message"
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
-def _file_kind(mode: int) -> str:
-    """What a path that is not a regular file is, for a problem's reason."""
-    for test, what in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return f"{what}, not a regular file"
-    return "not a regular file"
-
-
-def _max_ranks_name() -> str:
-    return name_of("read_max_ranks")
-
-
-def _rank_of_name(digits: str) -> int | None:
-    """A rank number from a file name, None past the largest world size (``Config.read_max_ranks``)."""
-    if len(digits) > 9 or int(digits) >= limits.max_ranks():
-        return None
-    return int(digits)
-
-
-def _not_a_file(path: str) -> str | None:
-    """Why a path named like a trace is not one to read (a directory, a FIFO, a link to
-    a directory, a link loop), or None for a regular file."""
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        if os.path.islink(path):
-            return f"a symbolic link that leads nowhere readable ({exc.strerror})"
-        return f"cannot read ({exc.strerror})"
-    if stat.S_ISREG(st.st_mode):
-        return None
-    what = _file_kind(st.st_mode)
-    return f"a link to {what}" if os.path.islink(path) else what
-
-
-def _is_horovod(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return False
-    return looks_like_horovod(head)
 
 
 def _size(path: str) -> int:

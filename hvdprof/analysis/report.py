@@ -8,17 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hvdprof.analysis.autotune import AutotuneReport, autotune_report
-from hvdprof.analysis.bandwidth import BandwidthReport, bandwidth_report
-from hvdprof.analysis.breakdown import Breakdown, time_breakdown
-from hvdprof.analysis.device import GpuReport, gpu_report
-from hvdprof.analysis.divergence import DivergenceReport, divergence_report
-from hvdprof.analysis.fusion import FusionReport, fusion_report
+from hvdprof.analysis import registry
 from hvdprof.analysis.model import Problem, Run
-from hvdprof.analysis.overlap import OverlapReport, overlap_report
-from hvdprof.analysis.process_sets import SetStragglers, set_stragglers
-from hvdprof.analysis.stalls import StallReport, stall_report
-from hvdprof.analysis.stragglers import Stragglers, find_stragglers
 from hvdprof.timeline.manifest import TRACE_RE
 
 #: version of the ``to_dict`` layout (``hvdprof analyze --json``)
@@ -27,20 +18,22 @@ SCHEMA_VERSION = 1
 
 @dataclass
 class Report:
+    """Every analysis of one run. Each analysis's answer is the attribute of its name
+    (``report.breakdown``, ``report.stragglers``, ...: the registry's names), held in
+    ``sections`` in the registry's order."""
+
     run: dict[str, Any]
-    breakdown: Breakdown
-    stragglers: Stragglers
-    fusion: FusionReport
-    bandwidth: BandwidthReport
-    overlap: OverlapReport | None
-    autotune: AutotuneReport
-    divergence: DivergenceReport = field(default_factory=DivergenceReport)
-    stalls: StallReport = field(default_factory=StallReport)
-    gpu: GpuReport = field(default_factory=GpuReport)
-    #: each process set's own straggler answer (none: every op ran on every rank)
-    process_sets: list[SetStragglers] = field(default_factory=list)
+    #: analysis name -> its answer as the report holds it (None: it could not look, as
+    #: overlap without torch.profiler traces)
+    sections: dict[str, Any] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     verdicts: list[str] = field(default_factory=list)
+
+    def __getattr__(self, name: str) -> Any:
+        sections = self.__dict__.get("sections")  # absent while unpickling
+        if sections is not None and name in sections:
+            return sections[name]
+        raise AttributeError(f"'Report' object has no attribute {name!r}")
 
     @property
     def skipped(self) -> bool:
@@ -48,22 +41,25 @@ class Report:
         return bool(self.problems)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "schema": SCHEMA_VERSION,
             "run": self.run,
             "verdicts": list(self.verdicts),
-            "breakdown": self.breakdown.to_dict(),
-            "stragglers": self.stragglers.to_dict(),
-            "fusion": self.fusion.to_dict(),
-            "bandwidth": self.bandwidth.to_dict(),
-            "overlap": self.overlap.to_dict() if self.overlap is not None else None,
-            "autotune": self.autotune.to_dict(),
-            "divergence": self.divergence.to_dict(),
-            "stalls": self.stalls.to_dict()["stalls"],
-            "gpu": self.gpu.to_dict(),
-            "process_sets": [s.to_dict() for s in self.process_sets],
-            "problems": [p.to_dict() for p in self.problems],
         }
+        for analysis in registry.in_report():
+            if analysis.name in self.sections:
+                out[analysis.name] = _json(analysis, self.sections[analysis.name])
+        out["problems"] = [p.to_dict() for p in self.problems]
+        return out
+
+
+def _json(analysis: registry.Analysis, value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [v.to_dict() for v in value]
+    data = value.to_dict()
+    return data[analysis.report_key] if analysis.report_key else data
 
 
 def _incarnations_inside(path: str) -> list[str]:
@@ -90,31 +86,58 @@ def _listdir(path: str) -> list[str]:
 
 
 def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
-    """All the analyses of ``run`` (and the overlap one when Kineto traces are given)."""
-    overlap = overlap_report(run, list(kineto_paths)) if kineto_paths else None
+    """All the analyses of ``run`` (and those over Kineto traces when they are given)."""
+    entries = registry.in_report()
+    results: dict[str, Any] = {}
+    for analysis in entries:
+        if not analysis.kineto:
+            results[analysis.name] = analysis.compute(run)
+        elif kineto_paths:
+            results[analysis.name] = analysis.compute(run, list(kineto_paths))
+        else:
+            results[analysis.name] = None
+    problems = list(run.problems)
+    for result in results.values():  # what an analysis read itself (overlap's traces)
+        problems += getattr(result, "problems", None) or []
     report = Report(
         run=run.summary(),
-        breakdown=time_breakdown(run),
-        stragglers=find_stragglers(run),
-        fusion=fusion_report(run),
-        bandwidth=bandwidth_report(run),
-        overlap=overlap,
-        autotune=autotune_report(run),
-        divergence=divergence_report(run),
-        stalls=stall_report(run),
-        gpu=gpu_report(run),
-        process_sets=set_stragglers(run),
-        problems=list(run.problems) + (overlap.problems if overlap else []),
+        sections={a.name: _held(a, results[a.name]) for a in entries},
+        problems=problems,
     )
-    if report.process_sets and not report.stragglers.ops_with_marks:
-        report.stragglers.verdict = (
+    _judged_in_sets(report.sections)
+    # ordered by each analysis's verdict_order (sorted is stable: ties keep the registry's)
+    said = sorted(
+        ((a.verdict_order or 0, a.verdicts(results[a.name])) for a in entries),
+        key=lambda item: item[0],
+    )
+    verdicts = [text for order, texts in said if order < registry.RUN_NOTES for text in texts]
+    verdicts += _run_notes(run, report.problems)
+    verdicts += [text for order, texts in said if order >= registry.RUN_NOTES for text in texts]
+    report.verdicts = verdicts
+    return report
+
+
+def _held(analysis: registry.Analysis, result: Any) -> Any:
+    if result is None or not analysis.report_attribute:
+        return result
+    return getattr(result, analysis.report_attribute)
+
+
+def _judged_in_sets(sections: dict[str, Any]) -> None:
+    """When every op with readiness marks ran in a process set, the job-wide straggler
+    answer defers to each set's (told among the verdicts, after it)."""
+    stragglers, sets = sections.get("stragglers"), sections.get("process_sets")
+    if sets and stragglers is not None and not stragglers.ops_with_marks:
+        stragglers.verdict = (
             "Every collective with readiness marks ran in a process set: each set's "
             "straggler is judged among its members below."
         )
-    # what someone whose job hung, or whose ranks diverged, wants to know first
-    verdicts: list[str] = list(report.stalls.verdicts)
-    if report.divergence.verdict:
-        verdicts.append(report.divergence.verdict)
+
+
+def _run_notes(run: Run, problems: list[Problem]) -> list[str]:
+    """What the run itself says: dropped events, unreadable input, its notes, no
+    collectives, later runtimes recorded into subfolders."""
+    verdicts: list[str] = []
     dropped = run.dropped_events
     if dropped:
         total = sum(dropped.values())
@@ -126,11 +149,11 @@ def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
             "and counts below undercount. Record again with the default "
             "HVDPROF_TIMELINE_WHEN_FULL=wait, or a larger HVDPROF_TIMELINE_QUEUE_SIZE."
         )
-    if report.problems:
+    if problems:
         verdicts.append(
-            f"Some input could not be read ({len(report.problems)} problem(s)); the report "
-            f"covers what was read: {report.problems[0]}"
-            + (f" (and {len(report.problems) - 1} more)" if len(report.problems) > 1 else "")
+            f"Some input could not be read ({len(problems)} problem(s)); the report "
+            f"covers what was read: {problems[0]}"
+            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
         )
     verdicts += run.notes
     if not len(run.slices):
@@ -143,24 +166,4 @@ def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
             f"(init() after shutdown()): the other {len(later)} recorded into subfolders "
             f"({shown}); analyze each by its path."
         )
-    for part in (
-        report.stragglers,
-        report.breakdown,
-        report.fusion,
-        report.bandwidth,
-        report.overlap,
-        report.autotune,
-        report.gpu,
-    ):
-        if part is not None and part.verdict:
-            verdicts.append(part.verdict)
-        if part is report.breakdown and report.breakdown.user.verdict:
-            verdicts.append(report.breakdown.user.verdict)
-        if part is report.stragglers:
-            for s in report.process_sets:
-                who = ", ".join(str(r) for r in s.members)
-                verdicts.append(
-                    f"Process set {s.process_set} (ranks {who}): {s.stragglers.verdict}"
-                )
-    report.verdicts = verdicts
-    return report
+    return verdicts

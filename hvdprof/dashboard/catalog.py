@@ -1,9 +1,11 @@
 """The runs found under the served directory, loaded once and refreshed as they grow.
 
-A *run* is either a directory of per-rank hvdprof timelines (``rank.<r>.json``) or a single
-trace file (Horovod's ``HOROVOD_TIMELINE`` output, a merged trace). Loading and analysing
-are the analysis library's job (:func:`hvdprof.analysis.load_run`); this module only finds
-runs, keeps the loaded :class:`~hvdprof.analysis.Run` objects, and tells from a cheap
+A *run* is either a directory of per-rank traces (hvdprof's ``rank.<r>.json``,
+torch.profiler's, or any format registered in :mod:`hvdprof.analysis.formats`) or a single
+trace file (Horovod's ``HOROVOD_TIMELINE`` output, a merged trace). What a run is, and of
+which format, is the format registry's answer; loading and analysing are the analysis
+library's job (:func:`hvdprof.analysis.load_run`). This module only walks the served
+directory, keeps the loaded :class:`~hvdprof.analysis.Run` objects, and tells from a cheap
 ``stat`` of the files whether a run changed since it was last read.
 """
 
@@ -17,18 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hvdprof.analysis.kineto_format import KINETO_NAME_RE, is_kineto_file
+from hvdprof.analysis import formats
 from hvdprof.common import limits
 from hvdprof.config import name_of
 from hvdprof.dashboard.paths import OutsideRootError, escaping_links, resolve_inside
-from hvdprof.timeline.manifest import MANIFEST_RE, TRACE_RE
 
 #: How deep under the root the catalog looks for runs.
 MAX_DEPTH = 3
-#: Trace-file suffixes that can be a run by themselves (Horovod, merged).
-TRACE_SUFFIXES = (".json", ".json.gz")
-#: Files that are never runs by themselves.
-_NOT_RUNS = ("autotune", "manifest.", "report")
 
 #: ``(name, size, mtime_ns)`` of every file of a run: equal signatures, nothing to re-read.
 Signature = tuple[tuple[str, int, int], ...]
@@ -59,7 +56,7 @@ class RunEntry:
 
     id: str
     path: Path
-    kind: str  # "directory" (per-rank hvdprof files) or "file" (one trace file)
+    kind: str  # "directory" (per-rank trace files) or "file" (one trace file)
 
     @property
     def shown_id(self) -> str:
@@ -71,15 +68,7 @@ class RunEntry:
         if self.kind == "file":
             return [self.path]
         try:
-            return sorted(
-                p
-                for p in self.path.iterdir()
-                if TRACE_RE.match(p.name)
-                or MANIFEST_RE.match(p.name)
-                or p.suffix == ".csv"
-                or KINETO_NAME_RE.match(p.name)
-                or (p.name.endswith(TRACE_SUFFIXES) and p.is_file() and is_kineto_file(str(p)))
-            )
+            return sorted(p for p in self.path.iterdir() if formats.part_of_run(p))
         except OSError:
             return []
 
@@ -210,19 +199,6 @@ def _parse_run(path: str) -> Any:
     return load_run(path)
 
 
-def _looks_like_trace(path: Path) -> bool:
-    if any(path.name.startswith(prefix) for prefix in _NOT_RUNS):
-        return False
-    if path.name.endswith(".gz"):
-        return True
-    try:
-        with path.open("rb") as f:
-            head = f.read(4096).lstrip()
-    except OSError:
-        return False
-    return (head[:1] in (b"[", b"{") and b'"ph"' in head) or b"traceEvents" in head
-
-
 def discover(root: Path) -> list[RunEntry]:
     """Every run under ``root`` (itself included), never following links out of it."""
     root = root.resolve()
@@ -234,10 +210,7 @@ def discover(root: Path) -> list[RunEntry]:
         except OSError:
             return
         rel = directory.relative_to(root).as_posix()
-        if any(TRACE_RE.match(p.name) or MANIFEST_RE.match(p.name) for p in entries) or any(
-            p.name.endswith(TRACE_SUFFIXES) and p.is_file() and is_kineto_file(str(p))
-            for p in entries
-        ):  # per-rank files: hvdprof's, or torch.profiler's (one run of many ranks)
+        if formats.run_format_of(directory, entries) is not None:  # per-rank files
             found.append(RunEntry(rel, directory, "directory"))
             return
         for p in entries:
@@ -245,7 +218,7 @@ def discover(root: Path) -> list[RunEntry]:
                 resolve_inside(root, p.relative_to(root).as_posix())
             except OutsideRootError:
                 continue
-            if p.is_file() and p.name.endswith(TRACE_SUFFIXES) and _looks_like_trace(p):
+            if p.is_file() and formats.single_file_run(p):
                 found.append(RunEntry(p.relative_to(root).as_posix(), p, "file"))
             elif p.is_dir() and depth < MAX_DEPTH and not p.name.startswith("."):
                 visit(p, depth + 1)

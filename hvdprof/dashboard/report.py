@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hvdprof.analysis.registry import qualified
 from hvdprof.dashboard.catalog import RunCatalog, RunLoadError, RunNotFoundError
 from hvdprof.dashboard.paths import OutsideRootError, web_directory
-from hvdprof.dashboard.routes.analyses import ANALYSES, analysis_function
+from hvdprof.dashboard.routes.analyses import analysis_function, analysis_routes
 from hvdprof.dashboard.routes.page import plotly_js_path
 from hvdprof.dashboard.service import run_info, section
 from hvdprof.errors import HvdprofError
@@ -49,11 +50,11 @@ def embedded_responses(catalog: RunCatalog, run_id: str) -> dict[str, Any]:
                      "notices": []},
         f"api/run?run={run_id}": info.model_dump(),
     }  # fmt: skip
-    for name, (function, _summary) in ANALYSES.items():
+    for name, (function, _summary) in analysis_routes().items():
         compute = analysis_function(function)
         if compute is None:
             body = {"run": run_id, "version": 0, "data": None,
-                    "notices": [f"this installation's analysis library has no {function}()"]}  # fmt: skip
+                    "notices": [f"this installation's analysis library has no {qualified(function)}()"]}  # fmt: skip
         else:
             body = section(catalog, run_id, name, compute).model_dump()
         out[f"api/analysis/{name}?run={run_id}"] = body

@@ -1,9 +1,14 @@
 """Reading timelines: strict, truncated, gzipped, and whole run directories.
 
-One reader for every consumer (merge, analyses, dashboard, tests). It accepts what Chrome
-and Perfetto accept: a JSON array of events, possibly without its closing ``]`` and cut
-anywhere (a crash, SIGKILL, a full disk), or a ``{"traceEvents": [...]}`` object such as
-torch.profiler writes, plain or gzipped. Unlike tools that drop what they cannot parse
+The reader of whole events, as dicts, for what passes them on unchanged: ``hvdprof
+timeline merge`` (its ``--kineto`` traces included: every event is written back, shifted),
+the Horovod reader's fallback for a cut file, and tests. The analysis reads traces into
+columns through its format registry (:mod:`hvdprof.analysis.formats`), torch.profiler's
+with typed structs that keep only the fields it uses; ``timeline`` may not import
+``analysis`` (``tests/test_layering.py``), so merge keeps this reader. It accepts what
+Chrome and Perfetto accept: a JSON array of events, possibly without its closing ``]`` and
+cut anywhere (a crash, SIGKILL, a full disk), or a ``{"traceEvents": [...]}`` object such
+as torch.profiler writes, plain or gzipped. Unlike tools that drop what they cannot parse
 without a word, every event it could not use is listed in :attr:`Trace.skipped` with where
 and why.
 """

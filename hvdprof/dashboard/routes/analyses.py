@@ -1,7 +1,9 @@
-"""``/api/analysis/*``: one endpoint per question, each calling one analysis function.
+"""``/api/analysis/*``: one endpoint per analysis of :mod:`hvdprof.analysis.registry`.
 
-The functions are looked up in :mod:`hvdprof.analysis` by name, so the table below is the
-whole mapping from URL to library; nothing is computed here.
+Each route calls its analysis's function and returns its ``to_dict()``; nothing is
+computed here. The routes are made from the registry when an app is made (``router`` and
+``ANALYSES`` are built on access), so an analysis registered there, at import or later,
+has its route with no change here.
 """
 
 from __future__ import annotations
@@ -10,69 +12,58 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
+from pydantic import BaseModel
 
+from hvdprof.analysis import registry
 from hvdprof.dashboard.catalog import RunCatalog
 from hvdprof.dashboard.models import Section
 from hvdprof.dashboard.routes.deps import get_catalog
 from hvdprof.dashboard.routes.runs import RunId
 from hvdprof.dashboard.service import section
 
-router = APIRouter(prefix="/api/analysis", tags=["analyses"])
-
-#: URL name -> (analysis function in hvdprof.analysis, what it answers).
-ANALYSES: dict[str, tuple[str, str]] = {
-    "report": ("analyze", "Every analysis at once, with the verdict sentences"),
-    "breakdown": ("time_breakdown", "Time per phase per rank"),
-    "stragglers": (
-        "find_stragglers",
-        "Who made the others wait: negotiation wait per rank and step",
-    ),
-    "fusion": ("fusion_report", "Tensors per fused op and buffer fill"),
-    "bandwidth": ("bandwidth_report", "Bus bandwidth by message size"),
-    "autotune": ("autotune_report", "Autotune samples: parameters, score, time window"),
-    "surrogate": ("autotune_surface", "The autotuner's view over fusion threshold x cycle time"),
-    "stalls": ("stall_report", "Stalls: which rank kept the job waiting, how long, and where"),
-    "process_sets": (
-        "process_set_report",
-        "Process sets: each one's members, and its straggler judged among them",
-    ),
-    "gpu": (
-        "device.gpu_report",
-        "GPU per rank (torch.profiler traces): HTA's idle, compute, non-compute and overlap "
-        "shares, the rank that stands out, kernel time per name, memcpy bandwidth",
-    ),
-}
+PREFIX = "/api/analysis"
 
 
-def analysis_function(function: str) -> Callable[[Any], Any] | None:
-    """``hvdprof.analysis.<function>`` (or from its ``surrogate`` module; ``module.name``:
-    from that module of the library), None if absent."""
-    import importlib
-
-    import hvdprof.analysis as library
-
-    if "." in function:
-        module, name = function.rsplit(".", 1)
-        try:
-            return getattr(importlib.import_module(f"hvdprof.analysis.{module}"), name, None)
-        except ImportError:
-            return None
-    found = getattr(library, function, None)
-    if found is None:
-        from hvdprof.analysis import surrogate
-
-        found = getattr(surrogate, function, None)
-    return found
+def analysis_routes() -> dict[str, tuple[registry.Ref, str]]:
+    """URL name -> (the function it calls, what it answers): the whole report first, then
+    every registered analysis that has a route of its own."""
+    routes: dict[str, tuple[registry.Ref, str]] = {
+        registry.REPORT_NAME: (registry.REPORT_FUNCTION, registry.REPORT_SUMMARY)
+    }
+    for analysis in registry.analyses():
+        if analysis.route:
+            routes[analysis.name] = (analysis.function, analysis.summary)
+    return routes
 
 
-def _endpoint(name: str, function: str) -> Callable[..., Section]:
+class AnalysisRoute(BaseModel):
+    """One analysis the API answers: what a page loops over to load every section."""
+
+    name: str
+    path: str
+    summary: str
+    #: its key in ``/api/analysis/report``'s ``data`` (false: the API's alone)
+    in_report: bool
+
+
+def analysis_function(function: registry.Ref) -> Callable[[Any], Any] | None:
+    """The function a route names, None if this installation lacks it."""
+    try:
+        found = registry.resolve(function)
+    except (ImportError, AttributeError):
+        return None
+    return found if callable(found) else None
+
+
+def _endpoint(name: str, function: registry.Ref) -> Callable[..., Section]:
     def analysis(run: RunId, catalog: Annotated[RunCatalog, Depends(get_catalog)]) -> Section:
         catalog.entry(run)  # 403 / 404 before anything else
         compute = analysis_function(function)
         if compute is None:
             return Section(
                 run=run, version=0, data=None,
-                notices=[f"this installation's analysis library has no {function}()"],
+                notices=[f"this installation's analysis library has no "
+                         f"{registry.qualified(function)}()"],
             )  # fmt: skip
         return section(catalog, run, name, compute)
 
@@ -80,12 +71,43 @@ def _endpoint(name: str, function: str) -> Callable[..., Section]:
     return analysis
 
 
-for _name, (_function, _summary) in ANALYSES.items():
+def build_router() -> APIRouter:
+    """One GET route per entry of :func:`analysis_routes`, as the registry stands now."""
+    router = APIRouter(prefix=PREFIX, tags=["analyses"])
+    listed = [
+        AnalysisRoute(name=a.name, path=f"{PREFIX}/{a.name}", summary=a.summary,
+                      in_report=a.in_report)
+        for a in registry.analyses()
+        if a.route
+    ]  # fmt: skip
+
+    def analysis_index() -> list[AnalysisRoute]:
+        return listed
+
     router.add_api_route(
-        f"/{_name}",
-        _endpoint(_name, _function),
+        "",
+        analysis_index,
         methods=["GET"],
-        response_model=Section,
-        summary=_summary,
-        description=f"`hvdprof.analysis.{_function}(run).to_dict()` in `data`.",
+        response_model=list[AnalysisRoute],
+        summary="The analyses this API answers, in the registry's order",
+        description="Each has its route; `report` holds those with `in_report` at once.",
     )
+    for name, (function, summary) in analysis_routes().items():
+        router.add_api_route(
+            f"/{name}",
+            _endpoint(name, function),
+            methods=["GET"],
+            response_model=Section,
+            summary=summary,
+            description=f"`{registry.qualified(function)}(run).to_dict()` in `data`.",
+        )
+    return router
+
+
+def __getattr__(name: str) -> Any:
+    # ``create_app`` includes ``routes.analyses.router``: built then, from the registry
+    if name == "router":
+        return build_router()
+    if name == "ANALYSES":
+        return analysis_routes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

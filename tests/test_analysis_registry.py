@@ -1,0 +1,276 @@
+"""One registry of analyses (``hvdprof/analysis/registry.py``): an analysis declared there
+alone is in ``analyze()``'s report and JSON, ``hvdprof analyze --json``, the dashboard's
+API and its OpenAPI schema, the verdicts at its declared place, and the terminal's tables,
+numbered by its place. The built-in entries name real functions and types, and every list
+that used to be kept by hand (exports, routes, the docs' table) covers them."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hvdprof.analysis import analyze, load_run, registry
+from hvdprof.analysis.cli import print_report
+from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
+
+REPO = Path(__file__).resolve().parent.parent
+#: TestClient must address the app by a loopback name (the DNS-rebinding guard)
+LOOPBACK = "http://127.0.0.1"
+
+
+@dataclass
+class ToyCount:
+    """The toy analysis's answer: how many slices the run holds."""
+
+    slices: int
+    verdict: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"slices": self.slices, "verdict": self.verdict}
+
+
+def toy_count(run: Any) -> ToyCount:
+    n = len(run.slices)
+    return ToyCount(n, f"Toy: {n} slices were read.")
+
+
+def toy_table(console: Any, number: int, value: ToyCount, run: dict[str, Any]) -> None:
+    console.print(f"{number}. Toy table: {value.slices} slices of {run['path']}", highlight=False)
+
+
+@pytest.fixture
+def toy() -> Iterator[registry.Analysis]:
+    """The toy analysis, registered for one test and removed again."""
+    entry = registry.register(
+        registry.Analysis(
+            name="toy",
+            function=toy_count,
+            result=ToyCount,
+            summary="Toy: how many slices the run holds",
+            verdict_order=-30,  # before the stalls: the very first verdict
+            table=toy_table,
+        )
+    )
+    try:
+        yield entry
+    finally:
+        registry.unregister("toy")
+    assert "toy" not in {a.name for a in registry.analyses()}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("served")
+    write_synthetic_run(
+        str(root / "run"), SyntheticSpec(ranks=2, steps=6, late_rank=1, late_us=3000.0)
+    )
+    return root / "run"
+
+
+def test_a_registered_analysis_is_in_the_report_its_json_and_its_verdicts(
+    toy: registry.Analysis, run_dir: Path
+) -> None:
+    run = load_run(str(run_dir), cache=False)
+    report = analyze(run)
+    expected = toy_count(run)
+    assert expected.slices > 0
+    assert report.toy == expected  # the attribute of its name
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["toy"] == expected.to_dict()
+    assert data["verdicts"][0] == expected.verdict
+    # the others are still there, in their places
+    assert data["verdicts"][1:] == [v for v in data["verdicts"] if v != expected.verdict]
+    assert report.stragglers.straggler == 1 and data["stragglers"]["straggler"] == 1
+
+
+def test_a_registered_analysis_is_in_analyze_json(
+    toy: registry.Analysis, run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hvdprof.cli import main
+
+    assert main(["analyze", "--json", "--no-cache", str(run_dir)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["toy"]["slices"] == toy_count(load_run(str(run_dir), cache=False)).slices
+    assert data["verdicts"][0].startswith("Toy: ")
+
+
+def test_a_registered_analysis_has_its_route_and_openapi_entry(
+    toy: registry.Analysis, run_dir: Path
+) -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from hvdprof.dashboard.app import create_app
+    from hvdprof.dashboard.settings import DashboardSettings
+
+    expected = toy_count(load_run(str(run_dir), cache=False)).to_dict()
+    app = create_app(DashboardSettings(run_dir.parent))
+    with TestClient(app, raise_server_exceptions=False, base_url=LOOPBACK) as c:
+        body = c.get("/api/analysis/toy", params={"run": "run"}).json()
+        assert body["data"] == expected, body
+        report = c.get("/api/analysis/report", params={"run": "run"}).json()
+        assert report["data"]["toy"] == expected
+        paths = c.get("/openapi.json").json()["paths"]
+        assert paths["/api/analysis/toy"]["get"]["summary"] == toy.summary
+        listed = c.get("/api/analysis").json()  # what a page loops over
+        assert listed[-1] == {
+            "name": "toy", "path": "/api/analysis/toy", "summary": toy.summary, "in_report": True,
+        }  # fmt: skip
+        assert [a["name"] for a in listed][:2] == ["breakdown", "stragglers"]
+    registry.unregister("toy")  # gone again: an app made now has no such route
+    with TestClient(
+        create_app(DashboardSettings(run_dir.parent)),
+        raise_server_exceptions=False,
+        base_url=LOOPBACK,
+    ) as c:
+        assert c.get("/api/analysis/toy", params={"run": "run"}).status_code == 404
+        assert "/api/analysis/toy" not in c.get("/openapi.json").json()["paths"]
+
+
+def test_a_registered_analysis_prints_its_table_numbered_by_its_place(
+    toy: registry.Analysis,
+    run_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    run = load_run(str(run_dir), cache=False)
+    print_report(analyze(run))
+    out = capsys.readouterr().out
+    number = [a.name for a in registry.in_report() if a.table is not None].index("toy") + 1
+    assert number == 10  # after the built-in nine with a table
+    assert f"{number}. Toy table: {len(run.slices)} slices of {run_dir}" in out
+    assert " 1. Toy: " in out  # the first verdict
+    assert out.index("1. Where the time goes") < out.index("2. Who is late") < out.index("10. Toy")
+
+
+def test_stall_and_divergence_tables_when_they_have_something_to_say(
+    run_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hvdprof.analysis.divergence import DivergenceReport
+    from hvdprof.analysis.stalls import Stall, StallReport
+
+    monkeypatch.setenv("COLUMNS", "200")
+    report = analyze(load_run(str(run_dir), cache=False))
+    print_report(report)
+    quiet = capsys.readouterr().out
+    assert "Stalls:" not in quiet and "Divergence:" not in quiet  # nothing to say
+    long = Stall(1.0, 2e7, [1], ["grad.a", "grad.b", "grad.c", "grad.d"], 20.1, 3, reports=4)
+    long.where = {1: "load_batch (train.py:4) <- main (train.py:9)"}
+    short = Stall(1.0, 5e6, [0, 1], ["grad.z"], 5.0, -1, shutdown=True)
+    short.where, short.collective = {0: "gather (train.py:7)"}, {0: "allgather"}
+    report.sections["stalls"] = StallReport([short, long])
+    report.sections["divergence"] = DivergenceReport(
+        step=7, ranks=[1], weights=["2.bias"], weights_total=1, seen_by=[0, 1]
+    )
+    print_report(report)
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert any("8. Stalls: who kept the job waiting" in line for line in lines), out
+    assert out.index("load_batch (train.py:4)") < out.index("gather (train.py:7)")  # longest first
+    assert "main (train.py:9)" not in out  # the first frame only
+    assert "grad.a, grad.b, grad.c and 1 more" in out
+    assert "waiting in allgather (a mismatch), called from gather (train.py:7)" in out
+    assert "5.0 (job ended)" in out
+    assert any("9. Divergence" in line for line in lines), out
+    row = next(line for line in lines if "first step that differed" in line)
+    assert "7" in row
+    assert any("weights" in line and "2.bias" in line for line in lines)
+
+
+def test_every_builtin_entry_names_a_function_returning_its_result_type(run_dir: Path) -> None:
+    run = load_run(str(run_dir), cache=False)
+    names = [a.name for a in registry.analyses()]
+    assert names[:7] == [
+        "breakdown",
+        "stragglers",
+        "fusion",
+        "bandwidth",
+        "overlap",
+        "autotune",
+        "gpu",
+    ]  # fmt: skip  (their tables keep the numbers 1-7 they have always had)
+    assert {"stalls", "divergence", "process_sets", "surrogate"} <= set(names)
+    for a in registry.analyses():
+        args = ([],) if a.kineto else ()
+        result = a.compute(run, *args)
+        assert isinstance(result, registry.resolve(a.result)), a.name
+        assert isinstance(result.to_dict(), dict), a.name
+        if a.table is not None:
+            assert callable(registry.resolve(a.table)), a.name
+    data = analyze(run).to_dict()
+    assert [a.name for a in registry.in_report()] == [k for k in data if k in names]
+    assert data["overlap"] is None  # no torch.profiler traces given
+    assert isinstance(data["stalls"], list) and isinstance(data["process_sets"], list)
+    assert "surrogate" not in data  # the API's alone
+
+
+def test_exports_and_type_checking_imports_cover_the_registry() -> None:
+    import hvdprof.analysis as library
+
+    exported = registry.exports()
+    assert {"divergence_report", "gpu_report", "autotune_surface", "DivergenceReport"} <= set(
+        exported
+    )
+    for name, module in exported.items():
+        assert name in library.__all__, name
+        assert getattr(library, name) is getattr(__import__(module, fromlist=[name]), name)
+    tree = ast.parse((REPO / "hvdprof" / "analysis" / "__init__.py").read_text())
+    typed = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+        for sub in ast.walk(node)
+        if isinstance(sub, ast.ImportFrom)
+        for alias in sub.names
+    }
+    assert set(exported) <= typed, sorted(set(exported) - typed)
+
+
+def test_api_routes_are_the_registry_s() -> None:
+    pytest.importorskip("fastapi")
+    from hvdprof.dashboard.routes.analyses import ANALYSES
+
+    assert list(ANALYSES) == ["report", *(a.name for a in registry.analyses() if a.route)]
+    # the paths the page has always asked for, and the new ones
+    for name in ("report", "breakdown", "stragglers", "fusion", "bandwidth", "autotune",
+                 "surrogate", "stalls", "process_sets", "gpu", "divergence"):  # fmt: skip
+        assert name in ANALYSES, name
+
+
+def test_docs_name_every_analysis_function() -> None:
+    text = (REPO / "docs" / "analysis.md").read_text()
+    missing = [name for name in registry.function_names() if name not in text]
+    assert not missing, f"docs/analysis.md does not describe {missing}"
+
+
+def test_importing_the_package_loads_no_analysis() -> None:
+    # ``hvdprof run`` registers ``analyze``: the registry must not cost it numpy
+    code = (
+        "import sys, hvdprof.analysis, hvdprof.analysis.registry as r;"
+        "import hvdprof.analysis.cli;"
+        "mods = [m.partition(':')[0] for a in r.analyses() for m in (a.function, a.result)];"
+        "print(sorted(m for m in ['numpy', *mods] if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_name_already_taken_or_reserved_is_refused() -> None:
+    entry = registry.get("breakdown")
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register(entry)
+    for name in ("report", "verdicts", "not a name"):
+        with pytest.raises(ValueError, match="reserved"):
+            registry.register(registry.Analysis(name, toy_count, ToyCount, "x"))
