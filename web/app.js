@@ -25,6 +25,8 @@
     runs: [], run: null, info: null, expand: "", laneKind: "tensor", view: null, version: 0,
     timelineRequest: 0, lanes: [], live: false, updates: 0, offline: false,
     processSets: [], set: "", gpuRanks: [],
+    // rank filters (null: every rank): the timeline's rows and the wait heatmap's rows
+    timelineRanks: null, timelineAuto: false, heatmapRanks: null,
   };
   window.HVD_STATE = state; // for the browser tests and the curious
 
@@ -144,6 +146,90 @@
     for (const n of names) if (obj && obj[n] !== undefined && obj[n] !== null) return obj[n];
     return fallback;
   }
+  // ------------------------------------------------------------------ many ranks
+  // Above MANY_RANKS a chart per rank turns into slivers and a legend that covers it: the
+  // charts then show the spread across ranks (median, p90, worst) with the outliers named,
+  // and the per-rank views (timeline rows, wait heatmap) take a rank filter.
+  const MANY_RANKS = 16;
+  const LEGEND_MAX = 10; // no legend on the page lists more entries than this
+  // "0-7, 12" from [0, 1, ..., 7, 12]: consecutive ranks as ranges.
+  function rankList(ranks) {
+    const r = [...new Set(ranks.map(Number))].sort((a, b) => a - b);
+    const parts = [];
+    for (let i = 0; i < r.length; i++) {
+      let j = i;
+      while (j + 1 < r.length && r[j + 1] === r[j] + 1) j++;
+      parts.push(j > i + 1 ? r[i] + "-" + r[j] : j === i + 1 ? r[i] + ", " + r[j] : String(r[i]));
+      i = j;
+    }
+    return parts.join(", ");
+  }
+  const ranksWord = (ranks) => (ranks.length === 1 ? "rank " : "ranks ") + rankList(ranks);
+  // "0-7,12" (what a user types) to [0, ..., 7, 12]; null when it does not read as ranks.
+  function parseRanks(s) {
+    const out = new Set();
+    for (const part of String(s || "").split(/[\s,;]+/).filter(Boolean)) {
+      const m = /^(\d+)(?:-(\d+))?$/.exec(part);
+      if (!m) return null;
+      const a = Number(m[1]), b = m[2] === undefined ? a : Number(m[2]);
+      if (b < a || b - a > 100000) return null;
+      for (let k = a; k <= b; k++) out.add(k);
+    }
+    return out.size ? [...out].sort((x, y) => x - y) : null;
+  }
+  function quantile(sorted, q) {
+    if (!sorted.length) return null;
+    return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))];
+  }
+  // The spread of one number across ranks: median, p90, the worst (highest, or lowest when
+  // low is bad) and the ranks at the worst. pairs: [[rank, value], ...].
+  function spread(pairs, lowIsBad) {
+    pairs = pairs.filter((p) => p[1] !== null && p[1] !== undefined);
+    if (!pairs.length) return { median: null, p90: null, worst: null, worstRanks: [] };
+    const v = pairs.map((p) => p[1]).sort((a, b) => a - b);
+    const worst = lowIsBad ? v[0] : v[v.length - 1];
+    return {
+      median: quantile(v, 0.5), p90: lowIsBad ? quantile(v, 0.1) : quantile(v, 0.9), worst: worst,
+      worstRanks: pairs.filter((p) => p[1] === worst).map((p) => p[0]),
+    };
+  }
+  // Ranks whose value stands apart from the rest (robust: distance from the median beyond
+  // three scaled median absolute deviations and beyond 10% of the median), furthest first.
+  function standingOut(pairs, limit) {
+    if (pairs.length < 3) return [];
+    const v = pairs.map((p) => p[1]).sort((a, b) => a - b);
+    const med = quantile(v, 0.5);
+    const mad = quantile(v.map((x) => Math.abs(x - med)).sort((a, b) => a - b), 0.5);
+    const bar = Math.max(3 * 1.4826 * mad, 0.1 * Math.abs(med), 1e-9);
+    return pairs.filter((p) => Math.abs(p[1] - med) > bar)
+      .sort((a, b) => Math.abs(b[1] - med) - Math.abs(a[1] - med))
+      .slice(0, limit || 8).map((p) => p[0]);
+  }
+  // Ranks whose series are the same, as one group each: [{ranks, item}], in rank order.
+  function sameSeries(items, keyOf) {
+    const groups = new Map();
+    for (const it of items) {
+      const key = keyOf(it);
+      if (!groups.has(key)) groups.set(key, { ranks: [], item: it });
+      groups.get(key).ranks.push(it.rank);
+    }
+    return [...groups.values()];
+  }
+  const manyRanks = (n) => n > MANY_RANKS;
+  // Ranks the page calls outliers: those the straggler analysis names, then those that
+  // stand out in the breakdown (wait, collective time, wall time) or the GPU report.
+  function outlierRanks() {
+    const out = culpritRanks(jobStragglers);
+    const add = (r) => { if (r !== null && r !== undefined && !out.includes(Number(r))) out.push(Number(r)); };
+    const b = (breakdownData && breakdownData.ranks) || [];
+    for (const cat of ["negotiate", "collective"]) {
+      standingOut(b.map((r) => [r.rank, (r.total_ms || {})[cat] || 0]), 4).forEach(add);
+    }
+    standingOut(b.map((r) => [r.rank, r.wall_ms || 0]), 4).forEach(add);
+    if (gpuData) add(gpuData.stands_out);
+    return out;
+  }
+
   const baseLayout = () => ({
     // legend below the x axis title (yanchor top, far enough down not to overlap it)
     margin: { l: 60, r: 16, t: 24, b: 90 }, font: { size: 12 },
@@ -194,8 +280,12 @@
       max_items: Math.min(20000, width * 4),
     };
     if (state.view) { query.t0_us = state.view[0]; query.t1_us = state.view[1]; }
-    const chosen = chosenSet();
-    if (chosen && !EMBEDDED) query.ranks = chosen.members.join(",");
+    const wanted = timelineRows();
+    if (wanted && !wanted.length) {
+      empty(el, "none of the ranks chosen (" + rankList(state.timelineRanks) + ") is in process set " + chosenSet().process_set);
+      return;
+    }
+    if (wanted && !EMBEDDED) query.ranks = wanted.join(",");
     let body;
     try {
       body = await api("api/timeline", query);
@@ -207,6 +297,22 @@
     if (ticket !== state.timelineRequest) return; // a newer query already went out
     setNotices("timeline", body.notices);
     drawTimeline(body.data);
+  }
+
+  // The ranks whose rows the timeline asks for: the process set's, narrowed by the rank
+  // filter; null for every rank.
+  function timelineRows() {
+    const chosen = chosenSet();
+    const only = state.timelineRanks;
+    if (!chosen) return only;
+    return only ? chosen.members.filter((r) => only.includes(r)) : chosen.members;
+  }
+  function sayTimelineRows() {
+    const all = (state.info && state.info.ranks) || [];
+    const only = state.timelineRanks;
+    text($("timeline-ranks-said"), !only ? "all " + all.length + " ranks"
+      : only.length + " of " + all.length + " ranks" + (state.timelineAuto ? ": the outliers and one rank for comparison" : "") +
+        " \u00b7 type ranks (0-7,12) to see others");
   }
 
   // Stalls (hvdprof.analysis.stall_report): a red band on the timeline from when the late
@@ -240,7 +346,10 @@
     // timeline_window().to_dict(): rows (one per rank, or per tensor or per phase of the
     // expanded rank) and either slices or, when too many for the screen, buckets (columns
     // of lists).
-    const lanes = data.rows || [];
+    // a report holds every rank's rows: the rank filter applies here instead of in the query
+    const wanted = EMBEDDED ? timelineRows() : null;
+    const lanes = (data.rows || []).filter((l) => !wanted || l.rank == null || wanted.includes(l.rank));
+    const keptRows = wanted ? new Set(lanes.map((l) => l.row)) : null;
     const items = rows(data.aggregated ? data.buckets : data.slices);
     if (!items.length && !state.view) {
       state.lanes = lanes.map((l) => l.label);
@@ -269,6 +378,7 @@
     // breakdown counts); time with no slice stays blank. The hover names the dominant one.
     const phaseUs = data.aggregated ? ((data.buckets || {}).phase_us || {}) : {};
     items.forEach((it, i) => {
+      if (keptRows && !keptRows.has(it.row)) return;
       const phase = it.phase || "other";
       const lane = laneLabel.has(it.row) ? laneLabel.get(it.row) : String(it.row);
       const rank = laneRank.has(it.row) ? laneRank.get(it.row) : null;
@@ -343,7 +453,7 @@
     const categories = lanes.map((l) => l.label);
     // Every lane keeps its row, also one with nothing in this window (Plotly would drop it):
     // an invisible point per lane, and the empty ones named in the status line.
-    const filled = new Set(items.map((it) => it.row));
+    const filled = new Set(items.map((it) => it.row).filter((r) => !keptRows || keptRows.has(r)));
     const emptyLanes = lanes.filter((l) => !filled.has(l.row)).map((l) => l.label);
     if (categories.length) {
       traces.push({
@@ -378,7 +488,8 @@
       // top left: the top right is where Plotly's tool bar appears
       legend: { orientation: "h", x: 0, xanchor: "left", y: 1, yanchor: "bottom", title: { text: state.laneKinds === "stream" ? "kind: " : "phase: " } },
       uirevision: state.run + "|" + state.expand + "|" + state.laneKind,
-      height: Math.max(260, 90 + 34 * Math.max(categories.length, 2)),
+      // many rows: thinner ones, so 64 ranks fit a screen or two
+      height: Math.max(260, 90 + (categories.length > MANY_RANKS ? 18 : 34) * Math.max(categories.length, 2)),
       shapes: stalls.shapes,
     });
     el.style.height = layout.height + "px";
@@ -397,6 +508,7 @@
     const none = emptyLanes.length ? " \u00b7 nothing recorded in this window for: " + emptyLanes.join(", ") : "";
     const what = state.laneKinds === "stream" ? " slices and GPU events" : " slices";
     text($("timeline-status"), (data.aggregated ? items.length + " bins" : items.length + what) + " in " + fmtUs(span[1] - span[0]) + agg + sample + none);
+    sayTimelineRows();
     if (!el.dataset.bound) {
       el.dataset.bound = "1";
       el.on("plotly_relayout", onRelayout);
@@ -519,6 +631,13 @@
     const ranks = (data && data.ranks) || [];
     if (!ranks.length) { empty(el, "no time breakdown for this run"); drawWaitHeatmap(null); return; }
     const labels = data.labels || {};
+    text($("breakdown-note"), "");
+    if (manyRanks(ranks.length)) {
+      drawBreakdownSpread(el, data, ranks);
+      drawWaitHeatmap(data);
+      drawUserPhases(data && data.user_phases);
+      return;
+    }
     const traces = (data.categories || []).map((cat) => ({
       type: "bar", name: labels[cat] || cat,
       x: ranks.map((r) => "rank " + r.rank),
@@ -532,6 +651,43 @@
     }), plotConfig);
     drawWaitHeatmap(data);
     drawUserPhases(data && data.user_phases);
+  }
+
+  // Many ranks: per phase, the spread across ranks (median, p90, the most) as horizontal
+  // bars, the ranks at the most in the hover, and the ranks that stand out under the chart.
+  const SPREAD_COLORS = { median: "#94a3b8", p90: "#475569", most: "#b45309" };
+  function drawBreakdownSpread(el, data, ranks) {
+    const labels = data.labels || {};
+    const cats = data.categories || [];
+    const short = (cat) => String(labels[cat] || cat).split(" (")[0];
+    const y = cats.map(short);
+    const per = cats.map((cat) => spread(ranks.map((r) => [r.rank, (r.total_ms || {})[cat] || 0])));
+    const bar = (name, key, color, extra) => ({
+      type: "bar", orientation: "h", name: name, y: y, x: per.map((s) => s[key]), marker: { color: color },
+      customdata: per.map((s) => ranksWord(s.worstRanks)),
+      hovertemplate: extra || ("%{y}: " + name + " %{x:.1f} ms<extra></extra>"),
+    });
+    draw(el, [
+      bar("median rank", "median", SPREAD_COLORS.median),
+      bar("p90", "p90", SPREAD_COLORS.p90),
+      bar("the most", "worst", SPREAD_COLORS.most, "%{y}: the most, %{x:.1f} ms, on %{customdata}<extra></extra>"),
+    ], Object.assign(baseLayout(), {
+      barmode: "group", xaxis: axis("ms over the whole run, across " + ranks.length + " ranks"),
+      yaxis: { automargin: true, autorange: "reversed", type: "category", ticksuffix: " " },
+      legend: { orientation: "h", x: 0, xanchor: "left", y: 1, yanchor: "bottom", font: { size: 11 } },
+      margin: { l: 10, r: 16, t: 30, b: 44 }, height: 360,
+    }), plotConfig);
+    const notes = [];
+    cats.forEach((cat, i) => {
+      const pairs = ranks.map((r) => [r.rank, (r.total_ms || {})[cat] || 0]);
+      const out = standingOut(pairs, 4);
+      if (!out.length || notes.length >= 3) return;
+      const value = new Map(pairs);
+      notes.push(short(cat) + ": " + out.map((r) => "rank " + r + " (" + value.get(r).toFixed(1) + " ms)").join(", ") +
+        " against a median of " + per[i].median.toFixed(1) + " ms");
+    });
+    text($("breakdown-note"), ranks.length + " ranks: the spread across them per phase (hover the most for its ranks)" +
+      (notes.length ? " \u00b7 stand out: " + notes.join("; ") : " \u00b7 no rank stands out"));
   }
 
   // The same steps in the user's own words: one bar per range and rank (the median and the
@@ -585,15 +741,16 @@
   function drawWaitHeatmap(data) {
     const el = $("stragglers");
     const chosen = chosenSet();
-    const ranks = ((data && data.ranks) || []).filter((r) => !chosen || chosen.members.includes(r.rank));
+    const only = state.heatmapRanks;
+    const ranks = ((data && data.ranks) || []).filter((r) => (!chosen || chosen.members.includes(r.rank)) && (!only || only.includes(r.rank)));
     const z = ranks.map((r) => ((r.per_step_ms || {}).negotiate) || []);
     // Ranks of the run with no row here (a Horovod timeline is written by rank 0 alone).
     const shown = new Set(ranks.filter((r, i) => z[i].length).map((r) => r.rank));
-    const missing = ((state.info && state.info.ranks) || []).filter((r) => !shown.has(r) && (!chosen || chosen.members.includes(r)));
+    const missing = ((state.info && state.info.ranks) || []).filter((r) => !shown.has(r) && (!chosen || chosen.members.includes(r)) && (!only || only.includes(r)));
     const culprit = stragglerRank(stragglersData);
     const notes = [];
     if (missing.length && shown.size) notes.push("no negotiation wait recorded for rank " + missing.join(", ") + " (its timeline has no negotiation slices)");
-    if (culprit !== null && !shown.has(culprit)) notes.push("rank " + culprit + " is the straggler (not drawn: no row here)");
+    if (culprit !== null && !shown.has(culprit)) notes.push("rank " + culprit + " is the straggler (not drawn: no row here" + (only ? " or not among the ranks chosen" : "") + ")");
     text($("stragglers-note"), notes.join(" \u00b7 "));
     // The analysis compared no arrivals (torch.profiler traces without readiness marks, a
     // single rank's timeline): a heatmap of waits would claim what it could not tell.
@@ -609,14 +766,34 @@
     const named = new Set(culpritRanks(stragglersData));
     const label = (rank) => "rank " + rank + (named.has(rank) ? " \u25c0 straggler" : "");
     const y = ranks.map((r) => label(r.rank));
+    // Many rows: each row thinner, the box taller, and a label on every k-th row plus the
+    // outliers' rows (a label on each of 64 rows would overprint its neighbours).
+    const many = ranks.length > MANY_RANKS;
+    const rowPx = many ? 13 : 0;
+    const height = many ? 70 + rowPx * ranks.length : 340;
+    let ticks = {};
+    if (many) {
+      const marked = new Set([...named, ...outlierRanks()]);
+      const every = Math.max(1, Math.ceil(16 / rowPx));
+      const forced = ranks.map((r, i) => (marked.has(r.rank) ? i : -1)).filter((i) => i >= 0);
+      const keep = ranks.map((r, i) => i).filter((i) => forced.includes(i) ||
+        (i % every === 0 && forced.every((f) => Math.abs(f - i) * rowPx >= 16)));
+      ticks = { tickmode: "array", tickvals: keep.map((i) => y[i]), ticktext: keep.map((i) => y[i]), tickfont: { size: 11 } };
+      notes.unshift(ranks.length + " rows: a label on every " + (every === 2 ? "2nd" : every + "th") + " row and on the outliers' (" +
+        rankList([...marked].filter((r) => ranks.some((x) => x.rank === r))) + "); hover a row for its rank; narrow the rows above");
+      text($("stragglers-note"), notes.join(" \u00b7 "));
+    }
     const shapes = [];
     const annotations = [];
     const row = ranks.findIndex((r) => r.rank === culprit);
     if (row >= 0) {
       // a box around the straggler's row: the others' dark rows are waiting for it
+      // (with many thin rows, its words would hide the row: the note under the chart says it)
+      if (many) notes.push("boxed: rank " + culprit + ", the straggler (the others waited for it)");
+      if (many) text($("stragglers-note"), notes.join(" \u00b7 "));
       shapes.push({ type: "rect", xref: "paper", x0: 0, x1: 1, yref: "y", y0: row - 0.5, y1: row + 0.5,
         line: { color: "#1d4ed8", width: 3 }, fillcolor: "rgba(0,0,0,0)" });
-      annotations.push({ xref: "paper", x: 0.5, yref: "y", y: row, text: "straggler: the others waited for this rank",
+      if (!many) annotations.push({ xref: "paper", x: 0.5, yref: "y", y: row, text: "straggler: the others waited for this rank",
         showarrow: false, font: { color: "#1d4ed8", size: 12 }, bgcolor: "rgba(255,255,255,0.85)" });
     }
     draw(el, [{
@@ -627,8 +804,8 @@
     }], Object.assign(baseLayout(), {
       // whole steps only (two steps would otherwise tick at -0.5, 0, 0.5)
       xaxis: axis("training step", { tickmode: "linear", tick0: 0, dtick: Math.max(1, Math.ceil(steps / 12)), tickformat: "d" }),
-      yaxis: { autorange: "reversed", type: "category", automargin: true },
-      height: 340, margin: { l: 60, r: 16, t: 10, b: 44 }, shapes: shapes, annotations: annotations,
+      yaxis: Object.assign({ autorange: "reversed", type: "category", automargin: true }, ticks),
+      height: height, margin: { l: 60, r: 16, t: 10, b: 44 }, shapes: shapes, annotations: annotations,
     }), plotConfig);
   }
 
@@ -674,37 +851,78 @@
     text($("fusion-verdict"), data && data.verdict);
     const ranks = (data && data.ranks) || [];
     if (!ranks.length) { empty(el, "no fused operations recorded"); return; }
-    const traces = ranks.map((r) => {
-      const hist = r.group_size_histogram || {};
-      const sizes = Object.keys(hist).map(Number).sort((a, b) => a - b);
-      return {
-        type: "bar", name: "rank " + r.rank + " (fill " + (100 * (r.fill_mean || 0)).toFixed(1) + "%)",
-        x: sizes, y: sizes.map((k) => hist[String(k)]),
-        hovertemplate: "%{y} collectives of %{x} tensors<extra>rank " + r.rank + "</extra>",
-      };
+    const fill = (r) => (100 * (r.fill_mean || 0)).toFixed(1) + "%";
+    const sizes = [...new Set(ranks.flatMap((r) => Object.keys(r.group_size_histogram || {}).map(Number)))].sort((a, b) => a - b);
+    const sized = rankSeries(ranks, sizes, (r, k) => (r.group_size_histogram || {})[String(k)] || 0, {
+      key: fill, name: (rs, r) => ranksWord(rs) + " (fill " + fill(r) + ")", hover: "%{y} collectives of %{x} tensors",
     });
-    draw(el, traces, Object.assign(baseLayout(), {
+    const threshold = "the " + fmtBytes(data.threshold_bytes) + " threshold";
+    draw(el, sized.traces, Object.assign(baseLayout(), {
       barmode: "group", showlegend: true, xaxis: axis("tensors fused into one collective", { type: "category" }),
       yaxis: axis("number of collectives"),
-      title: { text: "fill (legend) = a fused collective's bytes / the " + fmtBytes(data.threshold_bytes) + " threshold, on average", font: { size: 11 } },
+      title: { text: sized.spread
+        ? "across " + ranks.length + " ranks (" + sized.groups + " different): collectives per size"
+        : "fill (legend) = a fused collective's bytes / " + threshold + ", on average", font: { size: 11 } },
     }), plotConfig);
+    // what the legend cannot say: how the fill and the group sizes spread, who stands out
+    const notes = [];
+    if (sized.spread || ranks.length > MANY_RANKS) {
+      const f = spread(ranks.map((r) => [r.rank, r.fill_mean || 0]), true);
+      notes.push("fill (bytes / " + threshold + "): median " + (100 * f.median).toFixed(1) + "%, lowest " +
+        (100 * f.worst).toFixed(1) + "% on " + ranksWord(f.worstRanks));
+    }
+    if (ranks.length > MANY_RANKS) {
+      const fillOut = standingOut(ranks.map((r) => [r.rank, r.fill_mean || 0]), 5);
+      const perOp = standingOut(ranks.map((r) => [r.rank, r.tensors_per_fused_op || 0]), 5);
+      const out = [...new Set([...fillOut, ...perOp])];
+      notes.push(out.length ? "stand out: " + out.map((k) => { const r = ranks.find((x) => x.rank === k);
+        return "rank " + k + " (fill " + fill(r) + ", " + (r.tensors_per_fused_op || 0).toFixed(1) + " tensors a collective)"; }).join(", ")
+        : "no rank stands out");
+    }
+    text($("fusion-note"), notes.join(" \u00b7 "));
     // how full each fused collective's buffer was: all low means a threshold larger than
     // the job needs; all near 100% means the threshold is what splits the groups
     const fillEl = $("fusion-fill");
+    text($("fusion-fill-note"), "");
     const bands = Object.keys(ranks[0].fill_histogram || {});
     const fusedAny = ranks.some((r) => Object.values(r.fill_histogram || {}).some((n) => n > 0));
     if (!bands.length || !fusedAny || !data.threshold_bytes) {
       empty(fillEl, data.threshold_bytes ? "no fused collectives to show the fill of" : "fusion threshold not recorded: no fill");
       return;
     }
-    draw(fillEl, ranks.map((r) => ({
-      type: "bar", name: "rank " + r.rank, x: bands, y: bands.map((b) => (r.fill_histogram || {})[b] || 0),
-      hovertemplate: "%{y} fused collectives filled the buffer %{x}<extra>rank " + r.rank + "</extra>",
-    })), Object.assign(baseLayout(), {
+    // up to 8 ranks one bar per rank, as always; beyond, identical ranks merged
+    const filled = rankSeries(ranks, bands, (r, b) => (r.fill_histogram || {})[b] || 0, {
+      keep: ranks.length <= 8, name: (rs) => ranksWord(rs), hover: "%{y} fused collectives filled the buffer %{x}",
+    });
+    draw(fillEl, filled.traces, Object.assign(baseLayout(), {
       barmode: "group", showlegend: true,
-      xaxis: axis("buffer fill: a fused collective's bytes / the " + fmtBytes(data.threshold_bytes) + " threshold", { type: "category" }),
+      xaxis: axis("buffer fill: a fused collective's bytes / " + threshold, { type: "category" }),
       yaxis: axis("fused collectives"),
     }), plotConfig);
+    if (filled.spread) text($("fusion-fill-note"), ranks.length + " ranks in " + filled.groups + " different fills: the spread per band (hover the most for its ranks)");
+  }
+
+  // Bars per rank for a chart of x categories: ranks with identical series merged into one
+  // ("ranks 0-7"), and beyond what a legend can hold, the spread across ranks per x
+  // (median, p90, the most, with the ranks at the most in the hover). o.keep: one trace per
+  // rank, unmerged (the small-run charts); o.key: more of a rank that must match to merge.
+  function rankSeries(items, xs, valueOf, o) {
+    const keyOf = (it) => JSON.stringify(xs.map((x) => valueOf(it, x))) + "|" + (o.key ? o.key(it) : "");
+    const groups = o.keep ? items.map((it) => ({ ranks: [it.rank], item: it })) : sameSeries(items, keyOf);
+    if (o.keep || groups.length <= LEGEND_MAX) {
+      return { spread: false, groups: groups.length, traces: groups.map((g) => ({
+        type: "bar", name: o.name(g.ranks, g.item), x: xs, y: xs.map((x) => valueOf(g.item, x)),
+        hovertemplate: o.hover + "<extra>" + ranksWord(g.ranks) + "</extra>",
+      })) };
+    }
+    const per = xs.map((x) => spread(items.map((it) => [it.rank, valueOf(it, x)])));
+    const traces = [["median rank", "median"], ["p90", "p90"], ["the most", "worst"]].map(([name, key]) => ({
+      type: "bar", name: name, x: xs, y: per.map((s) => s[key]),
+      marker: { color: SPREAD_COLORS[key === "worst" ? "most" : key] },
+      customdata: per.map((s) => ranksWord(s.worstRanks)),
+      hovertemplate: o.hover + "<extra>" + name + (key === "worst" ? ": %{customdata}" : "") + "</extra>",
+    }));
+    return { spread: true, groups: groups.length, traces: traces };
   }
 
   function drawBandwidth(data) {
@@ -734,7 +952,7 @@
   let gpuData = null;
   function drawGpu(data) {
     gpuData = data;
-    const ranks = (data && data.ranks) || [];
+    let ranks = (data && data.ranks) || [];
     state.gpuRanks = ranks.map((r) => r.rank);
     fillLaneOptions();
     const card = $("gpu-card");
@@ -742,7 +960,13 @@
     if (!ranks.length) return;
     text($("gpu-verdict"), data.stands_out_text || data.verdict);
     const out = data.stands_out;
-    const xs = ranks.map((r) => "rank " + r.rank + (r.rank === out ? " \u25c0" : ""));
+    const all = ranks;
+    // many ranks: the bars and the table hold representative ranks (median, p90 and the
+    // most idle, the one that stands out), each a real rank, named on its bar
+    const picked = manyRanks(all.length) ? gpuPicks(all, out) : null;
+    if (picked) ranks = picked.map((p) => p.rank);
+    const xs = picked ? picked.map((p) => p.label + ": rank " + p.rank.rank + (p.rank.rank === out ? " \u25c0" : ""))
+      : ranks.map((r) => "rank " + r.rank + (r.rank === out ? " \u25c0" : ""));
     const pct = (v) => (100 * (v || 0)).toFixed(2) + "%";
     const shares = [
       ["compute_share", "compute", GPU_COLORS.gpu_computation],
@@ -788,11 +1012,33 @@
     }
     const select = $("gpu-kernel-rank");
     const keep = select.value;
-    fillSelect(select, ranks.map((r) => [String(r.rank), "rank " + r.rank]), ranks.some((r) => String(r.rank) === keep) ? keep : String(out != null ? out : ranks[0].rank));
+    fillSelect(select, all.map((r) => [String(r.rank), "rank " + r.rank]), all.some((r) => String(r.rank) === keep) ? keep : String(out != null ? out : all[0].rank));
     drawGpuKernels();
-    drawMemcpy(ranks);
-    text($("gpu-note"), "Shares over the GPU events HTA counts (" + ranks.map((r) => "rank " + r.rank + ": " + r.kernels).join(", ") +
+    drawMemcpy(all);
+    let counted = all.map((r) => "rank " + r.rank + ": " + r.kernels).join(", ");
+    if (picked) {
+      const k = spread(all.map((r) => [r.rank, r.kernels]), true);
+      const most = spread(all.map((r) => [r.rank, r.kernels]));
+      counted = "per rank: median " + k.median + ", fewest " + k.worst + " on " + ranksWord(k.worstRanks) + ", most " + most.worst + " on " + ranksWord(most.worstRanks) +
+        "; the table and bars show " + picked.length + " of " + all.length + " ranks";
+    }
+    text($("gpu-note"), "Shares over the GPU events HTA counts (" + counted +
       "; with two or more profiler steps the last one is left out). " + (data.note || ""));
+  }
+
+  // Representative ranks of a many-rank GPU report, by idle share: the median, the p90, the
+  // most idle, and the one the report says stands out. [{label, rank}], no rank twice.
+  function gpuPicks(ranks, out) {
+    const byIdle = ranks.slice().sort((a, b) => a.idle_share - b.idle_share);
+    const at = (q) => byIdle[Math.min(byIdle.length - 1, Math.max(0, Math.ceil(q * byIdle.length) - 1))];
+    const picks = [];
+    const add = (label, r) => { if (r && !picks.some((p) => p.rank.rank === r.rank)) picks.push({ label: label, rank: r }); };
+    add("median", at(0.5));
+    add("p90 idle", at(0.9));
+    add("most idle", byIdle[byIdle.length - 1]);
+    add("least idle", byIdle[0]);
+    add("stands out", ranks.find((r) => r.rank === out));
+    return picks;
   }
 
   const KIND_WORDS = { computation: "compute", communication: "comm" };
@@ -828,6 +1074,18 @@
     const el = $("gpu-memcpy");
     const kinds = [...new Set(ranks.flatMap((r) => (r.memcpy || []).map((c) => c.copy_kind)))].sort();
     if (!kinds.length) { empty(el, "no memcpy with a recorded size"); return; }
+    const gbps = (r, k) => { const c = (r.memcpy || []).find((x) => x.copy_kind === k); return c ? c.gbps : null; };
+    if (ranks.length > LEGEND_MAX) {
+      // too many ranks for a legend: identical ones merged, or the spread across ranks
+      const series = rankSeries(ranks, kinds, gbps, { name: (rs) => ranksWord(rs), hover: "%{x}: %{y:.3g} GB/s" });
+      const all = ranks.flatMap((r) => (r.memcpy || []).map((c) => c.gbps));
+      draw(el, series.traces, Object.assign(baseLayout(), {
+        barmode: "group", title: { text: "memcpy bandwidth per copy kind" + (series.spread ? ", across " + ranks.length + " ranks" : ""), font: { size: 12 } },
+        xaxis: axis("copy kind", { type: "category" }), yaxis: logAxis("GB/s (bytes / duration)", all, { tickformat: ",.2~r" }),
+        legend: { orientation: "h", y: -0.25, yanchor: "top" }, margin: { l: 55, r: 10, t: 30, b: 10 }, height: 400,
+      }), plotConfig);
+      return;
+    }
     const traces = ranks.map((r) => {
       const by = new Map((r.memcpy || []).map((c) => [c.copy_kind, c]));
       return {
@@ -978,6 +1236,45 @@
     }), plotConfig);
   }
 
+  // ------------------------------------------------------------------ rank filters
+  // The outliers (outlierRanks) and the first rank that is not one, to compare them with.
+  function outliersCompared() {
+    const all = (state.info && state.info.ranks) || [];
+    const out = outlierRanks().filter((r) => all.includes(r)).slice(0, 12);
+    const typical = all.find((r) => !out.includes(r));
+    return (typical === undefined ? out : out.concat([typical])).sort((a, b) => a - b);
+  }
+  function showRankFilter(prefix, list) {
+    const input = $(prefix + "-ranks");
+    input.value = list ? rankList(list).replace(/ /g, "") : "";
+    input.classList.remove("bad");
+    input.title = "";
+  }
+  // A rank filter: an input of ranks ("0-7,12"; empty for all), "the outliers", "all ranks".
+  function bindRankFilter(prefix, apply) {
+    const input = $(prefix + "-ranks");
+    const set = (list, auto) => { showRankFilter(prefix, list); apply(list, !!auto); };
+    input.addEventListener("change", () => {
+      const typed = input.value.trim();
+      if (!typed || typed === "all") { set(null); return; }
+      const all = (state.info && state.info.ranks) || [];
+      const list = (parseRanks(typed) || []).filter((r) => all.includes(r));
+      if (!list.length) {
+        input.classList.add("bad");
+        input.title = "no rank of this run in " + JSON.stringify(typed) + ": type ranks like 0-7,12 (ranks " + rankList(all) + ")";
+        return;
+      }
+      set(list);
+    });
+    $(prefix + "-outliers").addEventListener("click", () => set(outliersCompared(), true));
+    $(prefix + "-all").addEventListener("click", () => set(null));
+  }
+  function showRankFilters() {
+    const n = ((state.info && state.info.ranks) || []).length;
+    $("timeline-ranks-box").hidden = n <= 8;
+    $("stragglers-ranks-box").hidden = n <= 8;
+  }
+
   // ------------------------------------------------------------------ run selection
   function fillSelect(el, options, value) {
     el.innerHTML = "";
@@ -1019,6 +1316,7 @@
       (info.t1_us != null && info.t0_us != null ? " \u00b7 " + fmtUs(info.t1_us - info.t0_us) : "") +
       (info.complete ? "" : " \u00b7 still being written") + " \u00b7 v" + info.version);
     showLive();
+    showRankFilters();
     fillLaneOptions();
     const list = $("problems");
     list.innerHTML = "";
@@ -1070,7 +1368,7 @@
     for (const id of ["timeline", "breakdown", "stragglers", "fusion", "fusion-fill", "bandwidth", "autotune-score", "autotune-params", "autotune-surface"]) {
       empty($(id), message);
     }
-    for (const id of ["breakdown-verdict", "straggler-verdict", "fusion-verdict", "bandwidth-verdict", "autotune-summary", "stragglers-note", "timeline-status", "run-meta"]) {
+    for (const id of ["breakdown-verdict", "straggler-verdict", "fusion-verdict", "breakdown-note", "fusion-note", "fusion-fill-note", "timeline-ranks-said", "bandwidth-verdict", "autotune-summary", "stragglers-note", "timeline-status", "run-meta"]) {
       text($(id), "");
     }
     $("verdicts").innerHTML = "";
@@ -1084,6 +1382,8 @@
     state.run = runId; state.view = null; state.expand = ""; state.laneKind = "tensor";
     state.set = ""; state.processSets = []; $("set-filter").hidden = true;
     state.gpuRanks = []; $("gpu-card").hidden = true;
+    state.timelineRanks = null; state.timelineAuto = false; state.heatmapRanks = null;
+    showRankFilter("timeline", null); showRankFilter("stragglers", null);
     if (!runId) {
       clearRun("no run to show yet");
       empty($("timeline"), "no runs under this directory yet: this page updates by itself when a job starts writing one");
@@ -1099,7 +1399,17 @@
       document.body.dataset.ready = "1";
       return;
     }
-    await Promise.all([loadTimeline(), loadSections()]);
+    if (manyRanks(state.info.ranks.length)) {
+      // many ranks: the timeline opens on the outliers' rows, known once the analyses are in
+      await loadSections();
+      if (state.run !== runId) return;
+      state.timelineRanks = outliersCompared();
+      state.timelineAuto = true;
+      showRankFilter("timeline", state.timelineRanks);
+      await loadTimeline();
+    } else {
+      await Promise.all([loadTimeline(), loadSections()]);
+    }
     document.body.dataset.ready = "1";
   }
 
@@ -1170,6 +1480,8 @@
     $("reset-zoom").addEventListener("click", () => { state.view = null; state.selectedSample = null; loadTimeline(); });
     $("compare-go").addEventListener("click", compareRuns);
     $("gpu-kernel-rank").addEventListener("change", drawGpuKernels);
+    bindRankFilter("timeline", (list, auto) => { state.timelineRanks = list; state.timelineAuto = auto; loadTimeline(); });
+    bindRankFilter("stragglers", (list) => { state.heatmapRanks = list; drawWaitHeatmap(breakdownData); });
     connectLive();
     await loadRuns();
     await selectRun(state.run);
