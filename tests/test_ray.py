@@ -8,7 +8,9 @@ timeout, and every wait inside the executors is bounded.
 The behaviours of Horovod's own ``test/single/test_ray.py`` are covered here (its GPU
 tests need GPUs; their logic is tested through the pure function behind them):
 
-* ``test_coordinator_registration`` -> ``test_ranks_are_numbered_node_by_node``
+* ``test_coordinator_registration`` -> ``test_ranks_are_numbered_node_by_node`` and
+  ``test_horovods_coordinator_numbers_ranks_as_our_layout`` (``hvdprof.ray.runner``)
+* ``test_colocator`` -> ``test_a_node_colocator_holds_the_cpus_its_workers_run_on``
 * ``test_infeasible_placement`` -> ``test_infeasible_placement_times_out``
 * ``test_gpu_ids`` (GPU) -> ``test_each_worker_sees_every_gpu_of_its_node``
 * ``test_horovod_mixin`` -> ``test_worker_actor_reports_its_host_and_takes_variables``
@@ -88,6 +90,47 @@ def test_ranks_are_numbered_node_by_node() -> None:
         (e["HVDPROF_SIZE"], e["HVDPROF_CONTROLLER_ADDR"], e["HVDPROF_CONTROLLER_PORT"])
         for e in envs
     } == {("12", "10.0.0.97", "1234")}
+
+
+def test_horovods_coordinator_numbers_ranks_as_our_layout() -> None:
+    from hvdprof.ray.executor import RayExecutor
+    from hvdprof.ray.runner import ColocatedNode, Coordinator, MiniSettings
+
+    coord = Coordinator(MiniSettings())
+    assert (coord.world_size, coord.hoststring) == (0, "")
+    for i, host in enumerate("abc"):  # Horovod's test: ranks round-robin over a, b, c
+        for r in range(12):
+            if r % 3 == i:
+                coord.register(host, world_rank=r)
+    assert (coord.world_size, coord.hoststring) == (12, "a:4,b:4,c:4")
+    info = coord.finalize_registration()
+    assert sorted(info) == list(range(12))
+    assert info[4] == {  # host b's second rank
+        "HOROVOD_CROSS_RANK": 1,
+        "HOROVOD_CROSS_SIZE": 3,
+        "HOROVOD_LOCAL_RANK": 1,
+        "HOROVOD_LOCAL_SIZE": 4,
+    }
+    assert [info[r]["HOROVOD_LOCAL_RANK"] for r in (2, 5, 8, 11)] == [0, 1, 2, 3]
+    hosts = ["abc"[r % 3] for r in range(12)]
+    assert coord.rank_environment("10.0.0.9", 77) == {
+        r: rank_environment(hosts, r, "10.0.0.9", 77) for r in range(12)
+    }
+    with pytest.raises(ValueError, match="already registered"):
+        coord.register("d", world_rank=3)
+    coord.register("d", world_rank=13)
+    with pytest.raises(ValueError, match=r"ranks \[12\] of 13 were never registered"):
+        coord.finalize_registration()
+    # Horovod's settings object: its SSH and NIC fields accepted, the executor takes it
+    job = RayExecutor(MiniSettings(timeout_s=5, nics={"eth0"}), num_hosts=1, num_slots=2)
+    assert (job.settings.timeout_s, job.num_workers, job.workers) == (5, 2, [])
+    assert ColocatedNode(node_rank=2, num_slots=3, world_size=9, use_gpu=False).world_ranks() == [
+        6,
+        7,
+        8,
+    ]
+    with pytest.raises(ValueError, match="num_slots=0"):
+        ColocatedNode(node_rank=0, num_slots=0, world_size=1, use_gpu=False)
 
 
 def test_each_worker_sees_every_gpu_of_its_node() -> None:
@@ -226,7 +269,12 @@ def ray_cluster() -> Iterator[Any]:
     ray = _ray_or_skip()
     temp = tempfile.mkdtemp(prefix="hr", dir="/tmp")  # short: Ray's socket paths
     port = _free_port()
-    env = child_env({"RAY_USAGE_STATS_ENABLED": "0"})
+    # token auth off on both ends, explicitly: an earlier local ``ray.init()`` (Horovod's
+    # own tests start such clusters) leaves ~/.ray/auth_token, and a head whose mode is
+    # unset then turns token auth on, which this driver does not speak
+    env = child_env({"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"})
+    auth_before = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     env["PYTHONPATH"] = os.pathsep.join(
         [str(WORKERS), str(TESTS), str(REPO), env.get("PYTHONPATH", "")]
     ).rstrip(os.pathsep)
@@ -276,6 +324,10 @@ def ray_cluster() -> Iterator[Any]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         subprocess.run(["rm", "-rf", temp], check=False, timeout=60)
+        if auth_before is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = auth_before
 
 
 def _resources_back(ray: Any, before: dict[str, float]) -> bool:
@@ -391,6 +443,43 @@ def test_executor_runs_functions_on_every_rank(
         job.shutdown()
     assert not job.workers
     assert _resources_back(ray_cluster, before)  # test_local: every CPU came back
+
+
+@pytest.mark.timeout(240)
+def test_a_node_colocator_holds_the_cpus_its_workers_run_on(ray_cluster: Any) -> None:
+    # Horovod's parts (NodeColocator, Coordinator) make a job hvd.init() accepts
+    from hvdprof.ray.runner import Coordinator, NodeColocator
+
+    ray = ray_cluster
+    assert _resources_back(ray, {"CPU": 2.0})  # the cluster's 2 CPUs, all free
+    colocator = NodeColocator.options(num_cpus=2).remote(
+        node_rank=0, num_slots=2, world_size=2, use_gpu=False
+    )
+    try:
+        node_id = ray.get(colocator.create_workers.remote(), timeout=60)
+        workers = ray.get(colocator.get_workers.remote(), timeout=60)
+        # the colocator holds both CPUs, so the workers could only start taking none
+        places = ray.get([w.place.remote() for w in workers], timeout=60)
+        assert [p.node_id for p in places] == [node_id, node_id]
+        assert ray.available_resources().get("CPU", 0.0) == 0.0
+        coord = Coordinator()
+        for rank, place in zip(ray.get(colocator.world_ranks.remote()), places, strict=True):
+            coord.register(place.hostname, world_rank=rank)
+        port = ray.get(workers[0].free_port.remote(), timeout=60)
+        env = coord.rank_environment(places[0].node_ip, port)
+        ray.get([workers[r].update_env_vars.remote(env[r]) for r in env], timeout=60)
+        assert ray.get([w.execute.remote(_rank_and_size) for w in workers], timeout=120) == [
+            (0, 2),
+            (1, 2),
+        ]
+    finally:
+        ray.kill(colocator)
+    assert _resources_back(ray, {"CPU": 2.0})
+    deadline = time.monotonic() + 60  # its workers are its actors: they end with it
+    with pytest.raises(ray.exceptions.RayActorError):
+        while time.monotonic() < deadline:
+            ray.get([w.hostname.remote() for w in workers], timeout=60)
+            time.sleep(0.3)
 
 
 # --- training: the same job as under hvdprof run, its timeline, a slowed rank -----------

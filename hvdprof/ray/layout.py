@@ -72,7 +72,12 @@ def shared_visible_devices(places: Sequence[WorkerPlace]) -> list[str]:
     per_node: dict[str, set[str]] = {}
     for p in places:
         per_node.setdefault(p.node_id, set()).update(p.gpu_ids)
-    return [",".join(sorted(per_node[p.node_id], key=_device_key)) for p in places]
+    return [visible_devices(per_node[p.node_id]) for p in places]
+
+
+def visible_devices(gpu_ids: Iterable[object]) -> str:
+    """``CUDA_VISIBLE_DEVICES`` naming ``gpu_ids``, in device order (``"1,3,10"``)."""
+    return ",".join(sorted({str(g) for g in gpu_ids}, key=_device_key))
 
 
 def _device_key(device: str) -> tuple[int, str]:
