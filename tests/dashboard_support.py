@@ -104,6 +104,32 @@ def dashboard_server(directory: Path, *extra: str) -> Iterator[str]:
             proc.wait(10)
 
 
+#: Debian's chromium as the browser tests drive it (never a downloaded browser)
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+#: Playwright's own limit on any one wait (ms): a broken page fails instead of hanging.
+WAIT_MS = 60_000
+
+
+@contextlib.contextmanager
+def launched_chromium() -> Iterator[object]:
+    """Debian's chromium under Playwright (skips as :func:`chromium_or_skip` does)."""
+    executable = chromium_or_skip()
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, timeout=WAIT_MS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
 def chromium_or_skip() -> str:
     """Debian's chromium; skip (or fail under CI=true, which installs it) when missing."""
     path = shutil.which("chromium")

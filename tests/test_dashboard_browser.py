@@ -22,37 +22,23 @@ import pytest
 from dashboard_support import (
     HOROVOD_TIMELINE,
     REPO,
+    WAIT_MS,
     child_env,
     chromium_or_skip,
     dashboard_server,
     free_port,
+    launched_chromium,
     shared_real_run,
 )
 
 pytest.importorskip("fastapi")
 playwright_api = pytest.importorskip("playwright.sync_api")
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
-#: Playwright's own limit on any one wait (ms): a broken page fails instead of hanging.
-WAIT_MS = 60_000
-
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    executable = chromium_or_skip()
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, timeout=WAIT_MS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with launched_chromium() as b:
+        yield b
 
 
 @pytest.fixture(scope="module")

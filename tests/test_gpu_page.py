@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dashboard_support import chromium_or_skip, dashboard_server
+from dashboard_support import WAIT_MS, dashboard_server, launched_chromium
 
 pytest.importorskip("fastapi")
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -38,15 +38,6 @@ HTA_SHARES = {
     1: ("54.72%", "22.57%", "22.72%", "20.05%"),
 }
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
-WAIT_MS = 60_000
 LOOPBACK = "http://127.0.0.1"
 
 
@@ -116,13 +107,8 @@ def test_api_stream_lanes(client: TestClient) -> None:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    executable = chromium_or_skip()
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, timeout=WAIT_MS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with launched_chromium() as b:
+        yield b
 
 
 @pytest.fixture(scope="module")

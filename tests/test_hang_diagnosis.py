@@ -189,19 +189,12 @@ def test_analyze_lists_the_stall_first(asleep_run: AsleepRun) -> None:
 
 def test_the_dashboard_marks_the_stall_on_the_timeline(asleep_run: AsleepRun) -> None:
     pytest.importorskip("fastapi")
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    from dashboard_support import chromium_or_skip, dashboard_server
+    from dashboard_support import WAIT_MS, dashboard_server, launched_chromium
 
-    executable = chromium_or_skip()
-    args = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
-    with (
-        dashboard_server(asleep_run.root) as base,
-        playwright_api.sync_playwright() as p,
-    ):
-        browser = p.chromium.launch(executable_path=executable, args=args, timeout=60_000)
+    with launched_chromium() as browser, dashboard_server(asleep_run.root) as base:
+        page = browser.new_page(viewport={"width": 1400, "height": 950})
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 950})
-            page.set_default_timeout(60_000)
+            page.set_default_timeout(WAIT_MS)
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             page.goto(base + "?run=stall")
@@ -219,7 +212,7 @@ def test_the_dashboard_marks_the_stall_on_the_timeline(asleep_run: AsleepRun) ->
             )
             verdicts = page.locator("#verdicts").inner_text()
         finally:
-            browser.close()
+            page.close()
     assert len(hover) == 1 and "rank 1 kept the job waiting" in hover[0], hover
     assert "hold_until_released (hang_worker.py:" in hover[0], hover
     assert lanes and str(lanes[0]).startswith("rank 1"), lanes

@@ -193,22 +193,15 @@ def test_gz_truncated_and_corrupt_files_are_problems(
 
 def test_dashboard_shows_a_kineto_run(ddp_runs: dict[str, Path], tmp_path: Path) -> None:
     pytest.importorskip("fastapi")
-    playwright_api = pytest.importorskip("playwright.sync_api")
-    from dashboard_support import chromium_or_skip, dashboard_server
+    from dashboard_support import WAIT_MS, dashboard_server, launched_chromium
 
-    executable = chromium_or_skip()
     root = tmp_path / "served"
     shutil.copytree(ddp_runs["slow"], root / "ddp-slow")
     shutil.copytree(HTA_DATA, root / "gpu")
-    with dashboard_server(root) as base, playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=executable,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"],
-            timeout=60_000,
-        )
+    with launched_chromium() as browser, dashboard_server(root) as base:
+        page = browser.new_page(viewport={"width": 1400, "height": 950})
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 950})
-            page.set_default_timeout(60_000)
+            page.set_default_timeout(WAIT_MS)
             errors: list[str] = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             page.goto(base + "?run=ddp-slow")
@@ -228,7 +221,7 @@ def test_dashboard_shows_a_kineto_run(ddp_runs: dict[str, Path], tmp_path: Path)
             page.screenshot(path=str(tmp_path / "kineto-gpu.png"), full_page=True)
             assert errors == []
         finally:
-            browser.close()
+            page.close()
     assert os.path.exists(tmp_path / "kineto-ddp.png")
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dashboard_support import chromium_or_skip, dashboard_server
+from dashboard_support import WAIT_MS, dashboard_server, launched_chromium
 
 pytest.importorskip("fastapi")
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -23,15 +23,6 @@ playwright_api = pytest.importorskip("playwright.sync_api")
 from hvdprof.analysis import find_stragglers, fusion_report, load_run  # noqa: E402
 from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run  # noqa: E402
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-]
-WAIT_MS = 60_000
 LATE_RANK = 37
 #: pixels two boxes may share before they count as overlapping (anti-aliased edges)
 TOLERANCE_PX = 2.0
@@ -85,13 +76,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    executable = chromium_or_skip()
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, timeout=WAIT_MS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with launched_chromium() as b:
+        yield b
 
 
 @pytest.fixture(scope="module")
