@@ -18,6 +18,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -128,6 +129,20 @@ def launched_chromium() -> Iterator[object]:
             yield browser
         finally:
             browser.close()
+
+
+def open_page(browser: Any, url: str, settle_ms: int = 0) -> tuple[Any, list[str]]:
+    """A new page at ``url``, once the dashboard says it is ready, with the page errors it
+    collects (a test asserts there are none); ``settle_ms`` lets Plotly finish drawing."""
+    page = browser.new_page(viewport={"width": 1400, "height": 950})
+    page.set_default_timeout(WAIT_MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(url)
+    page.wait_for_selector("body[data-ready='1']")
+    if settle_ms:
+        page.wait_for_timeout(settle_ms)
+    return page, errors
 
 
 def chromium_or_skip() -> str:

@@ -28,6 +28,7 @@ from dashboard_support import (
     dashboard_server,
     free_port,
     launched_chromium,
+    open_page,
     shared_real_run,
 )
 
@@ -48,16 +49,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "horovod").mkdir()
     shutil.copy(HOROVOD_TIMELINE, root / "horovod" / "timeline.json")
     return root
-
-
-def open_page(browser: object, url: str):
-    page = browser.new_page(viewport={"width": 1400, "height": 950})
-    page.set_default_timeout(WAIT_MS)
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(url)
-    page.wait_for_selector("body[data-ready='1']")
-    return page, errors
 
 
 def lanes(page) -> list[str]:

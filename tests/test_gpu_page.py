@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dashboard_support import WAIT_MS, dashboard_server, launched_chromium
+from dashboard_support import WAIT_MS, dashboard_server, launched_chromium, open_page
 
 pytest.importorskip("fastapi")
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -115,16 +115,6 @@ def browser() -> Iterator[object]:
 def base(served: Path) -> Iterator[str]:
     with dashboard_server(served) as url:
         yield url
-
-
-def open_page(browser: object, url: str):
-    page = browser.new_page(viewport={"width": 1400, "height": 950})
-    page.set_default_timeout(WAIT_MS)
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(url)
-    page.wait_for_selector("body[data-ready='1']")
-    return page, errors
 
 
 #: GPU events drawn per lane label: the bars of the stream lanes' traces

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dashboard_support import WAIT_MS, dashboard_server, launched_chromium
+from dashboard_support import dashboard_server, launched_chromium
+from dashboard_support import open_page as support_open_page
 
 pytest.importorskip("fastapi")
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -87,14 +88,7 @@ def base(served: Path) -> Iterator[str]:
 
 
 def open_page(browser: object, url: str):
-    page = browser.new_page(viewport={"width": 1400, "height": 950})
-    page.set_default_timeout(WAIT_MS)
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(url)
-    page.wait_for_selector("body[data-ready='1']")
-    page.wait_for_timeout(500)  # let Plotly finish its last draw
-    return page, errors
+    return support_open_page(browser, url, settle_ms=500)  # let Plotly finish its last draw
 
 
 def lanes(page) -> list[str]:
