@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from hvdprof.analysis.bins import bucket_table
 from hvdprof.analysis.device import GPU_KIND_NAMES, short_kernel_name
 from hvdprof.analysis.model import PHASE_NEGOTIATE, PHASE_OP, Run
 
@@ -262,21 +263,7 @@ def kernel_bins(lanes: StreamLanes, t0_us: float, t1_us: float, n_bins: int) -> 
     else:
         covered = np.zeros_like(q)
     busy = np.clip(np.diff(covered, axis=1).reshape(n_rows, _KINDS, n_bins), 0.0, width)
-    total = np.minimum(busy.sum(axis=1), width)
-    idle = np.maximum(width - total, 0.0)
-    dominant = np.concatenate([busy, idle[:, None, :]], axis=1).argmax(axis=1)
-    names = [*GPU_PHASES, IDLE]
-    used_r, used_b = np.nonzero(counts > 0)
-    present = [c for c in range(_KINDS) if busy[used_r, c, used_b].any()] if len(used_r) else []
-    return {
-        "row": used_r.tolist(),
-        "start_us": (t0_us + used_b * width).tolist(),
-        "dur_us": [width] * len(used_r),
-        "phase": [names[c] for c in dominant[used_r, used_b].tolist()],
-        "count": counts[used_r, used_b].tolist(),
-        "busy_us": (np.floor(total[used_r, used_b] * 1000.0) / 1000.0).tolist(),
-        "phase_us": {names[c]: busy[used_r, c, used_b].round(3).tolist() for c in present},
-    }
+    return bucket_table(busy, counts, width, t0_us, [*GPU_PHASES, IDLE])
 
 
 def joined_bins(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from hvdprof.analysis.bins import bucket_table
 from hvdprof.analysis.breakdown import PRIORITY, rank_segments
 from hvdprof.analysis.gpu_lanes import joined_bins, kernel_bins, kernel_columns, stream_lanes
 from hvdprof.analysis.intervals import exclusive_segments
@@ -348,21 +349,5 @@ def _bins(
         covered = np.zeros_like(q)
     busy = np.diff(covered, axis=1).reshape(n_rows, k, n_bins)  # row, class, bin
     busy = np.clip(busy, 0.0, width)
-    total = np.minimum(busy.sum(axis=1), width)  # row, bin
-    idle = np.maximum(width - total, 0.0)
-    # dominant by time, idle included (class k)
-    with_idle = np.concatenate([busy, idle[:, None, :]], axis=1)
-    dominant = with_idle.argmax(axis=1)  # row, bin
     names = [PHASES[p] for p in priority_phase.tolist()] + [IDLE]
-    used_r, used_b = np.nonzero(counts > 0)
-    present = [c for c in range(k) if busy[used_r, c, used_b].any()] if len(used_r) else []
-    return {
-        "row": used_r.tolist(),
-        "start_us": (t0_us + used_b * width).tolist(),
-        "dur_us": [width] * len(used_r),
-        "phase": [names[c] for c in dominant[used_r, used_b].tolist()],
-        "count": counts[used_r, used_b].tolist(),
-        "busy_us": (np.floor(total[used_r, used_b] * 1000.0) / 1000.0).tolist(),
-        # time of each phase present in the window, per bin (the hover's breakdown)
-        "phase_us": {names[c]: busy[used_r, c, used_b].round(3).tolist() for c in present},
-    }
+    return bucket_table(busy, counts, width, t0_us, names)
