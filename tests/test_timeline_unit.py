@@ -44,7 +44,9 @@ from hvdprof.timeline import (
     merge_directory,
     skewed_clock,
     transport,
+    wire,
 )
+from hvdprof.timeline.manifest import request_live
 from hvdprof.timeline.reader import parse_trace_text
 from hvdprof.timeline.render import (
     ITEM_COLUMNS,
@@ -962,7 +964,8 @@ def test_renderer_process_writes_what_the_thread_writes(tmp_path: Path) -> None:
         manifests[use_process] = json.loads(Path(sink.manifest_path).read_text())
         if use_process:
             assert sink.writer.returncode == 0, "close() waits for the child and reaps it"
-            assert sink.writer.pending == 0 and sink.writer.sent_events > 0
+            assert sink.writer.sent_events > 0
+            assert not os.path.exists(sink.writer.spool), "the spool goes once rendered"
     assert texts[True] == texts[False], "byte-identical output"
     events = json.loads(texts[True])
     for key in ("events_written", "events_dropped", "items_dropped", "lanes_clamped", "closed"):
@@ -979,33 +982,80 @@ def test_renderer_process_gzip(tmp_path: Path) -> None:
     assert len(events) - 1 == sink.events_written > 0
 
 
-def test_process_sink_counts_drops_of_a_full_queue(tmp_path: Path) -> None:
-    # A stopped renderer stops reading: the pipe fills, then the backlog in the rank (each
-    # cycle weighs 3 * 7 + 6 = 27 events: the backlog holds three), then puts drop.
-    sink = TimelineSink(config_for(tmp_path, timeline_queue_size=100), 0, SIZE, "h")
+def test_a_stopped_renderer_costs_the_rank_nothing_and_loses_nothing(tmp_path: Path) -> None:
+    # A stopped renderer reads nothing: the rank appends to its spool all the same, never
+    # waits and drops nothing; continued, the renderer writes every cycle, in order.
+    sink = TimelineSink(config_for(tmp_path), 0, SIZE, "h")
     os.kill(sink.writer.pid, signal.SIGSTOP)
-    put = 0
+    cycles = 20_000  # 540,000 events: more than any in-memory queue held
     try:
         record = make_cycle(0, weird=False)
-        while sink.events_dropped < 5 * 27 and put < 200_000:
-            assert sink.writer.pending <= 100 or put == 0
-            sink.on_cycle(dataclasses.replace(record, cycle=put, bytes_reduced=put))
-            put += 1
+        for c in range(cycles):
+            assert sink.on_cycle(dataclasses.replace(record, cycle=c, bytes_reduced=c)) is None
+        assert sink.events_dropped == 0
+        assert os.path.getsize(sink.writer.spool) == sink.writer.spool_bytes > 0
     finally:
         os.kill(sink.writer.pid, signal.SIGCONT)
     sink.close()
     events = json.loads(Path(sink.path).read_text())
     manifest = json.loads(Path(sink.manifest_path).read_text())
-    rendered = len([e for e in events if e["name"] == "ALLREDUCE"]) // 3
-    assert sink.events_dropped > 0 and sink.writer.items_dropped == put - rendered
-    assert sink.events_dropped == 27 * (put - rendered)
-    assert manifest["events_dropped"] == sink.events_dropped
-    assert events[-1]["args"]["events_dropped"] == sink.events_dropped
-    assert manifest["events_written"] == sink.events_written == len(events) - 1
-    assert manifest["closed"] is True
-    # what was kept is the oldest, in order: the drops are the newest cycles
     kept = [e["args"]["value"] for e in events if e["name"] == act.COUNTER_BYTES_REDUCED]
-    assert kept == list(range(rendered))
+    assert kept == list(range(cycles))
+    assert manifest["events_dropped"] == 0 and manifest["closed"] is True
+    assert manifest["events_written"] == sink.events_written == len(events) - 1
+    assert not os.path.exists(sink.writer.spool)
+
+
+def test_the_renderer_waits_for_the_end_unless_a_reader_watches_live(tmp_path: Path) -> None:
+    # Rendering beside the training cost it (the renderer's caches and memory bandwidth on
+    # cores the ranks share): unwatched, the recording stays in the spool until the close.
+    sink = TimelineSink(config_for(tmp_path / "quiet"), 0, SIZE, "h")
+    for c in range(50):
+        sink.on_cycle(make_cycle(c))
+    time.sleep(2.5)  # two of the renderer's intervals, and the rank's flush
+    assert os.path.getsize(sink.writer.spool) > 0
+    assert os.path.getsize(sink.path) < 100, "rendered although nobody watched"
+    sink.close()
+    assert len([e for e in load_trace(sink.path).events if e["name"] == "ALLREDUCE"]) == 150
+
+    (tmp_path / "live").mkdir()
+    request_live(str(tmp_path / "live"))
+    sink = TimelineSink(config_for(tmp_path / "live"), 0, SIZE, "h")
+    for c in range(50):
+        sink.on_cycle(make_cycle(c))
+    _wait_for_size(sink.path, 10_000)  # watched: rendered while the rank still records
+    assert not sink.writer.closed
+    sink.close()
+
+
+def test_the_spool_gives_back_what_the_renderer_read(tmp_path: Path) -> None:
+    path = tmp_path / ".rank.0.spool"
+    payload = b"x" * 1000
+    one = transport.FRAME_HEADER.pack(len(payload)) + payload
+    path.write_bytes(one * 20_000)  # 20 MB of frames
+    before = os.stat(path).st_blocks
+    fd = os.open(path, os.O_RDWR)  # as the renderer opens it: punching a hole needs writing
+    try:
+        reader = transport.FrameReader(fd)  # no doorbell: read to the end
+        frames = 0
+        while True:
+            if reader.next_frame() is None:
+                if not reader.fill():
+                    break
+                continue
+            frames += 1
+    finally:
+        os.close(fd)
+    assert frames == 20_000 and reader.eof
+    assert os.path.getsize(path) == len(one) * 20_000, "offsets are kept"
+    probe = os.open(tmp_path / "probe", os.O_RDWR | os.O_CREAT)
+    try:
+        os.write(probe, b"y" * 8192)
+        if not wire.punch_hole(probe, 0, 4096):
+            pytest.skip("this file system cannot punch holes")
+    finally:
+        os.close(probe)
+    assert os.stat(path).st_blocks < before / 4, "the read part went back to the disk"
 
 
 _KILLED_RANK_SCRIPT = textwrap.dedent(
@@ -1024,6 +1074,7 @@ _KILLED_RANK_SCRIPT = textwrap.dedent(
     while sink.writer.sent_events < want and time.monotonic() < deadline:
         time.sleep(0.01)
     print(sink.writer.pid, sink.writer.sent_events - want, flush=True)
+    time.sleep(0.3)  # the renderer may be asleep between reads: killed mid-interval
     os.kill(os.getpid(), signal.SIGKILL)  # the rank dies; the renderer must finish alone
     """
 )
@@ -1084,6 +1135,9 @@ def _wait_for_size(path: str, size: int, timeout_s: float = 60.0) -> None:
 def test_renderer_ignores_sigint_and_a_killed_renderer_does_not_hang_close(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    for folder in ("int", "kill"):  # watched live: the renderers render as the rank records
+        (tmp_path / folder).mkdir()
+        request_live(str(tmp_path / folder))
     sink = TimelineSink(config_for(tmp_path / "int"), 0, SIZE, "h")
     sink.on_cycle(make_cycle(0))
     _wait_for_size(sink.path, 1000)  # the child is up and rendering
@@ -1099,7 +1153,7 @@ def test_renderer_ignores_sigint_and_a_killed_renderer_does_not_hang_close(
     sink.on_cycle(make_cycle(0))
     _wait_for_size(sink.path, 1000)
     os.kill(sink.writer.pid, signal.SIGKILL)
-    sink.writer._proc.wait(60)  # gone, its end of the pipe closed (SCHED_IDLE: may take a while)
+    sink.writer._proc.wait(60)  # gone (SCHED_IDLE: may take a while)
     for c in range(1, 5):
         sink.on_cycle(make_cycle(c))
     t0 = time.monotonic()
@@ -1107,12 +1161,20 @@ def test_renderer_ignores_sigint_and_a_killed_renderer_does_not_hang_close(
         sink.close()
     assert time.monotonic() - t0 < 30
     assert sink.writer.returncode == -signal.SIGKILL
-    assert "renderer" in caplog.text
+    assert "renderer" in caplog.text and sink.writer.spool in caplog.text
     trace = load_trace(sink.path)
     assert not trace.complete and len([e for e in trace.events if e["name"] == "ALLREDUCE"]) == 3
     manifest = json.loads(Path(sink.manifest_path).read_text())
-    assert manifest["closed"] is False and manifest["events_dropped"] == sink.events_dropped > 0
+    assert manifest["closed"] is False
     assert manifest["events_written"] == len(trace.events)
+    # nothing is lost: what the renderer never wrote is still in the spool
+    data, payloads = Path(sink.writer.spool).read_bytes(), []
+    while data:
+        (n,) = transport.FRAME_HEADER.unpack_from(data)
+        payloads.append(data[transport.FRAME_HEADER.size : transport.FRAME_HEADER.size + n])
+        data = data[transport.FRAME_HEADER.size + n :]
+    cycles = [m[1][0] for m in map(pickle.loads, payloads) if m[0] == transport.MSG_CYCLE]
+    assert cycles[-4:] == [1, 2, 3, 4]
 
 
 def test_sink_falls_back_to_a_writer_thread_without_a_python(
@@ -1128,9 +1190,9 @@ def test_sink_falls_back_to_a_writer_thread_without_a_python(
     assert json.loads(Path(sink.manifest_path).read_text())["closed"] is True
 
 
-def test_forked_copy_of_a_rank_does_not_hold_the_renderer_pipe(tmp_path: Path) -> None:
+def test_forked_copy_of_a_rank_does_not_hold_the_renderer_doorbell(tmp_path: Path) -> None:
     sink = TimelineSink(config_for(tmp_path), 0, SIZE, "h")
-    fd = sink.writer._pipe
+    fd = sink.writer._doorbell
     pid = os.fork()
     if pid == 0:  # a data-loader worker, say: the renderer must still see EOF without it
         try:

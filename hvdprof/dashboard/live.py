@@ -4,7 +4,10 @@ Clients never poll whole files. The server ``stat``s the files of the runs pages
 opened (cheap: a few syscalls every ``watch_interval_s``), lets the analysis library
 re-read only the appended bytes (:meth:`Run.refresh`), and pushes a small ``changed``
 event (run id and version) over server-sent events; the page then re-queries just the
-window it shows. New runs appearing under the root produce a ``runs`` event.
+window it shows. New runs appearing under the root produce a ``runs`` event. While a
+page watches a run that is still recording, the watcher touches the run's live mark
+(:func:`hvdprof.timeline.manifest.request_live`): only then do the ranks' renderers render
+beside the training, instead of at the end.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 from typing import Any
 
 from hvdprof.dashboard.catalog import RunCatalog
+from hvdprof.timeline.manifest import request_live
 
 #: Seconds between two scans of the root for new runs (a directory walk, not a stat).
 RESCAN_INTERVAL_S = 1.0
@@ -72,6 +76,11 @@ class RunWatcher:
 
     async def tick(self) -> None:
         for loaded in self.catalog.cached():
+            if loaded.entry.kind == "directory" and not all(
+                (getattr(loaded.run, "complete", None) or {0: False}).values()
+            ):
+                # still recording: its renderers keep the files current while we watch
+                request_live(str(loaded.entry.path))
             grew = await asyncio.to_thread(self.catalog.refresh, loaded)
             if grew:
                 self.feed.publish(

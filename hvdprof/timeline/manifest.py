@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import re
+import time
 from typing import Any
 
 #: Bumped when the manifest's meaning changes incompatibly.
@@ -23,6 +24,34 @@ MANIFEST_FORMAT = "hvdprof-timeline-manifest"
 
 TRACE_RE = re.compile(r"^rank\.(\d+)\.json(\.gz)?$")
 MANIFEST_RE = re.compile(r"^manifest\.rank\.(\d+)\.json$")
+
+
+#: A reader that shows a run as it records (the dashboard) touches this file in the run's
+#: directory; the ranks' renderers render while it was touched within
+#: :data:`LIVE_WINDOW_S`, and otherwise leave the recording in its spool until the ranks
+#: close their timelines (rendering beside training took cores the training needed).
+LIVE_MARK = ".live"
+LIVE_WINDOW_S = 10.0
+
+
+def request_live(directory: str) -> None:
+    """Ask the renderers of the run in ``directory`` to keep its trace files current."""
+    path = os.path.join(directory, LIVE_MARK)
+    with contextlib.suppress(OSError):
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            with open(path, "a"):
+                pass
+
+
+def live_requested(directory: str) -> bool:
+    """Whether a reader asked for the run in ``directory`` live within the window."""
+    try:
+        touched = os.stat(os.path.join(directory, LIVE_MARK)).st_mtime
+    except OSError:
+        return False
+    return time.time() - touched <= LIVE_WINDOW_S
 
 
 def trace_filename(rank: int, gzip: bool = False) -> str:

@@ -3,10 +3,12 @@
 Started by :class:`hvdprof.timeline.transport.RenderProcess` when a rank opens its
 timeline sink::
 
-    python -m hvdprof.timeline.render_process --fd N --init JSON [--terminate-on-eof] PATH
+    python -m hvdprof.timeline.render_process --fd N --init JSON --spool SPOOL \
+        [--interval S] [--terminate-on-eof] PATH
 
-It reads frames (see :mod:`hvdprof.timeline.wire`) from stdin, decodes the cycles into
-plain columns, renders them with :class:`~hvdprof.timeline.render.CycleRenderer` and writes them
+It reads frames (see :mod:`hvdprof.timeline.wire`) from the spool the rank appends to,
+once per interval (stdin is the doorbell: its end of file says the rank closed the sink or
+died; see :mod:`hvdprof.timeline.transport`), decodes the cycles into plain columns, renders them with :class:`~hvdprof.timeline.render.CycleRenderer` and writes them
 with a synchronous :class:`~hvdprof.timeline.writer.TimelineWriter` on the inherited file
 descriptor ``N`` (crash-safe JSON array, one ``os.write`` per batch, gzip if asked). It
 also keeps ``manifest.rank.<r>.json`` up to date (every few seconds and at the end),
@@ -15,7 +17,7 @@ merging its own counts into the manifest the rank sends.
 Behaviour:
 
 * it runs at the lowest priority, so it uses idle CPU and lags behind under load instead
-  of slowing training; the pipe and the rank's bounded backlog absorb the lag. That takes a
+  of slowing training; the spool absorbs the lag. That takes a
   session of its own whose autogroup the rank renices (see
   :mod:`hvdprof.timeline.transport` for why ``nice`` alone is not enough), plus
   ``os.nice(19)`` where autogroups do not apply;
@@ -88,7 +90,7 @@ class RenderChild:
             path,
             fd=fd,
             compress=bool(init.get("compress")),
-            queue_size=1 << 62,  # flushed synchronously: the pipe is the bound
+            queue_size=1 << 62,  # flushed synchronously: the spool holds the rest
             render=self.renderer.render,
             final_event=self._final_event,
             periodic=self._periodic,
@@ -248,6 +250,15 @@ class RenderChild:
         self.write_manifest(force=True)
 
 
+def _remove_spool(path: str, child: RenderChild, reader: Any) -> None:
+    """The spool goes once everything in it is in the trace; kept (and said) otherwise."""
+    if (child.ended or reader.eof) and not child.writer.write_failed:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    else:
+        log.warning("%s keeps the records the trace lacks", path)
+
+
 def set_autogroup_nice(pid: int, nice: int) -> bool:
     """Set the niceness of the autogroup (session) of process ``pid``; False if not possible.
 
@@ -294,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name if __spec__ else __name__}")
     parser.add_argument("--fd", type=int, required=True, help="the trace file, open for writing")
     parser.add_argument("--init", required=True, help="JSON: rank, hostname, size, ...")
+    parser.add_argument("--spool", help="the file the rank appends frames to (default: stdin)")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between reads")
     parser.add_argument("--terminate-on-eof", action="store_true")
     parser.add_argument("path")
     args = parser.parse_args(argv)
@@ -308,11 +321,24 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     child = RenderChild(args.path, args.fd, init, terminate_on_eof=args.terminate_on_eof)
-    reader = FrameReader(sys.stdin.fileno())
+    stdin = sys.stdin.fileno()
+    # read-write: giving read bytes back to the file system (a hole) needs a writable fd
+    spool = os.open(args.spool, os.O_RDWR | os.O_CLOEXEC) if args.spool else -1
+    if spool >= 0:
+        from hvdprof.timeline.manifest import live_requested
+
+        directory = os.path.dirname(os.path.abspath(args.path))
+        reader = FrameReader(
+            spool, stdin, interval_s=args.interval, wanted=lambda: live_requested(directory)
+        )
+    else:
+        reader = FrameReader(stdin)
     try:
         child.run(reader)
     finally:
         child.finish()
+        if spool >= 0:
+            _remove_spool(args.spool, child, reader)
         status = child.status()
         status["seconds"] = round(time.monotonic() - started, 3)
         with contextlib.suppress(OSError):

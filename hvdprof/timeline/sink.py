@@ -6,12 +6,12 @@ runtime builds one :class:`TimelineSink` per rank; it writes ``DIR/rank.<r>.json
 the shared :class:`~hvdprof.timeline.clock.ClockCorrection`, so ``hvdprof timeline merge``
 only has to concatenate.
 
-:meth:`TimelineSink.on_cycle` runs on the cycle thread: it filters the record and writes
-it, as compact column frames, straight into the pipe to a renderer child process
-(:mod:`hvdprof.timeline.render_process`, started when the sink opens; see
+:meth:`TimelineSink.on_cycle` runs on the cycle thread: it filters the record and appends
+it, as compact column frames, to a spool file that a renderer child process reads once a
+second (:mod:`hvdprof.timeline.render_process`, started when the sink opens; see
 :mod:`hvdprof.timeline.transport`). Rendering (several µs of JSON per op) happens outside
-the rank, and what is in the pipe outlives the rank: a rank killed with SIGKILL keeps
-every event it recorded unless the child lagged by more than the pipe holds. The child
+the rank, the rank wakes nobody, and what is in the spool outlives the rank: a rank
+killed with SIGKILL keeps every event it recorded. The child
 writes the trace file and keeps the manifest current; the rank keeps what only it knows
 (the clock correction, sent with every cycle and in the manifest, start and end instants,
 its own drops). :meth:`TimelineSink.close` sends the end mark and waits (bounded) for the
@@ -215,9 +215,6 @@ class TimelineSink:
                 self.path,
                 fd,
                 init,
-                queue_size=self.config.timeline_queue_size,
-                wait_when_full=self.config.timeline_when_full == "wait",
-                stuck_s=self.config.timeline_stuck_s,
                 manifest=self.manifest,
                 manifest_version=lambda: self.clock.version,
             )
@@ -233,8 +230,8 @@ class TimelineSink:
     # --- the cycle thread ----------------------------------------------------------------
 
     def on_cycle(self, record: CycleRecord) -> None:
-        """Hand ``record`` to the renderer if its step is recorded: encoded and written into
-        the renderer's pipe at once (the in-process fallback queues it); never blocks."""
+        """Hand ``record`` to the renderer if its step is recorded: encoded and appended to
+        the spool at once (the in-process fallback queues it); never waits for the renderer."""
         step = record.step
         if step < self._lo or step > self._hi or step % self._every:
             return
@@ -323,7 +320,7 @@ class TimelineSink:
 
     @property
     def writer(self) -> TimelineWriter | RenderProcess:
-        """Where the sink puts records: the renderer process's pipe, or the fallback writer."""
+        """Where the sink puts records: the renderer process's spool, or the fallback writer."""
         return self._writer
 
     @property
@@ -371,6 +368,8 @@ class TimelineSink:
             "config": _config_dict(self.config),
             "events_written": self._writer.events_written,
             "events_dropped": self._writer.events_dropped,
+            # seconds the rank waited for the in-process writer's queue (the renderer
+            # process never makes it wait)
             "waited_for_renderer_s": round(float(getattr(self._writer, "waited_s", 0.0)), 3),
             "items_dropped": self._writer.items_dropped,
             "lanes_clamped": (
@@ -420,6 +419,8 @@ class TimelineSink:
     def _put(self, item: Any, weight: int) -> bool:
         if self._writer.put(item, weight):
             return True
+        if self._process is not None:
+            return False  # a failed write to the spool: said once where it happened
         if not self._drops_said and not self._closed:
             self._drops_said = True
             log.warning(

@@ -1,50 +1,57 @@
-"""The pipe between a rank and its timeline renderer process.
+"""The channel between a rank and its timeline renderer process: a spool file.
 
-Rendering a cycle into Chrome JSON costs about 6-11 µs per op (8 events, ~1 KB), and done
-on a thread of the rank it competed with training for the GIL and the cores. So the rank
-only *ships* its records; :mod:`hvdprof.timeline.render_process`, a child process started
-per sink, rebuilds them, renders them with the same
+Rendering a cycle into Chrome JSON costs about 6 µs per op (7 events, ~1 KB); done on a
+thread of the rank it competed with training for the GIL and the cores. So the rank only
+*ships* its records; :mod:`hvdprof.timeline.render_process`, a child process started per
+sink, rebuilds them, renders them with the same
 :class:`~hvdprof.timeline.render.CycleRenderer` and writes them with the same
 :class:`~hvdprof.timeline.writer.TimelineWriter`.
 
+Why a spool and not a pipe. Through a pipe, every cycle's write woke the renderer: one
+cross-process wake-up per cycle (several per step), each a context switch on a core the
+ranks need, their caches disturbed and their own wake-ups delayed. On a 2-core machine
+with 2-ms steps that cost 41% of the step time, although the rank's own encoding took
+0.2 µs per op. Now the rank appends each cycle's frames to a spool file next to the trace
+(``.rank.<r>.spool``) with one ``write`` into the page cache, and wakes nobody. The
+renderer sleeps, and renders only when it must: when the rank closes the sink (or dies),
+while a reader watches the run live (the dashboard touches the run's live mark,
+:func:`~hvdprof.timeline.manifest.request_live`; the trace on disk is then at most
+:data:`RENDER_INTERVAL_S` behind), or when the spool holds more than
+:data:`~hvdprof.timeline.wire.BACKLOG_BYTES` unread. Rendering beside the training, even
+at the lowest priority, still cost it (on 2 cores, 2-ms steps: 1.28 x with the renderer
+reading every second against 0.97 with it waiting for the end): its caches, its memory
+bandwidth, a sibling hardware thread. The renderer gives the read part of the spool back
+to the file system (a hole: the spool takes no more disk than the renderer's lag).
+Nothing waits for the renderer and nothing is dropped for it: a renderer that lags (it
+takes only idle CPU) or is stopped costs disk, not training time.
+
+Crash safety. What the rank wrote is in the page cache, which belongs to the kernel: a
+rank killed with SIGKILL loses only the batch it had not written yet (its last
+:data:`FLUSH_INTERVAL_S` of records). The rank also holds the write end of a
+*doorbell* pipe that it never writes; its end of file (the rank closed the sink, or
+died) tells the renderer to read the spool to its end and finish. A stream that ends
+without ``MSG_END`` means the rank died: the renderer writes everything, then (by
+default) leaves the file without its closing bracket, which is how readers tell a crashed
+rank (see :data:`TERMINATE_ON_PRODUCER_LOSS`), rewrites the manifest (``closed: false``)
+and exits. The manifest's ``renderer_pid`` says which process to wait for before reading
+the file. A spool left behind (the renderer itself was killed) holds the records the
+trace lacks.
+
 Scheduling. Linux groups processes by session into *autogroups* and shares CPU fairly
 between groups first; the launcher starts every rank in its own session. A child in the
-rank's session, even at ``nice 19`` or ``SCHED_IDLE``, is charged to the rank's group:
-on a busy machine every millisecond it renders is one the rank's threads wait for
-(measured: steps 2-2.5x slower with 2,000 ops per step on 2 loaded cores). So the child
-gets a session of its own (``start_new_session``), whose autogroup the rank sets to
-niceness 19 right after starting it (:data:`BACKGROUND_NICE`): it then only takes CPU
-that no one else wants, and lags under load. When the rank closes the sink it waits for
-the child anyway, so it sets the child's autogroup back to 0 first; a child that finds
-its input cut (the rank died) does the same. Where autogroups do not apply (disabled, or
-non-root cgroups), the child's own ``os.nice(19)`` is what is left. Its own session also
-keeps terminal signals away from it; it ends on end of input, never by a group signal.
+rank's session, even at ``nice 19`` or ``SCHED_IDLE``, is charged to the rank's group.
+So the child gets a session of its own (``start_new_session``), whose autogroup the rank
+sets to niceness 19 right after starting it (:data:`BACKGROUND_NICE`), and runs
+``SCHED_IDLE``: it only takes CPU that no one else wants. When the rank closes the sink it
+waits for the child, so it sets the child's autogroup back to 0 first; a child that finds
+the rank gone does the same. Its own session also keeps terminal signals away from it; it
+ends at the doorbell's end of file, never by a group signal.
 
-Rank side (:class:`RenderProcess`):
-
-* :meth:`RenderProcess.put` (the cycle thread, or any producer) encodes the item and
-  writes its frames into the pipe at once, on the calling thread, with a non-blocking
-  write. What is in the pipe belongs to the kernel and outlives the rank, so a rank killed
-  with SIGKILL loses none of the events it recorded: the child reads them after the
-  rank's death, renders them and then ends the file (the goal: every op that completed at
-  least 50 ms before the kill is in the file; here it is every op whose cycle ended).
-* Only when the child lags by more than the pipe holds (enlarged to 1 MiB, ~13,000 ops;
-  under load it does lag, by design) do frames wait in the rank, in a backlog bounded in
-  events (``HVDPROF_TIMELINE_QUEUE_SIZE``): beyond it, items are dropped and counted. A
-  feeder thread writes the backlog as the child makes room, and sends the rank's state
-  (clock estimate, drop counts) when it changed. Events in the backlog are the only ones
-  a SIGKILL can take with it.
-* Encoding: ops travel by column (a few lists and byte strings per frame, pickled at C
-  speed), :data:`OPS_PER_FRAME` at a time. Rare items (instants, counters, header lines)
-  are pickled after their arguments are reduced to plain JSON-able values, so unpickling
-  them can never import torch or user code in the child.
-
-The wire format, and the child's decoding of it, live in :mod:`hvdprof.timeline.wire`.
-A stream that ends without ``MSG_END`` means the rank died (SIGKILL, crash): the child
-renders and writes everything it received, then (by default) leaves the file without its
-closing bracket, which is how readers tell a crashed rank (see
-:data:`TERMINATE_ON_PRODUCER_LOSS`), rewrites the manifest (``closed: false``) and exits.
-The manifest's ``renderer_pid`` says which process to wait for before reading the file.
+Encoding: ops travel by column (a few lists and byte strings per frame, pickled at C
+speed), :data:`OPS_PER_FRAME` at a time. Rare items (instants, counters, header lines)
+are pickled after their arguments are reduced to plain JSON-able values, so unpickling
+them can never import torch or user code in the child. The frames and the child's
+decoding of them live in :mod:`hvdprof.timeline.wire`.
 """
 
 from __future__ import annotations
@@ -57,13 +64,10 @@ import json
 import logging
 import os
 import pickle
-import select
 import subprocess
 import sys
 import threading
-import time
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -90,7 +94,6 @@ from hvdprof.timeline.wire import (  # noqa: F401  (the stream's names, for this
     MSG_ITEM,
     MSG_OPS,
     MSG_STATE,
-    PIPE_BYTES,
     PROTOCOL,
     Decoder,
     FrameReader,
@@ -101,6 +104,14 @@ log = logging.getLogger("hvdprof.timeline")
 
 #: ops per frame: well under 0.2 ms of encoding under the GIL, then a write that releases it
 OPS_PER_FRAME = 1024
+#: seconds the renderer sleeps between reads of the spool while the rank records
+RENDER_INTERVAL_S = 1.0
+#: the rank writes what it recorded to the spool at least this often (seconds; a SIGKILL
+#: loses at most the records of the last interval) ...
+FLUSH_INTERVAL_S = 0.05
+#: ... or as soon as this many bytes wait (one ``write`` per batch, not per item: a small
+#: append to a file costs 5-20 µs in the kernel, several per step on small steps)
+FLUSH_BYTES = 256 * 1024
 #: seconds :meth:`RenderProcess.close` waits for the child to finish the file
 CLOSE_TIMEOUT_S = 60.0
 #: When the rank vanishes without closing the sink (SIGKILL), the child writes every event
@@ -279,8 +290,16 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+def spool_path(trace_path: str) -> str:
+    """The spool beside ``DIR/rank.<r>.json[.gz]``: ``DIR/.rank.<r>.spool`` (hidden: no
+    reader takes it for a trace)."""
+    directory, name = os.path.split(trace_path)
+    stem = name.split(".json", 1)[0]
+    return os.path.join(directory, f".{stem}.spool")
+
+
 class RenderProcess:
-    """A started renderer child for one trace file, and the pipe that feeds it.
+    """A started renderer child for one trace file, and the spool that feeds it.
 
     ``fd`` is the trace file, open for writing; on success the child owns it (the rank's
     copy is closed). ``init`` (JSON-able) tells the child who it renders for: ``rank``,
@@ -288,15 +307,13 @@ class RenderProcess:
     ``manifest()`` and ``manifest_version()`` give the rank's manifest and a number that
     changes when it should be sent again (the clock estimate's version).
 
-    :meth:`put` encodes an item and writes its frames into the pipe at once, from the
-    calling thread (the cycle thread, for cycles), without blocking: the pipe is
-    non-blocking on this side. Bytes in the pipe belong to the kernel, so they outlive
-    the rank: a rank killed with SIGKILL loses nothing it handed over, as long as the
-    pipe had room. Only when the child lags by more than the pipe holds (1 MiB, about
-    13,000 ops) do frames wait in this process (the *backlog*, bounded by ``queue_size``
-    events, beyond which items are dropped and counted) for a feeder thread that writes
-    them as the child catches up. The feeder also sends the rank's state (clock
-    estimate, drop counts) every ``flush_interval_s`` when it changed.
+    :meth:`put` encodes an item on the calling thread (the cycle thread, for cycles) and
+    adds its frames to a batch in memory; the batch goes to the spool in one ``write``
+    into the page cache, which keeps the GIL and wakes no one (see the module docstring),
+    when it reaches :data:`FLUSH_BYTES` or, from a thread that wakes every
+    :data:`FLUSH_INTERVAL_S`, when it is that old. It never waits for the child. Only a
+    failing write (a full disk) drops items; the drop is counted, said once, and the
+    spool is cut back to its last whole frame.
 
     Raises ``OSError`` (or ``ValueError``/``SubprocessError``) when the child cannot be
     started; ``fd`` is then still the caller's. Call :meth:`start` once the caller is
@@ -312,42 +329,31 @@ class RenderProcess:
         fd: int,
         init: Mapping[str, Any],
         *,
-        queue_size: int = 200_000,
-        flush_interval_s: float = 0.2,
         manifest: Callable[[], dict[str, Any]] | None = None,
         manifest_version: Callable[[], int] | None = None,
         terminate_on_eof: bool | None = None,
         python: str | None = None,
-        wait_when_full: bool = True,
-        stuck_s: float = 2.0,
+        interval_s: float = RENDER_INTERVAL_S,
     ) -> None:
         self.path = path
+        self.spool = spool_path(path)
         self.manifest_path = str(init.get("manifest_path") or "")
         self._compressed = bool(init.get("compress"))
-        self._flush_interval_s = flush_interval_s
         self._manifest = manifest
         self._manifest_version = manifest_version
-        self._capacity = max(1, int(queue_size))
-        self._lock = threading.Lock()  # the pipe, the backlog, the counters, ``_closed``
-        #: signalled (under ``_lock``) whenever the feeder moved backlog into the pipe
-        self._room = threading.Condition(self._lock)
-        self._wait_when_full = wait_when_full
-        self._stuck_s = stuck_s
-        #: seconds producers spent waiting for room (``wait_when_full``)
-        self.waited_s = 0.0
-        self._wake = threading.Event()
-        #: encoded bytes waiting for room in the pipe, oldest first, with the events each
-        #: completes (an item's weight sits on its last chunk)
-        self._backlog: deque[tuple[memoryview, int]] = deque()
-        self._backlog_events = 0
+        self._lock = threading.Lock()  # the spool's end, the counters, ``_closed``
         self._dropped_events = 0
         self._dropped_items = 0
         self._encode_failures = 0
         self._sent_events = 0
+        self._spool_size = 0
+        #: frames recorded but not yet written to the spool, and the events and items
+        #: they complete (what a failed write drops)
+        self._pending = bytearray()
+        self._pending_events = 0
+        self._pending_items = 0
+        self._write_error: str | None = None
         self._closed = False
-        self._broken = False
-        self._stopping = False
-        self._final: dict[str, Any] | None = None
         self._sent_state: tuple[Any, int, int] | None = None
         self._status: dict[str, Any] = {}
         self._owner_pid = os.getpid()
@@ -355,16 +361,17 @@ class RenderProcess:
         exe = python if python is not None else sys.executable
         if not exe:
             raise OSError("no Python interpreter to start (sys.executable is empty)")
-        argv = [exe, "-m", CHILD_MODULE, "--fd", str(fd), "--init", json.dumps(dict(init))]
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
+        self._spool = os.open(self.spool, flags, 0o600)
+        argv = [
+            exe, "-m", CHILD_MODULE, "--fd", str(fd), "--init", json.dumps(dict(init)),
+            "--spool", self.spool, "--interval", repr(float(interval_s)),
+        ]  # fmt: skip
         if terminate:
             argv.append("--terminate-on-eof")
         argv.append(path)
-        read_end, write_end = os.pipe()
+        read_end, write_end = os.pipe()  # the doorbell: its end of file ends the child
         try:
-            with contextlib.suppress(AttributeError, OSError):  # Linux only; best effort
-                import fcntl
-
-                fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
             self._proc = subprocess.Popen(
                 argv,
                 stdin=read_end,
@@ -375,33 +382,45 @@ class RenderProcess:
             )
         except BaseException:
             os.close(write_end)
+            os.close(self._spool)
+            with contextlib.suppress(OSError):
+                os.unlink(self.spool)
             raise
         finally:
             os.close(read_end)
         os.close(fd)  # the child has its own copy
-        os.set_blocking(write_end, False)  # this end only: the child's reads still block
         self.pid = self._proc.pid
         # Set here rather than in the child, so that close() cannot race it.
         self.background = set_autogroup_nice(self.pid, BACKGROUND_NICE)
-        self._pipe = write_end
-        self._thread = threading.Thread(
-            target=self._run,
-            name=f"hvdprof-timeline-feeder({os.path.basename(path)})",
+        self._doorbell = write_end
+        self._tick = threading.Event()
+        self._flusher = threading.Thread(
+            target=self._flush_periodically,
+            name=f"hvdprof-timeline-flush({os.path.basename(path)})",
             daemon=True,
         )
         _CLIENTS.add(self)
 
     def start(self) -> None:
         """Send the rank's first state (the child can write the manifest from now on) and
-        start the feeder thread."""
-        self._send_state()
-        self._thread.start()
+        start the thread that writes what waits every :data:`FLUSH_INTERVAL_S`."""
+        with self._lock:
+            self._send_state_locked()
+            self._flush_locked()
+        self._flusher.start()
+
+    def _flush_periodically(self) -> None:
+        while not self._tick.wait(FLUSH_INTERVAL_S):
+            if self._pending:
+                with self._lock:
+                    self._flush_locked()
 
     # --- producers ------------------------------------------------------------------
 
     def put(self, item: Any, weight: int = 1) -> bool:
-        """Encode ``item`` (``weight`` events) and write it to the child now; False when it
-        was dropped. Never blocks (see the class docstring)."""
+        """Encode ``item`` (``weight`` events) and add it to the batch the spool gets next
+        (within :data:`FLUSH_INTERVAL_S`); False when it was dropped. Never waits for the
+        child."""
         if self._closed:
             self._count_dropped(weight)
             return False
@@ -413,78 +432,75 @@ class RenderProcess:
             if self._encode_failures <= 3:
                 log.exception("timeline: could not encode an item; it is dropped")
             return False
-        data = frames(payloads)
         with self._lock:
-            if self._closed or self._broken:
+            if self._closed:
                 self._dropped_events += weight
                 self._dropped_items += 1
                 return False
-            full = self._backlog and self._backlog_events + weight > self._capacity
-            if full and not (self._wait_when_full and self._wait_for_room_locked(weight)):
-                self._dropped_events += weight
-                self._dropped_items += 1
-                return False
-            return self._write_locked(data, weight)
-
-    def _wait_for_room_locked(self, weight: int) -> bool:
-        """Backpressure: wait (``_lock`` held, released while waiting) until the backlog
-        has room for ``weight`` events. False when the child stopped taking anything for
-        ``stuck_s`` (stopped, hung) or the stream closed: then the item drops.
-
-        A lagging renderer under CPU contention still makes progress, so waiting keeps
-        every event at the price of slowing the producer; a renderer that makes none must
-        not hang the training.
-        """
-        started = time.monotonic()
-        progress_at, sent = started, self._sent_events
-        self._wake.set()
-        if self.background and self.waited_s == 0.0:
-            # the rank now waits for the renderer: it may have the rank's share of the CPU
-            set_autogroup_nice(self.pid, 0)
-        try:
-            while self._backlog and self._backlog_events + weight > self._capacity:
-                if self._closed or self._broken or self._stopping:
-                    return False
-                self._room.wait(0.05)
-                now = time.monotonic()
-                if self._sent_events != sent:
-                    progress_at, sent = now, self._sent_events
-                elif now - progress_at > self._stuck_s:
-                    return False
+            if self._manifest_version is not None and (
+                self._sent_state is None or self._sent_state[0] != self._manifest_version()
+            ):
+                self._send_state_locked()
+            self._pending += frames(payloads)
+            self._pending_events += weight
+            self._pending_items += 1
+            if len(self._pending) >= FLUSH_BYTES:
+                self._flush_locked()
             return True
-        finally:
-            self.waited_s += time.monotonic() - started
 
-    def _write_locked(self, data: bytes, weight: int) -> bool:
-        """Write ``data`` now, or queue it (whole, or its unwritten rest) in the backlog."""
-        if not self._backlog:
-            try:
-                done = write_keeping_gil(self._pipe, data)
-            except BlockingIOError:
-                done = 0
-            except OSError as exc:
-                self._lost_pipe(exc)
-                self._dropped_events += weight
-                self._dropped_items += 1
-                return False
-            if done == len(data):
-                self._sent_events += weight
-                return True
-            self._backlog.append((memoryview(data)[done:], weight))
+    def _flush_locked(self) -> None:
+        """Write what waits to the spool in one call; a failed write drops it, counted."""
+        if not self._pending:
+            return
+        if self._append_locked(bytes(self._pending)):
+            self._sent_events += self._pending_events
         else:
-            self._backlog.append((memoryview(data), weight))
-        self._backlog_events += weight
-        self._wake.set()
-        return True
+            self._dropped_events += self._pending_events
+            self._dropped_items += self._pending_items
+        self._pending.clear()
+        self._pending_events = self._pending_items = 0
+
+    def _append_locked(self, data: bytes) -> bool:
+        """Append whole frames to the spool; on a failed write, cut back to the last whole
+        frame (the child must never read half of one)."""
+        if self._spool < 0:
+            return False
+        try:
+            done = write_keeping_gil(self._spool, data)
+        except OSError as exc:
+            done, error = 0, exc.strerror or str(exc)
+        else:
+            error = None if done == len(data) else os.strerror(errno.ENOSPC)
+        if error is None:
+            self._spool_size += done
+            return True
+        if done:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._spool, self._spool_size)
+        if self._write_error is None:
+            log.error(
+                "hvdprof: timeline: cannot write %s (%s); events are dropped and counted",
+                self.spool,
+                error,
+            )
+        self._write_error = error
+        return False
 
     def _count_dropped(self, events: int, items: int = 1) -> None:
         with self._lock:
             self._dropped_events += events
             self._dropped_items += items
 
-    def _drops(self) -> tuple[int, int]:
-        with self._lock:
-            return self._dropped_events, self._dropped_items
+    def _send_state_locked(self) -> None:
+        """The rank's manifest (when its version changed) and drop counts, to the child."""
+        version = self._manifest_version() if self._manifest_version else 0
+        drops = (self._dropped_events, self._dropped_items)
+        sent = self._sent_state
+        manifest = None
+        if self._manifest is not None and (sent is None or sent[0] != version):
+            manifest = self._manifest()
+        self._sent_state = (version, *drops)
+        self._pending += frames([_dumps((MSG_STATE, manifest, *drops))])
 
     # --- counters --------------------------------------------------------------------
 
@@ -495,7 +511,7 @@ class RenderProcess:
 
     @property
     def events_dropped(self) -> int:
-        """Dropped in this rank (backlog full, after close, lost pipe) plus in the child."""
+        """Dropped in this rank (a failed spool write, after close) plus in the child."""
         return self._dropped_events + int(self._status.get("child_events_dropped", 0))
 
     @property
@@ -511,14 +527,14 @@ class RenderProcess:
         return int(self._status.get("bytes_written", 0))
 
     @property
-    def pending(self) -> int:
-        """Events held in this rank, waiting for room in the pipe (what a SIGKILL loses)."""
-        return self._backlog_events
+    def sent_events(self) -> int:
+        """Events appended to the spool: from here on, only the child can lose them."""
+        return self._sent_events
 
     @property
-    def sent_events(self) -> int:
-        """Events written into the pipe: from here on, only the child can lose them."""
-        return self._sent_events
+    def spool_bytes(self) -> int:
+        """Bytes written to the spool so far (not counting the batch in memory)."""
+        return self._spool_size
 
     @property
     def closed(self) -> bool:
@@ -529,143 +545,48 @@ class RenderProcess:
     def returncode(self) -> int | None:
         return self._proc.returncode
 
-    # --- feeder thread ---------------------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            while True:
-                self._wake.wait(self._flush_interval_s)
-                self._wake.clear()
-                stopping = self._stopping
-                self._flush_backlog()
-                self._send_state()
-                if stopping:
-                    break
-            self._flush_backlog()
-            if self._final is not None:
-                self._send_frames([_dumps((MSG_END, self._final, *self._drops()))])
-                self._flush_backlog()
-        except Exception:
-            log.exception("timeline: the feeder of %s failed", self.path)
-        finally:
-            self._close_pipe()
-
-    def _flush_backlog(self) -> None:
-        """Write the backlog, waiting for the child to make room (the feeder's job)."""
-        poller = None
-        while True:
-            with self._lock:
-                while self._backlog and not self._broken:
-                    view, weight = self._backlog[0]
-                    try:
-                        done = os.write(self._pipe, view)
-                    except BlockingIOError:
-                        break
-                    except OSError as exc:
-                        self._lost_pipe(exc)
-                        break
-                    if done < len(view):
-                        self._backlog[0] = (view[done:], weight)
-                        break
-                    self._backlog.popleft()
-                    self._backlog_events -= weight
-                    self._sent_events += weight
-                    self._room.notify_all()
-                if self._broken:  # nothing will ever take the rest
-                    lost = self._backlog_events
-                    self._dropped_events += lost
-                    self._dropped_items += sum(1 for _, w in self._backlog if w)
-                    self._backlog.clear()
-                    self._backlog_events = 0
-                if not self._backlog:
-                    return
-            if poller is None:
-                poller = select.poll()
-                poller.register(self._pipe, select.POLLOUT)
-            poller.poll(100)  # ms; the child reads, or is gone (POLLERR)
-
-    def _send_frames(self, payloads: list[bytes]) -> None:
-        with self._lock:
-            if not self._broken and self._pipe >= 0:
-                self._write_locked(frames(payloads), 0)
-
-    def _send_state(self) -> None:
-        version = self._manifest_version() if self._manifest_version else 0
-        drops = self._drops()
-        sent = self._sent_state
-        if sent is not None and sent == (version, *drops):
-            return
-        manifest = None
-        if self._manifest is not None and (sent is None or sent[0] != version):
-            manifest = self._manifest()
-        self._sent_state = (version, *drops)
-        self._send_frames([_dumps((MSG_STATE, manifest, *drops))])
-
-    def _lost_pipe(self, exc: OSError) -> None:
-        """The child is gone (called with the lock held)."""
-        if self._broken:
-            return
-        self._broken = True
-        code = self._proc.poll()
-        log.error(
-            "timeline: the renderer process of %s is gone (%s%s); further events are dropped",
-            self.path,
-            exc.strerror or exc,
-            "" if code is None else f", exit code {code}",
-        )
-
-    def _close_pipe(self) -> None:
-        with self._lock:
-            fd, self._pipe = self._pipe, -1
-        if fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
     # --- shutdown ----------------------------------------------------------------------
 
     def close(
         self, final_manifest: Mapping[str, Any] | None = None, timeout_s: float = CLOSE_TIMEOUT_S
     ) -> None:
-        """Send the backlog and the end mark, then wait (bounded) for the child to finish.
+        """Append the end mark, ring the doorbell out, then wait (bounded) for the child.
 
         ``final_manifest`` is the rank's manifest at close (end instant, last clock
         estimate). After ``timeout_s`` the child is killed: the file then keeps what it had
-        written, without the closing bracket. Idempotent; a no-op in a forked child.
+        written, without the closing bracket, and the spool the rest. Idempotent; a no-op
+        in a forked child.
         """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        if os.getpid() != self._owner_pid:
-            return
-        deadline = time.monotonic() + timeout_s
+            if os.getpid() != self._owner_pid:
+                return
+            self._flush_locked()
+            final = dict(final_manifest) if final_manifest is not None else {}
+            drops = (self._dropped_events, self._dropped_items)
+            self._append_locked(frames([_dumps((MSG_END, final, *drops))]))
+            spool, self._spool = self._spool, -1
+            doorbell, self._doorbell = self._doorbell, -1
+        self._tick.set()  # the flusher ends
+        with contextlib.suppress(OSError):
+            os.close(spool)
         if self.background and self._proc.poll() is None:
             # The rank now waits for the child: let it catch up at a normal priority.
             # (Not reaped yet, so the pid is still the child's, even if it has exited.)
             set_autogroup_nice(self.pid, 0)
-        self._final = dict(final_manifest) if final_manifest is not None else {}
-        self._stopping = True
-        self._wake.set()
-        if self._thread.ident is None:  # never started: send from here
-            self._run()
-        else:
-            self._thread.join(max(0.0, deadline - time.monotonic()))
-        if self._thread.is_alive():
-            log.error(
-                "timeline: the renderer of %s took no input for %.0f s; stopping it",
-                self.path,
-                timeout_s,
-            )
-            self._kill()
-            self._thread.join(5.0)
+        with contextlib.suppress(OSError):
+            os.close(doorbell)  # end of file: the child reads the spool to its end
         try:
-            self._proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            self._proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             log.error(
                 "timeline: the renderer of %s did not finish within %.0f s; stopping it"
-                " (the file keeps what it wrote, without its closing bracket)",
+                " (the file keeps what it wrote, without its closing bracket; %s the rest)",
                 self.path,
                 timeout_s,
+                self.spool,
             )
             self._kill()
         self._read_status()
@@ -697,9 +618,10 @@ class RenderProcess:
         if self._proc.returncode not in (0, None):
             log.error(
                 "timeline: the renderer of %s exited with code %s; the file may lack its"
-                " last events",
+                " last events, which %s keeps",
                 self.path,
                 self._proc.returncode,
+                self.spool,
             )
         self._status = {"events_written": 0, "closed": False}
         with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
@@ -712,15 +634,16 @@ class RenderProcess:
                 self._status["events_written"] = count_events(self.path)
 
     def _after_fork_in_child(self) -> None:
-        """A forked copy of the rank must not hold the pipe open (the child waits for EOF)."""
+        """A forked copy of the rank must not append to the spool nor hold the doorbell
+        open (the child waits for its end of file)."""
         self._lock = threading.Lock()  # another thread may have held it at the fork
         self._closed = True
-        self._broken = True
-        self._backlog.clear()
-        if self._pipe >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._pipe)
-            self._pipe = -1
+        self._pending.clear()
+        for fd in (self._spool, self._doorbell):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._spool = self._doorbell = -1
 
 
 def count_events(path: str) -> int:

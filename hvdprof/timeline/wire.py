@@ -2,7 +2,7 @@
 
 What both ends need, and only that: the renderer process imports this module, never the
 runtime or numpy (its start-up is paid per ``start_timeline``). The rank's side (encoding,
-the pipe, the feeder) is :mod:`hvdprof.timeline.transport`.
+the spool, the doorbell) is :mod:`hvdprof.timeline.transport`.
 
 Frames are ``<u32 little-endian length><pickle>``; each pickle is a tuple tagged by a
 ``MSG_*`` constant:
@@ -28,14 +28,16 @@ ranks)`` readiness matrix and ``cached`` one byte per op.
 from __future__ import annotations
 
 import os
+import select
 import struct
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 from hvdprof.timeline.render import ITEM_COLUMNS, OpColumns, as_groups, as_head
 
 #: Bumped when the wire format changes; the child refuses a stream of another version.
-PROTOCOL = 3
+PROTOCOL = 4
 
 MSG_STATE = 0
 MSG_OPS = 1
@@ -45,8 +47,13 @@ MSG_END = 4
 
 FRAME_HEADER = struct.Struct("<I")
 MAX_FRAME_BYTES = 1 << 30
-#: requested capacity of the pipe to the child (Linux; the default is 64 KiB)
-PIPE_BYTES = 1 << 20
+#: what the renderer reads from the spool at a time
+READ_BYTES = 1 << 20
+#: the renderer frees the spool's consumed bytes in steps of this many
+PUNCH_BYTES = 4 << 20
+#: unread spool bytes past which the renderer renders while the rank records, live view
+#: or not (64 MiB, about 1.2 million ops: the most it then has left to render at close)
+BACKLOG_BYTES = 64 << 20
 
 
 def frames(payloads: list[bytes]) -> bytes:
@@ -58,14 +65,43 @@ def frames(payloads: list[bytes]) -> bytes:
 
 
 class FrameReader:
-    """Splits the byte stream from the rank back into frame payloads."""
+    """Splits the bytes the rank appended to its spool back into frame payloads.
 
-    def __init__(self, fd: int, chunk: int = PIPE_BYTES) -> None:
-        self.fd = fd
+    The rank appends frames to a spool file (see :mod:`hvdprof.timeline.transport`) and
+    holds the write end of a *doorbell* pipe that it never writes: the pipe's end of file
+    says the rank closed the sink or died. Between reads the renderer sleeps on the
+    doorbell for ``interval_s``, so the rank's writes wake nobody: one wake-up per
+    interval instead of one per cycle (a cross-process wake-up per cycle, on cores the
+    ranks share, is what the timeline cost training).
+
+    ``spool_fd`` alone (no doorbell) reads a stream to its end: a pipe, or a spool left by
+    a renderer that died. ``wanted()``, when given, says whether to read while the rank
+    still records (a reader watches the run live, or the spool holds more than
+    :data:`BACKLOG_BYTES` unread); until the doorbell rings out, nothing is read
+    otherwise, so nothing is rendered beside the training.
+    """
+
+    def __init__(
+        self,
+        spool_fd: int,
+        doorbell_fd: int = -1,
+        *,
+        interval_s: float = 1.0,
+        chunk: int = READ_BYTES,
+        wanted: Callable[[], bool] | None = None,
+    ) -> None:
+        self.fd = spool_fd
+        self.wanted = wanted
+        self.doorbell = doorbell_fd
+        self.interval_s = interval_s
         self._chunk = chunk
         self._buf = bytearray()
         self._pos = 0
+        #: bytes of the spool read so far
+        self.read_bytes = 0
+        self._punched = 0
         self.eof = False
+        self._rang_out = doorbell_fd < 0
 
     def next_frame(self) -> bytes | None:
         """The next complete payload already received, or None (call :meth:`fill`)."""
@@ -90,18 +126,85 @@ class FrameReader:
         return payload
 
     def fill(self) -> bool:
-        """Block until more bytes arrive; False at end of stream."""
-        data = os.read(self.fd, self._chunk)
-        if not data:
-            self.eof = True
-            return False
-        self._buf += data
-        return True
+        """Wait until more bytes arrive; False at the end of the stream (the doorbell's end
+        of file, then nothing left in the spool)."""
+        while True:
+            if not self._rang_out and not self._read_now():
+                self._wait()
+                continue
+            data = os.read(self.fd, self._chunk)
+            if data:
+                self._buf += data
+                self.read_bytes += len(data)
+                self._release_read()
+                return True
+            if self._rang_out:  # the rank is gone and the spool is read to its end
+                self.eof = True
+                return False
+            self._wait()
+
+    def _read_now(self) -> bool:
+        if self.wanted is None or self.wanted():
+            return True
+        try:
+            return os.fstat(self.fd).st_size - self.read_bytes >= BACKLOG_BYTES
+        except OSError:
+            return True
+
+    def _wait(self) -> None:
+        """Sleep on the doorbell for up to one interval; note its end of file."""
+        ready, _, _ = select.select([self.doorbell], [], [], self.interval_s)
+        if ready:
+            try:
+                rung = os.read(self.doorbell, 64)
+            except OSError:
+                rung = b""
+            if not rung:
+                self._rang_out = True
+
+    def _release_read(self) -> None:
+        """Give the spool's consumed pages back to the file system (a hole keeps the
+        offsets), so a long recording's spool takes no more disk than the renderer's lag."""
+        done = self.read_bytes - self.read_bytes % PUNCH_BYTES
+        if done - self._punched >= PUNCH_BYTES and punch_hole(
+            self.fd, self._punched, done - self._punched
+        ):
+            self._punched = done
 
     @property
     def leftover(self) -> int:
         """Bytes of an incomplete frame (at end of stream: the rank died mid-write)."""
         return len(self._buf) - self._pos
+
+
+def _libc_fallocate() -> Any:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fallocate = libc.fallocate
+    except (ImportError, OSError, AttributeError):
+        return None
+    fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long)
+    fallocate.restype = ctypes.c_int
+    return fallocate
+
+
+_FALLOCATE: Any = None
+_FALLOCATE_LOOKED = False
+#: fallocate(2)'s FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
+_PUNCH_HOLE = 0x01 | 0x02
+
+
+def punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Free ``length`` bytes of a file from ``offset`` without changing its size (Linux;
+    False where the file system or platform cannot)."""
+    global _FALLOCATE, _FALLOCATE_LOOKED
+    if not _FALLOCATE_LOOKED:
+        _FALLOCATE, _FALLOCATE_LOOKED = _libc_fallocate(), True
+    if _FALLOCATE is None:
+        return False
+    return _FALLOCATE(fd, _PUNCH_HOLE, offset, length) == 0
 
 
 def join_columns(chunks: list[tuple[Any, ...]]) -> OpColumns:

@@ -16,7 +16,7 @@ after a crash or Ctrl+C, and recording slowed training. This writer:
 In a rank the timeline normally renders in a separate process
 (:mod:`hvdprof.timeline.render_process`), which drives this writer *synchronously*
 (``background=False``: no thread; it calls :meth:`TimelineWriter.flush` itself, so a slow
-disk pushes back on its input pipe instead of dropping events). The background thread is
+disk only makes it lag behind its spool instead of dropping events). The background thread is
 the in-process fallback, and what standalone users of the class get.
 """
 

@@ -21,6 +21,7 @@ socket-based channels.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -79,6 +80,35 @@ def open_world(rank: int, size: int, launcher: str) -> tuple[Any, Any]:
             "RANK/WORLD_SIZE by hand under MPI"
         )
     return world.Dup(), world.Dup()
+
+
+#: how long :func:`wait_idle` tests a request back to back before it starts to sleep
+SPIN_S = 50e-6
+#: the longest sleep between two tests (the most a late answer is noticed late by)
+MAX_SLEEP_S = 500e-6
+
+
+def wait_idle(request: Any) -> None:
+    """Wait for a non-blocking MPI request while leaving the core to others.
+
+    A blocking MPI call polls its progress engine on the core it runs on until the answer
+    comes (Open MPI and MPICH alike, unless oversubscribed). The cycle thread waits for
+    its peers' next cycle in every cycle's allgather, up to a cycle time; spinning there
+    took a core from the rank's own training thread, and on a balanced 2-rank job the
+    slower rank, and the one named straggler, was whichever lost more of its core. So
+    the request is tested back to back for :data:`SPIN_S` (an answer that is almost there
+    costs no sleep), then between sleeps that double up to :data:`MAX_SLEEP_S`.
+    """
+    if request.Test():
+        return
+    spin_until = time.perf_counter() + SPIN_S
+    while time.perf_counter() < spin_until:
+        if request.Test():
+            return
+    delay = 20e-6
+    while not request.Test():
+        time.sleep(delay)
+        delay = min(2 * delay, MAX_SLEEP_S)
 
 
 def _mpi_type(MPI: Any, dtype: torch.dtype) -> Any:
@@ -275,10 +305,15 @@ class MpiControlChannel(CycleVectors):
 
     # --- the cycle's allgather (buffers: CycleVectors) ---------------------------------
     def allgather_sent(self) -> np.ndarray:
+        """Every rank's vector, waited for without spinning (see :func:`wait_idle`): a
+        rank waits here each cycle for its peers' next cycle, up to a cycle time."""
         if self.size == 1:
             self._recv_np[0] = self._send_np
         else:
-            self.comm.Allgather([self._send_np, self.MPI.BYTE], [self._recv_np, self.MPI.BYTE])
+            request = self.comm.Iallgather(
+                [self._send_np, self.MPI.BYTE], [self._recv_np, self.MPI.BYTE]
+            )
+            wait_idle(request)
         return self._recv_np
 
     # --- small reductions -------------------------------------------------------------
