@@ -1,5 +1,5 @@
 """The ``hvdprof`` console command: ``run``, ``timeline merge``, ``env``, ``stacks``,
-``dashboard``, ``report``, ``analyze``, ``diff``.
+``dashboard``, ``report``, ``analyze``, ``diff``, ``ab``, ``history``.
 
 Only argument parsing and error reporting live here; the work is done by
 :func:`hvdprof.launcher.launch`, ``hvdprof.timeline.merge``, :mod:`hvdprof.config`,
@@ -20,9 +20,10 @@ if sys.argv[:1] and sys.argv[0].rsplit("/", 1)[-1] == "hvdprof":  # the console 
     launch_signal.hold_for(sys.argv[1] if len(sys.argv) > 1 else None)
 
 import argparse
+import contextlib
 import os
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from hvdprof import __version__
@@ -152,6 +153,10 @@ def _add_analysis(commands: Any) -> None:
 
     add_analyze_parser(commands)
     add_diff_parser(commands)
+    from hvdprof.analysis.ab_cli import add_ab_parser, add_history_parser
+
+    add_ab_parser(commands)  # hvdprof ab: the interleaved speed gate
+    add_history_parser(commands)
 
 
 def _add_dashboard(commands: Any) -> None:
@@ -294,10 +299,24 @@ def _autotune_from(path: str, overrides: dict[str, str]) -> dict[str, str]:
     the environment (a knob the user pinned stays pinned); says what it applies."""
     from hvdprof.autotune.summary import assignments_from_log
 
-    try:
-        found, kept = assignments_from_log(path)
-    except (OSError, ValueError) as exc:
-        raise HvdprofError(f"run --autotune-from: {exc}") from None
+    _check_autotune_log_file(path)
+    with _skipped_lines() as skipped:
+        try:
+            found, kept = assignments_from_log(path)
+        except (OSError, ValueError) as exc:
+            why = f"; {_shown_skips(skipped)}" if skipped else ""
+            raise HvdprofError(f"run --autotune-from: {exc}{why}") from None
+    if skipped:
+        print(f"hvdprof run: --autotune-from {path}: {_shown_skips(skipped)}", file=sys.stderr)
+    for name, value in found.items():  # a decision no rank could use: refused here, named
+        var = env_var(name)
+        try:
+            var.parse(value)
+        except ValueError as exc:
+            raise HvdprofError(
+                f"run --autotune-from {path}: its decision {name}={value} is out of range: "
+                f"it accepts {exc}; no rank was started"
+            ) from None
     if kept:
         print(
             f"hvdprof run: --autotune-from {path}: that tuner kept the default; nothing to set",
@@ -312,8 +331,90 @@ def _autotune_from(path: str, overrides: dict[str, str]) -> dict[str, str]:
     return use
 
 
+def _refuse_set_topology() -> None:
+    """``hvdprof run`` sets each rank's topology (``HVDPROF_SIZE`` from ``-np`` ...); one a
+    user set would be replaced without a word, so it is refused, naming it. The whole set
+    inherited by a command run inside another hvdprof job's rank (its launcher set them
+    all) is replaced, and that is said."""
+    mine = [name for name in TOPOLOGY_VARS if name in os.environ]
+    if not mine:
+        return
+    Config.from_env({name: os.environ[name] for name in mine})  # malformed: its own line
+    if name_of("rank") in os.environ and name_of("controller_port") in os.environ:
+        print(
+            f"hvdprof run: started inside rank {os.environ[name_of('rank')]} of another "
+            "hvdprof job: this job's ranks get their own topology",
+            file=sys.stderr,
+        )
+        return
+    given = ", ".join(f"{name}={os.environ[name]!r}" for name in mine)
+    raise ConfigError(
+        f"{given}: `hvdprof run` sets {'this' if len(mine) == 1 else 'these'} for each rank "
+        f"(from -np and the hosts), so {'it' if len(mine) == 1 else 'they'} would not be "
+        f"used; unset {'it' if len(mine) == 1 else 'them'} (env -u {mine[0]} ...); no rank "
+        "was started"
+    )
+
+
+#: An autotune log is a few kB; a file larger than this is not one (and is not read).
+_AUTOTUNE_LOG_MAX_BYTES = 64 * MiB
+
+
+def _check_autotune_log_file(path: str) -> None:
+    """A regular file of sane size, or one line saying what ``path`` is instead."""
+    import stat
+
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise HvdprofError(f"run --autotune-from: {path}: no such file") from None
+    except OSError as exc:
+        raise HvdprofError(f"run --autotune-from {path}: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise HvdprofError(f"run --autotune-from {path}: it is a directory; name the CSV log")
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a FIFO" if stat.S_ISFIFO(info.st_mode) else "not a regular file"
+        if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
+            kind = "a device"
+        raise HvdprofError(f"run --autotune-from {path}: it is {kind}, not an autotune log")
+    if info.st_size > _AUTOTUNE_LOG_MAX_BYTES:
+        raise HvdprofError(
+            f"run --autotune-from {path}: {info.st_size:,} bytes is no autotune log (they "
+            f"are kilobytes; at most {_AUTOTUNE_LOG_MAX_BYTES:,} are read)"
+        )
+
+
+def _shown_skips(skipped: list[str]) -> str:
+    more = f" and {len(skipped) - 1:,} more" if len(skipped) > 1 else ""
+    return f"{len(skipped):,} line(s) skipped ({skipped[0]}{more})"
+
+
+@contextlib.contextmanager
+def _skipped_lines() -> Iterator[list[str]]:
+    """The ``hvdprof.autotune`` reader's warnings, one per skipped line (a binary file
+    gave thousands), gathered to be said in one line instead of printed each."""
+    import logging
+
+    skipped: list[str] = []
+
+    class _Gather(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            skipped.append(record.getMessage()[:160])
+
+    logger = logging.getLogger("hvdprof.autotune")
+    handler, propagate = _Gather(logging.WARNING), logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield skipped
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
 def _check_environment(overrides: dict[str, str]) -> None:
     """Fail fast on a malformed HVDPROF_* variable, once, instead of in every rank."""
+    _refuse_set_topology()
     env = {**os.environ, **overrides}
     for name in TOPOLOGY_VARS:
         env.pop(name, None)

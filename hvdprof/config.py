@@ -19,29 +19,43 @@ KiB = 1024
 MiB = 1024 * KiB
 
 
-def _parse_int(value: str, *, minimum: int | None = None) -> int:
+def _int_range(minimum: int | None, maximum: int | None) -> str:
+    lower = f">= {minimum}" if minimum is not None else ""
+    upper = f"<= {maximum}" if maximum is not None else ""
+    bounds = " and ".join(b for b in (lower, upper) if b)
+    return "an integer" + (f" {bounds}" if bounds else "")
+
+
+def _parse_int(value: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
     text = value.strip().replace("_", "")
     try:
         parsed = int(text, 0)
     except ValueError:
-        raise ValueError("an integer") from None
-    if minimum is not None and parsed < minimum:
-        raise ValueError(f"an integer >= {minimum}")
+        raise ValueError(_int_range(minimum, maximum)) from None
+    if (minimum is not None and parsed < minimum) or (maximum is not None and parsed > maximum):
+        raise ValueError(_int_range(minimum, maximum))
     return parsed
 
 
-def _int(minimum: int | None = None) -> Callable[[str], int]:
-    def parse(value: str) -> int:
-        return _parse_int(value, minimum=minimum)
+def _int(minimum: int | None = None, maximum: int | None = None) -> Callable[[str], int]:
+    """An integer parser with its range: every value a rank can be given is one it can use
+    (2**31 in-flight buffers or a 10**30-byte fusion buffer fail deep in a rank)."""
 
-    parse.accepts = "an integer" + (f" >= {minimum}" if minimum is not None else "")  # type: ignore[attr-defined]
+    def parse(value: str) -> int:
+        return _parse_int(value, minimum=minimum, maximum=maximum)
+
+    parse.accepts = _int_range(minimum, maximum)  # type: ignore[attr-defined]
     return parse
 
 
-def _float(minimum: float | None = None, exclusive: bool = False) -> Callable[[str], float]:
-    bound = ""
-    if minimum is not None:
-        bound = f" {'>' if exclusive else '>='} {minimum:g}"
+def _float(
+    minimum: float | None = None, exclusive: bool = False, maximum: float | None = None
+) -> Callable[[str], float]:
+    """A number parser with its range (finite always: 1e308 seconds overflow every
+    timer and sleep that receives them)."""
+    lower = f"{'>' if exclusive else '>='} {_num(minimum)}" if minimum is not None else ""
+    upper = f"<= {_num(maximum)}" if maximum is not None else ""
+    bound = " " + " and ".join(b for b in (lower, upper) if b) if lower or upper else ""
 
     def parse(value: str) -> float:
         try:
@@ -52,10 +66,23 @@ def _float(minimum: float | None = None, exclusive: bool = False) -> Callable[[s
             raise ValueError("a finite number" + bound)
         if minimum is not None and (parsed < minimum or (exclusive and parsed == minimum)):
             raise ValueError("a number" + bound)
+        if maximum is not None and parsed > maximum:
+            raise ValueError("a number" + bound)
         return parsed
 
     parse.accepts = "a number" + bound  # type: ignore[attr-defined]
     return parse
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+#: bounds shared by several variables: a rank number (a 32-bit int everywhere it goes),
+#: a timeout (30 days: any wait or timer takes it), a size in bytes (1 TiB)
+_RANK_MAX = 2**31 - 1
+_SECONDS_MAX = 30 * 24 * 3600.0
+_BYTES_MAX = 1 << 40
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -102,11 +129,13 @@ def _step_window(value: str) -> tuple[int, int] | None:
         lo, hi = int(start), int(end)
     except ValueError:
         raise ValueError("START-END with integers, e.g. 100-120") from None
-    if not sep or lo < 0 or hi < lo:
+    if not sep or lo < 0 or hi < lo or hi > _STEP_MAX:
         raise ValueError("START-END with 0 <= START <= END, e.g. 100-120")
     return (lo, hi)
 
 
+#: the last step a window may name (a step counter is a 64-bit int in the timelines)
+_STEP_MAX = 2**63 - 1
 _step_window.accepts = "START-END with 0 <= START <= END, e.g. 100-120"  # type: ignore[attr-defined]
 
 
@@ -131,18 +160,23 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_RANK",
         "rank",
-        _int(0),
+        _int(0, _RANK_MAX - 1),
         None,
         "Global rank of this process. Set by `hvdprof run`.",
         "unset (single process)",
     ),
     EnvVar(
-        "HVDPROF_SIZE", "size", _int(1), None, "Number of ranks. Set by `hvdprof run`.", "unset (1)"
+        "HVDPROF_SIZE",
+        "size",
+        _int(1, _RANK_MAX),
+        None,
+        "Number of ranks. Set by `hvdprof run`.",
+        "unset (1)",
     ),
     EnvVar(
         "HVDPROF_LOCAL_RANK",
         "local_rank",
-        _int(0),
+        _int(0, _RANK_MAX - 1),
         None,
         "Rank within this host. Set by `hvdprof run`; in a job of several ranks, every rank's host name decides it.",
         "= rank",
@@ -150,7 +184,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_LOCAL_SIZE",
         "local_size",
-        _int(1),
+        _int(1, _RANK_MAX),
         None,
         "Ranks on this host. Set by `hvdprof run`; in a job of several ranks, every rank's host name decides it.",
         "= size",
@@ -158,7 +192,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_CROSS_RANK",
         "cross_rank",
-        _int(0),
+        _int(0, _RANK_MAX - 1),
         None,
         "Index of this host. Set by `hvdprof run`; in a job of several ranks, every rank's host name decides it.",
         "0",
@@ -166,7 +200,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_CROSS_SIZE",
         "cross_size",
-        _int(1),
+        _int(1, _RANK_MAX),
         None,
         "Number of hosts. Set by `hvdprof run`; in a job of several ranks, every rank's host name decides it.",
         "1",
@@ -181,7 +215,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_CONTROLLER_PORT",
         "controller_port",
-        _int(0),
+        _int(0, 65535),
         None,
         "Port of the rendezvous store. Set by `hvdprof run`; unset means a free port for a single process.",
         "unset",
@@ -204,14 +238,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_ELASTIC_TIMEOUT_SECONDS",
         "elastic_timeout_s",
-        _float(0, exclusive=True),
+        _float(0.001, maximum=_SECONDS_MAX),
         120.0,
         "Longest an elastic worker waits for a generation of the job that includes it.",
     ),
     EnvVar(
         "HVDPROF_START_TIMEOUT_SECONDS",
         "start_timeout_s",
-        _float(0, exclusive=True),
+        _float(0.001, maximum=_SECONDS_MAX),
         60.0,
         "How long `init` waits for every rank to join the rendezvous.",
     ),
@@ -219,7 +253,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_CYCLE_TIME",
         "cycle_time_ms",
-        _float(0),
+        _float(0, maximum=60_000),
         5.0,
         "Milliseconds between negotiation cycles of the background thread while the "
         "training thread computes (a thread that waits on an op is negotiated for at once). "
@@ -228,7 +262,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_FUSION_THRESHOLD",
         "fusion_threshold_bytes",
-        _int(0),
+        _int(0, _BYTES_MAX),
         4 * MiB,
         "Largest fusion buffer, in bytes. 0 disables fusion.",
         "4194304 (4 MiB)",
@@ -236,7 +270,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_SMALL_ALLREDUCE_BYTES",
         "small_allreduce_bytes",
-        _int(0),
+        _int(0, _BYTES_MAX),
         256 * KiB,
         "Allreduce buffers up to this size go over the control channel's sockets, which "
         "answer in tens of microseconds where a backend call costs a millisecond or more "
@@ -246,14 +280,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_MAX_INFLIGHT",
         "max_inflight",
-        _int(1),
+        _int(1, 256),
         4,
         "Fusion buffers reduced concurrently: packing the next overlaps reducing the previous.",
     ),
     EnvVar(
         "HVDPROF_CACHE_CAPACITY",
         "cache_capacity",
-        _int(0),
+        _int(0, 1 << 24),
         4096,
         "Entries in the response cache (tensor names negotiated on the fast path). 0 disables it.",
     ),
@@ -282,14 +316,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_COLLECTIVE_TIMEOUT_SECONDS",
         "collective_timeout_s",
-        _float(0, exclusive=True),
+        _float(0.001, maximum=_SECONDS_MAX),
         60.0,
         "Bound on one collective: when a peer rank dies, survivors raise within about this time.",
     ),
     EnvVar(
         "HVDPROF_STALL_CHECK_TIME_SECONDS",
         "stall_check_time_s",
-        _float(0),
+        _float(0, maximum=_SECONDS_MAX),
         60.0,
         "When some ranks have submitted a tensor and others have not for this long, rank 0 "
         "asks the late ranks for their Python stack and warns, every this many seconds, "
@@ -300,7 +334,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_STALL_SHUTDOWN_TIME_SECONDS",
         "stall_shutdown_time_s",
-        _float(0),
+        _float(0, maximum=_SECONDS_MAX),
         0.0,
         "End the job when a stall lasts this long: under `hvdprof run` every rank prints "
         "the stall line and exits (code 1) and so does the launcher; elsewhere the late "
@@ -312,7 +346,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_CHECK_DIVERGENCE",
         "check_divergence",
-        _int(0),
+        _int(0, _RANK_MAX),
         0,
         "Every N optimizer steps, `DistributedOptimizer` compares bit-exact checksums of "
         "the parameters and of the averaged gradients across ranks (one small allgather); "
@@ -380,7 +414,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_TIMELINE_SAMPLE_EVERY",
         "timeline_sample_every",
-        _int(1),
+        _int(1, _RANK_MAX),
         1,
         "Record one runtime step in N.",
     ),
@@ -394,17 +428,19 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_TIMELINE_QUEUE_SIZE",
         "timeline_queue_size",
-        _int(1),
+        _int(1, 1 << 30),
         200_000,
-        "Events a rank holds back while its timeline renderer lags by more than the pipe "
-        "holds; beyond this, `HVDPROF_TIMELINE_WHEN_FULL` decides.",
+        "Events a rank holds back for its timeline writer thread, where no renderer "
+        "process could start (the renderer process reads a spool on disk and never makes "
+        "a rank wait or drop); beyond this, `HVDPROF_TIMELINE_WHEN_FULL` decides.",
     ),
     EnvVar(
         "HVDPROF_TIMELINE_WHEN_FULL",
         "timeline_when_full",
         _choice("wait", "drop"),
         "wait",
-        "When a rank holds `HVDPROF_TIMELINE_QUEUE_SIZE` events its renderer has not taken: "
+        "When a rank rendering on its own thread holds `HVDPROF_TIMELINE_QUEUE_SIZE` "
+        "events its writer has not taken: "
         "`wait` (lossless: the recording thread waits for room, slowing the job instead, "
         "and the renderer leaves its background priority; events are dropped only if it "
         "takes nothing for `HVDPROF_TIMELINE_STUCK_SECONDS`) or `drop` (never slow the "
@@ -414,7 +450,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_TIMELINE_STUCK_SECONDS",
         "timeline_stuck_s",
-        _float(0, exclusive=True),
+        _float(0.001, maximum=_SECONDS_MAX),
         2.0,
         "With `HVDPROF_TIMELINE_WHEN_FULL=wait`: how long the recording thread waits for a "
         "renderer that takes nothing at all (stopped, hung) before it drops instead, so a "
@@ -423,14 +459,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_CLOCK_SYNC_INTERVAL_SECONDS",
         "clock_sync_interval_s",
-        _float(0),
+        _float(0, maximum=_SECONDS_MAX),
         60.0,
         "How often ranks re-estimate their clock offset to rank 0 while the timeline is on. 0: only at start.",
     ),
     EnvVar(
         "HVDPROF_CLOCK_SKEW_US",
         "clock_skew_us",
-        _float(),
+        _float(-3.6e9, maximum=3.6e9),
         0.0,
         "Testing aid: add this many microseconds to this rank's timeline clock, to prove the offset correction.",
     ),
@@ -477,28 +513,28 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_AUTOTUNE_WARMUP_SAMPLES",
         "autotune_warmup_samples",
-        _int(0),
+        _int(0, 1_000_000),
         3,
         "Samples discarded before tuning starts (the job warming up).",
     ),
     EnvVar(
         "HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE",
         "autotune_steps_per_sample",
-        _int(1),
+        _int(1, 1_000_000),
         3,
         "Runtime steps measured in each autotune window (scored by the median of up to 5 sub-windows); windows alternate between the incumbent and a candidate.",
     ),
     EnvVar(
         "HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
         "autotune_max_samples",
-        _int(1),
+        _int(1, 10_000),
         56,
         "Scored windows before tuning settles (the last third races the finalists against the starting configuration).",
     ),
     EnvVar(
         "HVDPROF_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
         "autotune_gp_noise",
-        _float(0),
+        _float(0, maximum=1e6),
         0.3,
         "Relative noise of one window's score assumed until measured (0.3 = about +-30%).",
     ),
@@ -512,14 +548,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_AUTOTUNE_DRIFT_FRACTION",
         "autotune_drift_fraction",
-        _float(0, exclusive=True),
+        _float(0, exclusive=True, maximum=1e6),
         0.2,
         "Relative throughput change that counts as drift in continuous mode.",
     ),
     EnvVar(
         "HVDPROF_AUTOTUNE_DRIFT_SAMPLES",
         "autotune_drift_samples",
-        _int(1),
+        _int(1, 1_000_000),
         5,
         "Consecutive drifted samples before tuning re-opens.",
     ),
@@ -527,7 +563,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_READ_MAX_INFLATED_BYTES",
         "read_max_inflated_bytes",
-        _int(1),
+        _int(1, 1 << 50),
         4 << 30,
         "Largest size one compressed (`.gz`) trace may inflate to when read; past it the file is a listed problem (read up to there, or not at all for a Kineto trace).",
         "4294967296 (4 GiB)",
@@ -535,21 +571,21 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar(
         "HVDPROF_READ_MAX_INFLATE_RATIO",
         "read_max_inflate_ratio",
-        _float(1),
+        _float(1, maximum=1e9),
         100.0,
         "Largest ratio of inflated to compressed bytes of a `.gz` trace past its first 32 MiB (real traces: 10-30); past it the file is a listed problem, as above.",
     ),
     EnvVar(
         "HVDPROF_READ_MAX_RANKS",
         "read_max_ranks",
-        _int(1),
+        _int(1, 1 << 24),
         16384,
         "Largest world size a trace may claim: a rank number or world size past it (or a Kineto rank past its own world size) is a listed problem and the file is read as another rank.",
     ),
     EnvVar(
         "HVDPROF_DASHBOARD_PARSE_MEMORY",
         "dashboard_parse_memory",
-        _int(0),
+        _int(0, 1 << 50),
         4 << 30,
         "Bytes of memory by which the process in which the dashboard parses a run may grow (`RLIMIT_AS`, Linux); a run whose parse needs more is a notice on that run, never an error of the server. 0: parse in the server's own process, unlimited.",
         "4294967296 (4 GiB)",

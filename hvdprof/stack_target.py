@@ -83,16 +83,26 @@ def _uid(pid: int) -> int | None:
     return None
 
 
+#: the options of ``python`` that take a value (``python -X dev -m hvdprof run``)
+_PYTHON_OPTIONS_WITH_VALUE = ("-W", "-X", "-Q")
+
+
 def is_launcher_command(argv: list[str]) -> bool:
     """``python .../hvdprof run ...`` (the console script) or ``python [options] -m
-    hvdprof run ...``."""
-    python = bool(argv) and os.path.basename(argv[0]).startswith("python")
-    for i, arg in enumerate(argv[:-1]):
-        named = os.path.basename(arg) == "hvdprof" and (i == 0 or (python and argv[i - 1] != "-m"))
-        module = python and arg == "hvdprof" and i > 0 and argv[i - 1] == "-m"
-        if (named or module) and argv[i + 1] == "run":
-            return True
-    return False
+    hvdprof run ...``: the interpreter first, then its options, then the script or the
+    module, then ``run``, and nothing else (``python train.py hvdprof run`` is a
+    training script with odd arguments, not the launcher)."""
+    if not argv or not os.path.basename(argv[0]).startswith("python"):
+        return False
+    i = 1
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "-m":
+        if argv[i] in ("-c", "-"):
+            return False  # a program given inline or on stdin: its own argv follows
+        i += 2 if argv[i] in _PYTHON_OPTIONS_WITH_VALUE else 1
+    rest = argv[i:]
+    if rest[:3] == ["-m", "hvdprof", "run"]:
+        return True
+    return len(rest) >= 2 and os.path.basename(rest[0]) == "hvdprof" and rest[1] == "run"
 
 
 def _shown(argv: list[str]) -> str:

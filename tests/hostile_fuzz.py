@@ -446,10 +446,15 @@ def gate_both_ways(base: Any, run: Any) -> None:
         path = os.path.join(tmp, "summary.json")
         write_summary(summarize(run), path)
         back = read_summary(path)
+    from hvdprof.analysis.gate import RuleError
+
     sb = summarize(base)
     for rule in ("5%", "negotiate:10%", "rank:5%", "rank1:1ms"):
-        check_gate(sb, back, parse_rule(rule)).to_dict()
-        check_gate(back, sb, parse_rule(rule)).to_dict()
+        for a, b in ((sb, back), (back, sb)):
+            try:
+                check_gate(a, b, parse_rule(rule)).to_dict()
+            except RuleError as exc:  # rank1 of a run without it: a usage error, said
+                assert "is not in run" in str(exc), exc
 
 
 def check(case: Case, run_dir: Path, base_dir: Path | None, served: Path) -> list[str]:
@@ -521,6 +526,220 @@ def check(case: Case, run_dir: Path, base_dir: Path | None, served: Path) -> lis
     return failures
 
 
+# --- the gate, summary, --autotune-from and environment surfaces (issue 48) -------------
+
+#: rule texts as a careless user or an attacker writes them
+HOSTILE_RULES = [
+    "5%", "2ms", "0%", "0ms", "negotiate:10%", "rank:5%", "rank1:1ms", "rank0:5%", "rank99:5%",
+    "rank18446744073709551616:5%", "9" * 400 + "%", "1e400%", "5", "%", "-5%", "nan%",
+    "inf%", "rank-1:5%", "idle:0.0000001%", "rank\u0663:5%", "\u0665%", "queue:", ":5%",
+    "collective:5%%", "5 %", " RANK1 : 3MS ", "x" * 5000,
+]  # fmt: skip
+#: values any HVDPROF_* variable may be given
+HOSTILE_SETTINGS = [
+    "1e308", "-1e308", "1e-300", "-1e18", "1e300", "nan", "inf", "-inf", "", " ", "0", "-1",
+    "1", str(2**31), str(2**63), str(10**30), "0x10", "1_000", "\u0663", "1.5", "abc",
+    "\udcff", "9" * 400, "60000", "60000.001", "30000", "0.0005", "0-99999999999999999999999",
+]  # fmt: skip
+#: an autotune log as the tuner writes it: a window, then the round's decision
+AUTOTUNE_LOG = (
+    b"fusion_threshold_bytes,cycle_time_ms,cache_enabled,score_bytes_per_s,first_step,"
+    b"last_step,unix_time,is_best,phase,role,ratio_to_default\n"
+    b"4194304,5.0,1,812345.5,3,6,1700000000.0,0,tune,incumbent,\n"
+    b"8388608,2.5,1,912345.5,6,9,1700000001.0,1,tune,candidate,\n"
+    b"8388608,2.5,1,912345.5,9,9,1700000002.0,1,decision,recommended,1.12\n"
+)
+
+
+@dataclass
+class Surface:
+    """One case on a surface that is no trace: a summary, a rule, a log, a setting."""
+
+    name: str
+    kind: str  # "summary" | "rule" | "autotune" | "environment"
+    data: bytes = b""
+    text: str = ""
+    base: str = ""  # the real summary it came from
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def surface_cases(summaries: dict[str, bytes], n: int, seed: int) -> Iterator[Surface]:
+    """``n`` cases over the gate, summary, ``--autotune-from`` and environment surfaces,
+    from real summaries and a real log, mutated as the trace cases are (deterministic)."""
+    from hvdprof.config import ENV_VARS
+
+    rng = random.Random(seed * 7919 + 48)
+    names = sorted(summaries)
+    for i in range(n):
+        kind = rng.choice(("summary", "summary", "rule", "autotune", "environment"))
+        tag = f"surface-{seed}-{i:05d}-{kind}"
+        if kind == "summary":
+            base = rng.choice(names)
+            how = rng.choice(("json", "json", "bytes", "pad", "deep", "wide"))
+            data = summaries[base]
+            if how == "json":
+                data = _mutate_json(data, rng) or data
+            elif how == "bytes":
+                data = _mutate_bytes(data, rng)
+            elif how == "pad":
+                data = rng.choice([b"\n", b" ", b"\r\n", b"\t"]) * rng.randint(1, 70_000) + data
+            elif how == "deep":
+                depth = rng.choice((1000, 100_000))
+                data = data.replace(b'"problems":[', b'"problems":' + b"[" * depth, 1)
+                data = data.replace(b"]", b"]" * depth, 1) if rng.random() < 0.5 else data
+            else:  # many steps or ranks: the gate's memory
+                steps, ranks = rng.choice(((20_000, 2), (150, 256), (500, 64), (3, 1)))
+                doc = json.loads(summaries[base])
+                row = [round(rng.uniform(0, 20), 3) for _ in range(ranks)]
+                doc["ranks"] = list(range(ranks))
+                doc["series"]["step"] = [row] * steps
+                data = json.dumps(doc).encode()
+            yield Surface(f"{tag}-{base}-{how}", kind, data, rng.choice(HOSTILE_RULES), base)
+        elif kind == "rule":
+            text = rng.choice(HOSTILE_RULES)
+            if rng.random() < 0.5:
+                text = _mutate_bytes(text.encode(), rng).decode("utf-8", "replace")
+            yield Surface(tag, kind, text=text, base=rng.choice(names))
+        elif kind == "autotune":
+            how = rng.choice(("lines", "bytes", "binary", "value"))
+            data = AUTOTUNE_LOG
+            if how == "bytes":
+                data = _mutate_bytes(data, rng)
+            elif how == "binary":
+                data = data.split(b"\n", 1)[0] + b"\n" + rng.randbytes(rng.randint(1, 50_000))
+            elif how == "value":
+                rows = data.split(b"\n")
+                fields = rows[3].split(b",")
+                fields[rng.randrange(len(fields))] = rng.choice(HOSTILE_SETTINGS).encode(
+                    "utf-8", "surrogatepass"
+                )
+                rows[3] = b",".join(fields)
+                data = b"\n".join(rows)
+            else:
+                rows = data.split(b"\n")
+                del rows[rng.randrange(1, len(rows))]
+                data = b"\n".join(rows)
+            yield Surface(f"{tag}-{how}", kind, data)
+        else:
+            env = {}
+            for _ in range(rng.randint(1, 3)):
+                var = rng.choice(ENV_VARS)
+                env[var.name] = rng.choice(HOSTILE_SETTINGS)
+            yield Surface(tag, kind, extra=env)
+
+
+def _consume(config: Any) -> None:
+    """What a rank does first with the numbers it was given (a timer, a sleep, a size)."""
+    import datetime
+    import threading
+
+    for seconds in (
+        config.collective_timeout_s, config.start_timeout_s, config.elastic_timeout_s,
+        config.stall_check_time_s, config.stall_shutdown_time_s, config.clock_sync_interval_s,
+        config.timeline_stuck_s, config.cycle_time_ms / 1000.0,
+    ):  # fmt: skip
+        datetime.timedelta(seconds=seconds)
+        assert 0 <= seconds <= threading.TIMEOUT_MAX, seconds
+    # a timeout a rank hands to gloo in whole milliseconds: none may round to 0
+    assert datetime.timedelta(seconds=config.collective_timeout_s) >= datetime.timedelta(
+        milliseconds=1
+    )
+    for size in (config.fusion_threshold_bytes, config.small_allreduce_bytes):
+        assert 0 <= size < 2**63, size
+    assert 1 <= config.max_inflight < 2**31
+    assert abs(int(config.clock_skew_us)) < 2**62
+
+
+def check_surface(case: Surface, summaries: dict[str, Any], root: Path) -> list[str]:
+    """What went wrong on one surface case: any exception but hvdprof's own clear errors."""
+    import contextlib
+    import io
+
+    from hvdprof.errors import HvdprofError
+
+    failures: list[str] = []
+    path = root / "case"
+
+    def attempt(what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except HvdprofError:
+            return None
+        except Exception as exc:
+            tb = traceback.extract_tb(exc.__traceback__)[-1]
+            failures.append(
+                f"{case.name}: {what}: {type(exc).__name__}: {str(exc)[:200]} "
+                f"({tb.filename}:{tb.lineno})"
+            )
+            return None
+
+    if case.kind == "summary":
+        from hvdprof.analysis import check_gate, parse_rule, read_summary
+        from hvdprof.analysis.diff import diff_summaries
+
+        path.write_bytes(case.data)
+        got = attempt("read_summary", lambda: read_summary(str(path)))
+        if got is not None:
+            base = summaries[case.base]
+            attempt("diff a-b", lambda: json.dumps(_plain(diff_summaries(base, got).to_dict())))
+            attempt("diff b-a", lambda: json.dumps(_plain(diff_summaries(got, base).to_dict())))
+            for text in ("5%", "rank:5%", "negotiate:10%", "2ms", case.text):
+                rule = attempt("parse_rule", lambda text=text: parse_rule(text))
+                if rule is not None:
+                    for a, b in ((base, got), (got, base)):
+                        attempt(
+                            f"gate {text!r}",
+                            lambda a=a, b=b, rule=rule: json.dumps(
+                                _plain(check_gate(a, b, rule).to_dict())
+                            ),
+                        )
+    elif case.kind == "rule":
+        from hvdprof.analysis import check_gate, parse_rule
+
+        rule = attempt("parse_rule", lambda: parse_rule(case.text))
+        if rule is not None:
+            base = summaries[case.base]
+            attempt("gate", lambda: json.dumps(_plain(check_gate(base, base, rule).to_dict())))
+    elif case.kind == "autotune":
+        from hvdprof import cli
+        from hvdprof.config import Config
+
+        path.write_bytes(case.data)
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            found = attempt("--autotune-from", lambda: cli._autotune_from(str(path), {}))
+        if len(err.getvalue().splitlines()) > 3:
+            failures.append(
+                f"{case.name}: --autotune-from: {len(err.getvalue().splitlines())} lines"
+            )
+        if found:
+            config = attempt("Config", lambda: Config.from_env(found))
+            if config is not None:
+                attempt("consume", lambda: _consume(config))
+    else:
+        from hvdprof.config import Config
+
+        config = attempt("Config", lambda: Config.from_env(case.extra))
+        if config is not None:
+            attempt("consume", lambda: _consume(config))
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return failures
+
+
+def real_summaries(bases: dict[str, Path]) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """The seed runs' summaries: as files' bytes (to mutate) and as read (the other side)."""
+    import msgspec
+
+    from hvdprof.analysis import load_run, summarize
+
+    encoded, decoded = {}, {}
+    for name, directory in sorted(bases.items()):
+        summary = summarize(load_run(directory, cache=False, workers=1))
+        encoded[name] = msgspec.json.encode(summary)
+        decoded[name] = summary
+    return encoded, decoded
+
+
 def _plain(data: Any) -> Any:
     """numpy scalars as Python numbers, for json.dumps."""
     import numpy as np
@@ -539,9 +758,14 @@ def _plain(data: Any) -> Any:
 
 
 def run_cases(
-    n: int, seed: int, named: bool = True, progress: Callable[[dict[str, Any]], None] | None = None
+    n: int,
+    seed: int,
+    named: bool = True,
+    progress: Callable[[dict[str, Any]], None] | None = None,
+    surfaces: int = 0,
 ) -> dict[str, Any]:
-    """Check the named cases and ``n`` mutated ones; the report as plain data
+    """Check the named cases, ``n`` mutated ones and ``surfaces`` cases on the gate,
+    summary, ``--autotune-from`` and environment surfaces; the report as plain data
     (``progress``: given the report so far every 50 cases)."""
     seeds = seed_runs()
     failures: list[str] = []
@@ -570,6 +794,17 @@ def run_cases(
                 if progress is not None and sum(counts.values()) % 50 == 0:
                     progress({"cases": dict(counts), "seed": seed, "failures": list(failures),
                               "finished": False})  # fmt: skip
+        if surfaces:
+            encoded, decoded = real_summaries(bases)
+            counts["surface"] = 0
+            for case in surface_cases(encoded, surfaces, seed):
+                began = time.monotonic()
+                failures += check_surface(case, decoded, root)
+                slowest.append((round(time.monotonic() - began, 2), case.name))
+                counts["surface"] += 1
+                if progress is not None and sum(counts.values()) % 50 == 0:
+                    progress({"cases": dict(counts), "seed": seed, "failures": list(failures),
+                              "finished": False})  # fmt: skip
     return {
         "finished": True,
         "cases": counts,
@@ -585,6 +820,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", type=int, default=100, help="mutated cases (default 100)")
     parser.add_argument("--seed", type=int, default=34)
     parser.add_argument("--no-named", action="store_true", help="only the mutated cases")
+    parser.add_argument(
+        "--surfaces",
+        type=int,
+        default=0,
+        help="cases on the gate, summary, --autotune-from and environment surfaces (default 0)",
+    )
     parser.add_argument("--out", help="write the report here (JSON) as well as to stdout")
     args = parser.parse_args(argv)
 
@@ -592,7 +833,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             Path(args.out).write_text(json.dumps(report, indent=1))
 
-    report = run_cases(args.cases, args.seed, named=not args.no_named, progress=partial)
+    report = run_cases(
+        args.cases, args.seed, named=not args.no_named, progress=partial, surfaces=args.surfaces
+    )
     text = json.dumps(report, indent=1)
     if args.out:
         Path(args.out).write_text(text)

@@ -4,7 +4,9 @@ traceback, a 5xx or gigabytes of memory.
 The cases are in ``tests/hostile_fuzz.py``: every input the issue listed, and mutations of
 real Kineto, Horovod and hvdprof files by a seeded generator. ``HOSTILE_FUZZ_CASES`` sets
 how many mutated cases the fuzz test checks (default 20: about 30 s here; the note of
-issue 34 reports a run of thousands) and ``HOSTILE_FUZZ_SEED`` their seed (default 34).
+issue 34 reports a run of thousands) and ``HOSTILE_FUZZ_SEED`` their seed (default 34);
+``HOSTILE_FUZZ_SURFACES`` how many cases on the gate, summary, ``--autotune-from`` and
+environment surfaces it adds (issue 48; default 20, the same seed).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 PEAK_BYTES = 1 << 30
 CASES = int(os.environ.get("HOSTILE_FUZZ_CASES", "20"))
 SEED = int(os.environ.get("HOSTILE_FUZZ_SEED", "34"))
+SURFACES = int(os.environ.get("HOSTILE_FUZZ_SURFACES", "20"))
 
 
 def _spawn_peak(argv: list[str], timeout: float, env: dict[str, str]) -> tuple[int, str, str, int]:
@@ -76,7 +79,7 @@ def test_fuzzed_real_files_give_results_or_problems_within_a_gigabyte(tmp_path: 
     report = tmp_path / "report.json"
     code, out, err, peak = _spawn_peak(
         [sys.executable, str(REPO / "tests" / "hostile_fuzz.py"), "--cases", str(CASES),
-         "--seed", str(SEED), "--out", str(report)],
+         "--seed", str(SEED), "--surfaces", str(SURFACES), "--out", str(report)],
         timeout=840,
         env=child_env(),
     )  # fmt: skip
@@ -85,6 +88,7 @@ def test_fuzzed_real_files_give_results_or_problems_within_a_gigabyte(tmp_path: 
     assert result["failures"] == [], "\n".join(result["failures"][:40])
     assert code == 0, err[-3000:]
     assert result["cases"]["mutated"] == CASES and result["cases"]["named"] >= 30
+    assert result["cases"].get("surface", 0) == SURFACES
     assert peak < PEAK_BYTES, f"peak RSS {peak / 2**20:.0f} MiB"
 
 

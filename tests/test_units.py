@@ -453,7 +453,7 @@ def test_config_parses_valid_values() -> None:
         ("HVDPROF_CYCLE_TIME", "fast", "a number"),
         ("HVDPROF_CYCLE_TIME", "nan", "finite"),
         ("HVDPROF_CYCLE_TIME", "inf", "finite"),
-        ("HVDPROF_COLLECTIVE_TIMEOUT_SECONDS", "0", "> 0"),
+        ("HVDPROF_COLLECTIVE_TIMEOUT_SECONDS", "0", ">= 0.001"),
         ("HVDPROF_MAX_INFLIGHT", "0", ">= 1"),
         ("HVDPROF_SIZE", "0", ">= 1"),
         ("HVDPROF_RANK", "-2", ">= 0"),

@@ -3,15 +3,20 @@
 :mod:`hvdprof.cli` only registers these; the work is here. Exit codes of ``analyze``:
 0 when everything was read, 1 when something was skipped (the report covers the rest),
 2 for usage errors or when nothing at all could be read; ``diff`` adds 3 when a
-``--fail-on`` rule failed (:mod:`hvdprof.analysis.gate`).
+``--fail-on`` rule failed (:mod:`hvdprof.analysis.gate`). A failure of hvdprof itself (a
+bug) exits 4, never 0 or 1: a CI script that tolerates "something was skipped" must not
+pass a build whose gate crashed.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import sys
+import traceback
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hvdprof.analysis.tables import fitted, printable
@@ -28,6 +33,34 @@ EXIT_SKIPPED = 1
 EXIT_UNREADABLE = 2
 #: ``diff --fail-on``: B is worse than A beyond a rule's margin, at its confidence
 EXIT_REGRESSION = 3
+#: hvdprof itself failed (a bug: the traceback is printed for the report)
+EXIT_INTERNAL = 4
+
+
+def _crash_is_not_success(handler: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
+    """An unexpected exception exits :data:`EXIT_INTERNAL`, not Python's 1 (which these
+    commands use for "something was skipped"); expected errors pass through to the
+    ``hvdprof: error:`` line and exit 2."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        from hvdprof.errors import HvdprofError
+
+        try:
+            return handler(args)
+        except (HvdprofError, OSError, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # a bug: say so, keep the traceback, never exit 0/1
+            traceback.print_exc()
+            name = getattr(args, "command", None) or handler.__name__
+            print(
+                f"hvdprof: internal error in {name} ({type(exc).__name__}): this is a bug "
+                f"in hvdprof, please report it with the traceback above; exit {EXIT_INTERNAL}",
+                file=sys.stderr,
+            )
+            return EXIT_INTERNAL
+
+    return run
 
 
 def add_analyze_parser(commands: Any) -> None:
@@ -39,7 +72,8 @@ def add_analyze_parser(commands: Any) -> None:
         "timeline, or a directory of torch.profiler traces, one per rank, from any PyTorch "
         "distributed job): where the time goes, the straggler, fusion, bandwidth, overlap with "
         "compute (given torch.profiler traces) and autotune. Exit code 0: everything read; "
-        "1: something was skipped (listed); 2: usage error or nothing readable.",
+        "1: something was skipped (listed); 2: usage error or nothing readable; 4: hvdprof "
+        "itself failed (a bug).",
     )
     parser.add_argument("directory", metavar="DIR", help="timeline directory or one trace file")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -59,9 +93,10 @@ def add_analyze_parser(commands: Any) -> None:
         "--summary",
         metavar="FILE",
         help="also write the run's summary (per-step times per phase and rank: kilobytes) "
-        "to FILE, a baseline 'hvdprof diff FILE DIR' compares against",
+        "to FILE, a baseline 'hvdprof diff FILE DIR' compares against (a new file, or one "
+        "that is neither a trace nor a device, FIFO, directory or link)",
     )
-    parser.set_defaults(handler=cmd_analyze)
+    parser.set_defaults(handler=_crash_is_not_success(cmd_analyze))
 
 
 def add_diff_parser(commands: Any) -> None:
@@ -73,7 +108,8 @@ def add_diff_parser(commands: Any) -> None:
         "A and B are timeline directories (hvdprof, Horovod, or torch.profiler traces), "
         "trace files, or summaries written by "
         "'hvdprof analyze DIR --summary FILE'. Exit code 0: compared; 1: something was "
-        "skipped (listed); 2: usage error or nothing readable; 3: a --fail-on rule failed.",
+        "skipped (listed); 2: usage error or nothing readable; 3: a --fail-on rule failed; "
+        "4: hvdprof itself failed (a bug).",
     )
     parser.add_argument("run_a", metavar="A", help="the reference run (directory or summary)")
     parser.add_argument("run_b", metavar="B", help="the run to compare (directory or summary)")
@@ -90,16 +126,18 @@ def add_diff_parser(commands: Any) -> None:
         default=[],
         metavar="RULE",
         help="exit 3 when B is worse than A by more than RULE with --confidence: '5%%' or "
-        "'2ms' (mean step time), 'negotiate:10%%' (a phase), 'rank:5%%' or 'rank1:5%%' "
-        "(a rank's own work); repeatable",
+        "'2ms' (the median step time, as analyze quotes it), 'negotiate:10%%' (a phase's "
+        "mean per step), 'rank:5%%' or 'rank1:5%%' (a rank's own work, mean per step); "
+        "repeatable",
     )
     parser.add_argument(
         "--confidence",
         type=float,
         default=0.95,
-        help="one-sided confidence of --fail-on (default 0.95)",
+        help="one-sided confidence of --fail-on (default 0.95): a rule fails when the "
+        "change is above its margin at this confidence, the line printing that lower bound",
     )
-    parser.set_defaults(handler=cmd_diff)
+    parser.set_defaults(handler=_crash_is_not_success(cmd_diff))
 
 
 def _load(path: str, cache: bool) -> Run:
@@ -147,15 +185,20 @@ def _print_json(data: dict[str, Any]) -> None:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
+    from hvdprof.analysis.output_file import refusal
     from hvdprof.analysis.report import analyze
 
+    if args.summary is not None:  # before the work: a refused path loses no analysis
+        problem = refusal(args.summary)
+        if problem is not None:
+            raise_usage(f"analyze {problem}")
     run = _load(args.directory, not args.no_cache)
     report = analyze(run, kineto_paths=list(args.kineto))
     if args.json:
         _print_json(report.to_dict())
     else:
         print_report(report)
-    if args.summary:
+    if args.summary is not None:
         _write_summary(run, args.summary, sys.stderr if args.json else sys.stdout)
     return EXIT_SKIPPED if report.skipped else EXIT_CLEAN
 
@@ -192,7 +235,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from hvdprof.analysis.summary import RunSummary, summarize
 
     rules = [parse_rule(text) for text in args.fail_on]  # a bad rule: before any loading
-    if not 0.5 < args.confidence < 1.0:
+    if not 0.5 < args.confidence < 1.0:  # (NaN too)
         raise_usage(f"--confidence {args.confidence}: expected a number between 0.5 and 1")
     a = _load_either(args.run_a, not args.no_cache)
     b = _load_either(args.run_b, not args.no_cache)

@@ -121,7 +121,11 @@ def diff_summaries(a: RunSummary, b: RunSummary) -> RunDiff:
     zero: dict[str, float] = {}
     work: list[DiffRow] = []
     wait: list[DiffRow] = []
-    for rank in sorted(set(sa) | set(sb)):
+    # a rank only one run had is no cause of anything in the other: rows for the ranks
+    # both runs had (a world-size change is said first, below)
+    resized = set(a.ranks) != set(b.ranks)
+    compared = set(sa) & set(sb) if resized else set(sa) | set(sb)
+    for rank in sorted(compared):
         ra, rb = sa.get(rank, zero), sb.get(rank, zero)
         for part in ("compute", *RUNTIME_PHASES):
             work.append(
@@ -144,10 +148,19 @@ def diff_summaries(a: RunSummary, b: RunSummary) -> RunDiff:
     out.only_in_a = sorted(set(ta) - set(tb))
     out.only_in_b = sorted(set(tb) - set(ta))
     change = (step_b / step_a - 1.0) if step_a > 0 else 0.0
-    text = f"Step time {step_a:.2f} ms -> {step_b:.2f} ms ({change:+.0%})."
+    text = _world_size_change(a, b) + (
+        f"Step time {step_a:.2f} ms -> {step_b:.2f} ms ({change:+.0%})."
+    )
     floor = max(MIN_CAUSE_MS, MIN_CAUSE_SHARE * step_a)
-    cause = work[0] if work and work[0].delta_ms >= floor else None
-    if cause is not None:
+    grew = work[0] if work and work[0].delta_ms >= floor else None
+    slower = step_b > step_a
+    cause = grew if slower else None  # a cause is a cause of a slowdown only
+    if grew is not None and not slower:
+        text += (
+            f" B is not slower, so no cause is named (own work grew most in {grew.key}: "
+            f"{grew.delta_ms:+.1f} ms per step)."
+        )
+    elif cause is not None:
         out.cause = cause
         # every rank whose own work grew as much is a cause too (two slow ranks on one
         # host): the time one of them waits for the other is not an effect of the first
@@ -177,6 +190,8 @@ def diff_summaries(a: RunSummary, b: RunSummary) -> RunDiff:
                 f"{worst.kind} {label}, {worst.a_ms:.2f} -> {worst.b_ms:.2f} ms per step "
                 f"({worst.delta_ms:+.2f} ms)."
             )
+        elif slower:
+            text += " No phase or tensor grew per step."
         else:
             text += " Nothing got slower."
     if out.only_in_a or out.only_in_b:
@@ -186,6 +201,16 @@ def diff_summaries(a: RunSummary, b: RunSummary) -> RunDiff:
         )
     out.verdict = text + _straggler_change(a, b, out)
     return out
+
+
+def _world_size_change(a: RunSummary, b: RunSummary) -> str:
+    """First words of the verdict when the runs had different ranks: their rows compare
+    only the ranks both had, and the step times come from different jobs."""
+    if set(a.ranks) == set(b.ranks):
+        return ""
+    both = sorted(set(a.ranks) & set(b.ranks))
+    rows = f"rank rows compare the {len(both)} rank(s) both had" if both else "no rank in both"
+    return f"World size changed: A had {len(a.ranks)} rank(s), B {len(b.ranks)} ({rows}). "
 
 
 def _in_user_range(a: RunSummary, b: RunSummary, cause: DiffRow, floor: float) -> str:

@@ -22,6 +22,7 @@ Rules (``--fail-on``, repeatable; each is its own test):
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -36,6 +37,15 @@ from hvdprof.errors import HvdprofError
 GATE_SAMPLES = 4000
 #: Steps a run needs before a gate can judge it.
 MIN_GATE_STEPS = 10
+#: Values (steps x ranks) gathered at once while resampling a median: about 32 MB.
+GATE_CHUNK_VALUES = 4_000_000
+#: The most values (steps x ranks) one run's series may hold: the GATE_SAMPLES medians of
+#: 500,000 values took 64 s on the 2-core VM, and the time grows with the values; a
+#: larger series is refused, saying so, rather than taking many minutes (a phase or rank
+#: rule works from block sums and takes well under a second at this size).
+MAX_GATE_VALUES = 500_000
+#: The largest margin a rule takes (a relative one: 100x; an absolute one: a day).
+MAX_MARGIN_PERCENT, MAX_MARGIN_MS = 10_000.0, 86_400_000.0
 
 _RULE = re.compile(
     r"^\s*(?:(?P<what>[a-z_]+)(?P<rank>\d+)?\s*:\s*)?(?P<value>\d+(?:\.\d+)?)\s*(?P<unit>%|ms)\s*$"
@@ -44,6 +54,10 @@ _RULE = re.compile(
 
 class RuleError(HvdprofError):
     """A ``--fail-on`` rule that cannot be read: the message says what is expected."""
+
+
+class GateTooLarge(HvdprofError):
+    """A series too long to resample within the gate's bounds (:data:`MAX_GATE_VALUES`)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +99,9 @@ def parse_rule(text: str) -> GateRule:
         )
     relative = m["unit"] == "%"
     value = float(m["value"])
+    top = MAX_MARGIN_PERCENT if relative else MAX_MARGIN_MS
+    if not value <= top:
+        raise RuleError(f"--fail-on {text!r}: the margin must be from 0 to {top:,.0f}{m['unit']}")
     return GateRule(text.strip(), what, value / 100.0 if relative else value, relative, rank)
 
 
@@ -154,11 +171,11 @@ def block_length(x: np.ndarray) -> int:
     """
     n = len(x)
     floor = max(1, round(n ** (1.0 / 3.0)))
-    if n < 8:
+    if n < 8 or not np.all(np.isfinite(x)):
         return floor
     y = x - x.mean()
     var = float(y @ y) / n
-    if var <= 0:
+    if not 0 < var < float("inf"):
         return floor
     k_max = min(n - 1, max(5, int(np.ceil(np.sqrt(n)))) + 5)
     r = np.array([float(y[: n - k] @ y[k:]) / n for k in range(k_max + 1)])
@@ -177,42 +194,64 @@ def block_length(x: np.ndarray) -> int:
     cov = r[np.abs(lags)]
     g = float(np.sum(window * np.abs(lags) * cov))
     g0 = float(np.sum(window * cov))
-    if g0 <= 0 or g == 0:
+    if not (0 < g0 < float("inf") and np.isfinite(g)) or g == 0:
         return floor
     b = (2.0 * g * g / ((4.0 / 3.0) * g0 * g0)) ** (1.0 / 3.0) * n ** (1.0 / 3.0)
     return int(min(max(floor, round(b)), max(floor, n // 3)))
 
 
-def block_rows(n: int, samples: int, seed: int, block: int | None = None) -> np.ndarray:
-    """Row indices of ``samples`` moving-block resamples of ``n`` steps: blocks of
-    ``block`` consecutive steps (default about n^(1/3)), joined and cut to ``n``."""
-    block = block or max(1, round(n ** (1.0 / 3.0)))
+def _start_chunks(
+    n: int, samples: int, seed: int, block: int, per_sample: int
+) -> Iterator[np.ndarray]:
+    """The first rows of the blocks of ``samples`` moving-block resamples of ``n`` steps
+    (a resample is its blocks of ``block`` consecutive steps joined and cut to ``n``),
+    drawn a few resamples at a time, so that a chunk's work holds no more than
+    :data:`GATE_CHUNK_VALUES` values when each resample costs ``per_sample`` of them."""
     n_blocks = -(-n // block)
     rng = np.random.default_rng(seed)
-    starts = rng.integers(0, n - block + 1, size=(samples, n_blocks))
-    rows = (starts[:, :, None] + np.arange(block)).reshape(samples, -1)
-    return rows[:, :n]
+    chunk = max(1, GATE_CHUNK_VALUES // max(per_sample, n_blocks, 1))
+    for lo in range(0, samples, chunk):
+        yield rng.integers(0, n - block + 1, size=(min(chunk, samples - lo), n_blocks))
 
 
-def _statistic(x: np.ndarray, rows: np.ndarray | None, median: bool) -> np.ndarray | float:
-    """The median over every value of the rows (the step time, as analyze quotes it) or
-    the mean per step (a phase's or a rank's time, as the diff's rows quote it)."""
-    if rows is None:
-        return float(np.median(x)) if median else float(x.sum(axis=1).mean())
-    picked = x[rows]  # (samples, n, columns)
-    if median:
-        return np.median(picked.reshape(len(rows), -1), axis=1)
-    return picked.sum(axis=2).mean(axis=1)
+def _resampled_means(x: np.ndarray, block: int, samples: int, seed: int) -> np.ndarray:
+    """Each resample's mean per step of the row sums, from block sums (a cumulative sum
+    read at the blocks' ends): no row of a resample is gathered."""
+    n = len(x)
+    cum = np.concatenate(([0.0], np.cumsum(x.sum(axis=1))))
+    tail = n - (-(-n // block) - 1) * block  # the last block, cut to n steps
+    out = []
+    for starts in _start_chunks(n, samples, seed, block, 0):
+        total = (cum[starts[:, :-1] + block] - cum[starts[:, :-1]]).sum(axis=1)
+        total += cum[starts[:, -1] + tail] - cum[starts[:, -1]]
+        out.append(total / n)
+    return np.concatenate(out)
+
+
+def _resampled_medians(x: np.ndarray, block: int, samples: int, seed: int) -> np.ndarray:
+    """Each resample's median over every value of its rows, streamed a few resamples at a
+    time (at most :data:`GATE_CHUNK_VALUES` values gathered at once)."""
+    n = len(x)
+    offsets = np.arange(block)
+    out = []
+    for starts in _start_chunks(n, samples, seed, block, x.size):
+        rows = (starts[:, :, None] + offsets).reshape(len(starts), -1)[:, :n]
+        out.append(np.median(x[rows].reshape(len(starts), -1), axis=1))
+    return np.concatenate(out)
 
 
 def _check(
     name: str, xa: np.ndarray, xb: np.ndarray, rule: GateRule, alpha: float, seeds: tuple[int, int]
 ) -> GateCheck:
     median = rule.what == "step"
-    ma, mb = float(_statistic(xa, None, median)), float(_statistic(xb, None, median))
+    if median:
+        ma, mb = float(np.median(xa)), float(np.median(xb))
+    else:
+        ma, mb = float(xa.sum(axis=1).mean()), float(xb.sum(axis=1).mean())
     la, lb = block_length(xa.mean(axis=1)), block_length(xb.mean(axis=1))
-    ba = _statistic(xa, block_rows(len(xa), GATE_SAMPLES, seeds[0], la), median)
-    bb = _statistic(xb, block_rows(len(xb), GATE_SAMPLES, seeds[1], lb), median)
+    resample = _resampled_medians if median else _resampled_means
+    ba = resample(xa, la, GATE_SAMPLES, seeds[0])
+    bb = resample(xb, lb, GATE_SAMPLES, seeds[1])
     if rule.relative:
         if ma <= 0:  # absent in A: any reliable amount in B is a regression of any size
             low = float("inf") if np.quantile(bb, alpha) > 0 else 0.0
@@ -240,7 +279,9 @@ def check_gate(
 ) -> GateResult:
     """Test ``rule`` on run B against run A (one-sided, at ``confidence``)."""
     out = GateResult(rule, confidence)
+    _refuse_outside(a, b, rule)
     sa, sb = _series(a, rule), _series(b, rule)
+    _refuse_too_large(rule, {"A": sa, "B": sb})
     names = [n for n in sa if n in sb]
     if not names:
         why = (
@@ -266,6 +307,33 @@ def check_gate(
     return out
 
 
+def _refuse_outside(a: RunSummary, b: RunSummary, rule: GateRule) -> None:
+    """``rank99:5%`` on a 2-rank run asks about a rank that never was: a usage error."""
+    if rule.rank is None:
+        return
+    for label, s in (("A", a), ("B", b)):
+        if rule.rank not in s.ranks:
+            shown = f"ranks {min(s.ranks)}-{max(s.ranks)}" if s.ranks else "no ranks"
+            raise RuleError(
+                f"--fail-on {rule.text}: rank {rule.rank} is not in run {label} ({shown})"
+            )
+
+
+def _refuse_too_large(rule: GateRule, runs: dict[str, dict[str, np.ndarray]]) -> None:
+    """A step-time series above :data:`MAX_GATE_VALUES` is refused before any resampling
+    (its medians are what take the time; the other rules resample block sums)."""
+    if rule.what != "step":
+        return
+    for label, series in runs.items():
+        for name, x in series.items():
+            if x.size > MAX_GATE_VALUES:
+                raise GateTooLarge(
+                    f"--fail-on {rule.text}: run {label}'s {name} series holds {x.size:,} "
+                    f"values (steps x ranks), above the gate's bound of {MAX_GATE_VALUES:,}; "
+                    "summarise a shorter run (or a window of it)"
+                )
+
+
 def _message(out: GateResult, tested: int, a: RunSummary, b: RunSummary) -> str:
     rule = out.rule
     short = [c for c in out.checks if c.note]
@@ -276,17 +344,19 @@ def _message(out: GateResult, tested: int, a: RunSummary, b: RunSummary) -> str:
             f"{MIN_GATE_STEPS} after the warm-up step in each run)."
         )
     worst = max(out.checks, key=lambda c: (c.failed, c.low))
-    conf = f"{out.confidence:.0%}" + (" (split over the ranks)" if tested > 1 else "")
-    level = 2 * (1 - out.confidence) if tested == 1 else 2 * (1 - out.confidence) / tested
-    interval = (
-        f"{1 - level:.0%} interval {_fmt(worst.low, rule.relative)} to "
-        f"{_fmt(worst.high, rule.relative)}"
-    )
+    conf = f"{out.confidence:.0%}"
+    each = ""
+    if tested > 1:  # Bonferroni: each check at a higher level, said with its number
+        each = (
+            f" (split over the ranks: {1 - (1 - out.confidence) / tested:.2%} for each of "
+            f"the {tested} tested)"
+        )
+    bound = f"with {conf} confidence{each} at least {_fmt(worst.low, rule.relative)}"
     if worst.change == float("inf"):
-        interval = "absent in A"
+        bound = "absent in A"
     body = (
         f"{worst.name} {worst.a_ms:.3f} -> {worst.b_ms:.3f} ms per step "
-        f"({_fmt(worst.change, rule.relative)}; {interval})"
+        f"({_fmt(worst.change, rule.relative)}; {bound})"
     )
     if out.failed:
         return f"FAIL {rule.text}: {body}: {rule.describe()} with {conf} confidence."

@@ -40,6 +40,11 @@ RUNTIME_PHASES: tuple[str, ...] = ("collective", "memcpy_in", "memcpy_out", "que
 MAX_SUMMARY_BYTES = 64 << 20
 #: Per-step values are kept to the microsecond: the timelines' own resolution.
 DIGITS = 3
+#: A time in a summary above this (ms: a week) is no step's: the file is refused.
+MAX_TIME_MS = 7 * 24 * 3600 * 1000.0
+#: Ranks are below this (the readers' own bound on a rank number).
+MAX_RANK = 1 << 24
+_RANGE = f"that is negative or non-finite, or above {MAX_TIME_MS:.0f} ms (a week)"
 
 
 class Series(msgspec.Struct, forbid_unknown_fields=True):
@@ -182,20 +187,23 @@ def summarize(run: Run) -> RunSummary:
         problems=[str(p) for p in run.problems],
         range_ms={r.rank: {n: r.mean_ms(n) for n in r.per_step_ms} for r in b.user.ranks},
     )
-    # JSON holds no NaN or infinity: a time a damaged trace made non-finite is 0, and said
+    # JSON holds no NaN or infinity, and read_summary refuses a time that is negative or
+    # above a week: a time a damaged trace made so is 0, and said
     plain = msgspec.to_builtins(summary)
     bad: list[str] = []
     plain = _finite(plain, "$", bad)
     if bad:
         plain["problems"].append(
-            f"summary: {len(bad)} non-finite time(s) read as 0 ({', '.join(bad[:3])})"
+            f"summary: {len(bad)} non-finite, negative or week-long time(s) read as 0 "
+            f"({', '.join(bad[:3])})"
         )
     # what a file written and read back would hold, to the bit (one answer either way)
     return msgspec.json.decode(msgspec.json.encode(plain), type=RunSummary)
 
 
 def _finite(value: Any, where: str, bad: list[str]) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
+    """``value`` with every float that is no time (every float of a summary is one) 0."""
+    if isinstance(value, float) and _bad_time(value):
         bad.append(where)
         return 0.0
     if isinstance(value, dict):
@@ -207,13 +215,27 @@ def _finite(value: Any, where: str, bad: list[str]) -> Any:
 
 def write_summary(summary: RunSummary, path: str) -> int:
     """Write ``summary`` to ``path`` as JSON (atomically: a CI job killed mid-write leaves
-    the old baseline). Returns the bytes written."""
+    the old baseline), only to a new path or over a regular file that is not a trace
+    (:mod:`hvdprof.analysis.output_file`). Returns the bytes written."""
+    from hvdprof.analysis.output_file import write_atomically
+
     data = msgspec.json.encode(msgspec.structs.replace(summary, path=""))
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    write_atomically(path, data)
     return len(data)
+
+
+def _head(f: Any, size: int) -> bytes:
+    """The first bytes of ``f`` after any leading whitespace (a summary padded with blank
+    lines is still a summary), up to 256 of them; b"" for a file of only whitespace."""
+    while f.tell() < size:
+        chunk = f.read(1 << 16)
+        if not chunk:
+            break
+        body = chunk.lstrip(b" \t\r\n")
+        if body:
+            f.seek(f.tell() - len(body))
+            return f.read(256)
+    return b""
 
 
 def read_summary(path: str) -> RunSummary | None:
@@ -227,7 +249,7 @@ def read_summary(path: str) -> RunSummary | None:
         if size > MAX_SUMMARY_BYTES:
             return None
         with open(path, "rb") as f:
-            head = f.read(256)
+            head = _head(f, size)
             if b'"format":"hvdprof-summary"' not in head.replace(b" ", b""):
                 return None
             data = head + f.read()
@@ -235,7 +257,9 @@ def read_summary(path: str) -> RunSummary | None:
         raise SummaryError(f"{path}: cannot read the summary: {exc.strerror}") from None
     try:
         probe = msgspec.json.decode(data)
-    except msgspec.DecodeError as exc:
+    except RecursionError:
+        raise SummaryError(f"{path}: not a valid summary: nested too deeply") from None
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # (a string not UTF-8)
         raise SummaryError(
             f"{path}: not a whole summary ({exc}); write it again with "
             "'hvdprof analyze DIR --summary FILE'"
@@ -248,6 +272,8 @@ def read_summary(path: str) -> RunSummary | None:
         )
     try:
         summary = msgspec.json.decode(data, type=RunSummary)
+    except RecursionError:
+        raise SummaryError(f"{path}: not a valid summary: nested too deeply") from None
     except msgspec.ValidationError as exc:
         raise SummaryError(f"{path}: not a valid summary: {exc}") from None
     problem = _shape_problem(summary)
@@ -256,16 +282,55 @@ def read_summary(path: str) -> RunSummary | None:
     return msgspec.structs.replace(summary, path=path)
 
 
+def _bad_time(v: float) -> bool:
+    return not (math.isfinite(v) and 0 <= v <= MAX_TIME_MS)
+
+
 def _shape_problem(s: RunSummary) -> str | None:
-    """What is wrong with the series' shapes or values (types msgspec has checked)."""
+    """What is wrong with the series' shapes or values (types msgspec has checked): every
+    time finite, not negative and below :data:`MAX_TIME_MS`, every rank one of the run's."""
+    ranks = set(s.ranks)
+    if len(ranks) != len(s.ranks) or any(not 0 <= r < MAX_RANK for r in ranks):
+        return f"`$.ranks` must list distinct ranks from 0 to {MAX_RANK - 1}"
+    if s.steps_in_run < 0:
+        return "`$.steps_in_run` is negative"
     widths = {len(row) for row in s.series.step}
     if len(widths) > 1:
         return f"`$.series.step` rows have {sorted(widths)} values: one per rank in every step"
+    if widths and not 1 <= min(widths) <= len(ranks):
+        return f"`$.series.step` rows have {min(widths)} values for {len(ranks)} rank(s)"
     groups = {"phase": s.series.phase, "work": s.series.work}
     for name, series in groups.items():
         for key, values in series.items():
-            if not all(math.isfinite(v) and v >= 0 for v in values):
-                return f"`$.series.{name}.{key}` holds a negative or non-finite time"
-    if not all(math.isfinite(v) and v >= 0 for row in s.series.step for v in row):
-        return "`$.series.step` holds a negative or non-finite time"
+            if any(_bad_time(v) for v in values):
+                return f"`$.series.{name}.{key}` holds a time {_RANGE}"
+    if any(_bad_time(v) for row in s.series.step for v in row):
+        return f"`$.series.step` holds a time {_RANGE}"
+    if _bad_time(s.step_ms):
+        return f"`$.step_ms` is {s.step_ms!r}: {_RANGE.removeprefix('that is ')}"
+    for name, table in (("phase_ms", s.phase_ms), ("tensor_ms", s.tensor_ms)):
+        bad = next((k for k, v in table.items() if _bad_time(v)), None)
+        if bad is not None:
+            return f"`$.{name}.{bad}` is {table[bad]!r}: {_RANGE.removeprefix('that is ')}"
+    for name, per_rank in (("rank_ms", s.rank_ms), ("range_ms", s.range_ms)):
+        for rank, table in per_rank.items():
+            if rank not in ranks:
+                return f"`$.{name}` names rank {rank}, not one of the run's ranks {_ranks(s)}"
+            bad = next((k for k, v in table.items() if _bad_time(v)), None)
+            if bad is not None:
+                return (
+                    f"`$.{name}.{rank}.{bad}` is {table[bad]!r}: {_RANGE.removeprefix('that is ')}"
+                )
+    stray = next((r for r in s.series.work if r not in ranks), None)
+    if stray is not None:
+        return f"`$.series.work` names rank {stray}, not one of the run's ranks {_ranks(s)}"
+    if s.straggler is not None and s.straggler not in ranks:
+        return f"`$.straggler` is rank {s.straggler}, not one of the run's ranks {_ranks(s)}"
     return None
+
+
+def _ranks(s: RunSummary) -> str:
+    r = sorted(s.ranks)
+    if not r:
+        return "(none)"
+    return f"({r[0]}-{r[-1]})" if r == list(range(r[0], r[-1] + 1)) and len(r) > 1 else str(r)

@@ -523,6 +523,7 @@ class Runtime:
         if cycle.thread.is_alive():
             cycle.shutdown_requested = True
             cycle.wake.set()
+            cycle.urgent.set()  # ends a busy cycle's sleep too (a 30 s HVDPROF_CYCLE_TIME)
             cycle.thread.join(timeout=self.config.collective_timeout_s + 5)
         cycle.shutdown_requested = True
         if handles.on_block == cycle.urgent.set:

@@ -19,6 +19,12 @@ handler leaves a marker for it (``$TMPDIR/hvdprof-<uid>/stacks/<pid>``, holding 
 process's start time, so a reused pid is not taken for it; removed at exit), which is
 how a rank started by mpirun, torchrun or srun is recognised; this module also reads
 ``/proc`` for the signal's disposition in another process.
+
+A marker is a claim that a process survives SIGUSR1, so it is written and believed only
+where no other user can put one: both folders and the file must belong to the user (and,
+when read, to the user asking), be what they seem (no symbolic links) and be writable by
+no one else. Another user can create ``/tmp/hvdprof-<uid>`` before us, or point
+``TMPDIR`` at a folder of theirs; its markers are then neither written nor read.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import collections
 import contextlib
 import os
 import signal
+import stat
 import sys
 import sysconfig
 import threading
@@ -207,6 +214,34 @@ def start_time(pid: int) -> str | None:
     return fields[19] if len(fields) > 19 else None
 
 
+def _private(info: os.stat_result, uid: int, directory: bool) -> bool:
+    """Owned by ``uid``, of the kind expected, and writable by no one else."""
+    kind = stat.S_ISDIR(info.st_mode) if directory else stat.S_ISREG(info.st_mode)
+    return kind and info.st_uid == uid and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _open_private_dir(uid: int, tmpdir: str | None = None) -> int | None:
+    """A descriptor of ``marker_dir(uid, tmpdir)`` when it and its parent are ``uid``'s
+    own private folders (opened one level at a time, never through a link: a folder
+    swapped after the check is not the one read); None otherwise."""
+    base = os.path.dirname(marker_dir(uid, tmpdir))
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+    fds: list[int] = []
+    try:
+        fds.append(os.open(base, flags))
+        if not _private(os.fstat(fds[-1]), uid, directory=True):
+            return None
+        fds.append(os.open("stacks", flags, dir_fd=fds[-1]))
+        if not _private(os.fstat(fds[-1]), uid, directory=True):
+            return None
+        return fds.pop()
+    except OSError:
+        return None
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def _register() -> None:
     """Leave this process's marker (best effort: no marker means only that ``hvdprof
     stacks`` recognises the process by its environment or command line alone)."""
@@ -218,17 +253,26 @@ def _register() -> None:
     started = start_time(pid)
     if started is None:
         return
-    directory = marker_dir(getuid())
+    uid = getuid()
+    directory = marker_dir(uid)
     path = os.path.join(directory, str(pid))
-    try:
+    try:  # each level 0o700 (makedirs gives only the last its mode: a umask of 002 ...)
+        os.makedirs(os.path.dirname(directory), mode=0o700, exist_ok=True)
         os.makedirs(directory, mode=0o700, exist_ok=True)
-        info = os.lstat(directory)
-        if info.st_uid != getuid() or not os.path.isdir(directory):
-            return  # someone else's folder: leave no file there
-        with open(path, "w") as f:
+    except OSError:
+        return
+    fd = _open_private_dir(uid)
+    if fd is None:
+        return  # someone else's folder, or one others may write: leave no file there
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+        out = os.open(str(pid), flags, 0o600, dir_fd=fd)
+        with os.fdopen(out, "w") as f:
             f.write(started)
     except OSError:
         return
+    finally:
+        os.close(fd)
     _registered = pid
     _prune(directory)
     import atexit
@@ -260,17 +304,31 @@ def _unregister(pid: int, path: str) -> None:
 
 
 def registered(pid: int, uid: int, tmpdirs: list[str]) -> bool:
-    """Whether process ``pid`` of user ``uid`` left its marker in one of ``tmpdirs``."""
+    """Whether process ``pid`` of user ``uid`` left its marker in one of ``tmpdirs``.
+
+    Believed only when ``uid`` is the caller's own (a marker is trusted from no one
+    else) and the folders and the file are private to it (:func:`_open_private_dir`)."""
+    getuid = getattr(os, "getuid", None)
+    if getuid is None or uid != getuid():
+        return False
     started = start_time(pid)
     if started is None:
         return False
     for tmpdir in dict.fromkeys(tmpdirs):
-        try:
-            with open(os.path.join(marker_dir(uid, tmpdir), str(pid))) as f:
-                if f.read(64).strip() == started:
-                    return True
-        except (OSError, UnicodeDecodeError):
+        fd = _open_private_dir(uid, tmpdir)
+        if fd is None:
             continue
+        try:
+            flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)  # (a FIFO)
+            marker = os.open(str(pid), flags, dir_fd=fd)
+            with os.fdopen(marker, "rb") as f:
+                mine = _private(os.fstat(f.fileno()), uid, directory=False)
+                if mine and f.read(64).decode("ascii", "replace").strip() == started:
+                    return True
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
     return False
 
 
