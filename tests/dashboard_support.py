@@ -131,10 +131,13 @@ def launched_chromium() -> Iterator[object]:
             browser.close()
 
 
-def open_page(browser: Any, url: str, settle_ms: int = 0) -> tuple[Any, list[str]]:
-    """A new page at ``url``, once the dashboard says it is ready, with the page errors it
-    collects (a test asserts there are none); ``settle_ms`` lets Plotly finish drawing."""
-    page = browser.new_page(viewport={"width": 1400, "height": 950})
+def open_page(
+    browser: Any, url: str, settle_ms: int = 0, width: int = 1400
+) -> tuple[Any, list[str]]:
+    """A new page at ``url``, ``width`` px wide, once the dashboard says it is ready, with
+    the page errors it collects (a test asserts there are none); ``settle_ms`` lets Plotly
+    finish drawing."""
+    page = browser.new_page(viewport={"width": width, "height": 950})
     page.set_default_timeout(WAIT_MS)
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -165,3 +168,22 @@ def shared_real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         make_real_run(base / "run")
         done.touch()
     return base / "run"
+
+
+def shared_slow_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real 2-rank job per test session whose rank 1 sleeps 15 ms before each step
+    (the straggler), shared by the page tests that need a slow run."""
+    from conftest import run_job
+
+    base = tmp_path_factory.getbasetemp() / "dashboard-slow-run"
+    done = base / ".made"
+    if not done.exists():
+        shutil.rmtree(base, ignore_errors=True)
+        base.mkdir(parents=True)
+        job = run_job(
+            "analysis_worker.py", 2, "--steps", "120", "--sleep-rank", "1", "--sleep-ms", "15",
+            launcher_args=("--timeline", str(base / "slow")),
+        )  # fmt: skip
+        job.assert_done(2)
+        done.touch()
+    return base / "slow"

@@ -234,9 +234,12 @@ def test_gpu_report_card_data(run: Run) -> None:
         assert {c["copy_kind"] for c in r["memcpy"]} == {"HtoD", "DtoH", "DtoD"}
         for c in r["memcpy"]:
             assert c["gbps"] == pytest.approx(c["bytes"] / (c["total_ms"] * 1e6))
-    # rank 0 computes 17.71% vs 22.57%: further apart than the idle shares (53.56 / 54.72)
-    assert d["stands_out"] == 0 and d["stands_out_metric"] == "compute_share"
-    assert "Rank 0 stands out" in d["stands_out_text"] and "17.7%" in d["stands_out_text"]
+    # rank 0 computes 17.71% vs 22.57%: further apart than the idle shares (53.56 / 54.72),
+    # but 4.9 points is not material (device.STANDS_OUT_POINTS): named as the widest gap only
+    assert d["stands_out"] is None and d["stands_out_metric"] is None
+    text = d["stands_out_text"]
+    assert text.startswith("No rank stands out") and "rank 0's GPU is computing 17.7%" in text
+    assert "4.9 points" in text
 
 
 def test_memcpy_bandwidth_from_the_file() -> None:
@@ -289,11 +292,12 @@ def test_analyze_prints_the_gpu_tables() -> None:
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "7. GPU per rank" in out and "53.56%" in out and "22.57%" in out
-    assert "Rank 0 stands out" in " ".join(out.split())
+    assert "No rank stands out" in " ".join(out.split())
     assert "GPU kernel time per name" in out and "Memcpy bandwidth per copy kind" in out
     proc = subprocess.run(
         [sys.executable, "-m", "hvdprof", "analyze", "--json", "--no-cache", str(HTA_DATA)],
         capture_output=True, text=True, cwd=REPO, timeout=120,
     )  # fmt: skip
     gpu = json.loads(proc.stdout)["gpu"]
-    assert gpu["stands_out"] == 0 and gpu["ranks"][0]["top_kernels"] and gpu["ranks"][1]["memcpy"]
+    assert gpu["stands_out"] is None and gpu["ranks"][0]["top_kernels"]
+    assert gpu["ranks"][1]["memcpy"]

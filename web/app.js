@@ -92,7 +92,22 @@
     // a chart that sets its own height gets a box that tall (nothing spills onto the next line)
     if (el.id !== "timeline") el.style.height = layout.height ? layout.height + "px" : "";
     el.querySelectorAll(":scope > .empty").forEach((n) => n.remove());
-    Plotly.react(el, traces, layout, config);
+    Plotly.react(el, traces, clearOfToolbar(layout), config);
+  }
+  // Plotly's tool bar (the modebar) appears over a chart's top right on hover, in a band
+  // TOOLBAR_PX high: a chart's title goes below that band, left-aligned above the plot
+  // (centred in the band, a long title ran under the tool bar).
+  const TOOLBAR_PX = 30;
+  function clearOfToolbar(layout) {
+    const title = layout.title;
+    if (!title || !title.text) return layout;
+    const lines = 1 + (String(title.text).match(/<br>/g) || []).length;
+    const size = (title.font && title.font.size) || 12;
+    const margin = layout.margin || {};
+    return Object.assign({}, layout, {
+      title: Object.assign({}, title, { x: 0, xref: "paper", xanchor: "left", y: 1, yref: "paper", yanchor: "bottom", pad: { b: 6 } }),
+      margin: Object.assign({}, margin, { t: Math.max(margin.t || 0, TOOLBAR_PX + Math.ceil(lines * size * 1.4) + 8) }),
+    });
   }
   // An axis with a visible title (plotly.js 3+ ignores a plain-string title).
   // automargin and a standoff: the title is placed beyond the tick labels, never on them.
@@ -235,7 +250,12 @@
     margin: { l: 60, r: 16, t: 24, b: 90 }, font: { size: 12 },
     paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "#fff", legend: { orientation: "h", y: -0.3, yanchor: "top" },
   });
-  const plotConfig = { displaylogo: false, responsive: true };
+  // the tool bar keeps the buttons a reader uses (save, zoom, pan, reset): a narrow bar
+  // covers less of a chart's top right (the mouse wheel zooms the timeline)
+  const plotConfig = {
+    displaylogo: false, responsive: true,
+    modeBarButtonsToRemove: ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d"],
+  };
 
   const noticeSet = new Map();
   function setNotices(source, list) {
@@ -275,9 +295,12 @@
     const ticket = ++state.timelineRequest;
     const el = $("timeline");
     const width = Math.max(400, el.clientWidth || 1000);
+    // single slices up to about one per pixel column: more would be slivers, each drawn a
+    // pixel or two wide (Plotly keeps a thin bar visible), so their colours would overstate
+    // short phases; bins are drawn to the pixel (binnedBars)
     const query = {
       run: state.run, expand_rank: state.expand, lanes: state.expand !== "" ? state.laneKind : "",
-      max_items: Math.min(20000, width * 4),
+      max_items: Math.min(20000, width),
     };
     if (state.view) { query.t0_us = state.view[0]; query.t1_us = state.view[1]; }
     const wanted = timelineRows();
@@ -339,6 +362,123 @@
     return { shapes: shapes, marks: marks };
   }
 
+  // ------------------------------------------------------------------ binned timeline
+  // Plotly draws a bar narrower than 2 px as at least one whole pixel (it widens it to the
+  // pixels it touches, so that it stays visible). A bin's phases drawn side by side as
+  // bars of their own were mostly such slivers: a 0.01 ms copy took a pixel or two of a
+  // 0.4 ms bin, the later trace painted over the earlier one, and a phase with 1% of the
+  // time took half of a row's pixels, more the narrower the window. So a binned row is
+  // drawn in whole screen pixels instead: each pixel column gets the time each phase
+  // spent in it (its bins' phases laid out side by side, the rest of a bin blank), then
+  // one colour by error diffusion (the phase owed the most pixels so far), so that the
+  // pixels of each colour in a row are its time within a pixel or so per phase, at every
+  // width and zoom. Runs of one colour are then drawn as one bar, on pixel edges.
+
+  // The time axis as drawn: the window (µs), and its whole screen pixels (the plot area's
+  // left edge on the page, its width). Before the first draw the plot area is estimated;
+  // drawTimeline redraws once when Plotly placed it elsewhere.
+  function timelinePixels(el, data) {
+    const range = state.view ? state.view.slice() : [data.t0_us, data.t1_us];
+    const xa = el._fullLayout && el._fullLayout.xaxis;
+    const box = el.getBoundingClientRect();
+    const offset = xa && xa._length > 0 ? xa._offset : 150;
+    const length = xa && xa._length > 0 ? xa._length : Math.max((el.clientWidth || 1000) - 150 - 16, 100);
+    return { range, left: box.left + offset, length };
+  }
+  function samePixels(a, b) {
+    return !!a && !!b && a.length === b.length && Math.abs(a.left - b.left) < 0.01 &&
+      a.range[0] === b.range[0] && a.range[1] === b.range[1];
+  }
+
+  // Per row: its bins' phases laid out in whole pixel columns and a colour per column.
+  // Returns the column edges' times and, per row, each column's time per class and class.
+  function ditherRows(items, phaseUs, classes, geometry, keptRows) {
+    const [r0, r1] = geometry.range;
+    const usPerPx = (r1 - r0) / geometry.length;
+    const first = Math.ceil(geometry.left - 1e-6); // the first whole pixel on the page
+    const n = Math.max(0, Math.floor(geometry.left + geometry.length + 1e-6) - first);
+    const edge = (i) => r0 + (first + i - geometry.left) * usPerPx;
+    const k = classes.length; // the last class is the blank (no slice)
+    const perRow = new Map();
+    const add = (times, a, b, c) => {
+      if (!(b > a)) return;
+      const i0 = Math.max(0, Math.floor((a - edge(0)) / usPerPx));
+      const i1 = Math.min(n - 1, Math.floor((b - edge(0)) / usPerPx));
+      for (let i = i0; i <= i1; i++) {
+        const over = Math.min(b, edge(i + 1)) - Math.max(a, edge(i));
+        if (over > 0) times[i * k + c] += over;
+      }
+    };
+    const keys = Object.keys(phaseUs);
+    items.forEach((it, j) => {
+      if (keptRows && !keptRows.has(it.row)) return;
+      if (!perRow.has(it.row)) perRow.set(it.row, new Float64Array(n * k));
+      const times = perRow.get(it.row);
+      let at = it.start_us;
+      for (const p of keys) {
+        const us = phaseUs[p][j] || 0;
+        if (us > 0) { add(times, at, at + us, classes.indexOf(p)); at += us; }
+      }
+    });
+    const out = new Map();
+    for (const [row, times] of perRow) {
+      const colour = new Int32Array(n);
+      const owed = new Float64Array(k);
+      for (let i = 0; i < n; i++) {
+        let busy = 0;
+        for (let c = 0; c < k - 1; c++) busy += times[i * k + c];
+        times[i * k + k - 1] = Math.max(usPerPx - busy, 0);
+        const total = Math.max(busy, usPerPx);
+        let pick = 0;
+        for (let c = 0; c < k; c++) {
+          owed[c] += times[i * k + c] / total;
+          if (owed[c] > owed[pick]) pick = c;
+        }
+        owed[pick] -= 1;
+        colour[i] = pick;
+      }
+      out.set(row, { times, colour });
+    }
+    return { rows: out, n, k, edge, usPerPx };
+  }
+
+  // The binned rows as bars: one per run of a colour, its hover the time per phase in it.
+  function binnedBars(data, items, keptRows, lanes, geometry, group) {
+    const phaseUs = (data.buckets || {}).phase_us || {};
+    const classes = [...Object.keys(phaseUs), "idle"];
+    const drawn = ditherRows(items, phaseUs, classes, geometry, keptRows);
+    const { n, k, edge } = drawn;
+    // a 1 px bar just inside its pixel: Plotly rounds a bar under 2 px outwards to whole
+    // pixels (and draws a wider one where it says, edges on pixel edges: no blending)
+    const nudge = (px) => (px < 2 ? 0.01 * drawn.usPerPx : 0);
+    for (const [row, { times, colour }] of drawn.rows) {
+      const lane = lanes.laneLabel.has(row) ? lanes.laneLabel.get(row) : String(row);
+      const rank = lanes.laneRank.has(row) ? lanes.laneRank.get(row) : null;
+      // a GPU stream's blank is the stream idle; a rank's is its compute (no collective)
+      const gpuRow = lanes.laneStream.has(row);
+      const idleWords = gpuRow ? "idle (nothing on this stream)" : "no slice (compute)";
+      for (let i = 0; i < n;) {
+        let j = i + 1;
+        while (j < n && colour[j] === colour[i]) j++;
+        const c = colour[i];
+        if (c !== k - 1) {
+          const sums = new Float64Array(k);
+          for (let x = i; x < j; x++) for (let q = 0; q < k; q++) sums[q] += times[x * k + q];
+          const a = edge(i), b = edge(j);
+          const lines = ["<b>" + fmtUs(a - lanes.t0) + " + " + fmtUs(b - a) + "</b>: drawn as " + phaseLabel(classes[c])];
+          const parts = classes.map((p, q) => [p, sums[q]]).filter(([, us]) => us > 0).sort((x, y) => y[1] - x[1]);
+          for (const [p, us] of parts) lines.push((p === "idle" ? idleWords : phaseLabel(p)) + ": " + fmtUs(us));
+          lines.push("zoom in to see each " + (gpuRow ? "kernel" : "slice"));
+          const g = group(classes[c]);
+          g.y.push(lane); const d = nudge(j - i);
+          g.base.push((a + d - lanes.t0) / 1000); g.x.push((b - a - 2 * d) / 1000);
+          g.custom.push(rank); g.text.push(lines.join("<br>"));
+        }
+        i = j;
+      }
+    }
+  }
+
   function drawTimeline(data) {
     state.lastTimeline = data;
     const el = $("timeline");
@@ -373,36 +513,17 @@
       if (!byPhase.has(phase)) byPhase.set(phase, { y: [], base: [], x: [], text: [], custom: [], link: [] });
       return byPhase.get(phase);
     };
-    // Binned (zoomed out): each bin is drawn as its phases' shares of it, side by side, so
-    // the length drawn in a colour is the time the row spent in that phase (what the
-    // breakdown counts); time with no slice stays blank. The hover names the dominant one.
-    const phaseUs = data.aggregated ? ((data.buckets || {}).phase_us || {}) : {};
-    items.forEach((it, i) => {
+    // Binned (zoomed out): each bin is drawn as its phases' shares of it, pixel by pixel,
+    // so the pixels drawn in a colour are the time the row spent in that phase (what the
+    // breakdown counts); time with no slice stays blank (binnedBars).
+    const geometry = data.aggregated ? timelinePixels(el, data) : null;
+    if (data.aggregated) binnedBars(data, items, keptRows, { laneLabel, laneRank, laneStream, t0 }, geometry, group);
+    items.forEach((it) => {
+      if (data.aggregated) return;
       if (keptRows && !keptRows.has(it.row)) return;
       const phase = it.phase || "other";
       const lane = laneLabel.has(it.row) ? laneLabel.get(it.row) : String(it.row);
       const rank = laneRank.has(it.row) ? laneRank.get(it.row) : null;
-      if (it.count !== undefined) {
-        const parts = Object.keys(phaseUs).map((p) => [p, phaseUs[p][i] || 0]).filter(([, us]) => us > 0);
-        const idle = Math.max(it.dur_us - it.busy_us, 0);
-        // a GPU stream's blank is the stream idle; a rank's is its compute (no collective)
-        const gpuRow = laneStream.has(it.row);
-        const idleWords = gpuRow ? "idle (nothing on this stream)" : "no slice (compute)";
-        const unit = gpuRow ? " kernels" : " slices";
-        const lines = ["<b>" + fmtUs(it.start_us - t0) + " + " + fmtUs(it.dur_us) + "</b>: " + it.count + unit + ", mostly " + (phase === "idle" ? idleWords : phaseLabel(phase))];
-        for (const [p, us] of parts.slice().sort((a, b) => b[1] - a[1])) lines.push(phaseLabel(p) + ": " + fmtUs(us));
-        if (idle > 0) lines.push(idleWords + ": " + fmtUs(idle));
-        lines.push("busy " + fmtUs(it.busy_us) + " of " + fmtUs(it.dur_us) + " \u00b7 zoom in to see each slice");
-        const hover = lines.join("<br>");
-        let offset = 0;
-        for (const [p, us] of parts) {
-          const g = group(p);
-          g.y.push(lane); g.base.push((it.start_us + offset - t0) / 1000); g.x.push(us / 1000);
-          g.custom.push(rank); g.text.push(hover);
-          offset += us;
-        }
-        return;
-      }
       const g = group(phase);
       g.y.push(lane);
       g.base.push((it.start_us - t0) / 1000);
@@ -493,10 +614,19 @@
       shapes: stalls.shapes,
     });
     el.style.height = layout.height + "px";
-    if (state.view) layout.xaxis.range = [(state.view[0] - t0) / 1000, (state.view[1] - t0) / 1000];
+    if (geometry) layout.xaxis.range = geometry.range.map((us) => (us - t0) / 1000);
+    else if (state.view) layout.xaxis.range = [(state.view[0] - t0) / 1000, (state.view[1] - t0) / 1000];
     else layout.xaxis.autorange = true;
     // the mouse wheel zooms the time axis (the lanes stay fixed)
     draw(el, traces, layout, Object.assign({}, plotConfig, { scrollZoom: true }));
+    // binned: drawn for the pixels Plotly gave the plot area (estimated before the first
+    // draw, changed by a resize or longer row labels); once more if they moved
+    state.timelinePixels = geometry;
+    if (geometry && !samePixels(geometry, timelinePixels(el, data)) && !state.redrawingBins) {
+      state.redrawingBins = true;
+      try { drawTimeline(data); } finally { state.redrawingBins = false; }
+      return;
+    }
     el.dataset.binned = data.aggregated ? "1" : "0";
     const bin = items.length ? items[0].dur_us : 0;
     state.timelineShapes = stalls.shapes;
@@ -571,6 +701,12 @@
   let relayoutTimer = null;
   function onRelayout(ev) {
     let view = state.view;
+    if (ev.autosize && state.lastTimeline && state.lastTimeline.aggregated) {
+      // resized: a binned row is drawn in whole pixels, so draw it again for the new ones
+      clearTimeout(relayoutTimer);
+      relayoutTimer = setTimeout(() => drawTimeline(state.lastTimeline), 120);
+      return;
+    }
     if (ev["xaxis.autorange"]) view = null;
     else if (ev["xaxis.range[0]"] !== undefined) view = [ev["xaxis.range[0]"], ev["xaxis.range[1]"]];
     else if (ev["xaxis.range"]) view = ev["xaxis.range"];
@@ -798,14 +934,15 @@
     }
     draw(el, [{
       type: "heatmap", z: z, x: Array.from({ length: steps }, (_, i) => i), y: y,
-      colorscale: [[0, "#fff7ec"], [0.5, "#fc8d59"], [1, "#7f0000"]], colorbar: { title: { text: "waited (ms)" } },
+      colorscale: [[0, "#fff7ec"], [0.5, "#fc8d59"], [1, "#7f0000"]], colorbar: { title: { text: "waited (ms)", side: "right" } },
       zmin: 0, zmax: colourCap(z),
       hovertemplate: "%{y}, step %{x}: waited %{z:.2f} ms for the others<extra></extra>",
     }], Object.assign(baseLayout(), {
       // whole steps only (two steps would otherwise tick at -0.5, 0, 0.5)
       xaxis: axis("training step", { tickmode: "linear", tick0: 0, dtick: Math.max(1, Math.ceil(steps / 12)), tickformat: "d" }),
       yaxis: Object.assign({ autorange: "reversed", type: "category", automargin: true }, ticks),
-      height: height, margin: { l: 60, r: 16, t: 10, b: 44 }, shapes: shapes, annotations: annotations,
+      // the colour bar's top clear of the tool bar's band
+      height: height, margin: { l: 60, r: 16, t: TOOLBAR_PX, b: 44 }, shapes: shapes, annotations: annotations,
     }), plotConfig);
   }
 
@@ -1183,7 +1320,7 @@
     const span = flat ? { zmin: mid * Math.exp(-2 * noise), zmax: mid * Math.exp(2 * noise) } : {};
     const traces = [Object.assign({
       type: "contour", x: data.x, y: data.y, z: data.z, colorscale: "Viridis",
-      colorbar: { title: { text: "MB/s" } }, contours: { coloring: "heatmap" },
+      colorbar: { title: { text: "MB/s", side: "right" } }, contours: { coloring: "heatmap" },
       hovertemplate: "threshold %{x:.3s}B, cycle %{y:.2f} ms: %{z:.2f} MB/s<extra>surrogate</extra>",
     }, span)];
     const pts = data.samples || [];

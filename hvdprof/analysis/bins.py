@@ -2,9 +2,10 @@
 
 Shared by the rank, tensor and phase rows (:mod:`hvdprof.analysis.window`) and the GPU
 stream rows (:mod:`hvdprof.analysis.gpu_lanes`), so a bin means the same on both: its
-busy time (at most its width), its dominant class (idle included: the share of a row drawn
-in a colour follows that class's share of its time), how many slices overlap it, and the
-time of each class present (the hover's breakdown).
+busy time (at most its width), its dominant class (idle included), how many slices
+overlap it, and the time of each class present. The page draws a bin from that time per
+class, to the pixel (web/app.js ``binnedBars``), so the share of a row drawn in a colour is
+that class's share of its time; the dominant class is a summary for API clients.
 """
 
 from __future__ import annotations

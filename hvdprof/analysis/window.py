@@ -289,8 +289,9 @@ def _bins(
     breakdown's, then ``op`` and ``cycle``), so overlapping slices (the tensors of a
     fused group, an op around its children) are counted once: a bin's busy time is at
     most its width, and the time per phase of a row adds up to what the breakdown says.
-    Each bin is coloured by the phase it spent most time in, ``idle`` (no slice) included,
-    so the share of a row drawn in a colour follows that phase's share of its time. The
+    Each bin carries its time per phase (the page draws those shares to the pixel, so the
+    share of a row drawn in a colour is that phase's share of its time) and the phase it
+    spent most time in, ``idle`` (no slice) included. The
     segments are computed once per run (the rank rows' are the breakdown's own) and only
     cut to the window here, so zooming costs a selection, not a sweep of the run.
     """

@@ -8,8 +8,9 @@ sample's ``decision``) and in the autotune log (a ``decision`` row), e.g.::
     (95% interval -18% to -10%), confirmed over 60 paired steps
 
 or, when nothing passed the test, ``hvdprof autotune: kept the default — nothing to set:
-none of the 9 settings tried beat it with 95% confidence; the most promising, ...``. The
-default's own values are never printed as if they were a finding. Knobs the user pinned
+none of the 9 settings tried beat it with 95% confidence; the most promising, ...``
+(a setting that measured faster, not surely), or ``...; no setting tried measured faster
+than the default: the closest, ...`` (none is called promising when it measured slower). The default's own values are never printed as if they were a finding. Knobs the user pinned
 (set explicitly, so never tuned) are named, with what the tuner believes the pin costs when
 it can estimate it (see ``pin_cost``). Pure functions.
 """
@@ -109,11 +110,15 @@ def end_line(
         best = decision.best_tried
         if best is not None and math.isfinite(decision.std_error):
             changed = changed_assignments(best, decision.default, capacity)
+            change = decision.step_time_change()
+            # "promising" only for a setting that measured faster: a slower best is the
+            # least slow, and the line says the default was the fastest measured
             text += (
                 f"; the most promising, {assignments_text(changed)}, measured step time "
-                f"{percent(decision.step_time_change())} ({interval_text(decision)}) over "
-                f"{steps} paired steps"
-            )
+                if percent(change).startswith("-")
+                else f"; no setting tried measured faster than the default: the closest, "
+                f"{assignments_text(changed)}, measured step time "
+            ) + f"{percent(change)} ({interval_text(decision)}) over {steps} paired steps"
     return text + pinned_text(config, structure)
 
 
