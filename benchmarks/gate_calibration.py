@@ -19,6 +19,9 @@ Goals (issue 40): ``same`` fails in at most 1 of 20 rounds; ``all`` is caught in
 of the traces' size. Results: ``benchmarks/results/gate_calibration[.loaded].json``.
 
     python benchmarks/gate_calibration.py [--rounds 20] [--steps 150] [--load]
+
+``--ab`` calibrates ``hvdprof ab`` (baseline and candidate interleaved in one job)
+instead: see ``benchmarks/gate_ab_calibration.py``.
 """
 
 from __future__ import annotations
@@ -104,7 +107,19 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--output", type=Path, default=None)
     p.add_argument("--quick", action="store_true", help="2 rounds of 40 steps (a smoke run)")
-    args = p.parse_args()
+    p.add_argument(
+        "--ab",
+        action="store_true",
+        help="calibrate `hvdprof ab` instead (issue 50's protocol; see gate_ab_calibration.py)",
+    )
+    args, rest = p.parse_known_args()
+    if args.ab:
+        import gate_ab_calibration
+
+        gate_ab_calibration.main(rest, quick=args.quick, load=args.load, output=args.output)
+        return
+    if rest:
+        p.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.quick:
         args.rounds, args.steps = 2, 40
     rng = random.Random(40)

@@ -1,0 +1,396 @@
+"""``hvdprof ab``: run the baseline and the candidate in interleaved blocks and judge them.
+
+Each run is a fresh process group started from a shell command line, with
+``HVDPROF_TIMELINE`` pointing at its own directory: both sides record the same way, so
+the timeline's cost (a few percent of a step) weighs on both alike and cancels in their
+ratio. A run is measured by the step time ``analyze`` quotes (the median over ranks and
+steps, warm-up left out), taken from its summary, so start-up (imports, rendezvous, a
+slower-starting side) is not counted. Every run is kept: its timeline, its summary and
+its output, under ``OUT/block-NN-SIDE/``.
+
+The statistics are in :mod:`hvdprof.analysis.ab`; the cause is named by
+:func:`hvdprof.analysis.diff.diff_summaries` on the pooled runs of each side
+(:mod:`hvdprof.analysis.pooling`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hvdprof.analysis.ab import PairedJudgement, SequentialGate, block_orders
+from hvdprof.analysis.diff import RunDiff, diff_summaries
+from hvdprof.analysis.pooling import pool_summaries
+from hvdprof.analysis.summary import RunSummary
+from hvdprof.config import name_of
+
+SIDES = ("baseline", "candidate")
+
+
+@dataclass(frozen=True)
+class Side:
+    """How to start one side: a shell command line, extra environment, a directory."""
+
+    name: str  # "baseline" | "candidate"
+    command: str
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+
+
+@dataclass
+class RunRecord:
+    """One run of one side: where it is kept, how it ended, and its step time."""
+
+    side: str
+    block: int  # 0: the warm-up block (not judged)
+    directory: str
+    exit_code: int | None  # None: killed at the run timeout
+    wall_s: float
+    started_unix_s: float = 0.0  # when it was launched
+    startup_s: float | None = None  # from launch to the first rank's timeline start
+    step_ms: float | None = None
+    steps: int = 0
+    problem: str | None = None  # why it cannot be judged (it crashed, wrote no steps ...)
+    summary: RunSummary | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "side": self.side,
+            "block": self.block,
+            "directory": self.directory,
+            "exit_code": self.exit_code,
+            "wall_s": round(self.wall_s, 3),
+            "startup_s": None if self.startup_s is None else round(self.startup_s, 3),
+            "step_ms": self.step_ms,
+            "steps": self.steps,
+            "problem": self.problem,
+        }
+
+
+@dataclass
+class GatePlan:
+    """What one ``hvdprof ab`` does: the test, its time budget and the run limits."""
+
+    gate: SequentialGate
+    budget_s: float = 270.0
+    run_timeout_s: float = 270.0
+    warmup_blocks: int = 1
+    seed: int = 50
+
+
+@dataclass
+class GateOutcome:
+    """Everything the gate did and concluded."""
+
+    plan: GatePlan
+    out_dir: str
+    runs: list[RunRecord] = field(default_factory=list)
+    log_ratios: list[float] = field(default_factory=list)
+    looks: list[PairedJudgement] = field(default_factory=list)
+    judgement: PairedJudgement | None = None
+    stopped: str = ""  # "clear" | "max_blocks" | "budget" | "run_failed"
+    failed_run: RunRecord | None = None
+    diff: RunDiff | None = None
+    wall_s: float = 0.0
+
+    def median_wall_s(self, side: str) -> float | None:
+        walls = [r.wall_s for r in self.runs if r.side == side and r.problem is None]
+        return statistics.median(walls) if walls else None
+
+    def median_startup_s(self, side: str) -> float | None:
+        starts = [r.startup_s for r in self.runs if r.side == side and r.startup_s is not None]
+        return statistics.median(starts) if starts else None
+
+
+#: Seconds a stopped run's process group has to end after SIGTERM before SIGKILL.
+STOP_GRACE_S = 15.0
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM first: ``hvdprof run``'s launcher traps it and stops its ranks, which run
+    in sessions of their own that a SIGKILL of this group would not reach; then SIGKILL
+    whatever is left of the group."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None and not _group_alive(proc.pid):
+            break
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _measure(record: RunRecord, timeline: str) -> None:
+    """Fill in the run's step time from its timeline (or say why there is none)."""
+    from hvdprof.analysis.loader import LoadError, load_run
+    from hvdprof.analysis.summary import summarize, write_summary
+
+    try:
+        run = load_run(timeline, cache=False)
+    except LoadError as exc:
+        record.problem = f"wrote no timeline that can be read ({exc})"
+        return
+    if not len(run.slices):
+        record.problem = "wrote no timeline (is it an hvdprof job: `hvdprof run` or hvdprof.torch?)"
+        return
+    starts = [m.get("start_unix_ns") for m in run.manifests.values()]
+    starts = [s for s in starts if isinstance(s, int) and s > 0]
+    if starts:
+        record.startup_s = max(0.0, min(starts) / 1e9 - record.started_unix_s)
+    summary = summarize(run)
+    if not summary.series.step or not summary.step_ms > 0:
+        record.problem = "recorded no training steps to time (a collective per step is needed)"
+        return
+    write_summary(summary, os.path.join(record.directory, "summary.json"))
+    record.summary = summary
+    record.step_ms = summary.step_ms
+    record.steps = len(summary.series.step)
+
+
+def record_run(side: Side, block: int, out_dir: str, timeout_s: float) -> RunRecord:
+    """Run ``side`` once with its own timeline; its output goes to ``output.log``."""
+    directory = os.path.join(out_dir, f"block-{block:02d}-{side.name}")
+    timeline = os.path.join(directory, "timeline")
+    os.makedirs(timeline, exist_ok=True)
+    env = {**os.environ, **side.env, name_of("timeline_dir"): os.path.abspath(timeline)}
+    record = RunRecord(side.name, block, directory, None, 0.0, time.time())
+    started = time.monotonic()
+    with open(os.path.join(directory, "output.log"), "wb") as log:
+        proc = subprocess.Popen(
+            side.command,
+            shell=True,
+            cwd=side.cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its whole process tree is killed with it
+        )
+        try:
+            record.exit_code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            record.problem = f"ran past the run timeout ({timeout_s:g} s) and was killed"
+        except BaseException:  # Ctrl+C: no run is left behind
+            _kill_group(proc)
+            raise
+    record.wall_s = time.monotonic() - started
+    if record.problem is None and record.exit_code != 0:
+        record.problem = f"failed ({_how_it_ended(record.exit_code or 0)})"
+    if record.problem is None:
+        _measure(record, timeline)
+    return record
+
+
+def _how_it_ended(code: int) -> str:
+    """``exit code 3``; ``killed by SIGKILL``; a shell's 128+N also names signal N."""
+
+    def name(number: int) -> str:
+        try:
+            return signal.Signals(number).name
+        except ValueError:
+            return f"signal {number}"
+
+    if code < 0:
+        return f"killed by {name(-code)}"
+    if 128 < code < 128 + signal.NSIG:
+        return f"exit code {code}: killed by {name(code - 128)}"
+    return f"exit code {code}"
+
+
+Progress = Callable[[GateOutcome, RunRecord | None], None]
+
+
+def run_gate(
+    plan: GatePlan,
+    sides: dict[str, Side],
+    out_dir: str,
+    progress: Progress | None = None,
+) -> GateOutcome:
+    """Warm-up, then blocks until the answer is clear, the blocks run out or the budget
+    would be passed; a run that fails stops the gate (what ran is kept and judged)."""
+    started = time.monotonic()
+    outcome = GateOutcome(plan, out_dir)
+    gate = plan.gate
+    orders = block_orders(plan.warmup_blocks + gate.max_blocks, plan.seed)
+    block_s: list[float] = []
+    for index, order in enumerate(orders):
+        block = index - plan.warmup_blocks + 1  # <= 0: warm-up
+        elapsed = time.monotonic() - started
+        if block > 1 and block_s and elapsed + max(block_s) > plan.budget_s:
+            outcome.stopped = "budget"
+            break
+        t0 = time.monotonic()
+        pair: dict[str, RunRecord] = {}
+        for name in order:
+            record = record_run(sides[name], max(block, 0), out_dir, plan.run_timeout_s)
+            outcome.runs.append(record)
+            if progress is not None:
+                progress(outcome, record)
+            if record.problem is not None:
+                outcome.failed_run = record
+                break
+            pair[name] = record
+        if outcome.failed_run is not None:
+            outcome.stopped = "run_failed"
+            break
+        block_s.append(time.monotonic() - t0)
+        if block <= 0:
+            continue
+        b, c = pair["baseline"].step_ms, pair["candidate"].step_ms
+        assert b is not None and c is not None  # measured, or a problem stopped the gate
+        outcome.log_ratios.append(math.log(c / b))
+        if gate.is_look(block):
+            look = gate.judge(outcome.log_ratios)
+            outcome.looks.append(look)
+            if progress is not None:
+                progress(outcome, None)  # a look
+            if look.clear:
+                outcome.stopped = "clear"
+                break
+    else:
+        outcome.stopped = "max_blocks"
+    _conclude(outcome)
+    outcome.wall_s = time.monotonic() - started
+    return outcome
+
+
+def _conclude(outcome: GateOutcome) -> None:
+    """The last judgement (the last look, or one more on the blocks run since) and the
+    cause, from the pooled runs of each side."""
+    n = len(outcome.log_ratios)
+    last = outcome.looks[-1] if outcome.looks else None
+    if n and (last is None or last.blocks != n):
+        last = outcome.plan.gate.judge(outcome.log_ratios)
+    outcome.judgement = last
+    judged = [r for r in outcome.runs if r.block > 0 and r.summary is not None]
+    pools = {
+        side: [r.summary for r in judged if r.side == side and r.summary is not None]
+        for side in SIDES
+    }
+    if all(pools.values()):
+        a = pool_summaries(pools["baseline"], os.path.join(outcome.out_dir, "baseline"))
+        b = pool_summaries(pools["candidate"], os.path.join(outcome.out_dir, "candidate"))
+        outcome.diff = diff_summaries(a, b)
+
+
+def _pct(x: float) -> str:
+    if x == math.inf:
+        return "+inf%"
+    return f"{x:+.1%}"
+
+
+def _cause_text(outcome: GateOutcome) -> str:
+    d = outcome.diff
+    if d is None or d.cause is None:
+        return ""
+    text = f" Cause: {d.cause.key} {d.cause.delta_ms:+.2f} ms per step"
+    if d.effects:
+        text += "; " + ", ".join(f"{r.key} waits {r.delta_ms:+.2f} ms" for r in d.effects)
+    return text + " (pooled runs of each side)."
+
+
+def _start_note(outcome: GateOutcome) -> str:
+    """A side much slower to start (imports, a compile, a sleep) is said: start-up is
+    not in the step time the gate compares."""
+    a, b = outcome.median_startup_s("baseline"), outcome.median_startup_s("candidate")
+    if a is None or b is None or abs(b - a) < max(2.0, 0.5 * min(a, b)):
+        return ""
+    return (
+        f" Note: from launch to the first rank's timeline took {a:.1f} s (baseline) and "
+        f"{b:.1f} s (candidate); only the step time is compared, not start-up."
+    )
+
+
+def verdict_line(outcome: GateOutcome) -> str:
+    """The one line a CI log shows."""
+    j, margin = outcome.judgement, outcome.plan.gate.margin
+    if outcome.failed_run is not None:
+        r = outcome.failed_run
+        where = "in the warm-up block" if r.block == 0 else f"in block {r.block}"
+        judged = len(outcome.log_ratios)
+        return (
+            f"ERROR: the {r.side} {r.problem} {where}; its output: "
+            f"{os.path.join(r.directory, 'output.log')}; no verdict ({judged} block(s) ran "
+            f"before it, every run kept in {outcome.out_dir})."
+        )
+    if j is None:
+        return "ERROR: no block was judged (the budget ended first); no verdict."
+    level = 1.0 - 2.0 * j.alpha
+    interval = (
+        f"{level:.0%} interval {_pct(j.low)} to {_pct(j.high)}"
+        if math.isfinite(j.high) and j.low > -1.0
+        else "too few blocks for an interval"
+    )
+    body = (
+        f"the candidate's step is {_pct(j.estimate)} against the baseline's ({interval}, "
+        f"{j.blocks} blocks)"
+    )
+    conf = f"{outcome.plan.gate.confidence:.0%}"
+    if j.failed:
+        return (
+            f"FAIL: {body}: slower by more than {margin:.0%} with {conf} confidence."
+            + _cause_text(outcome)
+            + _start_note(outcome)
+        )
+    if j.passed:
+        line = f"pass: {body}: not slower by more than {margin:.0%}, with {conf} confidence."
+    else:
+        why = {"budget": "the budget ended", "max_blocks": "the blocks ran out"}.get(
+            outcome.stopped, outcome.stopped
+        )
+        line = (
+            f"pass: {body}: no evidence at {conf} confidence of slower by more than "
+            f"{margin:.0%} ({why} before the answer was clear)."
+        )
+    return line + _start_note(outcome)
+
+
+def outcome_to_dict(outcome: GateOutcome, exit_code: int) -> dict[str, Any]:
+    """The JSON result (``hvdprof ab --json FILE``)."""
+    g = outcome.plan.gate
+    d = outcome.diff
+    j = outcome.judgement
+    return {
+        "verdict": verdict_line(outcome),
+        "exit_code": exit_code,
+        "failed": bool(j and j.failed and outcome.failed_run is None),
+        "stopped": outcome.stopped,
+        "margin": g.margin,
+        "confidence": g.confidence,
+        "min_blocks": g.min_blocks,
+        "max_blocks": g.max_blocks,
+        "looks_planned": g.looks,
+        "budget_s": outcome.plan.budget_s,
+        "seed": outcome.plan.seed,
+        "wall_s": round(outcome.wall_s, 3),
+        "out_dir": outcome.out_dir,
+        "judgement": j.to_dict() if j else None,
+        "looks": [look.to_dict() for look in outcome.looks],
+        "log_ratios": outcome.log_ratios,
+        "runs": [r.to_dict() for r in outcome.runs],
+        "failed_run": outcome.failed_run.to_dict() if outcome.failed_run else None,
+        "median_wall_s": {s: outcome.median_wall_s(s) for s in SIDES},
+        "median_startup_s": {s: outcome.median_startup_s(s) for s in SIDES},
+        "cause": d.cause.to_dict() if d and d.cause else None,
+        "effects": [r.to_dict() for r in d.effects] if d else [],
+        "diff_verdict": d.verdict if d else None,
+    }

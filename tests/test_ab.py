@@ -1,0 +1,317 @@
+"""``hvdprof ab``: the interleaved speed gate.
+
+The statistics as pure functions (the signed-rank distribution against brute force, A/A
+series pass at no more than the stated rate over every look, a 20% slowdown fails with
+an interval that covers it, one wild block cannot flip the answer); pooling runs; then
+``hvdprof ab`` on real 2-rank jobs of the demo (a candidate with rank 1's backward slowed
+fails and names rank 1's compute; an identical candidate that starts 3 s later passes
+and the start is said, not counted) and its bad input (a command that fails, one that
+records nothing, a candidate that crashes in block 3: one line, exit 5, runs kept).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hvdprof.analysis.ab import (
+    SequentialGate,
+    block_orders,
+    hodges_lehmann,
+    judge_pairs,
+    look_schedule,
+    signed_rank_cdf,
+)
+from hvdprof.analysis.pooling import pool_summaries
+from hvdprof.analysis.summary import RunSummary, Series
+
+REPO = Path(__file__).resolve().parent.parent
+WORKER = REPO / "benchmarks" / "gate_worker.py"
+PY = sys.executable
+
+
+def test_signed_rank_distribution_is_the_counted_one() -> None:
+    for n in (1, 4, 7):
+        sums = [sum(r for r, on in zip(range(1, n + 1), bits, strict=True) if on)
+                for bits in itertools.product((0, 1), repeat=n)]  # fmt: skip
+        counted = np.array([sum(s <= t for s in sums) for t in range(n * (n + 1) // 2 + 1)])
+        assert np.allclose(signed_rank_cdf(n), counted / 2**n)
+
+
+def test_hodges_lehmann_bounds_are_order_statistics_of_walsh_averages() -> None:
+    x = [0.1, -0.2, 0.05, 0.3, 0.0, 0.12, -0.04, 0.2]
+    low, mid, high = hodges_lehmann(x, 0.05)
+    assert low < mid < high
+    assert mid == pytest.approx(np.median([(a + b) / 2 for a, b in
+                                           itertools.combinations_with_replacement(x, 2)]))  # fmt: skip
+    # too few values to bound at this level: unbounded, never a made-up bound
+    low2, _, high2 = hodges_lehmann([0.1, 0.2, 0.3], 0.05)
+    assert low2 == -math.inf and high2 == math.inf
+
+
+def test_a_a_series_fail_no_more_than_the_error_rate_over_all_looks() -> None:
+    """1000 A/A gates of up to 20 blocks (noise 4% per block, some heavy tails): at 95%
+    confidence and a 5% margin no more than 5% fail, looks included; at a 0% margin (the
+    hardest case: the null's edge) still no more than 5%."""
+    rng = np.random.default_rng(1)
+    for margin in (0.05, 0.0):
+        gate = SequentialGate(margin, 0.95)
+        failed = 0
+        for _ in range(1000):
+            x = 0.04 * rng.standard_t(4, size=gate.max_blocks)
+            for n in gate.looks:
+                look = gate.judge(x[:n])
+                if look.clear:
+                    failed += look.failed
+                    break
+        assert failed <= 50, (margin, failed)
+
+
+def test_a_twenty_percent_slowdown_fails_and_its_interval_covers_it() -> None:
+    rng = np.random.default_rng(2)
+    caught = covered = 0
+    for _ in range(200):
+        x = math.log(1.2) + 0.05 * rng.standard_normal(12)
+        j = judge_pairs(x, 0.05, 0.01)
+        caught += j.failed
+        covered += j.low <= 0.2 <= j.high
+        assert not j.passed
+    assert caught >= 195 and covered >= 190  # 98% intervals
+
+
+def test_one_wild_block_does_not_flip_the_answer() -> None:
+    """A block 20x slower (a run descheduled for seconds) may leave the answer unclear;
+    it never makes it the wrong one, and moves the estimate by one rank, not its size."""
+    x = [0.01, -0.02, 0.0, 0.015, -0.01, 0.005, -0.005, 0.02, 0.0, 0.01]
+    calm = judge_pairs(x, 0.05, 0.01)
+    assert calm.passed
+    wild = judge_pairs([*x[:-1], 3.0], 0.05, 0.01)
+    assert not wild.failed and abs(wild.estimate - calm.estimate) < 0.01
+    slow = [v + math.log(1.25) for v in x]
+    assert judge_pairs(slow, 0.05, 0.01).failed
+    assert not judge_pairs([*slow[:-1], -3.0], 0.05, 0.01).passed
+
+
+def test_orders_are_balanced_and_looks_few() -> None:
+    orders = block_orders(20, seed=3)
+    for a, b in zip(orders[::2], orders[1::2], strict=True):
+        assert a == (b[1], b[0])  # ABBA or BAAB in each pair of blocks
+    assert {o[0] for o in orders} == {"baseline", "candidate"}
+    assert block_orders(20, seed=3) == orders  # seeded: a CI rerun runs the same order
+    looks = look_schedule(8, 20)
+    assert looks[0] == 8 and looks[-1] == 20 and looks == sorted(set(looks))
+    assert len(looks) <= 6
+    # each look can bound the slowdown at its share of the error rate
+    gate = SequentialGate(0.05)
+    assert 2.0**-gate.min_blocks < gate.alpha_per_look
+
+
+def _summary(step: float, compute: dict[int, float], steps: int = 10) -> RunSummary:
+    rows = [[step] * len(compute) for _ in range(steps)]
+    return RunSummary(
+        format="hvdprof-summary",
+        version=1,
+        source="made-up",
+        trace_format="hvdprof",
+        ranks=sorted(compute),
+        steps_in_run=steps + 1,
+        step_ms=step,
+        phase_ms={"idle": step},
+        rank_ms={r: {"compute": c, "wait": step - c} for r, c in compute.items()},
+        own_work_known=True,
+        tensor_ms={"t": 1.0},
+        one_time=[],
+        series=Series(
+            step=rows,
+            phase={"idle": [step] * steps},
+            work={r: [c] * steps for r, c in compute.items()},
+        ),
+    )
+
+
+def test_pooled_runs_weigh_by_steps_and_join_the_series() -> None:
+    a = _summary(10.0, {0: 8.0, 1: 8.0}, steps=10)
+    b = _summary(12.0, {0: 8.0, 1: 10.0}, steps=30)
+    pooled = pool_summaries([a, b], "both")
+    assert len(pooled.series.step) == 40 and len(pooled.series.work[1]) == 40
+    assert pooled.rank_ms[1]["compute"] == pytest.approx((8.0 * 10 + 10.0 * 30) / 40)
+    assert pooled.step_ms == 12.0  # the median of the joined steps
+
+
+# ------------------------------------------------------------------- real processes
+
+
+def demo(slow_ms: float = 0.0, slow_rank: int = -1, steps: int = 30, before: str = "") -> str:
+    """A shell command line: the demo job at 2 ranks, rank ``slow_rank``'s backward
+    slower by ``slow_ms`` per step (-1: every rank)."""
+    return (
+        f"{before}{PY} -m hvdprof run -np 2 --timeout 60 -- {PY} {WORKER} "
+        f"--slow-ms {slow_ms} --slow-rank {slow_rank} -- --steps {steps}"
+    )
+
+
+def ab(
+    tmp_path: Path, *args: str, timeout: float = 240
+) -> tuple[subprocess.CompletedProcess[str], dict]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HVDPROF_")}
+    out = tmp_path / "result.json"
+    command = [PY, "-m", "hvdprof", "ab", "--out", str(tmp_path / "runs"), "--json", str(out)]
+    with subprocess.Popen(
+        [*command, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+    ) as proc:  # fmt: skip
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # hvdprof ab stops the run under way, with its ranks
+            stdout, stderr = proc.communicate(timeout=30)
+            pytest.fail(f"hvdprof ab ran past {timeout} s:\n{stdout}\n{stderr}")
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    data = json.loads(out.read_text()) if out.exists() else {}
+    return done, data
+
+
+def test_a_slower_rank_fails_the_gate_and_is_named(tmp_path: Path) -> None:
+    done, data = ab(
+        tmp_path,
+        "--baseline", demo(),
+        "--candidate", demo(slow_ms=15.0, slow_rank=1),
+        "--min-blocks", "4", "--max-blocks", "4", "--warmup", "0", "--confidence", "0.9",
+    )  # fmt: skip
+    assert done.returncode == 3, done.stdout + done.stderr
+    line = done.stdout.strip()
+    assert line.startswith("FAIL: ") and len(line.splitlines()) == 1
+    assert "Cause: rank 1: compute" in line
+    assert data["failed"] and data["cause"]["key"] == "rank 1: compute"
+    j = data["judgement"]
+    assert j["blocks"] == 4 and j["low"] > 0.05
+    assert len(data["runs"]) == 8 and all(r["problem"] is None for r in data["runs"])
+    kept = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert kept[0] == "block-01-baseline" and len(kept) == 8
+    assert (tmp_path / "runs" / "block-04-candidate" / "summary.json").is_file()
+    assert list((tmp_path / "runs" / "block-04-candidate" / "timeline").glob("rank.1.json*"))
+
+
+def test_an_identical_candidate_that_starts_later_passes(tmp_path: Path) -> None:
+    """The same job, the candidate 6 s slower to start: the step time is compared, so
+    it passes, and the verdict says the start-up differed."""
+    done, data = ab(
+        tmp_path,
+        "--baseline", demo(),
+        "--candidate", demo(before="sleep 6 && "),
+        "--min-blocks", "4", "--max-blocks", "4", "--warmup", "0", "--confidence", "0.9",
+        "--fail-on", "10%",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = done.stdout.strip()
+    assert line.startswith("pass: ") and len(line.splitlines()) == 1
+    assert "only the step time is compared" in line
+    starts = data["median_startup_s"]
+    assert starts["candidate"] > starts["baseline"] + 4.0
+    assert not data["failed"] and data["exit_code"] == 0
+
+
+def test_a_candidate_that_crashes_in_block_3(tmp_path: Path) -> None:
+    counter = tmp_path / "count"
+    crash_third = (
+        f"n=$(( $(cat {counter} 2>/dev/null || echo 0) + 1 )); echo $n > {counter}; "
+        f'if [ "$n" -ge 3 ]; then echo boom >&2; exit 7; fi; '
+    )
+    done, data = ab(
+        tmp_path,
+        "--baseline", demo(steps=20),
+        "--candidate", crash_third + demo(steps=20),
+        "--warmup", "0",
+    )  # fmt: skip
+    assert done.returncode == 5, done.stdout + done.stderr
+    line = done.stdout.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in done.stderr
+    assert "the candidate failed (exit code 7) in block 3" in line
+    log = tmp_path / "runs" / "block-03-candidate" / "output.log"
+    assert str(log) in line and "boom" in log.read_text()
+    assert data["failed_run"]["block"] == 3 and data["stopped"] == "run_failed"
+    # the runs before it are kept, with their summaries
+    for side in ("baseline", "candidate"):
+        for block in (1, 2):
+            assert (tmp_path / "runs" / f"block-{block:02d}-{side}" / "summary.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("baseline", "expected"),
+    [
+        ("exit 5", "the baseline failed (exit code 5) in the warm-up block"),
+        ("true", "the baseline wrote no timeline"),
+        (
+            f"{PY} -c 'import os, signal; os.kill(os.getpid(), signal.SIGKILL)'",
+            "the baseline failed (exit code 137: killed by SIGKILL)",
+        ),
+        ("sleep 30", "the baseline ran past the run timeout (2 s) and was killed"),
+    ],
+)
+def test_a_baseline_that_cannot_be_measured_is_one_line_and_exit_5(
+    tmp_path: Path, baseline: str, expected: str
+) -> None:
+    done, data = ab(tmp_path, "--baseline", baseline, "--candidate", "true", "--seed", "1",
+                    "--run-timeout", "2", timeout=60)  # fmt: skip
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert expected in done.stdout and len(done.stdout.strip().splitlines()) == 1
+    assert data["exit_code"] == 5 and data["failed_run"]["side"] == "baseline"
+    assert (tmp_path / "runs" / "block-00-baseline" / "output.log").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--candidate", "true"], "no command for the baseline"),
+        (["--command", "true", "--fail-on", "2ms"], "expected a share of the step time"),
+        (["--command", "true", "--fail-on", "negotiate:5%"], "expected a share"),
+        (["--command", "true", "--baseline-env", "NOPE"], "expected NAME=VALUE"),
+        (["--command", "true", "--budget", "-3"], "expected seconds"),
+        (["--command", "true", "--min-blocks", "9", "--max-blocks", "4"], "more than --max-blocks"),
+        (["--command", "true", "--baseline-dir", "/nonexistent"], "not a directory"),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(
+    tmp_path: Path, args: list[str], expected: str
+) -> None:
+    done, _ = ab(tmp_path, *args, timeout=60)
+    assert done.returncode == 2 and expected in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_a_used_output_directory_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "keep").write_text("earlier gate")
+    done, _ = ab(tmp_path, "--command", "true", timeout=60)
+    assert done.returncode == 2 and "already exists and is not empty" in done.stderr
+
+
+def test_a_cancelled_gate_stops_the_run_under_way(tmp_path: Path) -> None:
+    """A CI runner cancels with SIGTERM: ``ab`` ends (130) and leaves no run behind."""
+    pid_file = tmp_path / "pid"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HVDPROF_")}
+    with subprocess.Popen(
+        [PY, "-m", "hvdprof", "ab", "--out", str(tmp_path / "runs"),
+         "--baseline", f"echo $$ > {pid_file}; exec sleep 300", "--candidate", "true"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+    ) as proc:  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
