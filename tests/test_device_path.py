@@ -9,18 +9,24 @@ No GPU has run these tests on hardware yet. What runs here:
   and CUDA events; the timeline carries WAIT_FOR_DATA, MEMCPY_IN_FUSION_BUFFER,
   GLOO_<OP> and MEMCPY_OUT_FUSION_BUFFER; NVTX ranges are checked through nvtx's API.
 
-The ``gpu`` tests run the same worker with CUDA tensors and NCCL; they skip, saying why,
-where there is no GPU (or fewer than two).
+The ``gpu`` tests run the same worker on CUDA tensors in three layouts: one rank on NCCL
+(one GPU), two ranks on two GPUs on NCCL, and two ranks sharing one GPU through Gloo (NCCL
+refuses two ranks on one device; an op or dtype torch's Gloo refuses on CUDA tensors skips
+with torch's message). Each skips, saying why, where its GPUs are not there.
+``benchmarks/gpu_check.py`` runs them on a GPU machine (docs/cuda.md).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import itertools
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -48,13 +54,30 @@ def _gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-GPU_REASON = (
-    "needs 2 CUDA GPUs with NCCL; this machine has "
-    f"{_gpus()} (torch {torch.__version__}, CUDA built: {torch.backends.cuda.is_built()})"
-)
-needs_two_gpus = pytest.mark.skipif(
-    _gpus() < 2 or not torch.distributed.is_nccl_available(), reason=GPU_REASON
-)
+def _needs_gpus(n: int) -> pytest.MarkDecorator:
+    reason = (
+        f"needs {n} CUDA GPU{'s' if n > 1 else ''} with NCCL; this machine has {_gpus()} "
+        f"(torch {torch.__version__}, CUDA built: {torch.backends.cuda.is_built()})"
+    )
+    return pytest.mark.skipif(
+        _gpus() < n or not torch.distributed.is_nccl_available(), reason=reason
+    )
+
+
+#: how a GPU job's ranks get their GPUs: worker mode, ranks, the timeline's backend name
+LAYOUTS = {
+    "nccl-1gpu": ("cuda", 1, "NCCL"),
+    "nccl-2gpus": ("cuda", 2, "NCCL"),
+    "gloo-2ranks-1gpu": ("cuda-gloo", 2, "GLOO"),
+}
+LAYOUT_PARAMS = [
+    pytest.param("nccl-1gpu", marks=_needs_gpus(1)),
+    pytest.param("nccl-2gpus", marks=_needs_gpus(2)),
+    pytest.param("gloo-2ranks-1gpu", marks=_needs_gpus(1)),
+]
+OPS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
+DTYPE_NAMES = ("float16", "bfloat16", "float32")
+OP_SECTIONS = tuple(f"ops.{op}.{d}" for op in OPS for d in DTYPE_NAMES)
 
 
 # ----------------------------------------------------------------------------- units
@@ -137,13 +160,13 @@ def test_device_buffers_are_reused_per_device_slot_and_dtype() -> None:
 
 
 # ----------------------------------------------------------------------------- jobs
-def _check_device_timeline(tl: Path, backend: str) -> None:
+def _check_device_timeline(tl: Path, backend: str, ops: tuple[str, ...] = OPS) -> None:
     run = load_run(tl, cache=False)
     names = run.names
     s = run.slices
     seen = {names[i] for i in set(s.name.tolist())}
-    for op in ("ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL", "REDUCESCATTER"):
-        assert f"{backend}_{op}" in seen, (op, sorted(seen))
+    for op in ops:
+        assert f"{backend}_{op.upper()}" in seen, (op, sorted(seen))
     for name in ("WAIT_FOR_DATA", "MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER"):
         assert name in seen, (name, sorted(seen))
     assert backend in run.backends
@@ -198,12 +221,27 @@ def test_device_path_on_cpu_every_op_fusion_and_timeline(tmp_path: Path) -> None
     result = run_job(
         "device_worker.py", 2, "cpu", env=CPU_ENV, launcher_args=("--timeline", str(tl))
     )
-    for name in ("ops", "fusion", "routing", "timing"):
+    for name in ("fusion", "routing", "timing", *OP_SECTIONS):
         result.assert_section(name, 2)
     result.assert_done(2)
     _check_device_timeline(tl, "GLOO")
     # the timing section: one timeline group per allreduce the test watched (the GPU test
     # compares their durations; on CPU no timing is asserted)
+    watched = int(result.values(0, "EVENT_MS")[0].split()[1])
+    assert len(_watched_groups(tl, "GLOO")) == watched > 0
+
+
+def test_device_path_at_one_rank_calls_its_group(tmp_path: Path) -> None:
+    """At one rank the device path still calls its process group (a 1-GPU job's timeline
+    then holds NCCL's real phases): every op, fused, with the group's calls watched."""
+    tl = tmp_path / "tl"
+    result = run_job(
+        "device_worker.py", 1, "cpu", env=CPU_ENV, launcher_args=("--timeline", str(tl))
+    )
+    for name in ("fusion", "timing", *OP_SECTIONS):
+        result.assert_section(name, 1)
+    result.assert_done(1)
+    _check_device_timeline(tl, "GLOO")
     watched = int(result.values(0, "EVENT_MS")[0].split()[1])
     assert len(_watched_groups(tl, "GLOO")) == watched > 0
 
@@ -224,19 +262,22 @@ def _nest(log: list[str]) -> list[tuple[str, list]]:
     return root
 
 
+def _check_nvtx_log(log: list[str], backend: str) -> None:
+    forest = _nest(log)
+    shapes = {(name, tuple(k for k, _ in kids)) for name, kids in forest}
+    start = ("ALLREDUCE", ("WAIT_FOR_DATA", "MEMCPY_IN_FUSION_BUFFER", f"{backend}_ALLREDUCE"))
+    finish = ("ALLREDUCE", (f"{backend}_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"))
+    assert start in shapes and finish in shapes, shapes
+    assert ("ALLGATHER", ("WAIT_FOR_DATA", f"{backend}_ALLGATHER")) in shapes, shapes
+    for _, kids in forest:  # phases hold no further ranges
+        assert all(not grandkids for _, grandkids in kids), forest
+
+
 def test_nvtx_ranges_names_and_nesting_on_the_device_path() -> None:
     pytest.importorskip("nvtx", reason="the nvtx extra is not installed (.ci/setup installs it)")
     result = run_job("device_worker.py", 2, "cpu", "nvtx", env=CPU_ENV)
     result.assert_section("nvtx", 2)
-    log = json.loads(result.values(0, "NVTX")[0])
-    forest = _nest(log)
-    shapes = {(name, tuple(k for k, _ in kids)) for name, kids in forest}
-    start = ("ALLREDUCE", ("WAIT_FOR_DATA", "MEMCPY_IN_FUSION_BUFFER", "GLOO_ALLREDUCE"))
-    finish = ("ALLREDUCE", ("GLOO_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"))
-    assert start in shapes and finish in shapes, shapes
-    assert ("ALLGATHER", ("WAIT_FOR_DATA", "GLOO_ALLGATHER")) in shapes, shapes
-    for _, kids in forest:  # phases hold no further ranges
-        assert all(not grandkids for _, grandkids in kids), forest
+    _check_nvtx_log(json.loads(result.values(0, "NVTX")[0]), "GLOO")
 
 
 def test_cuda_tensor_is_refused_clearly_without_nccl() -> None:
@@ -248,11 +289,13 @@ def test_cuda_tensor_is_refused_clearly_without_nccl() -> None:
     assert hvd.cuda_built() == torch.backends.cuda.is_built()
 
 
-def _synthetic_benchmark(extra_env: dict[str, str], timeout: int, tl: Path) -> JobResult:
+def _synthetic_benchmark(
+    extra_env: dict[str, str], timeout: int, tl: Path, ranks: int = 2
+) -> JobResult:
     path = [str(WORKERS / "torchvision_standin"), os.environ.get("PYTHONPATH", "")]
     env = child_env({"PYTHONPATH": os.pathsep.join(p for p in path if p), **extra_env}, timeout)
     command = [
-        sys.executable, "-m", "hvdprof", "run", "-np", "2", "--timeout", str(timeout),
+        sys.executable, "-m", "hvdprof", "run", "-np", str(ranks), "--timeout", str(timeout),
         "--timeline", str(tl), "--",
         sys.executable, str(WORKERS / "horovod_pytorch_synthetic_benchmark.py"),
         "--model", "tiny_resnet", "--batch-size", "4", "--num-warmup-batches", "1",
@@ -284,39 +327,136 @@ def test_horovod_synthetic_benchmark_down_the_device_path_on_cpu(tmp_path: Path)
 
 
 # ----------------------------------------------------------------------------- GPU
-@pytest.mark.gpu
-@needs_two_gpus
-def test_gpu_collectives_fusion_and_timeline(tmp_path: Path) -> None:
-    """fp16/bf16/fp32 allreduce, allgather, broadcast, alltoall, reducescatter on CUDA
-    through NCCL at 2 ranks; 100 fused tensors; NCCL phases on the timeline."""
-    tl = tmp_path / "tl"
-    result = run_job("device_worker.py", 2, "cuda", launcher_args=("--timeline", str(tl)))
-    for name in ("ops", "fusion", "routing", "timing"):
-        result.assert_section(name, 2)
-    result.assert_done(2)
-    _check_device_timeline(tl, "NCCL")
+@dataclass
+class GpuJob:
+    layout: str
+    ranks: int
+    backend: str
+    result: JobResult
+    timeline: Path
+    refused: dict[tuple[str, str], str]  # (op, dtype) -> torch's message
+
+
+def _refusals(result: JobResult) -> dict[tuple[str, str], str]:
+    out = {}
+    for line in result.values(0, "REFUSED"):
+        op, dtype, reason = line.split(" ", 2)
+        out[(op, dtype)] = reason
+    return out
+
+
+@pytest.fixture(scope="module", params=LAYOUT_PARAMS)
+def gpu_job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> GpuJob:
+    """One job per layout, every section, its timeline kept: the tests below read it."""
+    layout = request.param
+    mode, ranks, backend = LAYOUTS[layout]
+    tl = tmp_path_factory.mktemp(layout) / "tl"
+    sections = ["ops", "fusion", "routing", "timing"]
+    if backend == "NCCL":
+        sections.append("nosync")
+    if importlib.util.find_spec("nvtx") is not None:
+        sections.append("nvtx")
+    result = run_job(
+        "device_worker.py", ranks, mode, *sections, launcher_args=("--timeline", str(tl))
+    )
+    return GpuJob(layout, ranks, backend, result, tl, _refusals(result))
 
 
 @pytest.mark.gpu
-@needs_two_gpus
-def test_gpu_timeline_nccl_durations_match_cuda_events(tmp_path: Path) -> None:
-    """The timeline's NCCL_ALLREDUCE durations sum within 10% of the test's own
-    torch.cuda.Event timings of the same calls."""
-    tl = tmp_path / "tl"
-    result = run_job("device_worker.py", 2, "cuda", "timing", launcher_args=("--timeline", str(tl)))
-    result.assert_section("timing", 2)
-    event_ms = float(result.values(0, "EVENT_MS")[0].split()[0])
-    timeline_ms = sum(_watched_groups(tl, "NCCL").values())
-    assert abs(timeline_ms - event_ms) <= 0.1 * event_ms, (timeline_ms, event_ms)
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("op", OPS)
+def test_gpu_collective(gpu_job: GpuJob, op: str, dtype: str) -> None:
+    """One collective on CUDA tensors of one dtype: right values on every rank, on the
+    device, down the device path (checked against every rank's inputs in the worker)."""
+    reason = gpu_job.refused.get((op, dtype))
+    if reason is not None:
+        pytest.skip(f"torch's Gloo refuses {op} of {dtype} CUDA tensors: {reason}")
+    gpu_job.result.assert_section(f"ops.{op}.{dtype}", gpu_job.ranks)
 
 
 @pytest.mark.gpu
-@needs_two_gpus
-def test_gpu_horovod_pytorch_synthetic_benchmark(tmp_path: Path) -> None:
+def test_gpu_job_ran_to_the_end_with_its_phases_on_the_timeline(gpu_job: GpuJob) -> None:
+    gpu_job.result.assert_done(gpu_job.ranks)
+    ran = tuple(op for op in OPS if any((op, d) not in gpu_job.refused for d in DTYPE_NAMES))
+    _check_device_timeline(gpu_job.timeline, gpu_job.backend, ran)
+
+
+@pytest.mark.gpu
+def test_gpu_fusion_buffers_on_the_device_and_cpu_tensors_beside(gpu_job: GpuJob) -> None:
+    """100 tensors fused in buffers on the GPU; a CPU tensor keeps the runtime's Gloo."""
+    gpu_job.result.assert_section("fusion", gpu_job.ranks)
+    gpu_job.result.assert_section("routing", gpu_job.ranks)
+
+
+@pytest.mark.gpu
+def test_gpu_timeline_durations_match_cuda_events(
+    gpu_job: GpuJob, record_property: Callable[[str, object], None]
+) -> None:
+    """The timeline's ``<backend>_ALLREDUCE`` durations sum within 10% (and 1 us per
+    group: the timeline's resolution) of the test's own ``torch.cuda.Event`` timings of
+    the same calls."""
+    gpu_job.result.assert_section("timing", gpu_job.ranks)
+    event_ms, count = gpu_job.result.values(0, "EVENT_MS")[0].split()
+    groups = _watched_groups(gpu_job.timeline, gpu_job.backend)
+    timeline_ms = sum(groups.values())
+    record_property("event_ms", float(event_ms))
+    record_property("timeline_ms", round(timeline_ms, 6))
+    record_property("groups", len(groups))
+    assert len(groups) == int(count) > 0, (len(groups), count)
+    slack = 0.1 * float(event_ms) + 0.001 * len(groups)
+    assert abs(timeline_ms - float(event_ms)) <= slack, (timeline_ms, event_ms)
+
+
+@pytest.mark.gpu
+def test_gpu_no_host_synchronize_on_the_users_thread(
+    gpu_job: GpuJob, record_property: Callable[[str, object], None]
+) -> None:
+    """``allreduce_async_`` + ``synchronize(handle)`` return while the GPU is still busy
+    with the kernels queued before the op (about a second of ``torch.cuda._sleep``): the
+    op is ordered after them by events, and the user's thread never waited for them."""
+    if gpu_job.backend != "NCCL":
+        pytest.skip(
+            "torch's Gloo runs CUDA collectives through host memory, waiting for the "
+            "tensor's kernels on the host: the check is NCCL's"
+        )
+    gpu_job.result.assert_section("nosync", gpu_job.ranks)
+    gpu_ms, took_ms, first = gpu_job.result.values(0, "NOSYNC")[0].split()
+    record_property("gpu_work_before_op_ms", float(gpu_ms))
+    record_property("synchronize_returned_after_ms", float(took_ms))
+    assert first == "1" and float(took_ms) < float(gpu_ms), (gpu_ms, took_ms)
+
+
+@pytest.mark.gpu
+def test_gpu_nvtx_ranges(gpu_job: GpuJob) -> None:
+    """The device path's NVTX ranges, pushed and popped through the nvtx package's domain
+    on the cycle thread, named and nested as on the CPU stand-in (no Nsight needed)."""
+    pytest.importorskip("nvtx", reason="the nvtx extra is not installed (.ci/setup installs it)")
+    gpu_job.result.assert_section("nvtx", gpu_job.ranks)
+    _check_nvtx_log(json.loads(gpu_job.result.values(0, "NVTX")[0]), gpu_job.backend)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "layout",
+    [
+        pytest.param("nccl-1gpu", marks=_needs_gpus(1)),
+        pytest.param("nccl-2gpus", marks=_needs_gpus(2)),
+        pytest.param(
+            "nccl-2ranks-1gpu",
+            marks=pytest.mark.skip(
+                reason="Horovod's benchmark sends CUDA tensors to NCCL, which refuses two "
+                "ranks on one GPU: its 2-rank run needs 2 GPUs"
+            ),
+        ),
+    ],
+)
+def test_gpu_horovod_pytorch_synthetic_benchmark(layout: str, tmp_path: Path) -> None:
     """Horovod's examples/pytorch/pytorch_synthetic_benchmark.py, only its import changed."""
-    result = _synthetic_benchmark({}, 300, tmp_path / "tl")
+    ranks = 2 if layout == "nccl-2gpus" else 1
+    result = _synthetic_benchmark({}, 300, tmp_path / "tl", ranks)
     lines = result.lines(0)
-    assert "Number of GPUs: 2" in lines, result.describe()
-    assert any(line.startswith("Total img/sec on 2 GPU(s)") for line in lines), result.describe()
+    assert f"Number of GPUs: {ranks}" in lines, result.describe()
+    total = f"Total img/sec on {ranks} GPU(s)"
+    assert any(line.startswith(total) for line in lines), result.describe()
     seen = _device_phases(tmp_path / "tl")
     assert {"WAIT_FOR_DATA", "NCCL_ALLREDUCE", "NCCL_BROADCAST"} <= seen, sorted(seen)

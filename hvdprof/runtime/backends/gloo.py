@@ -44,6 +44,8 @@ class GlooBackend:
         self.pg = pg
         self.rank = rank
         self.size = size
+        #: one rank: every collective is the identity, and the group is not called
+        self.identity = size == 1
         self._options: dict[ReduceOp, dist.AllreduceOptions] = {}
         for op, native in _OPS.items():
             options = dist.AllreduceOptions()
@@ -54,7 +56,7 @@ class GlooBackend:
         return tensor.device.type == "cpu" and tensor.dtype in SUPPORTED_DTYPES
 
     def allreduce_async(self, tensor: torch.Tensor, op: ReduceOp):
-        if self.size == 1:
+        if self.identity:
             return DONE
         wide = _WIDENED.get(tensor.dtype)
         if wide is not None:
@@ -65,7 +67,7 @@ class GlooBackend:
         return self.pg.allreduce([tensor], self._options[op])
 
     def allgather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> None:
-        if self.size == 1:
+        if self.identity:
             outputs[0].copy_(tensor)
             return
         if tensor.dtype in _WIDENED:
@@ -74,7 +76,7 @@ class GlooBackend:
         self.pg.allgather([outputs], [tensor]).wait()
 
     def broadcast(self, tensor: torch.Tensor, root_rank: int) -> None:
-        if self.size == 1:
+        if self.identity:
             return
         if tensor.dtype in _WIDENED:
             tensor = _as_bytes(tensor)
@@ -89,7 +91,7 @@ class GlooBackend:
         output_splits: list[int],
         input_splits: list[int],
     ) -> None:
-        if self.size == 1:
+        if self.identity:
             output.copy_(tensor)
             return
         if tensor.dtype in _WIDENED:  # splits count rows: byte rows keep them
@@ -105,7 +107,7 @@ class GlooBackend:
         into ``output``: the process group's reduce_scatter, which moves about half of
         what an allreduce would (the allreduce-then-slice it replaces reduced every row
         on every rank)."""
-        if self.size == 1:
+        if self.identity:
             output.copy_(tensor)
             return
         wide = _WIDENED.get(tensor.dtype)
