@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from spark_support import spark_context  # noqa: F401 (the Spark tests' Spark)
 
 TESTS = Path(__file__).resolve().parent
 WORKERS = TESTS / "workers"

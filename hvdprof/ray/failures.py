@@ -10,8 +10,11 @@ once the peer is gone) and kills the actors still running after it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+# shared with hvdprof.spark: hvdprof/cluster/failures.py
+from hvdprof.cluster import failures as _shared
+from hvdprof.cluster.failures import RankFailure as RankFailure
+from hvdprof.cluster.failures import first_line as first_line
 from hvdprof.errors import HvdprofError, HvdprofInternalError
 from hvdprof.ray.layout import WorkerPlace
 
@@ -29,23 +32,6 @@ class WorkerFailedError(HvdprofError):
         self.died = died
 
 
-@dataclass(frozen=True)
-class RankFailure:
-    """How one rank's call ended badly."""
-
-    rank: int
-    died: bool  # its actor died (else its function raised)
-    reason: str
-    exc: BaseException
-    #: its collective failed because a peer went away: an echo of another failure
-    echo: bool = False
-
-    def blame_order(self) -> tuple[int, int]:
-        """Which failure the job's end is put down to: a dead rank first, then the user's
-        own exception, then an echo; the lowest rank among equals."""
-        return (0 if self.died else 2 if self.echo else 1, self.rank)
-
-
 def is_echo(exc: BaseException) -> bool:
     """Whether a ``RayTaskError`` wraps hvdprof's "a peer has gone" error."""
     return isinstance(getattr(exc, "cause", None), HvdprofInternalError)
@@ -53,21 +39,8 @@ def is_echo(exc: BaseException) -> bool:
 
 def failure_line(rank: int, place: WorkerPlace | None, died: bool, reason: str, others: int) -> str:
     """``hvdprof ray: rank 1 (actor 1a2b3c4d on node 10.0.0.5 (host-a)) died: ...``."""
-    where = f" ({place.describe()})" if place is not None else ""
-    what = "died" if died else "failed"
-    line = f"{LOG_PREFIX}rank {rank}{where} {what}: {reason}"
-    if others:
-        line += f"; the job is over, its other {others} rank{'s' if others != 1 else ''} stopped"
-    return line
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of an error worth showing (Ray's messages run to many lines)."""
-    for line in str(exc).strip().splitlines():
-        line = line.strip()
-        if line:
-            return line
-    return type(exc).__name__
+    where = place.describe() if place is not None else ""
+    return _shared.failure_line(LOG_PREFIX, rank, where, died, reason, others)
 
 
 def actor_death_reason(exc: BaseException) -> str:

@@ -12,11 +12,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hvdprof.config import name_of
-from hvdprof.runtime.environment import host_topology
-
-#: the variables of the driver that reach every worker (hvdprof's and Horovod's own)
-FORWARDED_PREFIXES = ("HVDPROF_", "HOROVOD_")
+# shared with hvdprof.spark: hvdprof/cluster/layout.py
+from hvdprof.cluster.layout import (
+    FORWARDED_PREFIXES as FORWARDED_PREFIXES,
+)
+from hvdprof.cluster.layout import (
+    forwarded_environment as forwarded_environment,
+)
+from hvdprof.cluster.layout import (
+    order_by_host,
+)
+from hvdprof.cluster.layout import (
+    rank_environment as rank_environment,
+)
 
 
 @dataclass(frozen=True)
@@ -35,35 +43,10 @@ class WorkerPlace:
         return f"actor {self.actor_id[:8] or '?'} on node {self.node_ip} ({self.hostname})"
 
 
-def forwarded_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The driver's ``HVDPROF_*`` and ``HOROVOD_*`` variables, for every worker."""
-    return {k: v for k, v in environ.items() if k.startswith(FORWARDED_PREFIXES)}
-
-
 def rank_order(places: Sequence[WorkerPlace]) -> list[int]:
     """Worker indices in rank order: grouped by node, nodes in order of first appearance,
     workers of a node in their own order."""
-    first: dict[str, int] = {}
-    for i, p in enumerate(places):
-        first.setdefault(p.node_id, i)
-    return sorted(range(len(places)), key=lambda i: (first[places[i].node_id], i))
-
-
-def rank_environment(
-    hosts: Sequence[str], rank: int, controller_addr: str, controller_port: int
-) -> dict[str, str]:
-    """The topology variables of ``rank`` in a job whose ranks run on ``hosts`` (by rank)."""
-    local_rank, local_size, cross_rank, cross_size = host_topology(list(hosts), rank)
-    return {
-        name_of("rank"): str(rank),
-        name_of("size"): str(len(hosts)),
-        name_of("local_rank"): str(local_rank),
-        name_of("local_size"): str(local_size),
-        name_of("cross_rank"): str(cross_rank),
-        name_of("cross_size"): str(cross_size),
-        name_of("controller_addr"): controller_addr,
-        name_of("controller_port"): str(controller_port),
-    }
+    return order_by_host([p.node_id for p in places])
 
 
 def shared_visible_devices(places: Sequence[WorkerPlace]) -> list[str]:
