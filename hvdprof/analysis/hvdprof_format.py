@@ -756,10 +756,13 @@ class HvdprofFileParser:
                 row = self.cols.rows + len(self._s["rank"])
                 m = self._m
                 for r, ts in ready.items():
+                    # both parsed before any column grows: a bad rank must not leave the
+                    # columns of different lengths
+                    t_us, ready_rank = float(ts), int(r)
                     m["observer"].append(self.rank)
                     m["tensor"].append(tensor)
-                    m["ts_us"].append(float(ts))
-                    m["ready_rank"].append(int(r))
+                    m["ts_us"].append(t_us)
+                    m["ready_rank"].append(ready_rank)
                     m["slice"].append(row)
             return (tensor, op, -1, -1, 0, -1, -1, -1, -1, cached_code)
         if not self._after_negotiate.pop(tid, False):

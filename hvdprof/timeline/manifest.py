@@ -89,7 +89,14 @@ def read_manifest(path: str) -> dict[str, Any]:
             raise ValueError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
         raise ValueError(f"{path}: not an hvdprof timeline manifest")
+    for key in _OBJECT_FIELDS:  # every reader does manifest.get(key, {}).get(...)
+        if key in data and not isinstance(data[key], dict):
+            raise ValueError(f"{path}: its {key!r} is not an object")
     return data
+
+
+#: the manifest's fields that hold objects
+_OBJECT_FIELDS = ("clock", "config")
 
 
 def timeline_shift_ns(manifest: dict[str, Any]) -> int:
