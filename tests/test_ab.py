@@ -209,7 +209,9 @@ def test_an_identical_candidate_that_starts_later_passes(tmp_path: Path) -> None
         "--baseline", demo(),
         "--candidate", demo(before="sleep 6 && "),
         "--min-blocks", "4", "--max-blocks", "4", "--warmup", "0", "--confidence", "0.9",
-        "--fail-on", "10%",
+        # what is checked is that start-up is left out, not the gate's power: four blocks of
+        # an identical job on a shared 2-core machine can differ by 10% (CI, quiet: failed)
+        "--fail-on", "50%",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     line = done.stdout.strip()

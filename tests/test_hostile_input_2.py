@@ -63,28 +63,35 @@ def hvdprof(
     )
 
 
-def peak_of(argv: list[str], timeout: float) -> tuple[int, str, str, int]:
-    """(exit code, stdout, stderr, peak RSS in bytes) of one child, from ``wait4``."""
-    import tempfile
+#: runs ``python -m hvdprof ...`` and, at exit, writes its own VmHWM (the peak resident
+#: size of this process's memory since exec) to stderr's last line. Not ``wait4``'s
+#: ru_maxrss: a child started by vfork from the test process (as subprocess does) counts
+#: the test process's own peak there, hundreds of MB late in a full run.
+_PEAK_WRAPPER = (
+    "import atexit, runpy, sys\n"
+    "def peak():\n"
+    "    for line in open('/proc/self/status'):\n"
+    "        if line.startswith('VmHWM:'):\n"
+    "            sys.stderr.write('\\n' + 'PEAK ' + line.split()[1] + '\\n')\n"
+    "atexit.register(peak)\n"
+    "sys.argv = ['hvdprof', *sys.argv[1:]]\n"
+    "runpy.run_module('hvdprof', run_name='__main__', alter_sys=True)\n"
+)
 
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(
-            argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=REPO, env=_env()
-        )
-        deadline = time.monotonic() + timeout
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > deadline:
-                proc.kill()
-                os.wait4(proc.pid, 0)
-                pytest.fail(f"{argv[3:]} did not finish in {timeout} s")
-            time.sleep(0.05)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        return proc.returncode, out.read().decode(), err.read().decode(), usage.ru_maxrss * 1024
+
+def peak_of(argv: list[str], timeout: float) -> tuple[int, str, str, int]:
+    """(exit code, stdout, stderr, peak resident bytes) of ``python -m hvdprof ...``."""
+    assert argv[1:3] == ["-m", "hvdprof"], argv
+    try:
+        done = subprocess.run(
+            [argv[0], "-c", _PEAK_WRAPPER, *argv[3:]], capture_output=True, text=True,
+            stdin=subprocess.DEVNULL, cwd=REPO, env=_env(), timeout=timeout,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{argv[3:]} did not finish in {timeout} s")
+    err, _, peak = done.stderr.rstrip("\n").rpartition("\nPEAK ")
+    assert peak.isdigit(), done.stderr[-2000:]
+    return done.returncode, done.stdout, err, int(peak) * 1024
 
 
 def summary(
