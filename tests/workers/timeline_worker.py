@@ -206,11 +206,15 @@ def steps_mode() -> None:
 
 
 def kill_mode() -> None:
-    trace = Path(os.environ["HVDPROF_TIMELINE"]) / f"rank.{R}.json"
+    # what the rank recorded: its spool (rendered into the trace when it closes, or
+    # after it died) and what its renderer already wrote
+    recorded = [
+        Path(os.environ["HVDPROF_TIMELINE"]) / f for f in (f"rank.{R}.json", f".rank.{R}.spool")
+    ]
     k = 0
     while True:
         # every rank takes the same path through the collectives until rank 1 dies
-        size = trace.stat().st_size if trace.exists() else 0
+        size = sum(p.stat().st_size for p in recorded if p.exists())
         mine = R == 1 and k >= 5 and size > 20_000
         ready = hvd.allreduce(torch.tensor([float(mine)]), name="kill.ready", op=hvd.Max)
         if float(ready[0]) == 1.0 and R == 1:
