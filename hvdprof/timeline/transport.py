@@ -7,12 +7,14 @@ sink, rebuilds them, renders them with the same
 :class:`~hvdprof.timeline.render.CycleRenderer` and writes them with the same
 :class:`~hvdprof.timeline.writer.TimelineWriter`.
 
-Why a spool and not a pipe. Through a pipe, every cycle's write woke the renderer: one
-cross-process wake-up per cycle (several per step), each a context switch on a core the
-ranks need, their caches disturbed and their own wake-ups delayed. On a 2-core machine
-with 2-ms steps that cost 41% of the step time, although the rank's own encoding took
-0.2 µs per op. Now the rank appends each cycle's frames to a spool file next to the trace
-(``.rank.<r>.spool``) with one ``write`` into the page cache, and wakes nobody. The
+Why a spool and not a pipe. Measured on a 2-core machine with 2-ms steps (the demo job),
+where the timeline cost 41% of the step time although encoding takes 0.2 µs per op: each
+rank spent about 0.5 ms more CPU per step with the timeline on, most of it writing every
+cycle's frames and every step's counter into the pipe one by one (a few syscalls per
+step, on threads the training needs), and the renderer, woken by each write, rendered
+beside the training. Now the rank appends its frames to a spool file next to the trace
+(``.rank.<r>.spool``) in batches, one ``write`` into the page cache every
+:data:`FLUSH_INTERVAL_S` (or :data:`FLUSH_BYTES`), and wakes nobody. The
 renderer sleeps, and renders only when it must: when the rank closes the sink (or dies),
 while a reader watches the run live (the dashboard touches the run's live mark,
 :func:`~hvdprof.timeline.manifest.request_live`; the trace on disk is then at most
@@ -256,14 +258,15 @@ _LIBC_WRITE = _libc_write()
 
 
 def write_keeping_gil(fd: int, data: bytes) -> int:
-    """``os.write(fd, data)`` on a non-blocking fd, without releasing the GIL.
+    """``os.write(fd, data)`` on a non-blocking fd or a regular file, keeping the GIL.
 
     ``os.write`` releases the GIL, and on the cycle thread that invites a hand-off: a
     training thread busy in Python takes it, and the cycle waits up to the 5 ms switch
     interval to get it back (measured here: 2 ms per write on average against a thread
-    spinning in Python, 0.09 ms holding the GIL). A write to a non-blocking pipe never
-    waits, so the cycle keeps the GIL through it. Raises like ``os.write``
-    (``BlockingIOError`` when the pipe is full, ``BrokenPipeError`` when the child is gone).
+    spinning in Python, 0.09 ms holding the GIL). A write to a non-blocking pipe, or of a
+    batch into a file's page cache (the spool), does not wait, so the caller keeps the GIL
+    through it. Raises like ``os.write`` (``BlockingIOError`` for a full pipe, ``OSError``
+    with ENOSPC for a full disk).
     """
     if _LIBC_WRITE is None:
         return os.write(fd, data)
@@ -664,12 +667,12 @@ def count_events(path: str) -> int:
 _CLIENTS: weakref.WeakSet[RenderProcess] = weakref.WeakSet()
 
 
-def _close_pipes_after_fork() -> None:
+def _close_spools_after_fork() -> None:
     for client in list(_CLIENTS):
         client._after_fork_in_child()
 
 
-os.register_at_fork(after_in_child=_close_pipes_after_fork)
+os.register_at_fork(after_in_child=_close_spools_after_fork)
 
 
 @atexit.register
