@@ -30,6 +30,7 @@ import torch
 
 import hvdprof.torch as hvd
 from hvdprof.runtime import runtime as rt_module
+from hvdprof.runtime.directives import ReportStacks
 
 KINDS = ("off", "request", "sigusr1")
 
@@ -56,7 +57,7 @@ def main() -> None:
     def ticker() -> None:  # once a second, what the block's kind asks for
         while not stop.wait(1.0):
             if mode["kind"] == "request" and hvd.rank() == 0:
-                runtime.cycle.add_directive("stacks", (1,))
+                runtime.cycle.add_directive(ReportStacks((1,)))
             elif mode["kind"] == "sigusr1":
                 os.kill(os.getpid(), signal.SIGUSR1)
 

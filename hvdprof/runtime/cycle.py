@@ -21,6 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,15 @@ from hvdprof.config import Config
 from hvdprof.errors import HvdprofInternalError, StallAbortError, TensorMismatchError
 from hvdprof.runtime import stacks
 from hvdprof.runtime.control import ControlChannel
+from hvdprof.runtime.cycle_header import BLOCKED, HEADER, JOINED, Gathered, OwnHeader, nothing_said
+from hvdprof.runtime.directives import (
+    Abort,
+    ClockSync,
+    Directive,
+    NewParams,
+    ReportStacks,
+    StallShutdown,
+)
 from hvdprof.runtime.executor import Executor
 from hvdprof.runtime.handles import blocked_handle, notify_waiters, user_thread_blocked
 from hvdprof.runtime.negotiation import (
@@ -49,14 +59,23 @@ from hvdprof.runtime.threads import limit_this_thread
 
 log = logging.getLogger("hvdprof")
 
-HEADER = 9
-_SHUTDOWN, _JOINED, _COMMAND, _DIRECTIVE, _BLOCKED = 4, 5, 6, 7, 8
 _RING = 1 << 16  # cycles of start times kept for readiness marks
 _IDLE_SLEEP_MAX_S = 0.01  # idle back-off: a quiet job ticks every 10 ms
 _IDLE_BEFORE_BACKOFF_S = 0.02  # (orders such as shutdown or new parameters wait that long)
 _STALL_EVERY_S = 1.0
 _BURST_WAIT_MAX_S = 0.02  # longest wait for a burst of submissions to finish
 _PARTIAL_WATCH_EVERY_S = 0.25  # stalls are reported after many seconds; sample the bits
+
+
+@dataclass(slots=True)
+class _Agreed:
+    """What every rank agreed to run in one cycle: the ops and this rank's request for
+    each (None where this rank has joined), the cached ones first."""
+
+    ops: list[AgreedOp] = field(default_factory=list)
+    reqs: list[Request | None] = field(default_factory=list)
+    n_cached: int = 0
+    reply: CoordinatorReply | None = None
 
 
 class CycleLoop:
@@ -132,7 +151,7 @@ class CycleLoop:
         self._prev_joined: frozenset[int] = frozenset()
         self._cycle_start = np.zeros(_RING, dtype=np.int64)
         self._last_stall_check = 0.0
-        self._directives: list[tuple[str, Any]] = []  # rank 0's, for the next slow path
+        self._directives: list[Directive] = []  # rank 0's, for the next slow path
         self._taken: list[Any] = []  # the last reply's responses this rank ran
         self._running: list[Request | None] = []  # requests inside the executor right now
 
@@ -149,6 +168,9 @@ class CycleLoop:
             "bytes_reduced": 0,
             "ops_completed": 0,
         }
+        #: the cycle thread's own CPU by stage (thread time, ns): negotiate (drain, header,
+        #: allgather, coordinator), perform (the executor), account (completion, record)
+        self.cpu_ns = {"negotiate": 0, "perform": 0, "account": 0}
         self.failure: BaseException | None = None
         #: the cycle thread's cap on its own intra-op threads (its share of the host's
         #: cores: see hvdprof/runtime/threads.py), and what it ended up using
@@ -160,9 +182,9 @@ class CycleLoop:
     def start(self) -> None:
         self.thread.start()
 
-    def add_directive(self, kind: str, value: Any) -> None:
+    def add_directive(self, directive: Directive) -> None:
         """Rank 0 only: an order every rank applies at the end of the same cycle."""
-        self._directives.append((kind, value))
+        self._directives.append(directive)
 
     def _run(self) -> None:
         idle_since = 0.0
@@ -272,100 +294,130 @@ class CycleLoop:
 
     # ---------------------------------------------------------------- one cycle
     def _one_cycle(self) -> bool | None:
-        """One cycle. True: work is pending somewhere; False: idle; None: stop."""
+        """One cycle: negotiate, perform, account. True: work is pending somewhere;
+        False: idle; None: stop."""
         cycle = self.cycle
         t_start = timebase.now_ns()
         self._cycle_start[cycle % _RING] = t_start
+        cpu0 = time.thread_time_ns()
         # Before draining: a thread submits, then waits, so what a blocked thread waits on
         # is always in this cycle's messages (rank 0 never sees the flag before the name).
         blocked = user_thread_blocked()
         self._drain_queue()
-
         detailed = any(o.detailed for o in self.observers)
         if detailed and not self._was_detailed:
             self._first_ready.fill(-1)  # forget readiness seen while nobody recorded it
         self._was_detailed = detailed
-        payload = (
-            pickle.dumps(
-                [RequestMeta(r.name, r.signature, r.splits) for r in self._outbox],
-                protocol=pickle.HIGHEST_PROTOCOL,
-            )
-            if self._outbox
-            else b""
-        )
-        send = self.control.send_buffer(HEADER + self._bits.shape[0])
-        header = send[:HEADER]
-        header[:] = 0
-        if payload:
-            header[:4] = np.frombuffer(len(payload).to_bytes(4, "little"), dtype=np.uint8)
-        if self.shutdown_requested:
-            header[_SHUTDOWN] = 1
-        if self.join_handle is not None:
-            header[_JOINED] = 1
-        if self.commands:
-            header[_COMMAND] = 1
-        if blocked:
-            header[_BLOCKED] = 1
-        if self.rank == 0:
-            interval = self.config.clock_sync_interval_s
-            if detailed and interval > 0 and time.monotonic() - self._last_clock_sync >= interval:
-                self._last_clock_sync = time.monotonic()
-                self._directives.append(("clock_sync", None))
-            if self.proposer is not None:
-                proposal = self.proposer.poll_proposal()
-                if proposal is not None:
-                    self._directives.append(("params", proposal))
-            if self._directives:
-                header[_DIRECTIVE] = 1
-        send[HEADER:] = self._bits
-        nvtx = self.nvtx
-        if nvtx is not None:
-            nvtx.push(NVTX_NEGOTIATE)
-        matrix = self.control.allgather_sent()
-        # No message and no header flag (a rank's "blocked" flag changes nothing by
-        # itself: only rank 0's stall inspector reads it, from the last matrix).
-        if not self._prev_joined and not matrix[:, :_BLOCKED].any():
-            if not matrix[:, HEADER:].any():
-                return self._quiet_cycle(cycle, t_start, busy=False)
-            # Waiting on a peer: the same bits as last cycle, which ran nothing. Nothing
-            # can be ready that was not ready then.
-            if (
-                self._last_ran_nothing
-                and matrix.shape == self._last_matrix.shape
-                and np.array_equal(matrix, self._last_matrix)
-            ):
-                return self._quiet_cycle(cycle, t_start, busy=True, matrix=matrix)
+        payload = self._outbox_payload()
+        matrix = self._exchange(payload, blocked, detailed)
+        quiet = self._quiet_kind(matrix)
+        if quiet is not None:
+            self._spent("negotiate", cpu0)
+            return self._quiet_cycle(cycle, t_start, busy=quiet, matrix=matrix if quiet else None)
         self._last_matrix = matrix.copy()
-
-        shutdown_ranks = np.flatnonzero(matrix[:, _SHUTDOWN])
-        if shutdown_ranks.size:
-            if nvtx is not None:
-                nvtx.pop()
-            who = ", ".join(str(r) for r in shutdown_ranks)
-            self._fail(
-                HvdprofInternalError(
-                    f"hvdprof was shut down (by rank {who}) while this rank (rank {self.rank}) "
-                    "still had operations pending. Every rank must finish the same collectives "
-                    "before calling shutdown() or exiting."
-                )
-            )
+        said = Gathered.read(matrix)
+        if said.shutdown_ranks.size:
+            self._peer_shut_down(said.shutdown_ranks)
             return None
+        agreed = self._negotiate(said, payload, cycle, detailed)
+        t_negotiated = timebase.now_ns()
+        if self.nvtx is not None:
+            self.nvtx.pop()
+        self._take_reply(agreed)
+        cpu1 = self._spent("negotiate", cpu0)
+        reduced, groups = self._perform(agreed, detailed)
+        t_end = timebase.now_ns()
+        cpu2 = self._spent("perform", cpu1)
+        busy = self._account(said, agreed, cycle, t_start, t_negotiated, t_end, reduced, groups)
+        self._spent("account", cpu2)
+        return busy
 
-        joined_mask = matrix[:, _JOINED].astype(bool)
-        joined = frozenset(int(r) for r in np.flatnonzero(joined_mask))
-        for r in joined:
+    def _spent(self, stage: str, since_ns: int) -> int:
+        """Add this thread's CPU since ``since_ns`` to the stage's counter: the runtime's
+        own cost per cycle, by stage, for benchmarks and the metrics (two clock reads)."""
+        now = time.thread_time_ns()
+        self.cpu_ns[stage] += now - since_ns
+        return now
+
+    def _outbox_payload(self) -> bytes:
+        """This rank's new names for the coordinator (empty when every name is cached)."""
+        if not self._outbox:
+            return b""
+        return pickle.dumps(
+            [RequestMeta(r.name, r.signature, r.splits) for r in self._outbox],
+            protocol=pickle.HIGHEST_PROTOCOL,
+        )
+
+    def _exchange(self, payload: bytes, blocked: bool, detailed: bool) -> np.ndarray:
+        """Write this rank's header and bits, allgather every rank's: the cycle's one
+        message when nothing is new."""
+        header = OwnHeader(
+            payload_len=len(payload),
+            shutdown=self.shutdown_requested,
+            joined=self.join_handle is not None,
+            command=bool(self.commands),
+            blocked=blocked,
+        )
+        if self.rank == 0:
+            self._queue_own_directives(detailed)
+            header.directive = bool(self._directives)
+        send = self.control.send_buffer(HEADER + self._bits.shape[0])
+        header.write(send[:HEADER])
+        send[HEADER:] = self._bits
+        if self.nvtx is not None:
+            self.nvtx.push(NVTX_NEGOTIATE)
+        return self.control.allgather_sent()
+
+    def _queue_own_directives(self, detailed: bool) -> None:
+        """Rank 0: a clock sync when one is due, the autotuner's next parameters."""
+        interval = self.config.clock_sync_interval_s
+        if detailed and interval > 0 and time.monotonic() - self._last_clock_sync >= interval:
+            self._last_clock_sync = time.monotonic()
+            self._directives.append(ClockSync())
+        if self.proposer is not None:
+            proposal = self.proposer.poll_proposal()
+            if proposal is not None:
+                self._directives.append(NewParams(proposal))
+
+    def _quiet_kind(self, matrix: np.ndarray) -> bool | None:
+        """None when this cycle has work to look at; else the quiet cycle's ``busy``:
+        False when nobody said anything, True when some rank waits on a peer and nothing
+        changed since a cycle that ran nothing (nothing can be ready that was not then)."""
+        if self._prev_joined or not nothing_said(matrix):
+            return None
+        if not matrix[:, HEADER:].any():
+            return False
+        if (
+            self._last_ran_nothing
+            and matrix.shape == self._last_matrix.shape
+            and np.array_equal(matrix, self._last_matrix)
+        ):
+            return True
+        return None
+
+    def _peer_shut_down(self, ranks: np.ndarray) -> None:
+        if self.nvtx is not None:
+            self.nvtx.pop()
+        who = ", ".join(str(r) for r in ranks)
+        self._fail(
+            HvdprofInternalError(
+                f"hvdprof was shut down (by rank {who}) while this rank (rank {self.rank}) "
+                "still had operations pending. Every rank must finish the same collectives "
+                "before calling shutdown() or exiting."
+            )
+        )
+
+    def _negotiate(self, said: Gathered, payload: bytes, cycle: int, detailed: bool) -> _Agreed:
+        """What every rank agreed to run this cycle: the cached names ready on every rank
+        that has not joined (the fast path), then the coordinator's answer when anyone has
+        news (the slow path)."""
+        for r in said.joined:
             self._join_cycle.setdefault(r, cycle)
-        lengths = matrix[:, :4].copy().view("<u4").reshape(-1)
-        bits = matrix[:, HEADER:]
+        bits = said.bits
         if detailed and bits.shape[1]:
             self._track_readiness(bits, cycle)
-
-        # Fast path: names whose bit is set on every rank that has not joined.
-        # Two parallel lists: what every rank agreed to run, and this rank's request for
-        # it (None where this rank has joined). Cached ops reuse their cache entry.
-        ready_ops: list[AgreedOp] = []
-        ready_reqs: list[Request | None] = []
-        active = ~joined_mask
+        agreed = _Agreed()
+        active = ~said.joined_mask
         if bits.shape[1] and active.any():
             ready_bits = np.flatnonzero(bits[active].min(axis=0))
             if ready_bits.size:
@@ -374,26 +426,26 @@ class CycleLoop:
                 waiting = self._cached_waiting
                 bit_list = ready_bits.tolist()
                 self._ready_bits = ready_bits
-                ready_ops = [entries[bit] for bit in bit_list]
-                ready_reqs = [waiting.pop(bit, None) for bit in bit_list]
+                agreed.ops = [entries[bit] for bit in bit_list]
+                agreed.reqs = [waiting.pop(bit, None) for bit in bit_list]
                 self.counters["cache_hits"] += ready_bits.size
-        n_cached = len(ready_ops)
+        agreed.n_cached = len(agreed.ops)
         if self.rank == 0 and self.config.stall_check_time_s > 0:
             now = time.monotonic()
             if now - self._last_partial_watch >= _PARTIAL_WATCH_EVERY_S:
                 self._last_partial_watch = now
                 self._watch_partial_bits(bits, active)
-
-        # Slow path: the coordinator, when anyone has news.
-        reply: CoordinatorReply | None = None
-        if lengths.any() or matrix[0, _DIRECTIVE] or joined != self._prev_joined:
-            reply = self._coordinate(payload, [int(n) for n in lengths], joined, cycle)
+        if said.lengths.any() or said.directive or said.joined != self._prev_joined:
+            lengths = [int(n) for n in said.lengths]
+            agreed.reply = self._coordinate(payload, lengths, said.joined, cycle)
             self.counters["slow_path_cycles"] += 1
-        self._prev_joined = joined
-        t_negotiated = timebase.now_ns()
-        if nvtx is not None:
-            nvtx.pop()
+        self._prev_joined = said.joined
+        return agreed
 
+    def _take_reply(self, agreed: _Agreed) -> None:
+        """The coordinator's answer: cache changes, then its responses after the cached
+        ops (another process set's responses go to that set's members)."""
+        reply = agreed.reply
         if reply is not None:
             self.cache.apply(reply, self.params.cache_enabled)
             for name in reply.evicted:
@@ -410,44 +462,58 @@ class CycleLoop:
                         del self._sent[response.name]
                         req.fail(TensorMismatchError(response.error or "process set removed"))
                     continue
-                ready_reqs.append(self._sent.pop(response.name, None))
-                ready_ops.append(NegotiatedOp(response))
+                agreed.reqs.append(self._sent.pop(response.name, None))
+                agreed.ops.append(NegotiatedOp(response))
                 taken.append(response)
             self.counters["coordinator_responses"] += len(reply.responses)
         self._grow_bits()
 
-        reduced, groups = 0, []
-        if ready_ops:
-            # held here while they run: should the cycle thread die inside the executor
-            # (an exception on this rank alone), _fail must still reach their waiters
-            self._running = ready_reqs
-            reduced, groups = self.executor.run(
-                ready_ops,
-                ready_reqs,
-                self.params.fusion_threshold_bytes,
-                self.config.max_inflight,
-                detailed,
-            )
-        self._running = []
-        t_end = timebase.now_ns()
-        op_batch = self._complete(
-            ready_ops, ready_reqs, n_cached, reply, detailed, t_negotiated, t_end
+    def _perform(self, agreed: _Agreed, detailed: bool) -> tuple[int, list[Any]]:
+        """Run the agreed ops: bytes reduced, and the groups as the timeline records them."""
+        if not agreed.ops:
+            return 0, []
+        # held here while they run: should the cycle thread die inside the executor (an
+        # exception on this rank alone), _fail must still reach their waiters
+        self._running = agreed.reqs
+        done = self.executor.run(
+            agreed.ops,
+            agreed.reqs,
+            self.params.fusion_threshold_bytes,
+            self.config.max_inflight,
+            detailed,
         )
+        self._running = []
+        return done
 
-        # All ranks joined: the join returns the rank that joined last.
-        if joined and not active.any():
+    def _account(
+        self,
+        said: Gathered,
+        agreed: _Agreed,
+        cycle: int,
+        t_start: int,
+        t_negotiated: int,
+        t_end: int,
+        reduced: int,
+        groups: list[Any],
+    ) -> bool | None:
+        """Complete the cycle: ops and joins done, commands and orders applied, the
+        record to the observers. Returns what ``_one_cycle`` does."""
+        detailed = self._was_detailed
+        ops, reqs, reply = agreed.ops, agreed.reqs, agreed.reply
+        op_batch = self._complete(ops, reqs, agreed.n_cached, reply, detailed, t_negotiated, t_end)
+        joined = said.joined
+        if joined and not (~said.joined_mask).any():  # the join returns the last to join
             last = max(joined, key=lambda r: (self._join_cycle[r], r))
             self._join_cycle.clear()
             if self.join_handle is not None:
                 handle, self.join_handle = self.join_handle, None
                 handle.complete(last)
                 notify_waiters()
-
         # This cycle ran with these parameters; new ones apply from the next cycle, whose
         # record is the first to carry them (and says so).
         params_ran = self.params
         params_changed, self._params_just_changed = self._params_just_changed, False
-        if matrix[:, _COMMAND].all():
+        if said.every_rank_commands:
             self.commands.popleft()()
         if reply is not None:
             self._params_just_changed = self._apply_directives(reply.directives)
@@ -464,18 +530,17 @@ class CycleLoop:
             params_changed=params_changed,
         ):
             return None
-        self._last_ran_nothing = not ready_ops and reply is None
-        busy = bool(
+        self._last_ran_nothing = not ops and reply is None
+        return bool(
             self._cached_waiting
             or self._outbox
             or self._sent
-            or lengths.any()
-            or bits.any()
+            or said.lengths.any()
+            or said.bits.any()
             or joined
             or self.commands
             or self.queue
         )
-        return busy
 
     def _quiet_cycle(
         self, cycle: int, t_start: int, busy: bool, matrix: np.ndarray | None = None
@@ -638,8 +703,8 @@ class CycleLoop:
             return  # the late ranks' stacks are on their way
         matrix = self.control.last_matrix
         joined: frozenset[int] = frozenset()
-        if matrix.shape[1] > _JOINED:
-            joined = frozenset(int(r) for r in np.flatnonzero(matrix[:, _JOINED]))
+        if matrix.shape[1] > JOINED:
+            joined = frozenset(int(r) for r in np.flatnonzero(matrix[:, JOINED]))
         if joined:  # a rank in join() is not late: the others go on without it
             waiting = {n: (ready | joined, since) for n, (ready, since) in waiting.items()}
         stall = self.stall.inspect(now, waiting, kinds, self.coordinator.pending_outsiders())
@@ -647,7 +712,7 @@ class CycleLoop:
             # Ask the late ranks where they are: every rank applies the order at the end
             # of the same cycle (``_exchange_stacks``), so the user's threads go on.
             self._stall_pending = stall
-            self._directives.append(("stacks", tuple(stall.missing(self.size))))
+            self._directives.append(ReportStacks(tuple(stall.missing(self.size))))
 
     # ---------------------------------------------------------------- stacks
     def _exchange_stacks(self, ranks: tuple[int, ...]) -> None:
@@ -670,7 +735,7 @@ class CycleLoop:
         if self.on_instant is not None:
             self.on_instant(STALL, self._stall_args(stall, states, message))
         if stall.shutdown:
-            self._directives.append(("stall_shutdown", message))
+            self._directives.append(StallShutdown(message))
 
     def _where_am_i(self) -> dict[str, Any]:
         """This rank's main thread: its stack (read without stopping it) and the op of
@@ -744,15 +809,15 @@ class CycleLoop:
         matrix = self.control.last_matrix
         if self._deadlock_reported or matrix.shape[1] < HEADER:
             return
-        blocked = matrix[:, _BLOCKED].astype(bool).tolist()
-        joined = frozenset(int(r) for r in np.flatnonzero(matrix[:, _JOINED]))
+        blocked = matrix[:, BLOCKED].astype(bool).tolist()
+        joined = frozenset(int(r) for r in np.flatnonzero(matrix[:, JOINED]))
         if self.deadlock.observe(now, blocked, joined, waiting, self.counters["ops_completed"]):
             self._deadlock_reported = True
             message = describe_deadlock(
                 self.size, joined, waiting, kinds, self.config.stall_check_time_s
             )
             log.error("%s", message)
-            self._directives.append(("abort", message))
+            self._directives.append(Abort(message))
 
     def _last_bits_snapshot(self) -> np.ndarray:
         return self.control.last_matrix[:, HEADER:]
@@ -838,21 +903,23 @@ class CycleLoop:
             cycle = self.cycle - _RING + 1
         return int(self._cycle_start[cycle % _RING])
 
-    def _apply_directives(self, directives: list[tuple[str, Any]]) -> bool:
+    def _apply_directives(self, directives: list[Directive]) -> bool:
+        """Rank 0's orders, in order; True when the parameters changed."""
         changed = False
-        for kind, value in directives:
-            if kind == "params":
-                changed = self._apply_params(value) or changed
-            elif kind == "abort":
-                self._fail(StallAbortError(f"{value} (rank {self.rank})"))
-            elif kind == "stacks":
-                self._exchange_stacks(value)
-            elif kind == "stall_shutdown":
-                self._stall_shutdown(value)
-            elif kind == "clock_sync":
-                samples = self.control.clock_samples(timebase.now_ns)
-                if self.on_clock_samples is not None:
-                    self.on_clock_samples(samples)
+        for directive in directives:
+            match directive:
+                case NewParams(params):
+                    changed = self._apply_params(params) or changed
+                case Abort(message):
+                    self._fail(StallAbortError(f"{message} (rank {self.rank})"))
+                case ReportStacks(ranks):
+                    self._exchange_stacks(ranks)
+                case StallShutdown(message):
+                    self._stall_shutdown(message)
+                case ClockSync():
+                    samples = self.control.clock_samples(timebase.now_ns)
+                    if self.on_clock_samples is not None:
+                        self.on_clock_samples(samples)
         return changed
 
     def _apply_params(self, params: TunableParams) -> bool:

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hvdprof.runtime.directives import Directive
 from hvdprof.runtime.dtypes import torch_attr
 from hvdprof.runtime.fusion import fusion_key, signature_nbytes
 from hvdprof.runtime.requests import NEVER_CACHED, OpType, ReduceOp, Signature
@@ -54,9 +55,9 @@ class CoordinatorReply:
     responses: list[Response] = field(default_factory=list)
     #: names removed from the response cache, in order, before new entries are added
     evicted: list[str] = field(default_factory=list)
-    #: cycle-level orders from rank 0: ("params", TunableParams), ("abort", message),
-    #: ("clock_sync", None), ... applied by every rank at the end of this cycle
-    directives: list[tuple[str, Any]] = field(default_factory=list)
+    #: cycle-level orders from rank 0 (hvdprof/runtime/directives.py), applied by every
+    #: rank at the end of this cycle
+    directives: list[Directive] = field(default_factory=list)
 
 
 class AgreedOp:
