@@ -234,8 +234,11 @@ class StatsMeter:
 
         def measured() -> Any:
             before = hvd.runtime_stats()
+            cpu0 = time.thread_time_ns()
             out = fn()
+            user_us = (time.thread_time_ns() - cpu0) / 1000
             after = hvd.runtime_stats()
+            self.totals["user_thread_cpu_us"] = self.totals.get("user_thread_cpu_us", 0) + user_us
             for k, v in after.items():
                 if isinstance(v, int | float) and not isinstance(v, bool):
                     self.totals[k] = self.totals.get(k, 0) + v - before.get(k, 0)
@@ -243,6 +246,25 @@ class StatsMeter:
             return out
 
         return measured
+
+    def cpu_per_op(self, ops_per_call: int) -> dict[str, float]:
+        """hvdprof's own CPU per op, in microseconds: the training thread's (submitting
+        and waiting, the work the user's code does not do with a flat call) and the cycle
+        thread's by stage. On a core per rank, their sum is what the job pays."""
+        if not self.calls or not ops_per_call:
+            return {}
+        keys = {
+            "user_thread": "user_thread_cpu_us",
+            "cycle_negotiate": "cycle_cpu_negotiate_us",
+            "cycle_perform": "cycle_cpu_perform_us",
+            "cycle_account": "cycle_cpu_account_us",
+        }
+        per = {
+            label: self.totals.get(key, 0.0) / self.calls / ops_per_call
+            for label, key in keys.items()
+        }
+        per["total"] = sum(per.values())
+        return {k: round(v, 3) for k, v in per.items()}
 
     def per_call(self, keys: Sequence[str] = ()) -> dict[str, float]:
         keys = keys or (

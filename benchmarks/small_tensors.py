@@ -6,8 +6,10 @@
 * ``hvdprof``: ``hvd.allreduce_async_(t, name=..., op=hvd.Sum)`` x 2,000, then
   ``hvd.synchronize`` on every handle.
 
-Reported: hvdprof's speed-up over per-tensor (goal >= 50x), hvdprof / flat, and hvdprof's
-own cost per tensor, (hvdprof - flat) / 2000, in microseconds.
+Reported: hvdprof's speed-up over per-tensor (goal >= 50x), hvdprof / flat, hvdprof's
+own cost per tensor, (hvdprof - flat) / 2000, in microseconds, and where that cost goes:
+rank 0's CPU per op on the training thread (submit and wait) and on the cycle thread by
+stage (negotiate, perform, account), read from thread CPU clocks.
 
     python benchmarks/small_tensors.py [--np 2] [--steps 40] [--per-tensor-steps 5] [--quick]
 """
@@ -92,6 +94,7 @@ def worker(args: Any) -> None:
             {
                 "samples": samples,
                 "hvdprof_per_step": meter.per_call(),
+                "hvdprof_cpu_per_op_us": meter.cpu_per_op(n),
                 "hvdprof_backend": h.hvdprof_backend(),
             }
         )
@@ -147,6 +150,11 @@ def main() -> None:
     print(h.ratio_table(ratios))
     print(f"hvdprof cost per tensor: (hvdprof - flat) / {args.tensors} = {overhead_us:.1f} us")
     print(f"hvdprof per step: {hv_stats}")
+    cpu = data["hvdprof_cpu_per_op_us"]
+    print(
+        "hvdprof's own CPU per op on rank 0 (us): "
+        + ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in cpu.items())
+    )
 
     path = h.write_results(
         NAME,
@@ -171,6 +179,7 @@ def main() -> None:
             "ratios": ratios,
             "hvdprof_cost_per_tensor_us": round(overhead_us, 2),
             "hvdprof_per_step": hv_stats,
+            "hvdprof_cpu_per_op_us": cpu,
             "hvdprof_backend": data["hvdprof_backend"],
             "job_wall_s": data["wall_s"],
         },

@@ -126,8 +126,10 @@ class Runtime:
             config.backend, self.launch, environment.mpi4py_installed()
         )
         self._names = NameAllocator()
-        self._inflight: set[str] = set()
-        self._inflight_lock = threading.Lock()
+        #: name -> its request, for every op submitted and not completed. A dict rather
+        #: than a set under a lock: ``setdefault`` checks and claims a name in one atomic
+        #: step, with no lock on the per-op path (a lock took 0.25 us of ~2 us per op)
+        self._inflight: dict[str, Request] = {}
         self._store, self.control, self._data_pg = self._rendezvous()
         config = self.config  # (the MPI rendezvous may have chosen the store's port)
         t = self.topology  # (local and cross ranks now come from every rank's host name)
@@ -435,16 +437,14 @@ class Runtime:
             if signature.process_set:  # each set names its own ops, in its own order
                 kind = f"{kind}.set{signature.process_set}"
             name, release = self._names.allocate(kind)
-        with self._inflight_lock:
-            if name in self._inflight:
-                if release is not None:
-                    release()
-                raise ValueError(
-                    f"hvdprof rank {self.rank}: an op named {name!r} is already in flight; "
-                    "names must be unique among ops that have not completed"
-                )
-            self._inflight.add(name)
         req = Request(name, signature, tensor, output, timebase.now_ns(), splits)
+        if self._inflight.setdefault(name, req) is not req:
+            if release is not None:
+                release()
+            raise ValueError(
+                f"hvdprof rank {self.rank}: an op named {name!r} is already in flight; "
+                "names must be unique among ops that have not completed"
+            )
         if handles.note_waits and handles.waits_since_submit:  # after a wait that blocked
             waited = handles.waits_since_submit.pop(threading.get_ident(), None)
             if waited is not None:
@@ -471,12 +471,12 @@ class Runtime:
         return name in self._inflight
 
     def _completed(self, name: str) -> None:
-        with self._inflight_lock:
-            self._inflight.discard(name)
+        self._inflight.pop(name, None)
 
     def _completed_batch(self, names: list[str]) -> None:
-        with self._inflight_lock:
-            self._inflight.difference_update(names)
+        pop = self._inflight.pop
+        for name in names:
+            pop(name, None)
 
     def join(self) -> int:
         self.check_usable()
@@ -566,6 +566,9 @@ class Runtime:
             steps=self.cycle.steps.step,
             cache_entries=len(self.cycle.cache),
         )
+        # the cycle thread's own CPU by stage, in microseconds (its cost to the training)
+        for stage, ns in self.cycle.cpu_ns.items():
+            out[f"cycle_cpu_{stage}_us"] = ns / 1000
         return out
 
 
