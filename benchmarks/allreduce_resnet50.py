@@ -30,6 +30,7 @@ spread the drift).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import _harness as h
@@ -208,6 +209,55 @@ def worker(args: Any) -> None:
     flat = torch.zeros(numel)
     flat_hv = torch.zeros(numel)
     ddp = DDPBuckets(grads, BUCKET_BYTES, FIRST_BUCKET_BYTES)
+    fns = variant_steps(grads, names, flat, flat_hv, ddp)
+    verify_sums(fns, variants, grads, flat, flat_hv, rank, size)
+    h.log(
+        f"{NAME}: {len(grads)} tensors, {numel:,} float32, {numel * 4 / 1e6:.1f} MB; "
+        f"{len(ddp.buckets)} DDP buckets; sums verified for {', '.join(variants)}"
+    )
+
+    meter = h.StatsMeter()
+    fns["hvdprof"] = meter.wrap(fns["hvdprof"])
+    switches = ContextSwitches()
+    for name in THREAD_VARIANTS:
+        fns[name] = switches.wrap(name, fns[name])
+
+    def after_warmup() -> None:
+        meter.reset()
+        switches.reset()
+
+    samples = h.interleave(
+        {v: fns[v] for v in variants},
+        args.steps,
+        args.warmup,
+        progress=h.log,
+        after_warmup=after_warmup,
+    )
+    samples = h.gather_slowest(samples)
+    every_rank: list[Any] = [None] * size
+    dist.all_gather_object(every_rank, switches.medians())
+    if rank == 0:
+        h.save_raw(
+            {
+                "samples": samples,
+                "hvdprof_per_step": meter.per_call(),
+                "ddp_buckets": [len(m) for m, _ in ddp.buckets],
+                "hvdprof_backend": h.hvdprof_backend(),
+                "context_switches": every_rank,
+            }
+        )
+    h.finish_worker()
+
+
+def variant_steps(
+    grads: list[Any], names: list[str], flat: Any, flat_hv: Any, ddp: DDPBuckets
+) -> dict[str, Callable[[], None]]:
+    """One step of each variant: reducing every gradient (or the flat buffer) once."""
+    import torch
+    import torch.distributed as dist
+
+    import hvdprof.torch as hvd
+
     order = list(range(len(grads)))[::-1]  # the order backward produces gradients
 
     def run_flat() -> None:
@@ -249,7 +299,7 @@ def worker(args: Any) -> None:
 
         return run
 
-    fns = {
+    return {
         "hvdprof_threads_1": threads_variant(1, cycle_cap),
         "hvdprof_threads_default": threads_variant(default_threads, cycle_cap),
         "hvdprof_cycle_uncapped": threads_variant(default_threads, default_threads),
@@ -261,7 +311,20 @@ def worker(args: Any) -> None:
         "hvdprof": run_hvdprof,
     }
 
-    # Correctness first: every variant must produce the sum over ranks.
+
+def verify_sums(
+    fns: dict[str, Callable[[], None]],
+    variants: list[str],
+    grads: list[Any],
+    flat: Any,
+    flat_hv: Any,
+    rank: int,
+    size: int,
+) -> None:
+    """Correctness first: every variant must produce the sum over ranks (exits if not);
+    the tensors are zeroed after."""
+    import torch
+
     expected_scale = size * (size + 1) / 2
     for name in variants:
         for i, g in enumerate(grads):
@@ -285,42 +348,6 @@ def worker(args: Any) -> None:
         g.zero_()
     flat.zero_()
     flat_hv.zero_()
-    h.log(
-        f"{NAME}: {len(grads)} tensors, {numel:,} float32, {numel * 4 / 1e6:.1f} MB; "
-        f"{len(ddp.buckets)} DDP buckets; sums verified for {', '.join(variants)}"
-    )
-
-    meter = h.StatsMeter()
-    fns["hvdprof"] = meter.wrap(run_hvdprof)
-    switches = ContextSwitches()
-    for name in THREAD_VARIANTS:
-        fns[name] = switches.wrap(name, fns[name])
-
-    def after_warmup() -> None:
-        meter.reset()
-        switches.reset()
-
-    samples = h.interleave(
-        {v: fns[v] for v in variants},
-        args.steps,
-        args.warmup,
-        progress=h.log,
-        after_warmup=after_warmup,
-    )
-    samples = h.gather_slowest(samples)
-    every_rank: list[Any] = [None] * size
-    dist.all_gather_object(every_rank, switches.medians())
-    if rank == 0:
-        h.save_raw(
-            {
-                "samples": samples,
-                "hvdprof_per_step": meter.per_call(),
-                "ddp_buckets": [len(m) for m, _ in ddp.buckets],
-                "hvdprof_backend": h.hvdprof_backend(),
-                "context_switches": every_rank,
-            }
-        )
-    h.finish_worker()
 
 
 # -------------------------------------------------------------------------- launcher

@@ -652,18 +652,88 @@ def changed_env(p: Params) -> dict[str, str]:
 def bench_job(args: Any, job: str, timeout: float) -> dict[str, Any]:
     """Tune, measure the truth, compare; print the job's tables; return its results."""
     spec = JOBS[job]
+    tunes, untuned = _tune_beside_untuned(args, job, timeout)
+    grid = grid_points(args.quick, spec["held_threshold"])
+    truth = _ground_truth(args, job, timeout, grid, tunes)
+    ev = _Evaluation(truth)
+    tuner_runs = [
+        _tuner_run(args, t, untuned[i], ev, truth["bytes_per_step"]) for i, t in enumerate(tunes)
+    ]
+    random_runs = []
+    for trials in truth["random"]:
+        best, score = None, -1.0
+        for q, s_, _ in trials:
+            if s_ > score:
+                best, score = as_params(q), s_
+        random_runs.append(
+            {
+                "final": None if best is None else list(best),
+                "final_ratio": ev.ratio(best),
+                "trials": trials,
+            }
+        )
+    ratios = _goal_ratios(job, ev, tuner_runs, random_runs)
+    _print_job(args, job, truth, ev, tuner_runs, random_runs, ratios)
+    bps = truth["bytes_per_step"]
+    return {
+        "job": job,
+        "env_beyond_launcher_defaults": spec["env"],
+        "shape": spec["shape"],
+        "backend": truth.get("backend"),
+        "tensors": truth["tensors"],
+        "bytes_per_step": bps,
+        "grid_points": len(grid),
+        "grid_best": list(ev.grid_best),
+        "default_ratio": round(ev.ratio_of[key(DEFAULT)], 4),
+        "tuner": tuner_runs,
+        "random_search": random_runs,
+        "ratios": ratios,
+        "grid_stage1": {
+            k: {
+                "bytes_per_s": throughput_of([t for r in v for t in r], bps),
+                "per_round_quartiles": [
+                    round(x) for x in quartiles([throughput_of(r, bps) for r in v])
+                ],
+            }
+            for k, v in truth["grid"]["step_times"].items()
+        },
+        "eval_bytes_per_s": ev.gt,
+        "eval_ratio_to_grid_best": {k: round(v, 4) for k, v in ev.ratio_of.items()},
+        "eval_ratio_per_round_quartiles": {
+            k: [round(x, 4) for x in quartiles(v)] for k, v in ev.paired.items()
+        },
+        "eval_step_times_s": ev.evals,
+        "job_wall_s": {
+            "tune": [t["wall_s"] for t in tunes],
+            "untuned": [t["wall_s"] for t in untuned],
+            "truth": truth["wall_s"],
+        },
+    }
+
+
+def _tune_beside_untuned(
+    args: Any, job: str, timeout: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(tuned runs, untuned runs)``: each tuned job next to an untuned one, the order
+    alternating."""
     tunes, untuned = [], []
-    for i in range(args.tune_runs):  # each tuned job next to an untuned one, order alternating
+    for i in range(args.tune_runs):
         print(f"{NAME} [{job}]: tuning run {i + 1}/{args.tune_runs} and an untuned run", flush=True)
         if i % 2:
             untuned.append(run_untuned(args, job, timeout))
         tunes.append(run_tuner(args, job, timeout))
         if not i % 2:
             untuned.append(run_untuned(args, job, timeout))
+    return tunes, untuned
+
+
+def _ground_truth(
+    args: Any, job: str, timeout: float, grid: list[Params], tunes: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The truth job: the grid, random search and the evaluation of every recommendation."""
+    spec = JOBS[job]
     tuner_configs = list(dict.fromkeys(q for t in tunes for _, q in t["recs"] if q is not None))
     window_steps = tunes[0].get("window_steps") or _CONFIG.autotune_steps_per_sample
-
-    grid = grid_points(args.quick, spec["held_threshold"])
     argv = [
         *job_argv(args, job), "--mode", "truth", "--grid", json.dumps(grid),
         "--eval-configs", json.dumps(tuner_configs), "--budget", str(args.budget),
@@ -678,109 +748,96 @@ def bench_job(args: Any, job: str, timeout: float) -> dict[str, Any]:
         f"random search x {args.random_seeds}, evaluation ...",
         flush=True,
     )
-    truth = h.run_job(__file__, argv, args.np, env=spec["env"], timeout=timeout)
+    return h.run_job(__file__, argv, args.np, env=spec["env"], timeout=timeout)
 
-    bps = truth["bytes_per_step"]
-    evals = truth["eval"]["step_times"]
-    gt = {k: throughput_of([t for rnd in v for t in rnd], bps) for k, v in evals.items()}
-    per_round = {k: [throughput_of(rnd, bps) for rnd in v] for k, v in evals.items()}
-    grid_top = [as_params(q) for q in truth["eval"]["grid_top"]]
-    # the best of the grid's top points and the default (which the grid may lack)
-    grid_best = max([*grid_top, DEFAULT], key=lambda q: gt[key(q)])
-    best_tp = gt[key(grid_best)]
-    reference = per_round[key(grid_best)]
-    paired = {k: [a / b for a, b in zip(v, reference, strict=True)] for k, v in per_round.items()}
-    ratio_of = {k: v / best_tp for k, v in gt.items()}
-    default_rounds = per_round[key(DEFAULT)]
-    grid_rounds = truth["grid"]["step_times"]
-    grid_stage1 = {
-        k: {
-            "bytes_per_s": throughput_of([t for r in v for t in r], bps),
-            "per_round_quartiles": [
-                round(x) for x in quartiles([throughput_of(r, bps) for r in v])
-            ],
+
+class _Evaluation:
+    """The evaluation rounds' throughputs per configuration, against the grid's best (the
+    best of the grid's top points and the default, which the grid may lack)."""
+
+    def __init__(self, truth: dict[str, Any]) -> None:
+        bps = truth["bytes_per_step"]
+        self.evals = evals = truth["eval"]["step_times"]
+        self.gt = {k: throughput_of([t for rnd in v for t in rnd], bps) for k, v in evals.items()}
+        self.per_round = {k: [throughput_of(rnd, bps) for rnd in v] for k, v in evals.items()}
+        grid_top = [as_params(q) for q in truth["eval"]["grid_top"]]
+        self.grid_best = max([*grid_top, DEFAULT], key=lambda q: self.gt[key(q)])
+        self.best_tp = self.gt[key(self.grid_best)]
+        reference = self.per_round[key(self.grid_best)]
+        self.paired = {
+            k: [a / b for a, b in zip(v, reference, strict=True)] for k, v in self.per_round.items()
         }
-        for k, v in grid_rounds.items()
-    }
+        self.ratio_of = {k: v / self.best_tp for k, v in self.gt.items()}
+        self.default_rounds = self.per_round[key(DEFAULT)]
 
-    def ratio(q: Params | None) -> float | None:
-        return None if q is None else round(ratio_of[key(q)], 4)
+    def ratio(self, q: Params | None) -> float | None:
+        return None if q is None else round(self.ratio_of[key(q)], 4)
 
-    def vs_default(q: Params) -> float:
+    def vs_default(self, q: Params) -> float:
         """The choice against the default, the median of per-round ratios (the re-run)."""
         return statistics.median(
-            a / b for a, b in zip(per_round[key(q)], default_rounds, strict=True)
+            a / b for a, b in zip(self.per_round[key(q)], self.default_rounds, strict=True)
         )
 
-    tuner_runs = []
-    for t in tunes:
-        recs = t["recs"]
-        first, stays = steps_to_ratio(recs[: args.budget], ratio_of, GOAL_RATIO)
-        at_budget = recs[min(args.budget, len(recs)) - 1][1] or DEFAULT
-        # while tuning: from the end of the tuner's warmup (steps every job spends warming
-        # up, at the default, tuned or not) to the budget; after: the margin's steps
-        warm = 1 + _CONFIG.autotune_warmup_samples * _CONFIG.autotune_steps_per_sample
-        times = [dt for _, dt, _, _ in t["trace"][warm : args.budget]]
-        base = untuned[len(tuner_runs)]
-        base_times = [dt for _, dt, _, _ in base["trace"][warm : args.budget]]
-        after = [dt for _, dt, _, _ in t["trace"][args.budget :]]
-        base_after = [dt for _, dt, _, _ in base["trace"][args.budget :]]
-        # the tuned job against the untuned one launched beside it, by median step time;
-        # "while tuning / best" = that ratio x (the default / the grid's best)
-        while_vs_untuned = statistics.median(base_times) / statistics.median(times)
-        after_vs_untuned = (
-            statistics.median(base_after) / statistics.median(after)
-            if after and base_after
-            else None
-        )
-        run: dict[str, Any] = {
-            "final": list(at_budget),
-            "final_ratio": ratio(at_budget),
-            "vs_default_rerun": round(vs_default(at_budget), 4),
-            "steps_to_95_first": first,
-            "steps_to_95_stays": stays,
-            "throughput_while_tuning_ratio": round(while_vs_untuned * ratio_of[key(DEFAULT)], 4),
-            "while_tuning_vs_untuned": round(while_vs_untuned, 4),
-            "after_tuning_vs_untuned": None
-            if after_vs_untuned is None
-            else round(after_vs_untuned, 4),
-            "throughput_while_tuning_own_clock": round(bps * len(times) / sum(times) / best_tp, 4),
-            "end_line": line_is_true(t),
-            "decision_at_budget": t["at_budget"].get("decision"),
-            "window_steps": t.get("window_steps"),
-            "recommendations": changes_only(recs),
-            "log": t["log"],
-            "job_wall_s": t["wall_s"],
-        }
-        d = run["decision_at_budget"]
-        if d is not None and not d["kept_default"] and d["std_error"] is not None:
-            low = math.exp(d["log_ratio"] - Z95 * d["std_error"])
-            high = math.exp(d["log_ratio"] + Z95 * d["std_error"])
-            run["predicted_gain"] = [
-                round(math.exp(d["log_ratio"]), 4),
-                round(low, 4),
-                round(high, 4),
-            ]
-            run["interval_covers_rerun"] = low <= run["vs_default_rerun"] <= high
-        tuner_runs.append(run)
-    random_runs = []
-    for trials in truth["random"]:
-        best, score = None, -1.0
-        for q, s_, _ in trials:
-            if s_ > score:
-                best, score = as_params(q), s_
-        random_runs.append(
-            {
-                "final": None if best is None else list(best),
-                "final_ratio": ratio(best),
-                "trials": trials,
-            }
-        )
 
+def _tuner_run(
+    args: Any, t: dict[str, Any], base: dict[str, Any], ev: _Evaluation, bps: int
+) -> dict[str, Any]:
+    """One tuning run's results: its choice at the budget against the truth, and the
+    tuned job against the untuned one launched beside it (``base``)."""
+    recs = t["recs"]
+    first, stays = steps_to_ratio(recs[: args.budget], ev.ratio_of, GOAL_RATIO)
+    at_budget = recs[min(args.budget, len(recs)) - 1][1] or DEFAULT
+    # while tuning: from the end of the tuner's warmup (steps every job spends warming
+    # up, at the default, tuned or not) to the budget; after: the margin's steps
+    warm = 1 + _CONFIG.autotune_warmup_samples * _CONFIG.autotune_steps_per_sample
+    times = [dt for _, dt, _, _ in t["trace"][warm : args.budget]]
+    base_times = [dt for _, dt, _, _ in base["trace"][warm : args.budget]]
+    after = [dt for _, dt, _, _ in t["trace"][args.budget :]]
+    base_after = [dt for _, dt, _, _ in base["trace"][args.budget :]]
+    # the tuned job against the untuned one launched beside it, by median step time;
+    # "while tuning / best" = that ratio x (the default / the grid's best)
+    while_vs_untuned = statistics.median(base_times) / statistics.median(times)
+    after_vs_untuned = (
+        statistics.median(base_after) / statistics.median(after) if after and base_after else None
+    )
+    run: dict[str, Any] = {
+        "final": list(at_budget),
+        "final_ratio": ev.ratio(at_budget),
+        "vs_default_rerun": round(ev.vs_default(at_budget), 4),
+        "steps_to_95_first": first,
+        "steps_to_95_stays": stays,
+        "throughput_while_tuning_ratio": round(while_vs_untuned * ev.ratio_of[key(DEFAULT)], 4),
+        "while_tuning_vs_untuned": round(while_vs_untuned, 4),
+        "after_tuning_vs_untuned": None if after_vs_untuned is None else round(after_vs_untuned, 4),
+        "throughput_while_tuning_own_clock": round(bps * len(times) / sum(times) / ev.best_tp, 4),
+        "end_line": line_is_true(t),
+        "decision_at_budget": t["at_budget"].get("decision"),
+        "window_steps": t.get("window_steps"),
+        "recommendations": changes_only(recs),
+        "log": t["log"],
+        "job_wall_s": t["wall_s"],
+    }
+    d = run["decision_at_budget"]
+    if d is not None and not d["kept_default"] and d["std_error"] is not None:
+        low = math.exp(d["log_ratio"] - Z95 * d["std_error"])
+        high = math.exp(d["log_ratio"] + Z95 * d["std_error"])
+        run["predicted_gain"] = [round(math.exp(d["log_ratio"]), 4), round(low, 4), round(high, 4)]
+        run["interval_covers_rerun"] = low <= run["vs_default_rerun"] <= high
+    return run
+
+
+def _goal_ratios(
+    job: str,
+    ev: _Evaluation,
+    tuner_runs: list[dict[str, Any]],
+    random_runs: list[dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """Every goal of the issue, its measured ratio and whether it was met."""
     two_goal = job != "default"  # >= 0.95 of the best: the jobs with a gain to find
     ratios: dict[str, dict[str, Any]] = {
         "default / grid best": {
-            "of_medians": round(ratio_of[key(DEFAULT)], 4),
+            "of_medians": round(ev.ratio_of[key(DEFAULT)], 4),
             "goal": "(context)",
             "met": True,
         }
@@ -826,13 +883,26 @@ def bench_job(args: Any, job: str, timeout: float) -> dict[str, Any]:
             "goal": "> 1",
             "met": statistics.median(tuner_finals) > statistics.median(random_finals),
         }
+    return ratios
 
+
+def _print_job(
+    args: Any,
+    job: str,
+    truth: dict[str, Any],
+    ev: _Evaluation,
+    tuner_runs: list[dict[str, Any]],
+    random_runs: list[dict[str, Any]],
+    ratios: dict[str, dict[str, Any]],
+) -> None:
+    """The job's tables: each configuration against the grid's best, then the goals."""
+    bps = truth["bytes_per_step"]
     print()
     print(
         f"{NAME} [{job}]: {truth['tensors']} tensors ({bps / 1e6:.1f} MB) per step, "
         f"{args.np} ranks, backend {truth.get('backend')}; budget {args.budget} steps"
     )
-    table_rows = [("grid best", grid_best), ("default", DEFAULT)]
+    table_rows = [("grid best", ev.grid_best), ("default", DEFAULT)]
     table_rows += [(f"tuner {i + 1}", as_params(r["final"])) for i, r in enumerate(tuner_runs)]
     table_rows += [
         (f"random {i + 1}", as_params(r["final"])) for i, r in enumerate(random_runs) if r["final"]
@@ -840,7 +910,7 @@ def bench_job(args: Any, job: str, timeout: float) -> dict[str, Any]:
     print(
         h.table(
             [
-                (label, describe(q), f"{gt[key(q)] / 1e6:.1f}", f"{ratio_of[key(q)]:.3f}")
+                (label, describe(q), f"{ev.gt[key(q)] / 1e6:.1f}", f"{ev.ratio_of[key(q)]:.3f}")
                 for label, q in table_rows
             ],
             ("configuration", "params", "MB/s (evaluation)", "÷ grid best"),
@@ -851,32 +921,6 @@ def bench_job(args: Any, job: str, timeout: float) -> dict[str, Any]:
     for i, run in enumerate(tuner_runs):
         said = run["end_line"]["lines"]
         print(f"  tuner {i + 1} said: {said[0] if said else '(nothing within the budget)'}")
-    return {
-        "job": job,
-        "env_beyond_launcher_defaults": spec["env"],
-        "shape": spec["shape"],
-        "backend": truth.get("backend"),
-        "tensors": truth["tensors"],
-        "bytes_per_step": bps,
-        "grid_points": len(grid),
-        "grid_best": list(grid_best),
-        "default_ratio": round(ratio_of[key(DEFAULT)], 4),
-        "tuner": tuner_runs,
-        "random_search": random_runs,
-        "ratios": ratios,
-        "grid_stage1": grid_stage1,
-        "eval_bytes_per_s": gt,
-        "eval_ratio_to_grid_best": {k: round(v, 4) for k, v in ratio_of.items()},
-        "eval_ratio_per_round_quartiles": {
-            k: [round(x, 4) for x in quartiles(v)] for k, v in paired.items()
-        },
-        "eval_step_times_s": evals,
-        "job_wall_s": {
-            "tune": [t["wall_s"] for t in tunes],
-            "untuned": [t["wall_s"] for t in untuned],
-            "truth": truth["wall_s"],
-        },
-    }
 
 
 IMG_SEC = re.compile(r"Iter #(\d+): ([0-9.]+) img/sec")

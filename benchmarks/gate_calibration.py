@@ -97,7 +97,7 @@ def step_ms(run_dir: Path) -> float:
     return typical_step_ms(load_run(str(run_dir), cache=False))
 
 
-def main() -> None:
+def _options() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--steps", type=int, default=150)
@@ -112,6 +112,11 @@ def main() -> None:
         action="store_true",
         help="calibrate `hvdprof ab` instead (issue 50's protocol; see gate_ab_calibration.py)",
     )
+    return p
+
+
+def main() -> None:
+    p = _options()
     args, rest = p.parse_known_args()
     if args.ab:
         import gate_ab_calibration
@@ -135,42 +140,7 @@ def main() -> None:
         slow_ms = round(args.slowdown * statistics.median(probes), 3)
         _harness.log(f"step {statistics.median(probes):.3f} ms: slowdown {slow_ms} ms")
         for rnd in range(args.rounds):
-            order = list(VARIANTS)
-            rng.shuffle(order)
-            dirs = {v: base / f"r{rnd}-{v}" for v in VARIANTS}
-            for v in order:
-                inject = {"a": (0.0, -1), "same": (0.0, -1), "all": (slow_ms, -1)}
-                ms, rank = inject.get(v, (slow_ms, 1))
-                record(dirs[v], args.steps, ms, rank, args.timeout)
-            summary = base / f"r{rnd}-a.summary.json"
-            size = summarize(dirs["a"], summary)
-            row: dict[str, Any] = {
-                "round": rnd,
-                "order": order,
-                "summary_bytes": size,
-                "trace_bytes": trace_bytes(dirs["a"]),
-            }
-            for v in ("same", "all", "one"):
-                code, data = diff(str(summary), str(dirs[v]), args.rule)
-                code_t, data_t = diff(str(dirs["a"]), str(dirs[v]), args.rule)
-                gate = data["gate"][0]
-                check = gate["checks"][0] if gate["checks"] else {}
-                cause = data.get("cause") or {}
-                row[v] = {
-                    "failed": gate["failed"],
-                    "exit": code,
-                    "change": check.get("change"),
-                    "low": check.get("low"),
-                    "high": check.get("high"),
-                    "a_ms": check.get("a_ms"),
-                    "b_ms": check.get("b_ms"),
-                    "cause": cause.get("key"),
-                    "cause_ms": cause.get("delta_ms"),
-                    "message": gate["message"],
-                    "same_against_trace": code == code_t
-                    and data["verdict"] == data_t["verdict"]
-                    and data["gate"] == data_t["gate"],
-                }
+            row = _round(args, base, rnd, slow_ms, rng)
             rows.append(row)
             _harness.log(
                 f"round {rnd}: "
@@ -181,23 +151,7 @@ def main() -> None:
                 )
             )
     n = len(rows)
-    false_fail = sum(r["same"]["failed"] for r in rows)
-    caught_all = sum(r["all"]["failed"] for r in rows)
-    caught_one = sum(r["one"]["failed"] for r in rows)
-    named_one = sum(r["one"]["cause"] == "rank 1: compute" for r in rows)
-    named_all = sum((r["all"]["cause"] or "").endswith(": compute") for r in rows)
-    identical = sum(r[v]["same_against_trace"] for r in rows for v in ("same", "all", "one"))
-    share = max(r["summary_bytes"] / r["trace_bytes"] for r in rows)
-    header = ["measure", "result", "goal"]
-    table = [
-        ["identical runs failed", f"{false_fail} of {n}", f"<= {max(1, n // 20)} of {n}"],
-        ["10% slower (every rank) caught", f"{caught_all} of {n}", f">= {n - max(1, n // 20)}"],
-        ["... cause named a rank's compute", f"{named_all} of {n}", "-"],
-        ["10% slower (rank 1 backward) caught", f"{caught_one} of {n}", "-"],
-        ["... cause named rank 1's compute", f"{named_one} of {n}", f"{n} of {n}"],
-        ["summary verdict = trace verdict", f"{identical} of {3 * n}", "all"],
-        ["summary / traces (largest)", f"{share:.2%}", "<= 1%"],
-    ]
+    header, table = _goal_table(rows)
     print(_harness.table(table, header))
     changes = {v: [r[v]["change"] for r in rows] for v in ("same", "all", "one")}
     name = "gate_calibration" + (".loaded" if args.load else "")
@@ -223,6 +177,73 @@ def main() -> None:
         args.quick,
     )
     print(f"results: {path}")
+
+
+def _round(
+    args: argparse.Namespace, base: Path, rnd: int, slow_ms: float, rng: random.Random
+) -> dict[str, Any]:
+    """One round: every variant recorded (in a shuffled order), then each gated against
+    the reference's summary and against its traces."""
+    order = list(VARIANTS)
+    rng.shuffle(order)
+    dirs = {v: base / f"r{rnd}-{v}" for v in VARIANTS}
+    for v in order:
+        inject = {"a": (0.0, -1), "same": (0.0, -1), "all": (slow_ms, -1)}
+        ms, rank = inject.get(v, (slow_ms, 1))
+        record(dirs[v], args.steps, ms, rank, args.timeout)
+    summary = base / f"r{rnd}-a.summary.json"
+    size = summarize(dirs["a"], summary)
+    row: dict[str, Any] = {
+        "round": rnd,
+        "order": order,
+        "summary_bytes": size,
+        "trace_bytes": trace_bytes(dirs["a"]),
+    }
+    for v in ("same", "all", "one"):
+        code, data = diff(str(summary), str(dirs[v]), args.rule)
+        code_t, data_t = diff(str(dirs["a"]), str(dirs[v]), args.rule)
+        gate = data["gate"][0]
+        check = gate["checks"][0] if gate["checks"] else {}
+        cause = data.get("cause") or {}
+        row[v] = {
+            "failed": gate["failed"],
+            "exit": code,
+            "change": check.get("change"),
+            "low": check.get("low"),
+            "high": check.get("high"),
+            "a_ms": check.get("a_ms"),
+            "b_ms": check.get("b_ms"),
+            "cause": cause.get("key"),
+            "cause_ms": cause.get("delta_ms"),
+            "message": gate["message"],
+            "same_against_trace": code == code_t
+            and data["verdict"] == data_t["verdict"]
+            and data["gate"] == data_t["gate"],
+        }
+    return row
+
+
+def _goal_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """``(header, rows)`` of the results against the goals."""
+    n = len(rows)
+    false_fail = sum(r["same"]["failed"] for r in rows)
+    caught_all = sum(r["all"]["failed"] for r in rows)
+    caught_one = sum(r["one"]["failed"] for r in rows)
+    named_one = sum(r["one"]["cause"] == "rank 1: compute" for r in rows)
+    named_all = sum((r["all"]["cause"] or "").endswith(": compute") for r in rows)
+    identical = sum(r[v]["same_against_trace"] for r in rows for v in ("same", "all", "one"))
+    share = max(r["summary_bytes"] / r["trace_bytes"] for r in rows)
+    header = ["measure", "result", "goal"]
+    table = [
+        ["identical runs failed", f"{false_fail} of {n}", f"<= {max(1, n // 20)} of {n}"],
+        ["10% slower (every rank) caught", f"{caught_all} of {n}", f">= {n - max(1, n // 20)}"],
+        ["... cause named a rank's compute", f"{named_all} of {n}", "-"],
+        ["10% slower (rank 1 backward) caught", f"{caught_one} of {n}", "-"],
+        ["... cause named rank 1's compute", f"{named_one} of {n}", f"{n} of {n}"],
+        ["summary verdict = trace verdict", f"{identical} of {3 * n}", "all"],
+        ["summary / traces (largest)", f"{share:.2%}", "<= 1%"],
+    ]
+    return header, table
 
 
 if __name__ == "__main__":

@@ -226,7 +226,6 @@ def build(kind: str, rank: int, batch: int, image: int) -> tuple[Any, Any, Any]:
 def worker(args: Any) -> None:
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     import hvdprof.torch as hvd
 
@@ -241,70 +240,11 @@ def worker(args: Any) -> None:
     meters: dict[str, h.StatsMeter] = {}
     cpu = CpuMeter(args.block)
     phases = PhaseMeter()
-
-    def reduced_bytes() -> int:
-        return int(hvd.runtime_stats().get("bytes_reduced", 0))
-
     pairs: dict[str, tuple[Any, Any]] = {}
     info: dict[str, Any] = {}
     for kind in models:
-        factory, _, loss_fn = build(kind, rank, args.batch, args.image)
-        torch.manual_seed(42)
-        base = factory()
-        model_h, model_d, model_l = factory(), factory(), factory()
-        for m in (model_h, model_d, model_l):
-            m.load_state_dict(base.state_dict())
-        params = list(base.parameters())
-        info[kind] = {
-            "params": sum(p.numel() for p in params),
-            "tensors": len(params),
-            "median_tensor_bytes": int(
-                statistics.median(p.numel() * p.element_size() for p in params)
-            ),
-        }
-        opt_h = hvd.DistributedOptimizer(
-            torch.optim.SGD(model_h.parameters(), lr=args.lr),
-            named_parameters=[(f"{kind}.{n}", p) for n, p in model_h.named_parameters()],
-        )
-        hvd.broadcast_parameters(
-            {f"{kind}.{k}": v for k, v in model_h.state_dict().items()}, root_rank=0
-        )
-        hvd.broadcast_optimizer_state(opt_h, root_rank=0)
-        ddp = DDP(model_d)
-        opt_d = torch.optim.SGD(ddp.parameters(), lr=args.lr)
-        opt_l = torch.optim.SGD(model_l.parameters(), lr=args.lr)
-        pairs[kind] = (model_h, model_d)
-
-        def train(model: Any, opt: Any, name: str, loss_fn: Any = loss_fn) -> None:
-            clock = time.perf_counter
-            counted = name.endswith("/hvdprof")
-            for _ in range(args.block):
-                t0 = clock()
-                opt.zero_grad()
-                loss = loss_fn(model)
-                t1 = clock()
-                b0 = reduced_bytes() if counted else 0
-                loss.backward()
-                t2 = clock()
-                b1 = reduced_bytes() if counted else 0
-                opt.step()
-                t3 = clock()
-                b2 = reduced_bytes() if counted else 0
-                phases.add(
-                    name, t1 - t0, t2 - t1, t3 - t2, (b1 - b0) / (b2 - b0) if b2 > b0 else 0.0
-                )
-
-        meter = meters[kind] = h.StatsMeter()
-        for variant, model, opt in (
-            ("hvdprof", model_h, opt_h),
-            ("ddp", ddp, opt_d),
-            ("local", model_l, opt_l),
-        ):
-            if variant == "local" and not args.local:
-                continue
-            name = f"{kind}/{variant}"
-            fn = lambda m=model, o=opt, n=name, t=train: t(m, o, n)  # noqa: E731
-            fns[name] = cpu.wrap(name, meter.wrap(fn) if variant == "hvdprof" else fn)
+        meters[kind] = h.StatsMeter()
+        pairs[kind], info[kind] = add_model(args, kind, rank, fns, meters[kind], cpu, phases)
         h.log(
             f"{NAME}: {kind}: {info[kind]['params']:,} parameters in {info[kind]['tensors']} "
             f"tensors, batch {args.batch}, {args.block} iterations per block"
@@ -322,21 +262,7 @@ def worker(args: Any) -> None:
     dist.all_gather_object(cpu_all, cpu.medians())
     phases_all: list[Any] = [None] * size
     dist.all_gather_object(phases_all, phases.medians())
-
-    # Sanity: each model is identical on every rank, and the two copies stayed close
-    # (same data, same averaged gradients, same number of SGD steps).
-    checks = {}
-    for kind, (model_h, model_d) in pairs.items():
-        with torch.no_grad():
-            vec_h = torch.cat([p.reshape(-1) for p in model_h.parameters()])
-            vec_d = torch.cat([p.reshape(-1) for p in model_d.parameters()])
-            sums = [float(vec_h.double().sum()), float(vec_d.double().sum())]
-            everyone: list[Any] = [None] * size
-            dist.all_gather_object(everyone, sums)
-            checks[kind] = {
-                "ranks_agree": all(e == everyone[0] for e in everyone),
-                "max_abs_param_diff_hvdprof_vs_ddp": float((vec_h - vec_d).abs().max()),
-            }
+    checks = parameter_checks(pairs, size)
     if rank == 0:
         h.save_raw(
             {
@@ -352,6 +278,101 @@ def worker(args: Any) -> None:
     h.finish_worker()
 
 
+def add_model(
+    args: Any,
+    kind: str,
+    rank: int,
+    fns: dict[str, Any],
+    meter: h.StatsMeter,
+    cpu: CpuMeter,
+    phases: PhaseMeter,
+) -> tuple[tuple[Any, Any], dict[str, Any]]:
+    """Three copies of one model from the same weights (hvdprof's DistributedOptimizer,
+    DDP, and with ``--local`` no communication), their blocks of training iterations in
+    ``fns``; returns ``((hvdprof's model, DDP's), the model's size)``."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import hvdprof.torch as hvd
+
+    def reduced_bytes() -> int:
+        return int(hvd.runtime_stats().get("bytes_reduced", 0))
+
+    factory, _, loss_fn = build(kind, rank, args.batch, args.image)
+    torch.manual_seed(42)
+    base = factory()
+    model_h, model_d, model_l = factory(), factory(), factory()
+    for m in (model_h, model_d, model_l):
+        m.load_state_dict(base.state_dict())
+    params = list(base.parameters())
+    info = {
+        "params": sum(p.numel() for p in params),
+        "tensors": len(params),
+        "median_tensor_bytes": int(statistics.median(p.numel() * p.element_size() for p in params)),
+    }
+    opt_h = hvd.DistributedOptimizer(
+        torch.optim.SGD(model_h.parameters(), lr=args.lr),
+        named_parameters=[(f"{kind}.{n}", p) for n, p in model_h.named_parameters()],
+    )
+    hvd.broadcast_parameters(
+        {f"{kind}.{k}": v for k, v in model_h.state_dict().items()}, root_rank=0
+    )
+    hvd.broadcast_optimizer_state(opt_h, root_rank=0)
+    ddp = DDP(model_d)
+    opt_d = torch.optim.SGD(ddp.parameters(), lr=args.lr)
+    opt_l = torch.optim.SGD(model_l.parameters(), lr=args.lr)
+
+    def train(model: Any, opt: Any, name: str, loss_fn: Any = loss_fn) -> None:
+        clock = time.perf_counter
+        counted = name.endswith("/hvdprof")
+        for _ in range(args.block):
+            t0 = clock()
+            opt.zero_grad()
+            loss = loss_fn(model)
+            t1 = clock()
+            b0 = reduced_bytes() if counted else 0
+            loss.backward()
+            t2 = clock()
+            b1 = reduced_bytes() if counted else 0
+            opt.step()
+            t3 = clock()
+            b2 = reduced_bytes() if counted else 0
+            phases.add(name, t1 - t0, t2 - t1, t3 - t2, (b1 - b0) / (b2 - b0) if b2 > b0 else 0.0)
+
+    for variant, model, opt in (
+        ("hvdprof", model_h, opt_h),
+        ("ddp", ddp, opt_d),
+        ("local", model_l, opt_l),
+    ):
+        if variant == "local" and not args.local:
+            continue
+        name = f"{kind}/{variant}"
+        fn = lambda m=model, o=opt, n=name, t=train: t(m, o, n)  # noqa: E731
+        fns[name] = cpu.wrap(name, meter.wrap(fn) if variant == "hvdprof" else fn)
+    return (model_h, model_d), info
+
+
+def parameter_checks(pairs: dict[str, tuple[Any, Any]], size: int) -> dict[str, Any]:
+    """Sanity: each model is identical on every rank, and the two copies stayed close
+    (same data, same averaged gradients, same number of SGD steps)."""
+    import torch
+    import torch.distributed as dist
+
+    checks = {}
+    for kind, (model_h, model_d) in pairs.items():
+        with torch.no_grad():
+            vec_h = torch.cat([p.reshape(-1) for p in model_h.parameters()])
+            vec_d = torch.cat([p.reshape(-1) for p in model_d.parameters()])
+            sums = [float(vec_h.double().sum()), float(vec_d.double().sum())]
+            everyone: list[Any] = [None] * size
+            dist.all_gather_object(everyone, sums)
+            checks[kind] = {
+                "ranks_agree": all(e == everyone[0] for e in everyone),
+                "max_abs_param_diff_hvdprof_vs_ddp": float((vec_h - vec_d).abs().max()),
+            }
+    return checks
+
+
 MODEL_DESCRIPTIONS = {
     "conv": f"conv3x3+BN+ReLU: stem {CHANNELS[0]} s2, stages {list(CHANNELS)} x2 (stride 2 "
     "from the 2nd), avgpool, linear 1000; input 3 x IMAGE x IMAGE",
@@ -361,7 +382,7 @@ MODEL_DESCRIPTIONS = {
 }
 
 
-def main() -> None:
+def options() -> Any:
     p = h.parser(__doc__.splitlines()[0], steps=16, warmup=1)
     p.add_argument(
         "--block", type=int, default=5, help="iterations per interleaved block (default 5)"
@@ -375,6 +396,11 @@ def main() -> None:
         help="comma-separated models to run: conv, transformer (default both)",
     )
     p.add_argument("--local", action="store_true", help="also time a no-communication copy")
+    return p
+
+
+def main() -> None:
+    p = options()
     args = p.parse_args()
     models = [m for m in args.models.split(",") if m]
     unknown = sorted(set(models) - set(MODEL_DESCRIPTIONS))
@@ -420,7 +446,53 @@ def main() -> None:
         raise SystemExit(
             f"the ranks' parameters differ after training ({bad}): a synchronization bug"
         )
+    print_tables(args, data, summary, rate, ratios, models)
+    path = h.write_results(
+        NAME,
+        {
+            "settings": {
+                "np": args.np,
+                "blocks": args.steps,
+                "warmup_blocks": args.warmup,
+                "iterations_per_block": args.block,
+                "quick": args.quick,
+                "torch_threads_option": args.threads,
+                "torch_threads_per_rank": data["torch_threads"],
+                "batch_per_rank": args.batch,
+                "image": [3, args.image, args.image],
+                "models": {
+                    k: {**data["models"][k], "description": MODEL_DESCRIPTIONS[k]} for k in models
+                },
+                "optimizer": f"SGD lr={args.lr}",
+                "hvdprof": "DistributedOptimizer (op=Average) + broadcast_parameters/optimizer_state",
+                "ddp": "DistributedDataParallel defaults on the default gloo group",
+                "hvdprof_env": h.knob_env(),
+                "timing": "per block: barrier, then wall time; slowest rank per block; medians",
+                "cpu": "per block and thread role, CPU ms per iteration (schedstat); medians",
+            },
+            "variants": {v: {**summary[v], "samples_per_sec": rate[v]} for v in summary},
+            "ratios": ratios,
+            "cpu_ms_per_iteration": data["cpu_ms_per_iteration"],
+            "phases_per_iteration": data["phases_per_iteration"],
+            "hvdprof_per_block": data["hvdprof_per_block"],
+            "checks": data["checks"],
+            "job_wall_s": data["wall_s"],
+        },
+        args.output,
+        args.quick,
+    )
+    print(f"\nwrote {path}")
 
+
+def print_tables(
+    args: Any,
+    data: dict[str, Any],
+    summary: dict[str, Any],
+    rate: dict[str, float],
+    ratios: dict[str, Any],
+    models: list[str],
+) -> None:
+    """Time and CPU per variant, the phases of an iteration, the ratios, the checks."""
     print()
     print(
         f"{NAME}: {args.np} ranks, {data['torch_threads']} torch thread(s) per rank, batch "
@@ -485,42 +557,6 @@ def main() -> None:
             f"param ddp| {c['max_abs_param_diff_hvdprof_vs_ddp']:.3g}; ranks agree "
             f"{c['ranks_agree']}"
         )
-
-    path = h.write_results(
-        NAME,
-        {
-            "settings": {
-                "np": args.np,
-                "blocks": args.steps,
-                "warmup_blocks": args.warmup,
-                "iterations_per_block": args.block,
-                "quick": args.quick,
-                "torch_threads_option": args.threads,
-                "torch_threads_per_rank": data["torch_threads"],
-                "batch_per_rank": args.batch,
-                "image": [3, args.image, args.image],
-                "models": {
-                    k: {**data["models"][k], "description": MODEL_DESCRIPTIONS[k]} for k in models
-                },
-                "optimizer": f"SGD lr={args.lr}",
-                "hvdprof": "DistributedOptimizer (op=Average) + broadcast_parameters/optimizer_state",
-                "ddp": "DistributedDataParallel defaults on the default gloo group",
-                "hvdprof_env": h.knob_env(),
-                "timing": "per block: barrier, then wall time; slowest rank per block; medians",
-                "cpu": "per block and thread role, CPU ms per iteration (schedstat); medians",
-            },
-            "variants": {v: {**summary[v], "samples_per_sec": rate[v]} for v in summary},
-            "ratios": ratios,
-            "cpu_ms_per_iteration": data["cpu_ms_per_iteration"],
-            "phases_per_iteration": data["phases_per_iteration"],
-            "hvdprof_per_block": data["hvdprof_per_block"],
-            "checks": data["checks"],
-            "job_wall_s": data["wall_s"],
-        },
-        args.output,
-        args.quick,
-    )
-    print(f"\nwrote {path}")
 
 
 if __name__ == "__main__":

@@ -364,7 +364,7 @@ def offline(cycles: int, n_ops: int, repeats: int) -> dict[str, Any]:
     import subprocess
 
     from hvdprof.timeline import wire
-    from hvdprof.timeline.render import ITEM_CYCLE, CycleRenderer, events_per_op
+    from hvdprof.timeline.render import EVENTS_PER_OP, ITEM_CYCLE, CycleRenderer
     from hvdprof.timeline.transport import encode_item, frames
     from hvdprof.timeline.writer import TimelineWriter
 
@@ -376,7 +376,7 @@ def offline(cycles: int, n_ops: int, repeats: int) -> dict[str, Any]:
         for _ in range(repeats):
             t = time.process_time()
             stream = [
-                frames(list(encode_item((ITEM_CYCLE, r, 0), n_ops * events_per_op(2))))
+                frames(list(encode_item((ITEM_CYCLE, r, 0), n_ops * EVENTS_PER_OP)))
                 for r in records
             ]
             encode.append((time.process_time() - t) / total * 1e6)
@@ -431,7 +431,7 @@ def run_offline(args: Any) -> None:
     print(f"\nwrote {path}")
 
 
-def main() -> None:
+def options() -> Any:
     p = h.parser(__doc__.splitlines()[0], steps=16, warmup=1)
     p.add_argument("--block", type=int, default=5, help="steps per on/off block (default 5)")
     p.add_argument(
@@ -454,7 +454,11 @@ def main() -> None:
         action="store_true",
         help="no ranks: CPU us per op of the rank's encoding and of the renderer, in one process",
     )
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = options().parse_args()
     if args.worker:
         worker(args)
         return
@@ -500,6 +504,12 @@ def main() -> None:
     print()
     print(h.ratio_table(ratios))
     print()
+    print_files(files)
+    write(args, summary, ratios, files, data)
+
+
+def print_files(files: dict[str, Any]) -> None:
+    """Per workload: what the timeline wrote and what it cost."""
     rows = [
         (
             which,
@@ -535,6 +545,14 @@ def main() -> None:
         )
     )
 
+
+def write(
+    args: Any,
+    summary: dict[str, Any],
+    ratios: dict[str, Any],
+    files: dict[str, Any],
+    data: dict[str, Any],
+) -> None:
     path = h.write_results(
         f"{NAME}.loaded" if args.load else NAME,
         {

@@ -499,78 +499,8 @@
       return;
     }
     const t0 = runT0();
-    const laneLabel = new Map();
-    const laneRank = new Map();
-    const laneStream = new Map();
-    lanes.forEach((lane) => {
-      laneLabel.set(lane.row, lane.label); laneRank.set(lane.row, lane.rank);
-      if (lane.stream !== null && lane.stream !== undefined) laneStream.set(lane.row, lane.stream);
-    });
-    const cpuLane = lanes.find((l) => l.role === "cpu");
-    const launches = { x: [], y: [], text: [] }; // kernel launches, drawn on the CPU lane
-    const byPhase = new Map();
-    const group = (phase) => {
-      if (!byPhase.has(phase)) byPhase.set(phase, { y: [], base: [], x: [], text: [], custom: [], link: [] });
-      return byPhase.get(phase);
-    };
-    // Binned (zoomed out): each bin is drawn as its phases' shares of it, pixel by pixel,
-    // so the pixels drawn in a colour are the time the row spent in that phase (what the
-    // breakdown counts); time with no slice stays blank (binnedBars).
     const geometry = data.aggregated ? timelinePixels(el, data) : null;
-    if (data.aggregated) binnedBars(data, items, keptRows, { laneLabel, laneRank, laneStream, t0 }, geometry, group);
-    items.forEach((it) => {
-      if (data.aggregated) return;
-      if (keptRows && !keptRows.has(it.row)) return;
-      const phase = it.phase || "other";
-      const lane = laneLabel.has(it.row) ? laneLabel.get(it.row) : String(it.row);
-      const rank = laneRank.has(it.row) ? laneRank.get(it.row) : null;
-      const g = group(phase);
-      g.y.push(lane);
-      g.base.push((it.start_us - t0) / 1000);
-      g.x.push(Math.max(it.dur_us, 0) / 1000);
-      g.custom.push(rank);
-      if (it.kind) { // a GPU event of a stream lane
-        const hover = kernelHover(it, t0);
-        g.text.push(hover);
-        g.link.push(it.launch_us != null && cpuLane ? [(it.launch_us - t0) / 1000, (it.start_us - t0) / 1000, lane] : null);
-        if (it.launch_us != null && cpuLane) {
-          launches.x.push((it.launch_us - t0) / 1000); launches.y.push(cpuLane.label);
-          launches.text.push("<b>launch</b> of " + (it.short_name || it.name) + "<br>on stream " + it.stream + ", started " + fmtUs(it.launch_delay_us) + " later");
-        }
-        return;
-      }
-      g.link.push(null);
-      const lines = [];
-      lines.push("<b>" + (it.name || phase) + "</b>  " + fmtUs(it.dur_us));
-      if (it.tensor) lines.push("tensor: " + it.tensor);
-      if (it.bytes != null && it.bytes >= 0) lines.push("bytes: " + fmtBytes(it.bytes));
-      if (it.group != null && it.group >= 0) {
-        lines.push("fusion group: " + it.group + (it.group_tensors ? " (" + it.group_tensors + " tensors)" : ""));
-      }
-      if (it.backend) lines.push("backend: " + it.backend);
-      if (it.dtype) lines.push("dtype: " + it.dtype);
-      g.text.push(lines.join("<br>"));
-    });
-    const traces = [];
-    // enclosing op slices first, so the phases inside them are drawn on top
-    const order = (p) => (p === "op" ? -1 : Object.keys(PHASE_COLORS).indexOf(p));
-    const links = [];
-    for (const [phase, g] of [...byPhase].sort((x, y) => order(x[0]) - order(y[0]))) {
-      traces.push({
-        type: "bar", orientation: "h", name: phaseLabel(phase), y: g.y, base: g.base, x: g.x,
-        customdata: g.custom, hovertext: g.text, hoverinfo: "text",
-        marker: { color: phaseColor(phase), line: { width: 0 } },
-      });
-      links.push(g.link);
-    }
-    state.launchLinks = links; // per bar trace, per bar: [launch ms, start ms, lane] or null
-    if (launches.x.length) {
-      traces.push({
-        type: "scatter", mode: "markers", name: "kernel launch (CPU)", x: launches.x, y: launches.y,
-        hovertext: launches.text, hoverinfo: "text",
-        marker: { symbol: "line-ns-open", size: 7, color: "rgba(51,65,85,0.45)", line: { width: 1, color: "rgba(51,65,85,0.45)" } },
-      });
-    }
+    const traces = timelineBars(data, items, lanes, keptRows, t0, geometry);
     const categories = lanes.map((l) => l.label);
     // Every lane keeps its row, also one with nothing in this window (Plotly would drop it):
     // an invisible point per lane, and the empty ones named in the status line.
@@ -597,22 +527,8 @@
     state.laneKinds = data.lanes || (data.expand_rank == null ? "rank" : "tensor");
     el.dataset.lanes = String(categories.length);
     el.dataset.items = String(items.length);
-    const expanded = data.expand_rank != null;
-    const laneWords = { phase: ": phase lanes", stream: ": CPU and GPU streams", tensor: ": tensor lanes" };
-    const laneTitle = !expanded ? "" : "rank " + data.expand_rank + (laneWords[state.laneKinds] || ": tensor lanes");
     el.dataset.laneKind = state.laneKinds;
-    const layout = Object.assign(baseLayout(), {
-      barmode: "overlay", bargap: 0.25, showlegend: true,
-      margin: { l: 150, r: 16, t: 30, b: 44 },
-      xaxis: axis("ms since the run started (aligned clock: rank 0's)", { zeroline: false }),
-      yaxis: axis(laneTitle, { type: "category", categoryorder: "array", categoryarray: categories.slice().reverse(), automargin: true, fixedrange: true }),
-      // top left: the top right is where Plotly's tool bar appears
-      legend: { orientation: "h", x: 0, xanchor: "left", y: 1, yanchor: "bottom", title: { text: state.laneKinds === "stream" ? "kind: " : "phase: " } },
-      uirevision: state.run + "|" + state.expand + "|" + state.laneKind,
-      // many rows: thinner ones, so 64 ranks fit a screen or two
-      height: Math.max(260, 90 + (categories.length > MANY_RANKS ? 18 : 34) * Math.max(categories.length, 2)),
-      shapes: stalls.shapes,
-    });
+    const layout = timelineLayout(data, categories, stalls.shapes);
     el.style.height = layout.height + "px";
     if (geometry) layout.xaxis.range = geometry.range.map((us) => (us - t0) / 1000);
     else if (state.view) layout.xaxis.range = [(state.view[0] - t0) / 1000, (state.view[1] - t0) / 1000];
@@ -628,16 +544,8 @@
       return;
     }
     el.dataset.binned = data.aggregated ? "1" : "0";
-    const bin = items.length ? items[0].dur_us : 0;
     state.timelineShapes = stalls.shapes;
-    const agg = !data.aggregated ? "" : " \u00b7 binned: " + data.total + (state.laneKinds === "stream" ? " slices and GPU events" : " slices") + " cut into time bins of " + fmtUs(bin) +
-      ", each drawn as its phases' shares of it (blank: no slice, i.e. compute)" +
-      (EMBEDDED ? "; this offline report holds the bins only (zooming magnifies them): `hvdprof dashboard` shows single slices" : ": zoom in for single slices");
-    const span = state.view ? state.view : [data.t0_us, data.t1_us];
-    const sample = state.selectedSample != null && state.view ? " \u00b7 the window autotune sample " + state.selectedSample + " ran in" : "";
-    const none = emptyLanes.length ? " \u00b7 nothing recorded in this window for: " + emptyLanes.join(", ") : "";
-    const what = state.laneKinds === "stream" ? " slices and GPU events" : " slices";
-    text($("timeline-status"), (data.aggregated ? items.length + " bins" : items.length + what) + " in " + fmtUs(span[1] - span[0]) + agg + sample + none);
+    text($("timeline-status"), timelineStatus(data, items, emptyLanes));
     sayTimelineRows();
     if (!el.dataset.bound) {
       el.dataset.bound = "1";
@@ -646,6 +554,123 @@
       el.on("plotly_hover", onTimelineHover);
       el.on("plotly_unhover", () => showLaunchLink(null));
     }
+  }
+
+  // The timeline's bars, one trace per phase (enclosing op slices first, so the phases
+  // inside them are drawn on top), and the kernel launches on the CPU lane; each bar's
+  // launch link in state.launchLinks.
+  function timelineBars(data, items, lanes, keptRows, t0, geometry) {
+    const laneLabel = new Map();
+    const laneRank = new Map();
+    const laneStream = new Map();
+    lanes.forEach((lane) => {
+      laneLabel.set(lane.row, lane.label); laneRank.set(lane.row, lane.rank);
+      if (lane.stream !== null && lane.stream !== undefined) laneStream.set(lane.row, lane.stream);
+    });
+    const cpuLane = lanes.find((l) => l.role === "cpu");
+    const launches = { x: [], y: [], text: [] }; // kernel launches, drawn on the CPU lane
+    const byPhase = new Map();
+    const group = (phase) => {
+      if (!byPhase.has(phase)) byPhase.set(phase, { y: [], base: [], x: [], text: [], custom: [], link: [] });
+      return byPhase.get(phase);
+    };
+    // Binned (zoomed out): each bin is drawn as its phases' shares of it, pixel by pixel,
+    // so the pixels drawn in a colour are the time the row spent in that phase (what the
+    // breakdown counts); time with no slice stays blank (binnedBars).
+    if (data.aggregated) binnedBars(data, items, keptRows, { laneLabel, laneRank, laneStream, t0 }, geometry, group);
+    items.forEach((it) => {
+      if (data.aggregated) return;
+      if (keptRows && !keptRows.has(it.row)) return;
+      const phase = it.phase || "other";
+      const lane = laneLabel.has(it.row) ? laneLabel.get(it.row) : String(it.row);
+      const rank = laneRank.has(it.row) ? laneRank.get(it.row) : null;
+      const g = group(phase);
+      g.y.push(lane);
+      g.base.push((it.start_us - t0) / 1000);
+      g.x.push(Math.max(it.dur_us, 0) / 1000);
+      g.custom.push(rank);
+      if (it.kind) { // a GPU event of a stream lane
+        const hover = kernelHover(it, t0);
+        g.text.push(hover);
+        g.link.push(it.launch_us != null && cpuLane ? [(it.launch_us - t0) / 1000, (it.start_us - t0) / 1000, lane] : null);
+        if (it.launch_us != null && cpuLane) {
+          launches.x.push((it.launch_us - t0) / 1000); launches.y.push(cpuLane.label);
+          launches.text.push("<b>launch</b> of " + (it.short_name || it.name) + "<br>on stream " + it.stream + ", started " + fmtUs(it.launch_delay_us) + " later");
+        }
+        return;
+      }
+      g.link.push(null);
+      g.text.push(sliceHover(it, phase));
+    });
+    const traces = [];
+    // enclosing op slices first, so the phases inside them are drawn on top
+    const order = (p) => (p === "op" ? -1 : Object.keys(PHASE_COLORS).indexOf(p));
+    const links = [];
+    for (const [phase, g] of [...byPhase].sort((x, y) => order(x[0]) - order(y[0]))) {
+      traces.push({
+        type: "bar", orientation: "h", name: phaseLabel(phase), y: g.y, base: g.base, x: g.x,
+        customdata: g.custom, hovertext: g.text, hoverinfo: "text",
+        marker: { color: phaseColor(phase), line: { width: 0 } },
+      });
+      links.push(g.link);
+    }
+    state.launchLinks = links; // per bar trace, per bar: [launch ms, start ms, lane] or null
+    if (launches.x.length) {
+      traces.push({
+        type: "scatter", mode: "markers", name: "kernel launch (CPU)", x: launches.x, y: launches.y,
+        hovertext: launches.text, hoverinfo: "text",
+        marker: { symbol: "line-ns-open", size: 7, color: "rgba(51,65,85,0.45)", line: { width: 1, color: "rgba(51,65,85,0.45)" } },
+      });
+    }
+    return traces;
+  }
+
+  // A collective slice's hover: its name and length, tensor, size, fusion group, backend.
+  function sliceHover(it, phase) {
+    const lines = [];
+    lines.push("<b>" + (it.name || phase) + "</b>  " + fmtUs(it.dur_us));
+    if (it.tensor) lines.push("tensor: " + it.tensor);
+    if (it.bytes != null && it.bytes >= 0) lines.push("bytes: " + fmtBytes(it.bytes));
+    if (it.group != null && it.group >= 0) {
+      lines.push("fusion group: " + it.group + (it.group_tensors ? " (" + it.group_tensors + " tensors)" : ""));
+    }
+    if (it.backend) lines.push("backend: " + it.backend);
+    if (it.dtype) lines.push("dtype: " + it.dtype);
+    return lines.join("<br>");
+  }
+
+  // The timeline's layout: one category row per lane (thinner ones when there are many),
+  // the legend top left, the stalls as shapes.
+  function timelineLayout(data, categories, shapes) {
+    const expanded = data.expand_rank != null;
+    const laneWords = { phase: ": phase lanes", stream: ": CPU and GPU streams", tensor: ": tensor lanes" };
+    const laneTitle = !expanded ? "" : "rank " + data.expand_rank + (laneWords[state.laneKinds] || ": tensor lanes");
+    return Object.assign(baseLayout(), {
+      barmode: "overlay", bargap: 0.25, showlegend: true,
+      margin: { l: 150, r: 16, t: 30, b: 44 },
+      xaxis: axis("ms since the run started (aligned clock: rank 0's)", { zeroline: false }),
+      yaxis: axis(laneTitle, { type: "category", categoryorder: "array", categoryarray: categories.slice().reverse(), automargin: true, fixedrange: true }),
+      // top left: the top right is where Plotly's tool bar appears
+      legend: { orientation: "h", x: 0, xanchor: "left", y: 1, yanchor: "bottom", title: { text: state.laneKinds === "stream" ? "kind: " : "phase: " } },
+      uirevision: state.run + "|" + state.expand + "|" + state.laneKind,
+      // many rows: thinner ones, so 64 ranks fit a screen or two
+      height: Math.max(260, 90 + (categories.length > MANY_RANKS ? 18 : 34) * Math.max(categories.length, 2)),
+      shapes: shapes,
+    });
+  }
+
+  // The line under the timeline: what is drawn (slices or bins), over what span, and the
+  // lanes with nothing in this window.
+  function timelineStatus(data, items, emptyLanes) {
+    const bin = items.length ? items[0].dur_us : 0;
+    const agg = !data.aggregated ? "" : " \u00b7 binned: " + data.total + (state.laneKinds === "stream" ? " slices and GPU events" : " slices") + " cut into time bins of " + fmtUs(bin) +
+      ", each drawn as its phases' shares of it (blank: no slice, i.e. compute)" +
+      (EMBEDDED ? "; this offline report holds the bins only (zooming magnifies them): `hvdprof dashboard` shows single slices" : ": zoom in for single slices");
+    const span = state.view ? state.view : [data.t0_us, data.t1_us];
+    const sample = state.selectedSample != null && state.view ? " \u00b7 the window autotune sample " + state.selectedSample + " ran in" : "";
+    const none = emptyLanes.length ? " \u00b7 nothing recorded in this window for: " + emptyLanes.join(", ") : "";
+    const what = state.laneKinds === "stream" ? " slices and GPU events" : " slices";
+    return (data.aggregated ? items.length + " bins" : items.length + what) + " in " + fmtUs(span[1] - span[0]) + agg + sample + none;
   }
 
   // A GPU event's hover: what it is, where it ran, and when and where the CPU launched it.

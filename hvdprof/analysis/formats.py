@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hvdprof.analysis import kineto_format
+from hvdprof.analysis import byte_order, kineto_format
 from hvdprof.analysis.model import Problem
 from hvdprof.common import limits
 from hvdprof.config import name_of
@@ -330,8 +330,12 @@ class HorovodFormat:
         found = Detection(self.name)
         for name in names:
             full = os.path.join(directory, name)
-            if name.endswith(".json") and os.path.isfile(full) and _is_horovod(full):
+            if not name.endswith(TRACE_SUFFIXES) or not os.path.isfile(full):
+                continue
+            if _is_horovod(full):
                 found.files.append(FoundFile(full, 0))
+            elif name.endswith(".gz") and (why := _cut_too_soon(full)):
+                found.problems.append(Problem(full, "gzip", why))
         return found
 
     def holds_run(self, directory: Path, entries: list[Path]) -> bool:
@@ -344,10 +348,14 @@ class HorovodFormat:
         return Detection(self.name, [FoundFile(path, 0)]) if _is_horovod(path) else None
 
     def read(self, path: str, rank: int, tables: Tables, files_in_run: int) -> FileRead:
-        from hvdprof.analysis.horovod_format import parse_horovod
+        from hvdprof.analysis.horovod_format import parse_horovod, read_horovod_bytes
 
-        cols, problems, complete, events, ranks = parse_horovod(path, _whole_bytes(path), tables)
-        return FileRead(cols, problems, complete, events, rank, ranks)
+        data, opened, whole = read_horovod_bytes(path)
+        cols, problems, complete, events, ranks = parse_horovod(path, data, tables)
+        if not whole:  # a cut .gz: said once (not again as a cut last event, a missing ']')
+            said = ("no closing ']'", "incomplete event at the end")
+            problems = [p for p in problems if not p.reason.startswith(said)]
+        return FileRead(cols, opened + problems, complete and whole, events, rank, ranks)
 
     def finish_run(self, run: Run, reads: list[FileRead], tables: Tables) -> None:
         return None
@@ -356,12 +364,32 @@ class HorovodFormat:
 def _is_horovod(path: str) -> bool:
     from hvdprof.analysis.horovod_format import looks_like_horovod
 
+    return looks_like_horovod(kineto_format.read_head(path, 4096))  # (gzip, byte-order mark)
+
+
+def _cut_too_soon(path: str) -> str | None:
+    """Why a ``.gz`` file says nothing of what it holds: its stream ends (cut) before its
+    first bytes could be told apart, so no format claims it (None: not so)."""
+    import zlib
+
     try:
         with open(path, "rb") as f:
-            head = f.read(4096)
+            raw = f.read(65536 + 1)
     except OSError:
-        return False
-    return looks_like_horovod(head)
+        return None
+    if raw[:2] != b"\x1f\x8b" or len(raw) > 65536:
+        return None
+    inflater = zlib.decompressobj(31)
+    try:
+        held = inflater.decompress(raw, 4096)
+    except zlib.error:
+        return None
+    if inflater.eof or inflater.unconsumed_tail:
+        return None
+    return (
+        f"not read: its gzip stream is cut after {len(raw):,} bytes, which held "
+        f"{len(held):,} bytes: too few to tell what trace it was"
+    )
 
 
 # --- the registry ---------------------------------------------------------------------------
@@ -441,9 +469,10 @@ def single_file_run(path: Path) -> bool:
         return True
     try:
         with path.open("rb") as f:
-            head = f.read(4096).lstrip()
+            head = f.read(4096)
     except OSError:
         return False
+    head = byte_order.head_as_utf8(head).lstrip()
     return (head[:1] in (b"[", b"{") and b'"ph"' in head) or b"traceEvents" in head
 
 

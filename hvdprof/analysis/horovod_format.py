@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from hvdprof.analysis import byte_order
 from hvdprof.analysis.hvdprof_format import Columns, Tables
 from hvdprof.analysis.model import (
     MARK_COLUMNS,
@@ -56,6 +57,25 @@ def looks_like_horovod(head: bytes) -> bool:
     return b"start_time_since_epoch_in_micros" in head or (
         head.lstrip().startswith(b"[") and b'"ph": "B"' in head
     )
+
+
+def read_horovod_bytes(path: str) -> tuple[bytes, list[Problem], bool]:
+    """``(JSON text, problems, whole)`` of a Horovod timeline file: a ``.gz`` one inflated
+    within :mod:`hvdprof.common.limits` (a cut stream gives what it held, said once), a
+    byte-order mark's UTF-8 or UTF-16 made into the UTF-8 the parser reads."""
+    with open(path, "rb") as f:
+        data = f.read()
+    problems: list[Problem] = []
+    whole = True
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data, trouble = limits.inflate(data)
+        except limits.InflateLimitError as exc:
+            return b"", [Problem(path, "gzip", f"not read: it {exc}")], False
+        if trouble is not None:
+            problems.append(Problem(path, "gzip", trouble))
+            whole = False
+    return byte_order.as_utf8(data), problems, whole
 
 
 def _shape_elements(shape: Any) -> int | None:
@@ -105,9 +125,36 @@ def parse_horovod(
     path: str, data: bytes, tables: Tables
 ) -> tuple[Columns, list[Problem], bool, int, set[int]]:
     """``(columns, problems, complete, events read, ranks seen)`` of one Horovod timeline."""
+    events, problems, complete = _decode_events(path, data)
+    if not isinstance(events, list):
+        return Columns(), [Problem(path, "", "not a Chrome trace array")], False, 0, set()
+    reader = _HorovodEvents(tables)
+    n_events = 0
+    for index, e in enumerate(events):
+        try:
+            reader.read(e)
+            n_events += 1
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            text = " ".join(str(exc).split())[:120]
+            problems.append(Problem(path, f"element {index}", f"unusable event ({text})"))
+    cut = _never_ended(path, reader.stacks)
+    if cut is not None:
+        complete = False
+        problems.append(cut)
+    cols = Columns()
+    arrays = {k: np.asarray(v, dtype=SLICE_COLUMNS[k]) for k, v in reader.s.items()}
+    _infer_groups(arrays, tables)
+    cols.slice_chunks.append(arrays)
+    cols.rows = len(arrays["rank"])
+    cols.mark_chunks.append({k: np.asarray(v, dtype=MARK_COLUMNS[k]) for k, v in reader.m.items()})
+    return cols, problems, complete, n_events, reader.ranks
+
+
+def _decode_events(path: str, data: bytes) -> tuple[Any, list[Problem], bool]:
+    """``(events, problems, complete)``: the JSON array (or a trace object's
+    ``traceEvents``); a cut or broken file through the tolerant line parser."""
     problems: list[Problem] = []
     complete = True
-    max_ranks = limits.max_ranks()
     try:
         events = orjson.loads(data)
         if isinstance(events, dict):
@@ -121,146 +168,151 @@ def parse_horovod(
         ]
         if not complete:
             problems.append(Problem(path, "", "no closing ']': the file was cut"))
-    if not isinstance(events, list):
-        return Columns(), [Problem(path, "", "not a Chrome trace array")], False, 0, set()
+    return events, problems, complete
 
-    s: dict[str, list[Any]] = {k: [] for k in SLICE_COLUMNS}
-    m: dict[str, list[Any]] = {k: [] for k in MARK_COLUMNS}
-    pid_tensor: dict[int, int] = {}
-    stacks: dict[int, list[_Open]] = {}
-    occ: dict[int, int] = {}
-    after_negotiate: dict[int, bool] = {}
-    info_of: dict[str, tuple[int, int, int]] = {}
-    ranks: set[int] = {0}
-    n_events = 0
-    last_ts = 0.0
 
-    def info(name: str) -> tuple[int, int, int]:
-        found = info_of.get(name)
-        if found is None:
-            phase, op = classify(name)
-            found = info_of[name] = (phase, op, tables.names.code(name))
-        return found
-
-    for index, e in enumerate(events):
-        try:
-            ph = e["ph"]
-            if ph == "M":
-                args = e.get("args") or {}
-                if e.get("name") == "process_name" and isinstance(args.get("name"), str):
-                    pid_tensor[int(e["pid"])] = tables.tensors.code(args["name"])
-            elif ph == "B":
-                pid = int(e["pid"])
-                name = e["name"]
-                ts = _time(e["ts"])
-                tensor = pid_tensor.get(pid, -1)
-                phase = info(name)[0]
-                stack = stacks.setdefault(pid, [])
-                if phase == PHASE_NEGOTIATE:
-                    occ[tensor] = occ.get(tensor, 0) + 1
-                    after_negotiate[pid] = True
-                elif phase == PHASE_OP and not stack:
-                    if not after_negotiate.pop(pid, False):
-                        occ[tensor] = occ.get(tensor, 0) + 1
-                    after_negotiate.pop(pid, None)
-                stack.append(_Open(name, ts, occ.get(tensor, 1) - 1))
-                last_ts = max(last_ts, ts)
-            elif ph == "E":
-                pid = int(e["pid"])
-                ts = _time(e["ts"])
-                stack = stacks.get(pid)
-                if not stack:
-                    raise ValueError("'E' without an open 'B' on its pid")
-                opened = stack.pop()
-                phase, op, code = info(opened.name)
-                tensor = pid_tensor.get(pid, -1)
-                row = len(s["rank"])
-                nbytes, dtype = -1, -1
-                args = e.get("args") or {}
-                if phase == PHASE_OP and args:
-                    elements = _shape_elements(args.get("shape"))
-                    dname = args.get("dtype")
-                    if isinstance(dname, str):
-                        dtype = tables.dtypes.code(dname)
-                        if elements is not None and dname in ITEMSIZE:  # (at most 2**51)
-                            nbytes = elements * ITEMSIZE[dname]
-                if stack:
-                    stack[-1].children.append(row)
-                    if op < 0:
-                        op = info(stack[-1].name)[1]
-                for k, v in (
-                    ("rank", 0),
-                    ("tensor", tensor),
-                    ("name", code),
-                    ("phase", phase),
-                    ("op", op),
-                    ("start_us", opened.ts),
-                    ("dur_us", ts - opened.ts),
-                    ("bytes", nbytes),
-                    ("group", -1),
-                    ("group_tensors", 0),
-                    ("group_bytes", -1),
-                    ("buffer_bytes", -1),
-                    ("backend", -1),
-                    ("dtype", dtype),
-                    ("cached", -1),
-                    ("occurrence", opened.occurrence),
-                ):
-                    s[k].append(v)
-                if phase == PHASE_OP:
-                    for child in opened.children:
-                        s["bytes"][child] = nbytes
-                        s["dtype"][child] = dtype
-                        if s["op"][child] < 0:
-                            s["op"][child] = op
-                for mts, mrank in opened.marks:
-                    m["observer"].append(0)
-                    m["tensor"].append(tensor)
-                    m["ts_us"].append(mts)
-                    m["ready_rank"].append(mrank)
-                    m["slice"].append(row)
-                last_ts = max(last_ts, ts)
-            elif ph == "X":
-                pid = int(e["pid"])
-                name = str(e["name"])
-                ts = _time(e["ts"])
-                stack = stacks.get(pid)
-                if name.isdigit() and stack and info(stack[-1].name)[0] == PHASE_NEGOTIATE:
-                    if len(name) > 9 or int(name) >= max_ranks:
-                        raise ValueError(
-                            f"rank {name[:20]} is past the largest world size ({max_ranks})"
-                        )
-                    stack[-1].marks.append((ts, int(name)))
-                    ranks.add(int(name))
-                last_ts = max(last_ts, ts)
-            n_events += 1
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-            text = " ".join(str(exc).split())[:120]
-            problems.append(Problem(path, f"element {index}", f"unusable event ({text})"))
-
+def _never_ended(path: str, stacks: dict[int, list[_Open]]) -> Problem | None:
+    """The slices a cut recording left open (None: none), counted per name."""
     still_open: dict[str, int] = {}
     for stack in stacks.values():
         for opened in stack:
             still_open[opened.name] = still_open.get(opened.name, 0) + 1
-    if still_open:
-        complete = False
-        what = ", ".join(f"{n} {name}" for name, n in sorted(still_open.items()))
-        problems.append(
-            Problem(
-                path,
-                "end of file",
-                f"{sum(still_open.values())} slices never ended ({what}): the recording was "
-                "cut (killed?); they are left out",
-            )
-        )
+    if not still_open:
+        return None
+    what = ", ".join(f"{n} {name}" for name, n in sorted(still_open.items()))
+    return Problem(
+        path,
+        "end of file",
+        f"{sum(still_open.values())} slices never ended ({what}): the recording was "
+        "cut (killed?); they are left out",
+    )
 
-    cols = Columns()
-    arrays = {k: np.asarray(v, dtype=SLICE_COLUMNS[k]) for k, v in s.items()}
-    _infer_groups(arrays, tables)
-    cols.slice_chunks.append(arrays)
-    cols.rows = len(arrays["rank"])
-    cols.mark_chunks.append({k: np.asarray(v, dtype=MARK_COLUMNS[k]) for k, v in m.items()})
-    return cols, problems, complete, n_events, ranks
+
+class _HorovodEvents:
+    """One file's events in order, into slice and readiness-mark columns: a ``B`` opens a
+    slice on its pid's stack, its ``E`` closes it into a row, an ``X`` named by a rank
+    number inside a negotiation is that rank's readiness mark, an ``M`` names a pid's
+    tensor. A bad event raises (the caller lists it and reads on)."""
+
+    def __init__(self, tables: Tables) -> None:
+        self.tables = tables
+        self.max_ranks = limits.max_ranks()
+        self.s: dict[str, list[Any]] = {k: [] for k in SLICE_COLUMNS}
+        self.m: dict[str, list[Any]] = {k: [] for k in MARK_COLUMNS}
+        self.pid_tensor: dict[int, int] = {}
+        self.stacks: dict[int, list[_Open]] = {}
+        self.occ: dict[int, int] = {}
+        self.after_negotiate: dict[int, bool] = {}
+        self.info_of: dict[str, tuple[int, int, int]] = {}
+        self.ranks: set[int] = {0}
+
+    def info(self, name: str) -> tuple[int, int, int]:
+        """``(phase, op, name code)`` of a slice name."""
+        found = self.info_of.get(name)
+        if found is None:
+            phase, op = classify(name)
+            found = self.info_of[name] = (phase, op, self.tables.names.code(name))
+        return found
+
+    def read(self, e: Any) -> None:
+        ph = e["ph"]
+        if ph == "M":
+            args = e.get("args") or {}
+            if e.get("name") == "process_name" and isinstance(args.get("name"), str):
+                self.pid_tensor[int(e["pid"])] = self.tables.tensors.code(args["name"])
+        elif ph == "B":
+            self._begin(e)
+        elif ph == "E":
+            self._end(e)
+        elif ph == "X":
+            self._mark(e)
+
+    def _begin(self, e: Any) -> None:
+        pid = int(e["pid"])
+        name = e["name"]
+        ts = _time(e["ts"])
+        tensor = self.pid_tensor.get(pid, -1)
+        phase = self.info(name)[0]
+        stack = self.stacks.setdefault(pid, [])
+        occ = self.occ
+        if phase == PHASE_NEGOTIATE:
+            occ[tensor] = occ.get(tensor, 0) + 1
+            self.after_negotiate[pid] = True
+        elif phase == PHASE_OP and not stack:
+            if not self.after_negotiate.pop(pid, False):
+                occ[tensor] = occ.get(tensor, 0) + 1
+            self.after_negotiate.pop(pid, None)
+        stack.append(_Open(name, ts, occ.get(tensor, 1) - 1))
+
+    def _end(self, e: Any) -> None:
+        pid = int(e["pid"])
+        ts = _time(e["ts"])
+        stack = self.stacks.get(pid)
+        if not stack:
+            raise ValueError("'E' without an open 'B' on its pid")
+        opened = stack.pop()
+        phase, op, code = self.info(opened.name)
+        tensor = self.pid_tensor.get(pid, -1)
+        s = self.s
+        row = len(s["rank"])
+        nbytes, dtype = -1, -1
+        args = e.get("args") or {}
+        if phase == PHASE_OP and args:
+            elements = _shape_elements(args.get("shape"))
+            dname = args.get("dtype")
+            if isinstance(dname, str):
+                dtype = self.tables.dtypes.code(dname)
+                if elements is not None and dname in ITEMSIZE:  # (at most 2**51)
+                    nbytes = elements * ITEMSIZE[dname]
+        if stack:
+            stack[-1].children.append(row)
+            if op < 0:
+                op = self.info(stack[-1].name)[1]
+        for k, v in (
+            ("rank", 0),
+            ("tensor", tensor),
+            ("name", code),
+            ("phase", phase),
+            ("op", op),
+            ("start_us", opened.ts),
+            ("dur_us", ts - opened.ts),
+            ("bytes", nbytes),
+            ("group", -1),
+            ("group_tensors", 0),
+            ("group_bytes", -1),
+            ("buffer_bytes", -1),
+            ("backend", -1),
+            ("dtype", dtype),
+            ("cached", -1),
+            ("occurrence", opened.occurrence),
+        ):
+            s[k].append(v)
+        if phase == PHASE_OP:
+            for child in opened.children:
+                s["bytes"][child] = nbytes
+                s["dtype"][child] = dtype
+                if s["op"][child] < 0:
+                    s["op"][child] = op
+        m = self.m
+        for mts, mrank in opened.marks:
+            m["observer"].append(0)
+            m["tensor"].append(tensor)
+            m["ts_us"].append(mts)
+            m["ready_rank"].append(mrank)
+            m["slice"].append(row)
+
+    def _mark(self, e: Any) -> None:
+        pid = int(e["pid"])
+        name = str(e["name"])
+        ts = _time(e["ts"])
+        stack = self.stacks.get(pid)
+        if name.isdigit() and stack and self.info(stack[-1].name)[0] == PHASE_NEGOTIATE:
+            if len(name) > 9 or int(name) >= self.max_ranks:
+                raise ValueError(
+                    f"rank {name[:20]} is past the largest world size ({self.max_ranks})"
+                )
+            stack[-1].marks.append((ts, int(name)))
+            self.ranks.add(int(name))
 
 
 def _infer_groups(a: dict[str, np.ndarray], tables: Tables) -> None:

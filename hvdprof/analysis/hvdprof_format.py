@@ -556,22 +556,78 @@ class HvdprofFileParser:
         head_cols: tuple[np.ndarray, ...],
         marks: tuple[np.ndarray, np.ndarray, np.ndarray],
     ) -> None:
+        """One block's rows: each head row's context (tensor, op, sizes, fusion group,
+        occurrence), every other row its lane's last head's, then the columns."""
         n = len(tid)
         if n == 0:
             return
         # context columns: tensor, op, bytes, group, gt, gb, bb, backend, dtype, cached, occ
-        k = 11
-        ctx = np.full((n, k), -1, dtype=np.int64)
+        ctx = np.full((n, 11), -1, dtype=np.int64)
         ctx[:, 4] = 0
+        ctx[heads] = self._head_context(tid, phase, op, heads, head_tensor, head_cols)
+        self._fill_context(ctx, tid, phase, heads)
+        op_col = np.where(op >= 0, op, ctx[:, 1])
+        row0 = self.cols.rows
+        self.cols.slice_chunks.append(
+            {
+                "rank": np.full(n, self.rank, np.int32),
+                "tensor": ctx[:, 0].astype(np.int32),
+                "name": name_code,
+                "phase": phase,
+                "op": op_col.astype(np.int8),
+                "start_us": start,
+                "dur_us": dur,
+                "bytes": ctx[:, 2],
+                "group": ctx[:, 3],
+                "group_tensors": ctx[:, 4].astype(np.int32),
+                "group_bytes": ctx[:, 5],
+                "buffer_bytes": ctx[:, 6],
+                "backend": ctx[:, 7].astype(np.int16),
+                "dtype": ctx[:, 8].astype(np.int16),
+                "cached": ctx[:, 9].astype(np.int8),
+                "occurrence": ctx[:, 10].astype(np.int32),
+            }
+        )
+        self.cols.rows += n
+        j, ready_rank, ready_ts = marks
+        if len(j):
+            self.cols.mark_chunks.append(
+                {
+                    "observer": np.full(len(j), self.rank, np.int32),
+                    "tensor": head_tensor[j].astype(np.int32),
+                    "ts_us": ready_ts,
+                    "ready_rank": ready_rank,
+                    "slice": heads[j] + row0,
+                }
+            )
+
+    def _head_context(
+        self,
+        tid: np.ndarray,
+        phase: np.ndarray,
+        op: np.ndarray,
+        heads: np.ndarray,
+        head_tensor: np.ndarray,
+        head_cols: tuple[np.ndarray, ...],
+    ) -> np.ndarray:
+        """The context columns of the head rows (see :meth:`_commit_fast`)."""
         is_neg = phase[heads] == PHASE_NEGOTIATE
-        hc = np.empty((len(heads), k), dtype=np.int64)
+        hc = np.empty((len(heads), 11), dtype=np.int64)
         hc[:, 0] = head_tensor
         hc[:, 1] = op[heads]
         for j, col in enumerate(head_cols):
             hc[:, 2 + j] = col
         # negotiation rows carry no sizes; occurrence is counted per tensor below
         hc[is_neg, 2:9] = np.array([-1, -1, 0, -1, -1, -1, -1])
-        # an op starts a new occurrence unless it directly follows its negotiation
+        hc[:, 10] = self._head_occurrences(tid, heads, head_tensor, is_neg)
+        return hc
+
+    def _head_occurrences(
+        self, tid: np.ndarray, heads: np.ndarray, head_tensor: np.ndarray, is_neg: np.ndarray
+    ) -> np.ndarray:
+        """Each head's occurrence of its tensor (the n-th negotiation), counted on from
+        the previous blocks: an op starts a new occurrence unless it directly follows its
+        negotiation, whose occurrence it takes."""
         prev_neg = np.zeros(len(heads), dtype=bool)
         order_h = np.lexsort((heads, tid[heads]))
         same_tid = tid[heads][order_h][1:] == tid[heads][order_h][:-1]
@@ -612,9 +668,14 @@ class HvdprofFileParser:
                 self._occ[int(t)] = int(value) + 1
         chained = np.flatnonzero(follows)  # an op takes its negotiation's occurrence
         occ[order_h[chained]] = occ[order_h[chained - 1]]
-        hc[:, 10] = occ
-        ctx[heads] = hc
-        # forward fill per lane: each row takes the context of the last head on its lane
+        return occ
+
+    def _fill_context(
+        self, ctx: np.ndarray, tid: np.ndarray, phase: np.ndarray, heads: np.ndarray
+    ) -> None:
+        """Forward fill per lane: each row takes the context of the last head on its lane
+        (rows before any head: the previous block's); remembers each lane's last one."""
+        n = len(tid)
         src = np.full(n, -1, dtype=np.int64)
         src[heads] = heads
         order = np.lexsort((np.arange(n), tid))
@@ -650,40 +711,6 @@ class HvdprofFileParser:
                 self._ctx[int(tid[i])] = tuple(int(x) for x in ctx[i, :10])
                 self._lane_occ[int(tid[i])] = int(ctx[i, 10])
             self._after_negotiate[int(tid[i])] = bool(phase[i] == PHASE_NEGOTIATE)
-        op_col = np.where(op >= 0, op, ctx[:, 1])
-        row0 = self.cols.rows
-        self.cols.slice_chunks.append(
-            {
-                "rank": np.full(n, self.rank, np.int32),
-                "tensor": ctx[:, 0].astype(np.int32),
-                "name": name_code,
-                "phase": phase,
-                "op": op_col.astype(np.int8),
-                "start_us": start,
-                "dur_us": dur,
-                "bytes": ctx[:, 2],
-                "group": ctx[:, 3],
-                "group_tensors": ctx[:, 4].astype(np.int32),
-                "group_bytes": ctx[:, 5],
-                "buffer_bytes": ctx[:, 6],
-                "backend": ctx[:, 7].astype(np.int16),
-                "dtype": ctx[:, 8].astype(np.int16),
-                "cached": ctx[:, 9].astype(np.int8),
-                "occurrence": ctx[:, 10].astype(np.int32),
-            }
-        )
-        self.cols.rows += n
-        j, ready_rank, ready_ts = marks
-        if len(j):
-            self.cols.mark_chunks.append(
-                {
-                    "observer": np.full(len(j), self.rank, np.int32),
-                    "tensor": head_tensor[j].astype(np.int32),
-                    "ts_us": ready_ts,
-                    "ready_rank": ready_rank,
-                    "slice": heads[j] + row0,
-                }
-            )
 
     def _events_slow(self, events: list[Any], line: int) -> None:
         s = self._s

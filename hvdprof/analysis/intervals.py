@@ -9,38 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def union_by_group(
-    group: np.ndarray, start: np.ndarray, end: np.ndarray, n_groups: int
-) -> np.ndarray:
-    """Length of the union of the intervals of each group (``group`` in ``[0, n_groups)``)."""
-    out = np.zeros(n_groups, dtype=np.float64)
-    if not len(start):
-        return out
-    order = np.lexsort((start, group))
-    g = group[order]
-    s = start[order]
-    e = np.maximum(end[order], s)
-    base = min(float(s.min()), 0.0)
-    span = float(e.max()) - base + 1.0
-    # cumulative max of the end within each group: offset groups apart so one running
-    # max serves all of them (groups are contiguous after the sort)
-    shifted = (e - base) + g.astype(np.float64) * span
-    running = np.maximum.accumulate(shifted)
-    prev = np.empty_like(running)
-    prev[0] = -np.inf
-    prev[1:] = running[:-1]
-    first = np.ones(len(g), dtype=bool)
-    first[1:] = g[1:] != g[:-1]
-    prev_end = prev - g.astype(np.float64) * span + base
-    prev_end[first] = -np.inf
-    gain = e - np.maximum(s, prev_end)
-    np.maximum(gain, 0.0, out=gain)
-    return np.bincount(g, weights=gain, minlength=n_groups)[:n_groups]
+#: a start or end beyond this is no time (no trace's clock reaches 1e200 µs): such an
+#: interval is left out, so that lengths and sums stay finite
+MAX_TIME = 1e200
 
 
 def merge(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The union of intervals as sorted disjoint ``(starts, ends)``."""
+    """The union of intervals as sorted disjoint ``(starts, ends)`` (an interval whose
+    start or end is no time, past :data:`MAX_TIME`, is left out)."""
+    start, end = _finite(start, end)
     if not len(start):
         return np.zeros(0), np.zeros(0)
     order = np.argsort(start, kind="stable")
@@ -53,6 +30,15 @@ def merge(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     starts = s[idx]
     ends = np.maximum.reduceat(running, idx)
     return starts, ends
+
+
+def _finite(start: np.ndarray, end: np.ndarray, *more: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The intervals whose start and end are times (a trace's ``inf`` or ``1e308`` would
+    make lengths NaN or overflow, and numpy warn), with their other columns."""
+    ok = (np.abs(start) < MAX_TIME) & (np.abs(end) < MAX_TIME)
+    if ok.all():
+        return (start, end, *more)
+    return tuple(column[ok] for column in (start, end, *more))
 
 
 def covered_before(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -87,8 +73,10 @@ def exclusive_segments(
     the first-priority class any of its intervals covers, so the segments of one lane
     never overlap and their lengths add up to the lane's covered time: the same time is
     never counted twice. Returns ``(lane, start, length, priority)`` of each segment,
-    sorted by lane then time (zero-length pieces dropped).
+    sorted by lane then time (zero-length pieces dropped; intervals past :data:`MAX_TIME`
+    left out).
     """
+    start, end, lane, rank_of = _finite(start, end, lane, rank_of)
     if not len(start):
         z = np.zeros(0)
         return z.astype(np.int64), z, z, z.astype(np.int64)
@@ -101,7 +89,11 @@ def exclusive_segments(
     # one sort on (lane, time): lanes a span apart on a single float key
     base = float(t.min())
     span = float(t.max()) - base + 1.0
-    order = np.argsort((t - base) + (g - g.min()).astype(np.float64) * span, kind="stable")
+    lanes = float(g.max() - g.min() + 1)
+    if np.isfinite(span * lanes) and span * lanes < 2.0**52:  # the key stays exact
+        order = np.argsort((t - base) + (g - g.min()).astype(np.float64) * span, kind="stable")
+    else:  # times too far apart for one float key
+        order = np.lexsort((t, g))
     t, g, c, d = t[order], g[order], c[order], d[order]
     # active count of every class after each point (each lane's counts return to 0)
     active = np.zeros((k, len(t)), dtype=np.int32)

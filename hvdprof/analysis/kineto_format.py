@@ -36,6 +36,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from hvdprof.analysis import byte_order
 from hvdprof.analysis.model import (
     MARK_COLUMNS,
     OPS,
@@ -190,8 +191,8 @@ def read_head(path: str, size: int = SNIFF_BYTES) -> bytes:
         with open(path, "rb") as f:
             raw = f.read(size)
         if raw[:2] == b"\x1f\x8b":
-            return zlib.decompressobj(31).decompress(raw, size)
-        return raw
+            raw = zlib.decompressobj(31).decompress(raw, size)
+        return byte_order.head_as_utf8(raw)
     except (OSError, zlib.error):
         return b""
 
@@ -401,6 +402,7 @@ def decode_trace(path: str, data: bytes, problems: list[Problem]) -> tuple[Any, 
         data, complete = _decompress(path, data, problems)
         if not data and problems:
             return None, False
+    data = byte_order.as_utf8(data)  # a byte-order mark (an editor's UTF-8 or UTF-16)
     if not data.strip():
         problems.append(Problem(path, "", "empty file: no events"))
         return None, False
@@ -561,7 +563,72 @@ def parse_kineto(
 
 
 def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
-    """Columns of one file's events (typed or lenient structs)."""
+    """Columns of one file's events (typed or lenient structs). The stages: the usable
+    complete events as columns (:func:`_event_columns`), what each name is
+    (:func:`_classify_names`), the GPU activity (:func:`_gpu_activity`), each collective
+    launch and the work it started (:func:`_match_launches`), its step and lane
+    (:func:`_launch_lanes`) and size (:func:`_launch_sizes`), then the rows."""
+    c = _event_columns(out, events)
+    if c is None:
+        return
+    step_of_name, op_of_name, role_of_name, kind_of_name = _classify_names(out, c.name_list)
+    c.step_of_name, c.op_of_name = step_of_name, op_of_name
+    role = role_of_name[c.name_code]
+    is_gpu = c.stream >= 0
+    role = np.where((role == 2) & is_gpu, 0, role)  # a "nccl:" name on a stream is GPU work
+    c.role = np.where((role == 4) & ~is_gpu, 0, role)
+    c.is_gpu = is_gpu
+    # CPU side of each correlation id: (thread, ts) of the runtime call that launched it
+    c.gpu_rows = np.flatnonzero(is_gpu)
+    if len(c.gpu_rows):
+        for i in np.flatnonzero(~is_gpu).tolist():
+            corr = c.arg(c.xs[i], "correlation")
+            if isinstance(corr, int):
+                c.corr_ts[corr] = (int(c.tid[i]), float(c.ts[i]), i)
+        out.gpu = _gpu_activity(out, c, kind_of_name)
+    # launches: c10d ops if any, else nccl CPU ranges, else gloo ranges
+    present = {int(r) for r in np.unique(c.role)}
+    launch_role = 1 if 1 in present else 2 if 2 in present else 3 if 3 in present else 0
+    if not launch_role:
+        return
+    m = _match_launches(c, launch_role, present)
+    occurrence, lane = _launch_lanes(out, c, m, tables)
+    nbytes, dtype = _launch_sizes(c, m.launches, tables)
+    backend = tables.backends.code(out.backend or ("NCCL" if launch_role == 2 else "GLOO"))
+    out.slices = _launch_slices(out.rank, c, m, tables, backend, (occurrence, lane, nbytes, dtype))
+
+
+@dataclass
+class _EventColumns:
+    """One file's usable complete (``X``) events as columns, and what the stages of
+    :func:`_build` learn of them."""
+
+    xs: list[Any]
+    lenient: bool  # lenient structs (args a dict) rather than typed ones
+    name_code: np.ndarray
+    name_list: list[str]
+    ts: np.ndarray
+    dur: np.ndarray
+    tid: np.ndarray  # a code per (pid, tid)
+    stream: np.ndarray  # -1: not on a GPU stream
+    step_of_name: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    op_of_name: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    role: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))
+    is_gpu: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    gpu_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    #: correlation id -> (thread, ts, row) of the CPU runtime call that launched it
+    corr_ts: dict[int, tuple[int, float, int]] = field(default_factory=dict)
+
+    def arg(self, e: Any, key: str) -> Any:
+        a = e.args
+        if a is None:
+            return None
+        return a.get(key) if self.lenient and isinstance(a, dict) else getattr(a, key, None)
+
+
+def _event_columns(out: KinetoFile, events: list[Any]) -> _EventColumns | None:
+    """The complete events with a usable ts and dur as columns (None: none); the others
+    counted in one problem."""
     if events and type(events[0]) is _LenientEvent:
         all_ts = np.fromiter((_num(e.ts, np.nan) for e in events), np.float64, len(events))
     else:
@@ -589,7 +656,7 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
         out.problems.append(Problem(out.path, "", f"{bad} events without a usable ts/dur skipped"))
     n = len(xs)
     if not n:
-        return
+        return None
     names = _Strings()
     name_code = np.fromiter((names.code(e.name) for e in xs), np.int32, n)
     name_list = list(names.index)
@@ -608,28 +675,30 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
             )
         )
     lenient = type(xs[0]) is _LenientEvent
-
-    def arg(e: Any, key: str) -> Any:
-        a = e.args
-        if a is None:
-            return None
-        return a.get(key) if lenient and isinstance(a, dict) else getattr(a, key, None)
-
+    c = _EventColumns(xs, lenient, name_code, name_list, ts, dur, tid, np.zeros(0, np.int64))
     if lenient:
-        stream = np.array(
-            [s if isinstance(s := arg(e, "stream"), int) else -1 for e in xs], np.int64
+        c.stream = np.array(
+            [s if isinstance(s := c.arg(e, "stream"), int) else -1 for e in xs], np.int64
         )
     else:
-        stream = np.fromiter(
+        c.stream = np.fromiter(
             (-1 if e.args is None or e.args.stream is None else e.args.stream for e in xs),
             np.int64,
             n,
         )
-    # per unique name: what it is
+    return c
+
+
+def _classify_names(
+    out: KinetoFile, name_list: list[str]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per unique name, what it is: ``(step number, op code, role, GPU kind)``, -1/0 where
+    none. Roles: 1 c10d launch, 2 nccl CPU range, 3 gloo range, 4 nccl GPU kernel, 5
+    ``record_param_comms`` (carries the message size; not a collective itself)."""
     n_names = len(name_list)
     step_of_name = np.full(n_names, -1, np.int64)
     op_of_name = np.full(n_names, -1, np.int64)
-    role_of_name = np.zeros(n_names, np.int8)  # 1 c10d launch, 2 nccl cpu, 3 gloo, 4 nccl gpu
+    role_of_name = np.zeros(n_names, np.int8)
     kind_of_name = np.zeros(n_names, np.int8)
     for code, name in enumerate(name_list):
         kind_of_name[code] = gpu_kind(name)
@@ -648,7 +717,7 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
             op_of_name[code] = op
             continue
         if name == "record_param_comms":
-            role_of_name[code] = 5  # carries the message size; not a collective itself
+            role_of_name[code] = 5
             continue
         if op < 0:
             continue
@@ -661,83 +730,88 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
             role_of_name[code] = 2
         else:
             role_of_name[code] = 4
-    role = role_of_name[name_code]
-    is_gpu = stream >= 0
-    role = np.where((role == 2) & is_gpu, 0, role)  # a "nccl:" name on a stream is GPU work
-    role = np.where((role == 4) & ~is_gpu, 0, role)
-    # CPU side of each correlation id: (thread, ts) of the runtime call that launched it
-    gpu_rows = np.flatnonzero(is_gpu)
-    corr_ts: dict[int, tuple[int, float, int]] = {}
-    if len(gpu_rows):
-        for i in np.flatnonzero(~is_gpu).tolist():
-            c = arg(xs[i], "correlation")
-            if isinstance(c, int):
-                corr_ts[c] = (int(tid[i]), float(ts[i]), i)
-    # GPU activity, HTA's way. HTA rounds a file's times to whole microseconds (start
-    # up, end down) when its ts column is not all integers (fractional or missing ts);
-    # and, when there are two or more ProfilerSteps, it leaves out the GPU events
-    # launched (by correlation) in the last one, and those without a launch after it
-    if len(gpu_rows):
-        if out.ns_rounding:
-            h_start, h_end = np.ceil(ts), np.floor(ts + dur)
-        else:
-            h_start, h_end = ts, ts + dur
-        step_rows = np.flatnonzero((step_of_name[name_code] >= 0) & ~is_gpu)
-        if len(np.unique(name_code[step_rows])) >= 2:
-            last_start = float(h_start[step_rows].max())
-            cpu_start = {c: float(h_start[i]) for c, (_, _, i) in corr_ts.items()}
-            kept = []
-            for i in gpu_rows.tolist():
-                c = arg(xs[i], "correlation")
-                if isinstance(c, int) and c != -1:
-                    kept.append(cpu_start.get(c, np.inf) < last_start)
-                else:  # HTA takes it for a CPU event: kept when it began before
-                    kept.append(h_start[i] < last_start)
-            launched = np.array(kept, bool)
-        else:
-            launched = np.ones(len(gpu_rows), bool)
-        used, g_name = np.unique(name_code[gpu_rows], return_inverse=True)
-        g_corr = np.full(len(gpu_rows), -1, np.int64)
-        g_launch = np.full(len(gpu_rows), np.nan)
-        g_bytes = np.full(len(gpu_rows), -1, np.int64)
-        for j, i in enumerate(gpu_rows.tolist()):
-            c = arg(xs[i], "correlation")
-            if isinstance(c, int) and not isinstance(c, bool):
-                g_corr[j] = c
-                hit = corr_ts.get(c)
-                if hit is not None:
-                    g_launch[j] = hit[1]
-            b = arg(xs[i], "bytes" if lenient else "nbytes")
-            if isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= MAX_ELEMENTS:
-                g_bytes[j] = b
-        out.gpu = GpuActivity(
-            ts[gpu_rows].copy(),
-            dur[gpu_rows].copy(),
-            kind_of_name[name_code[gpu_rows]].astype(np.int8),
-            stream[gpu_rows].copy(),
-            launched,
-            h_start[gpu_rows].copy(),
-            h_end[gpu_rows].copy(),
-            g_name.reshape(-1).astype(np.int32),
-            [name_list[c] for c in used.tolist()],
-            g_corr,
-            g_launch,
-            g_bytes,
-        )
-    # launches: c10d ops if any, else nccl CPU ranges, else gloo ranges
-    present = {int(r) for r in np.unique(role)}
-    launch_role = 1 if 1 in present else 2 if 2 in present else 3 if 3 in present else 0
-    if not launch_role:
-        return
-    launches = np.flatnonzero(role == launch_role)
+    return step_of_name, op_of_name, role_of_name, kind_of_name
+
+
+def _gpu_activity(out: KinetoFile, c: _EventColumns, kind_of_name: np.ndarray) -> GpuActivity:
+    """GPU activity, HTA's way. HTA rounds a file's times to whole microseconds (start
+    up, end down) when its ts column is not all integers (fractional or missing ts);
+    and, when there are two or more ProfilerSteps, it leaves out the GPU events
+    launched (by correlation) in the last one, and those without a launch after it."""
+    ts, dur, name_code, gpu_rows, corr_ts = c.ts, c.dur, c.name_code, c.gpu_rows, c.corr_ts
+    if out.ns_rounding:
+        h_start, h_end = np.ceil(ts), np.floor(ts + dur)
+    else:
+        h_start, h_end = ts, ts + dur
+    step_rows = np.flatnonzero((c.step_of_name[name_code] >= 0) & ~c.is_gpu)
+    if len(np.unique(name_code[step_rows])) >= 2:
+        last_start = float(h_start[step_rows].max())
+        cpu_start = {corr: float(h_start[i]) for corr, (_, _, i) in corr_ts.items()}
+        kept = []
+        for i in gpu_rows.tolist():
+            corr = c.arg(c.xs[i], "correlation")
+            if isinstance(corr, int) and corr != -1:
+                kept.append(cpu_start.get(corr, np.inf) < last_start)
+            else:  # HTA takes it for a CPU event: kept when it began before
+                kept.append(h_start[i] < last_start)
+        launched = np.array(kept, bool)
+    else:
+        launched = np.ones(len(gpu_rows), bool)
+    used, g_name = np.unique(name_code[gpu_rows], return_inverse=True)
+    g_corr = np.full(len(gpu_rows), -1, np.int64)
+    g_launch = np.full(len(gpu_rows), np.nan)
+    g_bytes = np.full(len(gpu_rows), -1, np.int64)
+    for j, i in enumerate(gpu_rows.tolist()):
+        corr = c.arg(c.xs[i], "correlation")
+        if isinstance(corr, int) and not isinstance(corr, bool):
+            g_corr[j] = corr
+            hit = corr_ts.get(corr)
+            if hit is not None:
+                g_launch[j] = hit[1]
+        b = c.arg(c.xs[i], "bytes" if c.lenient else "nbytes")
+        if isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= MAX_ELEMENTS:
+            g_bytes[j] = b
+    return GpuActivity(
+        ts[gpu_rows].copy(),
+        dur[gpu_rows].copy(),
+        kind_of_name[name_code[gpu_rows]].astype(np.int8),
+        c.stream[gpu_rows].copy(),
+        launched,
+        h_start[gpu_rows].copy(),
+        h_end[gpu_rows].copy(),
+        g_name.reshape(-1).astype(np.int32),
+        [c.name_list[code] for code in used.tolist()],
+        g_corr,
+        g_launch,
+        g_bytes,
+    )
+
+
+@dataclass
+class _Launches:
+    """The collective launches (rows, by start) and the work each started."""
+
+    launches: np.ndarray  # rows of the launches
+    works: np.ndarray  # rows of gloo ranges or nccl kernels
+    l_op: np.ndarray  # per launch: its op code
+    work_of: np.ndarray  # per launch: its first work row (-1: none)
+    work_start: np.ndarray
+    work_end: np.ndarray
+
+
+def _match_launches(c: _EventColumns, launch_role: int, present: set[int]) -> _Launches:
+    """Each launch's work: NCCL kernels by correlation (kernel -> runtime call -> the
+    launch range on its thread), the rest in order, per op."""
+    ts, dur, tid, name_code = c.ts, c.dur, c.tid, c.name_code
+    launches = np.flatnonzero(c.role == launch_role)
     launches = launches[np.argsort(ts[launches], kind="stable")]
     work_role = 3 if 3 in present and launch_role != 3 else 4 if 4 in present else 0
     works = (
-        np.flatnonzero(role == work_role) if work_role else np.zeros(0, np.int64)
+        np.flatnonzero(c.role == work_role) if work_role else np.zeros(0, np.int64)
     )  # gloo ranges or nccl kernels
     works = works[np.argsort(ts[works], kind="stable")]
-    l_op = op_of_name[name_code[launches]]
-    w_op = op_of_name[name_code[works]]
+    l_op = c.op_of_name[name_code[launches]]
+    w_op = c.op_of_name[name_code[works]]
     work_of = np.full(len(launches), -1, np.int64)  # first work row per launch
     work_end = np.full(len(launches), -np.inf)
     work_start = np.full(len(launches), np.inf)
@@ -747,8 +821,8 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
         for t in np.unique(tid[launches]).tolist():
             by_tid[t] = np.flatnonzero(tid[launches] == t)
         for k, w in enumerate(works.tolist()):
-            c = arg(xs[w], "correlation")
-            hit = corr_ts.get(c) if isinstance(c, int) else None
+            corr = c.arg(c.xs[w], "correlation")
+            hit = c.corr_ts.get(corr) if isinstance(corr, int) else None
             if hit is None or hit[0] not in by_tid:
                 continue
             cand = by_tid[hit[0]]
@@ -773,7 +847,16 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
             work_of[a] = w
             work_start[a] = ts[w]
             work_end[a] = ts[w] + dur[w]
-    # steps
+    return _Launches(launches, works, l_op, work_of, work_start, work_end)
+
+
+def _launch_lanes(
+    out: KinetoFile, c: _EventColumns, m: _Launches, tables: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(occurrence, lane)`` per launch: its ProfilerStep (the n-th ``<op>`` of a step
+    is lane ``<op> #n``), or its count among the launches outside any step. Also the
+    file's steps and user ranges, on ``out``."""
+    ts, dur, name_code, step_of_name = c.ts, c.dur, c.name_code, c.step_of_name
     steps = np.flatnonzero(step_of_name[name_code] >= 0)
     steps = steps[np.argsort(ts[steps], kind="stable")]
     s_start, s_end = ts[steps], ts[steps] + dur[steps]
@@ -782,19 +865,18 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
         int(n): float(x) for n, x in zip(s_num.tolist(), s_start.tolist(), strict=True)
     }
     out.step_end_of_start = dict(zip(s_start.tolist(), s_end.tolist(), strict=True))
-    out.ranges = _user_ranges(xs, name_list, name_code, role, is_gpu, tid, ts, dur, steps)
-    l_ts = ts[launches]
+    out.ranges = _user_ranges(c.xs, c.name_list, name_code, c.role, c.is_gpu, c.tid, ts, dur, steps)
+    l_ts = ts[m.launches]
     k = np.searchsorted(s_start, l_ts, side="right") - 1
     in_step = (
         (k >= 0) & (l_ts <= s_end[np.maximum(k, 0)]) if len(steps) else np.zeros(len(l_ts), bool)
     )
     step = np.where(in_step, s_num[np.maximum(k, 0)] if len(steps) else -1, -1)
-    lane = np.zeros(len(launches), np.int64)
-    occurrence = np.zeros(len(launches), np.int64)
+    occurrence = np.zeros(len(m.launches), np.int64)
     counts: dict[tuple[int, int], int] = {}
     loose: dict[int, int] = {}
     lane_names: list[str] = []
-    for i, (op, st) in enumerate(zip(l_op.tolist(), step.tolist(), strict=True)):
+    for i, (op, st) in enumerate(zip(m.l_op.tolist(), step.tolist(), strict=True)):
         if st >= 0:
             j = counts.get((op, st), 0)
             counts[(op, st)] = j + 1
@@ -806,36 +888,44 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
             lane_names.append(OPS[op])
             occurrence[i] = j
     lane = np.array([tables.tensors.code(x) for x in lane_names], np.int32)
+    return occurrence, lane
 
-    # sizes: from the launch, else from a range inside it that has them
-    # (record_param_comms, nccl:<op>), on the same thread
-    def size_of(e: Any) -> tuple[int, str | None]:
-        if e.args is None:
-            return -1, None
-        if lenient:
-            elems, tname = arg(e, "In msg nelems"), arg(e, "dtype")
-        else:
-            elems, tname = arg(e, "nelems"), arg(e, "dtype")
-            if not isinstance(elems, int) or not isinstance(tname, str):
-                elems = _elements(arg(e, "input_dims"))
-                tname = _first_type(arg(e, "input_type"))
-        if (
-            isinstance(elems, int)
-            and 0 <= elems <= MAX_ELEMENTS
-            and isinstance(tname, str)
-            and tname in ITEMSIZE
-        ):
-            return elems * ITEMSIZE[tname], tname
-        return -1, tname if isinstance(tname, str) and tname in ITEMSIZE else None
 
-    carriers = np.flatnonzero(((role == 5) | (role == 2) | (role == 1)) & ~is_gpu)
+def _size_of(c: _EventColumns, e: Any) -> tuple[int, str | None]:
+    """``(bytes, dtype)`` an event's args give (-1, None: not given)."""
+    if e.args is None:
+        return -1, None
+    if c.lenient:
+        elems, tname = c.arg(e, "In msg nelems"), c.arg(e, "dtype")
+    else:
+        elems, tname = c.arg(e, "nelems"), c.arg(e, "dtype")
+        if not isinstance(elems, int) or not isinstance(tname, str):
+            elems = _elements(c.arg(e, "input_dims"))
+            tname = _first_type(c.arg(e, "input_type"))
+    if (
+        isinstance(elems, int)
+        and 0 <= elems <= MAX_ELEMENTS
+        and isinstance(tname, str)
+        and tname in ITEMSIZE
+    ):
+        return elems * ITEMSIZE[tname], tname
+    return -1, tname if isinstance(tname, str) and tname in ITEMSIZE else None
+
+
+def _launch_sizes(
+    c: _EventColumns, launches: np.ndarray, tables: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(bytes, dtype code)`` per launch: from the launch, else from a range inside it
+    that has them (record_param_comms, nccl:<op>), on the same thread."""
+    ts, dur, tid, role = c.ts, c.dur, c.tid, c.role
+    carriers = np.flatnonzero(((role == 5) | (role == 2) | (role == 1)) & ~c.is_gpu)
     carriers = carriers[np.lexsort((ts[carriers], tid[carriers]))]
     c_key = ts[carriers]
     c_tid = tid[carriers]
     nbytes = np.full(len(launches), -1, np.int64)
     dtype = np.full(len(launches), -1, np.int16)
     for i, row in enumerate(launches.tolist()):
-        size, tname = size_of(xs[row])
+        size, tname = _size_of(c, c.xs[row])
         if size < 0 and len(carriers):
             lo = int(np.searchsorted(c_tid, tid[row], side="left"))
             hi = int(np.searchsorted(c_tid, tid[row], side="right"))
@@ -843,33 +933,49 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
             end = ts[row] + dur[row]
             while k < hi and c_key[k] <= end and size < 0:
                 if carriers[k] != row:
-                    size, tname = size_of(xs[int(carriers[k])])
+                    size, tname = _size_of(c, c.xs[int(carriers[k])])
                 k += 1
         nbytes[i] = size
         if tname is not None:
             dtype[i] = tables.dtypes.code(tname)
-    backend = tables.backends.code(out.backend or ("NCCL" if launch_role == 2 else "GLOO"))
-    l_end = np.maximum(l_ts + dur[launches], np.where(np.isfinite(work_end), work_end, -np.inf))
-    # rows: one op row per launch, one collective row per launch with work
-    has_work = work_of >= 0
+    return nbytes, dtype
+
+
+def _launch_slices(
+    rank: int,
+    c: _EventColumns,
+    m: _Launches,
+    tables: Any,
+    backend: int,
+    per_launch: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+) -> dict[str, np.ndarray]:
+    """The rows: one op row per launch, one collective row per launch with work.
+    ``per_launch``: ``(occurrence, lane, bytes, dtype)``."""
+    occurrence, lane, nbytes, dtype = per_launch
+    launches, name_code, l_op = m.launches, c.name_code, m.l_op
+    l_ts = c.ts[launches]
+    l_end = np.maximum(
+        l_ts + c.dur[launches], np.where(np.isfinite(m.work_end), m.work_end, -np.inf)
+    )
+    has_work = m.work_of >= 0
     n_op, n_coll = len(launches), int(has_work.sum())
     cols = {k: np.empty(n_op + n_coll, dt) for k, dt in SLICE_COLUMNS.items()}
-    glob_name = np.full(len(name_list), -1, np.int32)
-    for code in np.unique(np.concatenate([name_code[launches], name_code[works]])).tolist():
-        glob_name[code] = tables.names.code(name_list[code])
-    cols["rank"][:] = out.rank
+    glob_name = np.full(len(c.name_list), -1, np.int32)
+    for code in np.unique(np.concatenate([name_code[launches], name_code[m.works]])).tolist():
+        glob_name[code] = tables.names.code(c.name_list[code])
+    cols["rank"][:] = rank
     cols["tensor"][:n_op] = lane
     cols["tensor"][n_op:] = lane[has_work]
     cols["name"][:n_op] = glob_name[name_code[launches]]
-    cols["name"][n_op:] = glob_name[name_code[work_of[has_work]]]
+    cols["name"][n_op:] = glob_name[name_code[m.work_of[has_work]]]
     cols["phase"][:n_op] = PHASE_OP
     cols["phase"][n_op:] = PHASE_COLLECTIVE
     cols["op"][:n_op] = l_op
     cols["op"][n_op:] = l_op[has_work]
     cols["start_us"][:n_op] = l_ts
     cols["dur_us"][:n_op] = l_end - l_ts
-    cols["start_us"][n_op:] = work_start[has_work]
-    cols["dur_us"][n_op:] = (work_end - work_start)[has_work]
+    cols["start_us"][n_op:] = m.work_start[has_work]
+    cols["dur_us"][n_op:] = (m.work_end - m.work_start)[has_work]
     cols["bytes"][:n_op] = nbytes
     cols["bytes"][n_op:] = nbytes[has_work]
     for name in ("group", "group_bytes", "buffer_bytes"):
@@ -881,7 +987,7 @@ def _build(out: KinetoFile, events: list[Any], tables: Any) -> None:
     cols["cached"][:] = -1
     cols["occurrence"][:n_op] = occurrence
     cols["occurrence"][n_op:] = occurrence[has_work]
-    out.slices = cols
+    return cols
 
 
 #: ``record_function`` names that are not the user's phases: the profiler's own step,

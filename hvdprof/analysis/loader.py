@@ -698,15 +698,53 @@ class RunLoader:
                 run.manifests[rank] = read_manifest(mpath)
             except (OSError, ValueError) as exc:
                 run.problems.append(Problem(mpath, "", f"unreadable manifest: {exc}"))
-        slice_tables, mark_tables = [], []
-        offset = 0
-        ranks: set[int] = set()
         run.complete = {}
         run.files = {}
         run.events = 0
-        run.autotune_samples, run.params_changes, run.notices = [], [], []
-        run.autotune_samples, run.params_changes, run.stalls = [], [], []
-        counters: dict[str, list[tuple[int, float, float]]] = {}
+        run.autotune_samples, run.params_changes, run.notices, run.stalls = [], [], [], []
+        sizes = self._world_sizes(run)
+        # a readiness mark names a rank: one of the files read or of the declared world
+        # (without a manifest, rank 0's file alone still names every rank's readiness)
+        mark_bound = max(
+            [*(sizes or {limits.max_ranks()}), *(s.rank + 1 for s in self.sources)], default=0
+        )
+        slice_tables, mark_tables, ranks, counters = self._gather_sources(run, mark_bound)
+        for rank, manifest in run.manifests.items():
+            if isinstance(manifest.get("hostname"), str):
+                run.hosts.setdefault(rank, manifest["hostname"])
+        for rank in sorted(set(self.manifest_paths) - {s.rank for s in self.sources}):
+            run.problems.append(
+                Problem(
+                    self.manifest_paths[rank], "", f"rank {rank}: manifest without a trace file"
+                )
+            )
+        run.slices = SliceTable.concat(slice_tables)  # type: ignore[assignment]
+        run.marks = MarkTable.concat(mark_tables)  # type: ignore[assignment]
+        run.tensors = self.tables.tensors.items
+        run.names = self.tables.names.items
+        run.backends = self.tables.backends.items
+        run.dtypes = self.tables.dtypes.items
+        run.ranks = sorted(ranks)
+        run.size = max(max(sizes, default=0), max(ranks) + 1 if ranks else 0)
+        run.counters = {
+            k: (
+                np.array([r for r, _, _ in v], dtype=np.int32),
+                np.array([t for _, t, _ in v], dtype=np.float64),
+                np.array([x for _, _, x in v], dtype=np.float64),
+            )
+            for k, v in counters.items()
+        }
+        self.format.finish_run(
+            run, [s.whole for s in self.sources if s.whole is not None], self.tables
+        )
+        run.autotune_samples.sort(key=lambda x: x.ts_us)
+        run.params_changes.sort(key=lambda x: x.ts_us)
+        run.notices.sort(key=lambda x: (x.ts_us, x.rank))
+        run.stalls.sort(key=lambda x: x.ts_us)
+        _set_span(run)
+
+    def _world_sizes(self, run: Run) -> set[int]:
+        """The world sizes the manifests declare; one that is not a size is a problem."""
         sizes = set()
         for rank, manifest in sorted(run.manifests.items()):
             size = manifest.get("size") if isinstance(manifest, dict) else None
@@ -727,11 +765,20 @@ class RunLoader:
                         f"{limits.max_ranks()}, {_max_ranks_name()}): ignored",
                     )
                 )
-        # a readiness mark names a rank: one of the files read or of the declared world
-        # (without a manifest, rank 0's file alone still names every rank's readiness)
-        mark_bound = max(
-            [*(sizes or {limits.max_ranks()}), *(s.rank + 1 for s in self.sources)], default=0
-        )
+        return sizes
+
+    def _gather_sources(
+        self, run: Run, mark_bound: int
+    ) -> tuple[
+        list[SliceTable], list[MarkTable], set[int], dict[str, list[tuple[int, float, float]]]
+    ]:
+        """Every source's tables (marks naming no rank of the run left out, said once per
+        file) and records, into ``run``: ``(slice tables, mark tables, ranks seen,
+        counters)``."""
+        slice_tables, mark_tables = [], []
+        offset = 0
+        ranks: set[int] = set()
+        counters: dict[str, list[tuple[int, float, float]]] = {}
         for source in self.sources:
             cols = source.columns
             slices = cols.slices()
@@ -766,60 +813,32 @@ class RunLoader:
             run.stalls += cols.stalls
             for k, v in cols.counters.items():
                 counters.setdefault(k, []).extend(v)
-        for rank, manifest in run.manifests.items():
-            if isinstance(manifest.get("hostname"), str):
-                run.hosts.setdefault(rank, manifest["hostname"])
-        for rank in sorted(set(self.manifest_paths) - {s.rank for s in self.sources}):
-            run.problems.append(
-                Problem(
-                    self.manifest_paths[rank], "", f"rank {rank}: manifest without a trace file"
-                )
-            )
-        run.slices = SliceTable.concat(slice_tables)  # type: ignore[assignment]
-        run.marks = MarkTable.concat(mark_tables)  # type: ignore[assignment]
-        run.tensors = self.tables.tensors.items
-        run.names = self.tables.names.items
-        run.backends = self.tables.backends.items
-        run.dtypes = self.tables.dtypes.items
-        run.ranks = sorted(ranks)
-        run.size = max(max(sizes, default=0), max(ranks) + 1 if ranks else 0)
-        run.counters = {
-            k: (
-                np.array([r for r, _, _ in v], dtype=np.int32),
-                np.array([t for _, t, _ in v], dtype=np.float64),
-                np.array([x for _, _, x in v], dtype=np.float64),
-            )
-            for k, v in counters.items()
-        }
-        self.format.finish_run(
-            run, [s.whole for s in self.sources if s.whole is not None], self.tables
-        )
-        run.autotune_samples.sort(key=lambda x: x.ts_us)
-        run.params_changes.sort(key=lambda x: x.ts_us)
-        run.notices.sort(key=lambda x: (x.ts_us, x.rank))
-        run.stalls.sort(key=lambda x: x.ts_us)
-        # the span covers the slices and the autotune instants (a sample is scored after
-        # the ops of its window, possibly after the last op of the run)
-        s = run.slices
-        instants = [x.ts_us for x in run.autotune_samples] + [x.ts_us for x in run.params_changes]
-        starts = [float(s.start_us.min())] if len(s) else []
-        ends = [float((s.start_us + s.dur_us).max())] if len(s) else []
-        # and a torch.profiler trace's GPU work and marked steps: kernels run after the
-        # last collective, a step begins before its first
-        for g in run.gpu.values():
-            if len(g.start_us):
-                starts.append(float(g.start_us.min()))
-                ends.append(float((g.start_us + g.dur_us).max()))
-        for marked in run.trace_steps.values():
-            known = np.isfinite(marked.start_us)
-            if known.any():
-                starts.append(float(marked.start_us[known].min()))
-                ends.append(float(marked.end_us[known].max()))
-        if starts or instants:
-            run.t0_us = min(starts + instants)
-            run.t1_us = max(ends + instants)
-        else:
-            run.t0_us = run.t1_us = 0.0
+        return slice_tables, mark_tables, ranks, counters
+
+
+def _set_span(run: Run) -> None:
+    """``run.t0_us`` and ``t1_us``: the span covers the slices and the autotune instants
+    (a sample is scored after the ops of its window, possibly after the last op of the
+    run), and a torch.profiler trace's GPU work and marked steps (kernels run after the
+    last collective, a step begins before its first)."""
+    s = run.slices
+    instants = [x.ts_us for x in run.autotune_samples] + [x.ts_us for x in run.params_changes]
+    starts = [float(s.start_us.min())] if len(s) else []
+    ends = [float((s.start_us + s.dur_us).max())] if len(s) else []
+    for g in run.gpu.values():
+        if len(g.start_us):
+            starts.append(float(g.start_us.min()))
+            ends.append(float((g.start_us + g.dur_us).max()))
+    for marked in run.trace_steps.values():
+        known = np.isfinite(marked.start_us)
+        if known.any():
+            starts.append(float(marked.start_us[known].min()))
+            ends.append(float(marked.end_us[known].max()))
+    if starts or instants:
+        run.t0_us = min(starts + instants)
+        run.t1_us = max(ends + instants)
+    else:
+        run.t0_us = run.t1_us = 0.0
 
 
 def _stall_to_dict(stall: StallRecord) -> dict[str, Any]:

@@ -672,6 +672,9 @@ def find_stragglers(run: Run) -> Stragglers:
 
 
 def _find_stragglers(run: Run) -> Stragglers:
+    """The stages: the arrivals per op and step (:func:`_step_table`), the decision over
+    every step counted (:func:`_decide`), each rank's cost from the onset on
+    (:func:`_rank_straggles`), then the verdict."""
     out = Stragglers()
     arr = arrivals(run) if len(run.slices) else None
     n_ranks = arr.t_us.shape[1] if arr is not None else 0
@@ -683,27 +686,97 @@ def _find_stragglers(run: Run) -> Stragglers:
         return out
     out.source, out.observer = arr.source, arr.observer
     if n_ranks < 2 or not len(arr.t_us):
-        missing = _ranks_without_marks(run, n_ranks)
-        if n_ranks >= 2 and len(missing) > MAX_LISTED:
-            out.verdict = (
-                f"No readiness marks from {len(missing)} of the job's {n_ranks} ranks (no "
-                "timeline of their own was read): arrivals cannot be compared, so "
-                "stragglers cannot be named."
-            )
-        elif n_ranks >= 2 and missing:
-            out.verdict = (
-                f"No readiness marks from {_rank_list(missing)} (no timeline of "
-                f"{'its' if len(missing) == 1 else 'their'} own was read): arrivals cannot be "
-                "compared, so stragglers cannot be named."
-            )
-        else:
-            out.verdict = "Fewer than two ranks reported readiness: no straggler to name."
+        out.verdict = _no_comparison_verdict(run, n_ranks)
         return out
-    t = arr.t_us
-    n_ops = len(t)
+    s = _step_table(run, arr, out)
+    d = _decide(run, out, s)
+    ranks = _rank_straggles(run, arr, out, s, d)
+    out.ranks = ranks
+    if out.source in SOURCE_WHERE:
+        where = SOURCE_WHERE[out.source]
+    elif out.source == "source":
+        where = ""
+    else:
+        where = f" (as rank {out.observer} saw each rank's readiness, rounded to its cycles)"
+    # readiness marks on only some steps (Horovod's response cache records them only at a
+    # tensor's first negotiation): say so, and judge by the ops and the waiting there
+    n_steps = len(s.steps)
+    if out.steps_in_run > 1 and n_steps < 0.5 * out.steps_in_run:
+        _partial_verdict(
+            out,
+            ranks,
+            arr.rank_of(d.candidate),
+            s.op_code,
+            len(s.t),
+            n_steps,
+            out.steps_in_run,
+            where,
+        )
+        return out
+    named = [x for x in ranks if x.named]
+    if named:
+        _name_culprits(run, arr, out, s, d, named, where)
+        return out
+    out.verdict = _no_culprit_verdict(
+        out, ranks, d.n_all, d.bar_all, SOURCE_WHERE_NONE.get(out.source, where)
+    )
+    return out
+
+
+def _no_comparison_verdict(run: Run, n_ranks: int) -> str:
+    """Why arrivals cannot be compared: fewer than two ranks, or ranks with no marks."""
+    missing = _ranks_without_marks(run, n_ranks)
+    if n_ranks >= 2 and len(missing) > MAX_LISTED:
+        return (
+            f"No readiness marks from {len(missing)} of the job's {n_ranks} ranks (no "
+            "timeline of their own was read): arrivals cannot be compared, so "
+            "stragglers cannot be named."
+        )
+    if n_ranks >= 2 and missing:
+        return (
+            f"No readiness marks from {_rank_list(missing)} (no timeline of "
+            f"{'its' if len(missing) == 1 else 'their'} own was read): arrivals cannot be "
+            "compared, so stragglers cannot be named."
+        )
+    return "Fewer than two ranks reported readiness: no straggler to name."
+
+
+@dataclass
+class _StepTable:
+    """What the stages of :func:`_find_stragglers` share. Ops with readiness marks sorted
+    by step; per step (rows) and rank column: each rank's hold on the pack, lateness,
+    finish and own work (microseconds)."""
+
+    t: np.ndarray  # [op, column]: arrival
+    op_code: np.ndarray  # per op
+    last_rank: np.ndarray  # per op: the column that arrived last (-1: a tie)
+    steps: np.ndarray  # the step numbers
+    bounds: np.ndarray  # the ops of row k: t[bounds[k] : bounds[k + 1]]
+    hold: np.ndarray
+    at_first: np.ndarray
+    at_end: np.ndarray
+    finish: np.ndarray
+    work: np.ndarray  # from the release (or the wake-up) to the last submission
+    excess: np.ndarray  # own work over the others' mean (the hold's, when work is unknown)
+    release_late: np.ndarray
+    last_of_step: np.ndarray  # per row: the column that finished last (-1: a tie)
+    step_us: np.ndarray  # per row: to the next step's begin (NaN: the last)
+    first: int  # the first row counted (the first step is warm-up when there are enough)
+    known: bool = False  # own work known (every rank's collectives in every step counted)
+
+    @property
+    def counted(self) -> slice:
+        return slice(self.first, len(self.steps))
+
+
+def _step_table(run: Run, arr: Arrivals, out: Stragglers) -> _StepTable:
+    """Per op and per step: who arrived last, each rank's hold, lateness, finish and own
+    work; fills the per-op and per-step tables of ``out``."""
+    n_ranks = arr.t_us.shape[1]
+    n_ops = len(arr.t_us)
     out.ops_with_marks = n_ops
     order = np.argsort(arr.step, kind="stable")
-    t, step, op_code, tensor = t[order], arr.step[order], arr.op[order], arr.tensor[order]
+    t, step, op_code, tensor = arr.t_us[order], arr.step[order], arr.op[order], arr.tensor[order]
     # per op: the last rank (unique) and the mean wait of the others for it
     t_last = t.max(axis=1)
     unique_last = (t == t_last[:, None]).sum(axis=1) == 1
@@ -733,35 +806,20 @@ def _find_stragglers(run: Run) -> Stragglers:
         for r in range(n_ranks):
             hold[k, r] = _hold_us(tk, r)
             at_first[k, r], at_end[k, r] = _lateness_us(tk, r)
-    # own work: from the rank's release by the previous step's last collective to its last
-    # submission, on its own clock; its excess over the others' mean, and the release's
-    # lateness (the runtime's part)
-    release = _releases_us(run, n_ranks, int(steps.max()) + 1, arr.ranks)
-    prev = steps - 1
-    rel = np.full((n_steps, n_ranks), np.nan)
-    rel[prev >= 0] = release[prev[prev >= 0]]
-    # where the rank noted it, own work starts when its training thread got control back
-    # (on a busy machine the wake-up after the release takes milliseconds: not its code)
-    prev_finish = np.full((n_steps, n_ranks), np.nan)
-    follows = np.flatnonzero(np.diff(steps) == 1) + 1
-    prev_finish[follows] = finish[follows - 1]
-    resumed = _resumed_us(run, n_ranks, prev_finish, finish, arr.ranks)
-    rel = np.where(np.isfinite(resumed), resumed, rel)
-    work = finish - rel
-    others_mean = (work.sum(axis=1, keepdims=True) - work) / (n_ranks - 1)
-    excess = work - others_mean
-    rel_mean = (rel.sum(axis=1, keepdims=True) - rel) / (n_ranks - 1)
-    release_late = rel - rel_mean
+    work, excess, release_late = _own_work_us(run, arr, steps, finish)
     # the rank that finished last (-1 when several finished at the same instant)
     tied = (finish == finish.max(axis=1)[:, None]).sum(axis=1) > 1
     last_of_step = np.where(tied, -1, np.argmax(finish, axis=1))
     step_us = np.append(np.diff(begin), np.nan)
     first = 1 if n_steps >= MIN_STEPS_TO_SKIP_WARMUP else 0
-    counted = slice(first, n_steps)
+    s = _StepTable(
+        t, op_code, last_rank, steps, bounds, hold, at_first, at_end, finish, work, excess,
+        release_late, last_of_step, step_us, first,
+    )  # fmt: skip
+    counted = s.counted
     out.first_step = int(steps[first])
     out.steps = n_steps - first
-    run_steps = count_steps(run)
-    out.steps_in_run = run_steps
+    out.steps_in_run = count_steps(run)
     out.cycle_time_ms = _cycle_time_ms(run)
     spread = (finish.max(axis=1) - finish.min(axis=1))[counted]
     out.spread_ms = float(np.median(spread)) / 1000.0 if len(spread) else 0.0
@@ -778,15 +836,64 @@ def _find_stragglers(run: Run) -> Stragglers:
     }
     # own work is known when every rank recorded its collectives in every step judged;
     # else (one observer's file) the hold's excess over the others' mean hold stands in
-    known = bool(np.isfinite(excess[counted]).all()) and out.source == "source"
-    out.own_work_known = known
-    if not known:
-        excess = hold - (hold.sum(axis=1, keepdims=True) - hold) / (n_ranks - 1)
-        release_late = np.zeros_like(hold)
+    s.known = out.own_work_known = (
+        bool(np.isfinite(excess[counted]).all()) and out.source == "source"
+    )
+    if not s.known:
+        s.excess = hold - (hold.sum(axis=1, keepdims=True) - hold) / (n_ranks - 1)
+        s.release_late = np.zeros_like(hold)
+    return s
 
-    # the decision, over every step counted: an onset found in the data and then tested on
-    # the steps it picked would name a rank for a busy machine's burst of noise
-    e = excess[counted] / 1000.0
+
+def _own_work_us(
+    run: Run, arr: Arrivals, steps: np.ndarray, finish: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(work, excess, release_late)`` per step and rank column: own work runs from the
+    rank's release by the previous step's last collective to its last submission, on its
+    own clock; its excess over the others' mean, and the release's lateness (the
+    runtime's part)."""
+    n_steps, n_ranks = finish.shape
+    release = _releases_us(run, n_ranks, int(steps.max()) + 1, arr.ranks)
+    prev = steps - 1
+    rel = np.full((n_steps, n_ranks), np.nan)
+    rel[prev >= 0] = release[prev[prev >= 0]]
+    # where the rank noted it, own work starts when its training thread got control back
+    # (on a busy machine the wake-up after the release takes milliseconds: not its code)
+    prev_finish = np.full((n_steps, n_ranks), np.nan)
+    follows = np.flatnonzero(np.diff(steps) == 1) + 1
+    prev_finish[follows] = finish[follows - 1]
+    resumed = _resumed_us(run, n_ranks, prev_finish, finish, arr.ranks)
+    rel = np.where(np.isfinite(resumed), resumed, rel)
+    work = finish - rel
+    others_mean = (work.sum(axis=1, keepdims=True) - work) / (n_ranks - 1)
+    excess = work - others_mean
+    rel_mean = (rel.sum(axis=1, keepdims=True) - rel) / (n_ranks - 1)
+    return work, excess, rel - rel_mean
+
+
+@dataclass
+class _Decision:
+    """Which ranks' excess is above the bar with confidence, over every step counted, and
+    the window judged from then on."""
+
+    e: np.ndarray  # [step counted, column]: excess, ms
+    n_all: int
+    bar_all: float
+    boot_e: np.ndarray
+    p: np.ndarray
+    reject: np.ndarray
+    candidate: int  # the column that held the job most
+    onset: int  # the first row judged
+    bar: float  # the cost a rank must reach (ms), from the onset on
+
+
+def _decide(run: Run, out: Stragglers, s: _StepTable) -> _Decision:
+    """The decision, over every step counted (an onset found in the data and then tested
+    on the steps it picked would name a rank for a busy machine's burst of noise), then
+    the window judged: from the candidate's onset on, when any rank is named."""
+    n_steps, n_ranks = s.hold.shape
+    first, counted = s.first, s.counted
+    e = s.excess[counted] / 1000.0
     n_all = n_steps - first
     pace_ms = out.pace_ms = _pace_ms(run)
     bar_all = max(MIN_COST_MS, pace_ms, MIN_STEP_SHARE * typical_step_ms(run))
@@ -796,39 +903,46 @@ def _find_stragglers(run: Run) -> Stragglers:
     if run.format == "kineto" and 0 < n_all < MIN_STEPS:
         # torch.profiler records a few steps: a rank the others waited for by the bar in
         # every one of them is named for those steps (the verdict says how few they were)
-        reject = (hold[counted] / 1000.0 >= bar_all).all(axis=0)
+        reject = (s.hold[counted] / 1000.0 >= bar_all).all(axis=0)
 
     # the candidate: the rank that held the job most; from its onset on (when any is named)
-    candidate = int(np.argmax(hold[counted].sum(axis=0)))
-    onset = first + _onset(hold[counted, candidate] / 1000.0) if reject.any() else first
-    window = slice(onset, n_steps)
-    n_window = n_steps - onset
-    out.steps_judged = n_window
-    in_window = step_us[window]
+    candidate = int(np.argmax(s.hold[counted].sum(axis=0)))
+    onset = first + _onset(s.hold[counted, candidate] / 1000.0) if reject.any() else first
+    out.steps_judged = n_steps - onset
+    in_window = s.step_us[onset:n_steps]
     in_window = in_window[np.isfinite(in_window)]
     # the run's step time, as analyze and diff quote it (from the onset on)
-    out.step_ms = typical_step_ms(run, int(steps[onset]) if onset > first else None)
+    out.step_ms = typical_step_ms(run, int(s.steps[onset]) if onset > first else None)
     if len(in_window) > 2:
         out.noise_ms = (
             max(_robust_std(in_window), _robust_std(np.diff(in_window)) / np.sqrt(2.0)) / 1000.0
         )
     bar = max(MIN_COST_MS, pace_ms, MIN_STEP_SHARE * out.step_ms)
     out.threshold_ms = bar
+    return _Decision(e, n_all, bar_all, boot_e, p, reject, candidate, onset, bar)
 
-    # per rank: its cost and interval from the onset on
+
+def _rank_straggles(
+    run: Run, arr: Arrivals, out: Stragglers, s: _StepTable, d: _Decision
+) -> list[RankStraggle]:
+    """Each rank's cost and interval from the onset on, sorted by the wait it caused."""
+    n_steps, n_ranks = s.hold.shape
+    window = slice(d.onset, n_steps)
+    n_window = n_steps - d.onset
+    n_all, e, boot_e, bar = d.n_all, d.e, d.boot_e, d.bar
     # each rank's cost per step: its hold, up to the excess of its own work over the
     # others' median (the rest of the hold is the runtime's)
-    h = hold[window] / 1000.0
-    if known:
+    h = s.hold[window] / 1000.0
+    if s.known:
         med = np.array(
-            [np.median(np.delete(work[window], r, axis=1), axis=1) for r in range(n_ranks)]
+            [np.median(np.delete(s.work[window], r, axis=1), axis=1) for r in range(n_ranks)]
         ).T
-        h = np.clip(np.minimum(h, (work[window] - med) / 1000.0), 0.0, None)
+        h = np.clip(np.minimum(h, (s.work[window] - med) / 1000.0), 0.0, None)
     boot_h = block_bootstrap_means(h) if n_window else np.zeros((1, n_ranks))
     ranks: list[RankStraggle] = []
-    op_codes = [c for c in np.unique(op_code).tolist() if c >= 0]
+    op_codes = [c for c in np.unique(s.op_code).tolist() if c >= 0]
     for r in range(n_ranks):
-        last_steps = int((last_of_step[window] == r).sum())
+        last_steps = int((s.last_of_step[window] == r).sum())
         held = h[:, r] >= bar
         x = RankStraggle(
             rank=arr.rank_of(r),
@@ -840,21 +954,21 @@ def _find_stragglers(run: Run) -> Stragglers:
             held_ms=float(h[held, r].mean()) if held.any() else 0.0,
             wait_caused_ms=float(h[:, r].sum()),
             cost_per_step_ms=float(h[:, r].mean()) if n_window else 0.0,
-            lateness_ms=float(hold[window, r].mean()) / 1000.0 if n_window else 0.0,
+            lateness_ms=float(s.hold[window, r].mean()) / 1000.0 if n_window else 0.0,
             cost_low_ms=float(np.quantile(boot_h[:, r], 0.025)),
             cost_high_ms=float(np.quantile(boot_h[:, r], 0.975)),
             own_excess_ms=float(e[:, r].mean()) if n_all else 0.0,
             own_excess_low_ms=float(np.quantile(boot_e[:, r], 0.025)),
             own_excess_high_ms=float(np.quantile(boot_e[:, r], 0.975)),
-            release_late_ms=float(np.nanmean(release_late[window, r]) / 1000.0)
+            release_late_ms=float(np.nanmean(s.release_late[window, r]) / 1000.0)
             if n_window
             else 0.0,
-            p_value=float(p[r]),
+            p_value=float(d.p[r]),
             last_share_by_op={
-                OPS[c]: float((last_rank[op_code == c] == r).mean()) for c in op_codes
+                OPS[c]: float((s.last_rank[s.op_code == c] == r).mean()) for c in op_codes
             },
         )
-        x.named = bool(reject[r]) and x.cost_per_step_ms >= bar
+        x.named = bool(d.reject[r]) and x.cost_per_step_ms >= bar
         ranks.append(x)
     # a rank "held" a step when its cost there beat the bar and what the ranks not named
     # reach in 95% of the steps (a busy machine's noise: an intermittent culprit's slow
@@ -869,88 +983,86 @@ def _find_stragglers(run: Run) -> Stragglers:
         x.held_count = int(held.sum())
         x.held_share = float(held.mean()) if n_window else 0.0
         x.held_ms = float(h[held, c].mean()) if held.any() else 0.0
-        if known and held.any() and not held.all():
-            over = (work[window, c] - med[:, c]) / 1000.0
+        if s.known and held.any() and not held.all():
+            over = (s.work[window, c] - med[:, c]) / 1000.0
             x.excess_held_ms = float(np.median(over[held]))
             x.excess_not_held_ms = float(np.median(over[~held]))
-    column = {x.rank: c for c, x in enumerate(ranks)}
     most_last = max(ranks, key=lambda x: (x.last_share, x.cost_per_step_ms, -x.rank))
     out.most_often_last = most_last.rank
     ranks.sort(key=lambda x: (-x.wait_caused_ms, x.rank))
-    out.ranks = ranks
-    if out.source in SOURCE_WHERE:
-        where = SOURCE_WHERE[out.source]
-    elif out.source == "source":
-        where = ""
-    else:
-        where = f" (as rank {out.observer} saw each rank's readiness, rounded to its cycles)"
-    # readiness marks on only some steps (Horovod's response cache records them only at a
-    # tensor's first negotiation): say so, and judge by the ops and the waiting there
-    if run_steps > 1 and n_steps < 0.5 * run_steps:
-        _partial_verdict(
-            out, ranks, arr.rank_of(candidate), op_code, n_ops, n_steps, run_steps, where
-        )
-        return out
+    return ranks
 
-    named = [x for x in ranks if x.named]
-    if named:
-        out.culprits = [x.rank for x in named]
-        out.straggler = out.culprits[0]
-        group = [column[x.rank] for x in named]  # their columns
-        out.onset_step = int(steps[onset])
-        lateness = (
-            np.array(
-                [_group_cost_us(t[bounds[k] : bounds[k + 1]], group) for k in range(onset, n_steps)]
-            )
-            / 1000.0
+
+def _name_culprits(
+    run: Run,
+    arr: Arrivals,
+    out: Stragglers,
+    s: _StepTable,
+    d: _Decision,
+    named: list[RankStraggle],
+    where: str,
+) -> None:
+    """The named ranks' joint cost, the steps they held, the phase they were late in and
+    the verdict."""
+    n_steps, n_ranks = s.hold.shape
+    onset = d.onset
+    window = slice(onset, n_steps)
+    column = {arr.rank_of(c): c for c in range(n_ranks)}
+    out.culprits = [x.rank for x in named]
+    out.straggler = out.culprits[0]
+    group = [column[x.rank] for x in named]  # their columns
+    out.onset_step = int(s.steps[onset])
+    lateness = (
+        np.array(
+            [
+                _group_cost_us(s.t[s.bounds[k] : s.bounds[k + 1]], group)
+                for k in range(onset, n_steps)
+            ]
         )
-        # what their code costs: the lateness, up to the excess of their slowest own work
-        # over the rest's (the remainder is the runtime's, e.g. a later release)
-        rest = [r for r in range(n_ranks) if r not in group]
-        if known and rest:
-            e_group = work[window][:, group].max(axis=1) - np.median(work[window][:, rest], axis=1)
-            cost = np.clip(np.minimum(lateness, e_group / 1000.0), 0.0, None)
-        else:
-            cost = lateness
-        out.lateness_ms = float(lateness.mean())
-        # a busy machine's noise makes every rank hold the pack now and then: what the
-        # ranks not named cost on average is that floor, not the culprits' doing (an
-        # intermittent culprit's 11.4 ms was 9.8 ms above it, against 9.0-9.5 injected)
-        floor = float(np.mean([x.cost_per_step_ms for x in ranks if not x.named] or [0.0]))
-        out.noise_floor_ms = floor
-        for x in named:
-            x.cost_per_step_ms = max(x.cost_per_step_ms - floor, 0.0)
-            x.cost_low_ms = max(x.cost_low_ms - floor, 0.0)
-            x.cost_high_ms = max(x.cost_high_ms - floor, 0.0)
-        boot = block_bootstrap_means(cost[:, None])[:, 0]
-        out.cost_ms = max(float(cost.mean()) - floor, 0.0)
-        out.cost_low_ms = max(float(np.quantile(boot, 0.025)) - floor, 0.0)
-        out.cost_high_ms = max(float(np.quantile(boot, 0.975)) - floor, 0.0)
-        out.held_floor_ms = held_cut(cost, out.held_floor_ms)
-        out.held_share = float((cost >= out.held_floor_ms).mean())
-        top = group[0]
-        # the phase from the steps they held (all of them for a persistent fault, the
-        # slow ones of an intermittent fault)
-        held = cost >= out.held_floor_ms
-        held_steps = np.arange(onset, n_steps)[held] if held.any() else window
-        if len(group) == 1:
-            first_ms, end_ms = at_first[held_steps, top], at_end[held_steps, top]
-        else:  # the group's latest arrival against the rest's
-            late = [_group_lateness_us(t[bounds[k] : bounds[k + 1]], group) for k in held_steps]
-            first_ms, end_ms = np.array([x[0] for x in late]), np.array([x[1] for x in late])
-        out.late_at_first_ms = float(np.median(first_ms)) / 1000.0
-        out.late_at_end_ms = float(np.median(end_ms)) / 1000.0
-        if out.late_at_end_ms > 0:
-            before = out.late_at_first_ms >= BEFORE_BACKWARD_SHARE * out.late_at_end_ms
-            out.phase = PHASE_BEFORE_BACKWARD if before else PHASE_BACKWARD
-        if len(named) > 1:
-            where = SOURCE_WHERE_PLURAL.get(out.source, where)
-        out.verdict = _culprit_verdict(out, named, cost, run.hosts, onset > first, where)
-        return out
-    out.verdict = _no_culprit_verdict(
-        out, ranks, n_all, bar_all, SOURCE_WHERE_NONE.get(out.source, where)
+        / 1000.0
     )
-    return out
+    # what their code costs: the lateness, up to the excess of their slowest own work
+    # over the rest's (the remainder is the runtime's, e.g. a later release)
+    rest = [r for r in range(n_ranks) if r not in group]
+    if s.known and rest:
+        e_group = s.work[window][:, group].max(axis=1) - np.median(s.work[window][:, rest], axis=1)
+        cost = np.clip(np.minimum(lateness, e_group / 1000.0), 0.0, None)
+    else:
+        cost = lateness
+    out.lateness_ms = float(lateness.mean())
+    # a busy machine's noise makes every rank hold the pack now and then: what the
+    # ranks not named cost on average is that floor, not the culprits' doing (an
+    # intermittent culprit's 11.4 ms was 9.8 ms above it, against 9.0-9.5 injected)
+    floor = float(np.mean([x.cost_per_step_ms for x in out.ranks if not x.named] or [0.0]))
+    out.noise_floor_ms = floor
+    for x in named:
+        x.cost_per_step_ms = max(x.cost_per_step_ms - floor, 0.0)
+        x.cost_low_ms = max(x.cost_low_ms - floor, 0.0)
+        x.cost_high_ms = max(x.cost_high_ms - floor, 0.0)
+    boot = block_bootstrap_means(cost[:, None])[:, 0]
+    out.cost_ms = max(float(cost.mean()) - floor, 0.0)
+    out.cost_low_ms = max(float(np.quantile(boot, 0.025)) - floor, 0.0)
+    out.cost_high_ms = max(float(np.quantile(boot, 0.975)) - floor, 0.0)
+    out.held_floor_ms = held_cut(cost, out.held_floor_ms)
+    out.held_share = float((cost >= out.held_floor_ms).mean())
+    top = group[0]
+    # the phase from the steps they held (all of them for a persistent fault, the
+    # slow ones of an intermittent fault)
+    held = cost >= out.held_floor_ms
+    held_steps = np.arange(onset, n_steps)[held] if held.any() else window
+    if len(group) == 1:
+        first_ms, end_ms = s.at_first[held_steps, top], s.at_end[held_steps, top]
+    else:  # the group's latest arrival against the rest's
+        late = [_group_lateness_us(s.t[s.bounds[k] : s.bounds[k + 1]], group) for k in held_steps]
+        first_ms, end_ms = np.array([x[0] for x in late]), np.array([x[1] for x in late])
+    out.late_at_first_ms = float(np.median(first_ms)) / 1000.0
+    out.late_at_end_ms = float(np.median(end_ms)) / 1000.0
+    if out.late_at_end_ms > 0:
+        before = out.late_at_first_ms >= BEFORE_BACKWARD_SHARE * out.late_at_end_ms
+        out.phase = PHASE_BEFORE_BACKWARD if before else PHASE_BACKWARD
+    if len(named) > 1:
+        where = SOURCE_WHERE_PLURAL.get(out.source, where)
+    out.verdict = _culprit_verdict(out, named, cost, run.hosts, onset > s.first, where)
 
 
 def _culprit_verdict(

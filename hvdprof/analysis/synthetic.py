@@ -91,24 +91,9 @@ def write_synthetic_run(directory: str, spec: SyntheticSpec) -> SyntheticTruth:
     n_tensors = spec.tensors + (1 if spec.odd_dtype_tensor else 0)
     names = [f"allreduce.layer{i}.grad" for i in range(n_tensors)]
     t_origin = START_LOCAL_NS / 1000.0 + 1000.0
+    every = max(spec.steps // spec.autotune_samples, 1) if spec.autotune_samples else 1
     for rank in range(spec.ranks):
-        lines: list[str] = [
-            f'{{"name":"process_name","ph":"M","pid":{rank},"tid":0,'
-            f'"args":{{"name":"rank {rank} ({spec.host})"}}}}'
-        ]
-        for tid, lane in act.LANE_NAMES.items():
-            lines.append(
-                f'{{"name":"thread_name","ph":"M","pid":{rank},"tid":{tid},"args":{{"name":"{lane}"}}}}'
-            )
-        for i, name in enumerate(names):
-            lines.append(
-                f'{{"name":"thread_name","ph":"M","pid":{rank},"tid":{act.FIRST_TENSOR_LANE + i},"args":{{"name":"{name}"}}}}'
-            )
-        lines.append(
-            f'{{"name":"{act.COUNTER_FUSION_THRESHOLD}","ph":"C","ts":{_f(t_origin)},"pid":{rank},"tid":0,'
-            f'"args":{{"value":{spec.threshold_bytes / 1048576:.6g}}}}}'
-        )
-        group_id = 0
+        lines = _header_lines(spec, rank, names, t_origin)
         kineto: list[dict[str, object]] = []
         sample = 0
         for step in range(spec.steps):
@@ -116,23 +101,11 @@ def write_synthetic_run(directory: str, spec: SyntheticSpec) -> SyntheticTruth:
             if (
                 rank == 0
                 and spec.autotune_samples
-                and step % max(spec.steps // spec.autotune_samples, 1) == 0
+                and step % every == 0
                 and sample < spec.autotune_samples
             ):
-                threshold = (1 << 20) << sample
-                lines.append(
-                    f'{{"name":"{act.AUTOTUNE_PARAMS}","ph":"i","s":"p","ts":{_f(t_step - 1)},"pid":0,"tid":0,'
-                    f'"args":{{"cycle":{step},"fusion_threshold_bytes":{threshold},"cycle_time_ms":1.0,"cache_enabled":true}}}}'
-                )
-                t_end = t_step + spec.step_us * max(spec.steps // spec.autotune_samples, 1) - 2
-                lines.append(
-                    f'{{"name":"{act.AUTOTUNE_SAMPLE}","ph":"i","s":"t","ts":{_f(t_end)},"pid":0,"tid":{act.LANE_AUTOTUNE},'
-                    f'"args":{{"fusion_threshold_bytes":{threshold},"cycle_time_ms":1.0,"cache_enabled":true,'
-                    f'"score":{1e6 * (sample + 1):.1f},"first_step":{step},"last_step":{step + 1},"is_best":false,"phase":"tune"}}}}'
-                )
-                truth.sample_windows.append((t_step - 1, t_end))
+                lines += _autotune_lines(spec, step, sample, t_step, truth)
                 sample += 1
-            submit = [t_step + i * spec.submit_gap_us for i in range(n_tensors)]
             if spec.waited and step > 0:
                 woke = t_step - 10.0
                 if rank == spec.late_rank and spec.late_wakeup:
@@ -141,99 +114,151 @@ def write_synthetic_run(directory: str, spec: SyntheticSpec) -> SyntheticTruth:
                     f'{{"name":"{act.COUNTER_WAITED}","ph":"C","ts":{_f(woke)},"pid":{rank},"tid":0,'
                     f'"args":{{"value":{_f(spec.step_us / 2000.0)}}}}}'
                 )
-            ready_all = [
-                [
-                    submit[i] + (spec.late_us if r == spec.late_rank else 0.0)
-                    for r in range(spec.ranks)
-                ]
-                for i in range(n_tensors)
-            ]
-            negotiated = max(max(x) for x in ready_all) + spec.cycle_us
-            cursor = negotiated
-            for group in groups:
-                gbytes = sum(
-                    spec.tensor_bytes // 2 if t == spec.tensors else spec.tensor_bytes
-                    for t in group
-                )
-                fused = len(group) > 1
-                q0, q1 = negotiated, cursor + spec.queue_us
-                m_in = (q1, q1 + spec.memcpy_us) if fused else None
-                c0 = m_in[1] if m_in else q1
-                c1 = c0 + gbytes / (spec.algbw_gbps * 1e3)
-                m_out = (c1, c1 + spec.memcpy_us) if fused else None
-                end = m_out[1] if m_out else c1
-                cursor = end
-                if spec.kineto_overlap is not None:
-                    kineto.append({"ts": c0, "dur": (c1 - c0) * spec.kineto_overlap})
-                for t in group:
-                    tid = act.FIRST_TENSOR_LANE + t
-                    name = names[t]
-                    dtype = "float16" if t == spec.tensors else "float32"
-                    nbytes = spec.tensor_bytes // 2 if t == spec.tensors else spec.tensor_bytes
-                    tail = f'"pid":{rank},"tid":{tid}}}'
-                    ready = ready_all[t]
-                    own = ready[rank]
-                    # as the renderer writes them: the rank's own mark, the last rank named
-                    lines.append(
-                        f'{{"name":"{act.READY_PREFIX}{rank}","ph":"i","s":"t","ts":{_f(own)},{tail}'
-                    )
-                    last = max(range(spec.ranks), key=lambda r, ready=ready: ready[r])
-                    lines.append(
-                        f'{{"name":"NEGOTIATE_ALLREDUCE","ph":"X","ts":{_f(own)},"dur":{_f(negotiated - own)},'
-                        f'"args":{{"tensor":"{name}","cached":true,"ready_us":{{"{rank}":{_f(own)}}},'
-                        f'"last_ready_rank":{last},"last_ready_us":{_f(ready[last])}}},{tail}'
-                    )
-                    lines.append(
-                        f'{{"name":"ALLREDUCE","ph":"X","ts":{_f(negotiated)},"dur":{_f(end - negotiated)},'
-                        f'"args":{{"tensor":"{name}","dtype":"{dtype}","shape":[{nbytes // 4}],"bytes":{nbytes},"cached":true,'
-                        f'"group":{group_id},"group_tensors":{len(group)},"group_bytes":{gbytes},'
-                        f'"group_buffer_bytes":{gbytes if fused else 0},"backend":"{spec.backend}"}},{tail}'
-                    )
-                    lines.append(
-                        f'{{"name":"QUEUE","ph":"X","ts":{_f(q0)},"dur":{_f(q1 - q0)},{tail}'
-                    )
-                    if m_in:
-                        lines.append(
-                            f'{{"name":"MEMCPY_IN_FUSION_BUFFER","ph":"X","ts":{_f(m_in[0])},"dur":{_f(m_in[1] - m_in[0])},{tail}'
-                        )
-                    lines.append(
-                        f'{{"name":"{spec.backend}_ALLREDUCE","ph":"X","ts":{_f(c0)},"dur":{_f(c1 - c0)},{tail}'
-                    )
-                    if m_out:
-                        lines.append(
-                            f'{{"name":"MEMCPY_OUT_FUSION_BUFFER","ph":"X","ts":{_f(m_out[0])},"dur":{_f(m_out[1] - m_out[0])},{tail}'
-                        )
-                group_id += 1
+            _step_lines(spec, rank, t_step, step * len(groups), groups, names, lines, kineto)
         lines.append(
             f'{{"name":"{act.TRACE_END}","ph":"M","pid":{rank},"tid":0,"args":{{"events_written":{len(lines)},"events_dropped":0}}}}'
         )
         truth.events += len(lines)
-        path = os.path.join(directory, trace_filename(rank))
-        with open(path, "w", encoding="utf-8") as f:
-            f.write("[\n")
-            f.write(",\n".join(lines))
-            f.write("\n]\n")
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "version": MANIFEST_VERSION,
-            "run_id": "synthetic",
-            "rank": rank,
-            "size": spec.ranks,
-            "hostname": spec.host,
-            "start_unix_ns": START_UNIX_NS,
-            "start_local_ns": START_LOCAL_NS,
-            "clock": {"offset_ns": 0, "origin_ns": 0, "error_ns": 0, "samples": 1},
-            "config": {"fusion_threshold_bytes": spec.threshold_bytes, "cycle_time_ms": 1.0},
-            "events_written": len(lines),
-            "events_dropped": 0,
-            "closed": True,
-            "trace_file": trace_filename(rank),
-        }
-        with open(os.path.join(directory, manifest_filename(rank)), "wb") as f:
-            f.write(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+        _write_rank(directory, spec, rank, lines)
         if spec.kineto_overlap is not None:
             truth.kineto_paths.append(_write_kineto(directory, rank, kineto))
     return truth
+
+
+def _header_lines(spec: SyntheticSpec, rank: int, names: list[str], t_origin: float) -> list[str]:
+    """A rank file's metadata (process and lane names) and its fusion threshold."""
+    lines: list[str] = [
+        f'{{"name":"process_name","ph":"M","pid":{rank},"tid":0,'
+        f'"args":{{"name":"rank {rank} ({spec.host})"}}}}'
+    ]
+    for tid, lane in act.LANE_NAMES.items():
+        lines.append(
+            f'{{"name":"thread_name","ph":"M","pid":{rank},"tid":{tid},"args":{{"name":"{lane}"}}}}'
+        )
+    for i, name in enumerate(names):
+        lines.append(
+            f'{{"name":"thread_name","ph":"M","pid":{rank},"tid":{act.FIRST_TENSOR_LANE + i},"args":{{"name":"{name}"}}}}'
+        )
+    lines.append(
+        f'{{"name":"{act.COUNTER_FUSION_THRESHOLD}","ph":"C","ts":{_f(t_origin)},"pid":{rank},"tid":0,'
+        f'"args":{{"value":{spec.threshold_bytes / 1048576:.6g}}}}}'
+    )
+    return lines
+
+
+def _autotune_lines(
+    spec: SyntheticSpec, step: int, sample: int, t_step: float, truth: SyntheticTruth
+) -> list[str]:
+    """Rank 0's parameters and score of one autotune sample (its window into ``truth``)."""
+    threshold = (1 << 20) << sample
+    t_end = t_step + spec.step_us * max(spec.steps // spec.autotune_samples, 1) - 2
+    truth.sample_windows.append((t_step - 1, t_end))
+    return [
+        f'{{"name":"{act.AUTOTUNE_PARAMS}","ph":"i","s":"p","ts":{_f(t_step - 1)},"pid":0,"tid":0,'
+        f'"args":{{"cycle":{step},"fusion_threshold_bytes":{threshold},"cycle_time_ms":1.0,"cache_enabled":true}}}}',
+        f'{{"name":"{act.AUTOTUNE_SAMPLE}","ph":"i","s":"t","ts":{_f(t_end)},"pid":0,"tid":{act.LANE_AUTOTUNE},'
+        f'"args":{{"fusion_threshold_bytes":{threshold},"cycle_time_ms":1.0,"cache_enabled":true,'
+        f'"score":{1e6 * (sample + 1):.1f},"first_step":{step},"last_step":{step + 1},"is_best":false,"phase":"tune"}}}}',
+    ]
+
+
+def _step_lines(
+    spec: SyntheticSpec,
+    rank: int,
+    t_step: float,
+    group_id: int,
+    groups: list[list[int]],
+    names: list[str],
+    lines: list[str],
+    kineto: list[dict[str, object]],
+) -> None:
+    """One step's slices on ``rank``: every tensor submitted, negotiated once the last
+    rank is ready, then the groups one after another (``group_id``: the step's first)."""
+    n_tensors = len(names)
+    submit = [t_step + i * spec.submit_gap_us for i in range(n_tensors)]
+    ready_all = [
+        [submit[i] + (spec.late_us if r == spec.late_rank else 0.0) for r in range(spec.ranks)]
+        for i in range(n_tensors)
+    ]
+    negotiated = max(max(x) for x in ready_all) + spec.cycle_us
+    cursor = negotiated
+    for group in groups:
+        gbytes = sum(
+            spec.tensor_bytes // 2 if t == spec.tensors else spec.tensor_bytes for t in group
+        )
+        fused = len(group) > 1
+        q0, q1 = negotiated, cursor + spec.queue_us
+        m_in = (q1, q1 + spec.memcpy_us) if fused else None
+        c0 = m_in[1] if m_in else q1
+        c1 = c0 + gbytes / (spec.algbw_gbps * 1e3)
+        m_out = (c1, c1 + spec.memcpy_us) if fused else None
+        end = m_out[1] if m_out else c1
+        cursor = end
+        if spec.kineto_overlap is not None:
+            kineto.append({"ts": c0, "dur": (c1 - c0) * spec.kineto_overlap})
+        for t in group:
+            tid = act.FIRST_TENSOR_LANE + t
+            name = names[t]
+            dtype = "float16" if t == spec.tensors else "float32"
+            nbytes = spec.tensor_bytes // 2 if t == spec.tensors else spec.tensor_bytes
+            tail = f'"pid":{rank},"tid":{tid}}}'
+            ready = ready_all[t]
+            own = ready[rank]
+            # as the renderer writes them: the rank's own mark, the last rank named
+            lines.append(
+                f'{{"name":"{act.READY_PREFIX}{rank}","ph":"i","s":"t","ts":{_f(own)},{tail}'
+            )
+            last = max(range(spec.ranks), key=lambda r, ready=ready: ready[r])
+            lines.append(
+                f'{{"name":"NEGOTIATE_ALLREDUCE","ph":"X","ts":{_f(own)},"dur":{_f(negotiated - own)},'
+                f'"args":{{"tensor":"{name}","cached":true,"ready_us":{{"{rank}":{_f(own)}}},'
+                f'"last_ready_rank":{last},"last_ready_us":{_f(ready[last])}}},{tail}'
+            )
+            lines.append(
+                f'{{"name":"ALLREDUCE","ph":"X","ts":{_f(negotiated)},"dur":{_f(end - negotiated)},'
+                f'"args":{{"tensor":"{name}","dtype":"{dtype}","shape":[{nbytes // 4}],"bytes":{nbytes},"cached":true,'
+                f'"group":{group_id},"group_tensors":{len(group)},"group_bytes":{gbytes},'
+                f'"group_buffer_bytes":{gbytes if fused else 0},"backend":"{spec.backend}"}},{tail}'
+            )
+            lines.append(f'{{"name":"QUEUE","ph":"X","ts":{_f(q0)},"dur":{_f(q1 - q0)},{tail}')
+            if m_in:
+                lines.append(
+                    f'{{"name":"MEMCPY_IN_FUSION_BUFFER","ph":"X","ts":{_f(m_in[0])},"dur":{_f(m_in[1] - m_in[0])},{tail}'
+                )
+            lines.append(
+                f'{{"name":"{spec.backend}_ALLREDUCE","ph":"X","ts":{_f(c0)},"dur":{_f(c1 - c0)},{tail}'
+            )
+            if m_out:
+                lines.append(
+                    f'{{"name":"MEMCPY_OUT_FUSION_BUFFER","ph":"X","ts":{_f(m_out[0])},"dur":{_f(m_out[1] - m_out[0])},{tail}'
+                )
+        group_id += 1
+
+
+def _write_rank(directory: str, spec: SyntheticSpec, rank: int, lines: list[str]) -> None:
+    """The rank's trace file (one event per line) and its manifest."""
+    with open(os.path.join(directory, trace_filename(rank)), "w", encoding="utf-8") as f:
+        f.write("[\n")
+        f.write(",\n".join(lines))
+        f.write("\n]\n")
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "run_id": "synthetic",
+        "rank": rank,
+        "size": spec.ranks,
+        "hostname": spec.host,
+        "start_unix_ns": START_UNIX_NS,
+        "start_local_ns": START_LOCAL_NS,
+        "clock": {"offset_ns": 0, "origin_ns": 0, "error_ns": 0, "samples": 1},
+        "config": {"fusion_threshold_bytes": spec.threshold_bytes, "cycle_time_ms": 1.0},
+        "events_written": len(lines),
+        "events_dropped": 0,
+        "closed": True,
+        "trace_file": trace_filename(rank),
+    }
+    with open(os.path.join(directory, manifest_filename(rank)), "wb") as f:
+        f.write(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
 
 
 def _write_kineto(directory: str, rank: int, compute: list[dict[str, object]]) -> str:

@@ -218,10 +218,6 @@ class SearchSpace:
                 point.append(_CACHE_ON if u >= 0.5 else _CACHE_OFF)
         return self.from_point(point)
 
-    def categorical_axes(self) -> list[int]:
-        """Indices (in point order) of the on/off axes."""
-        return [i for i, axis in enumerate(self.axes) if axis == CACHE_AXIS]
-
 
 def _unit_log(value: float, lo: float, hi: float) -> float:
     return (math.log(value) - math.log(lo)) / (math.log(hi) - math.log(lo))

@@ -244,11 +244,6 @@ class PairedTuner:
     # --- ask / tell -------------------------------------------------------------------
 
     @property
-    def confirming(self) -> bool:
-        """True once the round races finalists against the default."""
-        return self._confirming
-
-    @property
     def next_role(self) -> str:
         """``incumbent`` or ``candidate``: the role of the window ``ask`` returns."""
         return self._next_role

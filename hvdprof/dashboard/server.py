@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import sys
 import threading
 import time
 import webbrowser
@@ -141,7 +140,3 @@ class DashboardThread:
         self._server.should_exit = True
         self._thread.join(wait_s)
         self._sock.close()
-
-
-def print_url(url: str) -> None:
-    print(f"hvdprof dashboard: {url}", file=sys.stderr, flush=True)

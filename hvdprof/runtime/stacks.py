@@ -82,16 +82,6 @@ def frames_of(frame: FrameType | None, limit: int = 64) -> list[Frame]:
     return out
 
 
-def main_thread_frames() -> list[Frame]:
-    """The main thread's stack right now (called from another thread)."""
-    ident = threading.main_thread().ident
-    frame = sys._current_frames().get(ident) if ident is not None else None
-    try:
-        return frames_of(frame)
-    finally:
-        del frame
-
-
 def _library(path: str) -> bool:
     return path.startswith(_LIBRARY_DIRS) or path.startswith("<frozen ")
 

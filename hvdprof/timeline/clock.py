@@ -149,6 +149,3 @@ class ClockCorrection:
 
     def to_timeline_ns(self, t_local_ns: int) -> int:
         return t_local_ns + self._current.offset_ns - self.origin_ns
-
-    def to_timeline_us(self, t_local_ns: int) -> float:
-        return self.to_timeline_ns(t_local_ns) / 1000.0

@@ -103,14 +103,3 @@ def timeline_shift_ns(manifest: dict[str, Any]) -> int:
     """What to add to the rank's local clock (ns) to get timeline ns, per the manifest."""
     clock = manifest.get("clock", {})
     return int(clock.get("offset_ns", 0)) - int(clock.get("origin_ns", 0))
-
-
-def unix_ns_to_timeline_us(manifest: dict[str, Any], unix_ns: float) -> float:
-    """Map a wall-clock instant on this rank to timeline microseconds.
-
-    The manifest pairs ``start_unix_ns`` with ``start_local_ns`` (read back to back), so a
-    wall-clock instant is ``start_local_ns + (unix_ns - start_unix_ns)`` on the rank's own
-    clock, then shifted to rank 0's clock like every event in the trace.
-    """
-    local = int(manifest["start_local_ns"]) + (unix_ns - int(manifest["start_unix_ns"]))
-    return (local + timeline_shift_ns(manifest)) / 1000.0

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Mapping
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -146,6 +146,20 @@ def us(ns: int) -> str:
         return f"{q}.{r:03d}"
     q, r = divmod(-ns, 1000)
     return f"-{q}.{r:03d}"
+
+
+class _Times(dict[int, str]):
+    """Timeline text of local times (ns), each formatted once (``us(t + shift)``)."""
+
+    __slots__ = ("shift",)
+
+    def __init__(self, shift: int) -> None:
+        super().__init__()
+        self.shift = shift
+
+    def __missing__(self, t: int) -> str:
+        text = self[t] = us(t + self.shift)
+        return text
 
 
 class _Lane:
@@ -394,18 +408,14 @@ class CycleRenderer:
         t_negotiated, ready, ranks = columns.t_negotiated, columns.ready, columns.ranks
         cached, group_ids, t_done = columns.cached, columns.group_ids, columns.t_done
         errors = columns.errors
-        esc = self._esc
-        escaped = self._escaped
-        lanes = self._named
-        append = out.append
+        esc, escaped, lanes, append = self._esc, self._escaped, self._named, out.append
         by_id = {g.group_id: g for g in groups}
-        fmt: dict[int, str] = {}  # timeline text of the local times that repeat in a cycle
+        fmt = _Times(shift)  # timeline text of the local times that repeat in a cycle
         neg_names: dict[str, tuple[str, str]] = {}
         group_args: dict[int, str] = {}
         children_of: dict[tuple[int, str, int], Any] = {}
         me = self.rank
-        own_mark = f'{{"name":"{act.READY_PREFIX}{me}","ph":"i","s":"t","ts":'
-        own_key = f'"{me}":'
+        own = (f'{{"name":"{act.READY_PREFIX}{me}","ph":"i","s":"t","ts":', f'"{me}":')
         gil_slice = self._gil_slice
         extra = 0  # events beyond one per text
         last_gid, group = None, None
@@ -439,20 +449,11 @@ class CycleRenderer:
             tail = lane.tail
             cached_text = "true" if is_cached else "false"
             name_text = escaped.get(name) or esc(name)
-
             # per-tensor args: recomputed only when the name (a shared lane), dtype, shape,
             # bytes or cached change
             key = (name, kind, is_cached)
             if lane.args_key != key or lane.args_text == "":
-                lane.args_key = key
-                dtype, shape, nbytes = kind[1:4]
-                lane.args_text = (
-                    f'"tensor":{name_text},"dtype":{esc(str(dtype))},'
-                    f'"shape":[{",".join(str(int(d)) for d in shape)}],'
-                    f'"bytes":{int(nbytes)},"cached":{cached_text}'
-                )
-                if len(kind) > 4:  # an op of a process set: which one
-                    lane.args_text += f',"process_set":{int(kind[4])}'
+                self._lane_args(lane, key, name_text, cached_text)
 
             x = start + shift  # unique per op (its submission): not worth caching
             if x >= 1000:
@@ -460,42 +461,13 @@ class CycleRenderer:
                 start_text = start_text[:-3] + "." + start_text[-3:]
             else:
                 start_text = us(x)
-            neg_text = fmt.get(neg_end)
-            if neg_text is None:
-                neg_text = fmt[neg_end] = us(neg_end + shift)
-
-            # NEGOTIATE_<OP>: submission until every rank is ready. This rank's own
-            # readiness (its submission) is its one READY mark; of the others only the
-            # last one is named, so an op's events do not grow with the ranks. The
-            # analysis joins the ranks' own marks across their files.
-            ready_args = ""
-            marks = ""
-            base = i * ranks
-            last_rank, last_t = -1, NO_TIME
-            for r in range(ranks):
-                t = ready[base + r]
-                if t != NO_TIME and (last_t == NO_TIME or t >= last_t):
-                    last_rank, last_t = r, t
-            if last_t != NO_TIME:
-                own_t = ready[base + me] if me < ranks else NO_TIME
-                if own_t != NO_TIME:
-                    if own_t == start:
-                        t_text = start_text
-                    else:
-                        t_text = fmt.get(own_t)
-                        if t_text is None:
-                            t_text = fmt[own_t] = us(own_t + shift)
-                    ready_args = f',"ready_us":{{{own_key}{t_text}}}'
-                    if own_t < start:
-                        t_text = start_text
-                    elif own_t > neg_end:
-                        t_text = neg_text
-                    marks = f"{own_mark}{t_text},{tail},\n"
-                    extra += 1
-                last_text = fmt.get(last_t)
-                if last_text is None:
-                    last_text = fmt[last_t] = us(last_t + shift)
-                ready_args += f',"last_ready_rank":{last_rank},"last_ready_us":{last_text}'
+            neg_text = fmt[neg_end]
+            # NEGOTIATE_<OP>: submission until every rank is ready, with its READY marks
+            ready_args, marks = self._ready_text(
+                ready, i * ranks, ranks, own, (start, start_text, neg_end, neg_text), fmt, tail
+            )
+            if marks:
+                extra += 1
             neg_name = neg_names.get(op)
             if neg_name is None:
                 neg_name = neg_names[op] = (esc(act.negotiate_name(op)), esc(op))
@@ -512,12 +484,7 @@ class CycleRenderer:
             if group is not None:
                 more = group_args.get(gid)
                 if more is None:
-                    more = group_args[gid] = (
-                        f',"group":{int(gid)},"group_tensors":{int(group.num_tensors)},'
-                        f'"group_bytes":{int(group.nbytes)},'
-                        f'"group_buffer_bytes":{int(group.buffer_bytes)},'
-                        f'"backend":{esc(str(group.backend))}'
-                    )
+                    more = group_args[gid] = self._group_args(gid, group)
                 args += more
             if errors and i in errors:
                 args += f',"error":{json.dumps(str(errors[i]))}'
@@ -543,28 +510,107 @@ class CycleRenderer:
             key2 = (gid, op, neg_end)
             children = children_of.get(key2)
             if children is None:
-                spans = self._phases(group, op, neg_end)
-                children = children_of[key2] = (
-                    [
-                        f',\n{{"name":{c_name},"ph":"X","ts":{us(c_start + shift)},"dur":{us(c_end - c_start)},'
-                        for c_name, c_start, c_end in spans
-                    ],
-                    spans[-1][2] if spans else neg_end,
-                    spans,
-                )
-            prefixes, children_end, spans = children
-            if children_end <= end:
-                if prefixes:
-                    text += tail.join(prefixes) + tail
-                    extra += len(prefixes)
-                append(text)
-                continue
-            for c_name, c_start, c_end in spans:  # the op ended before its group: clamp
-                c_start, c_end = min(c_start, end), min(c_end, end)
-                text += f',\n{{"name":{c_name},"ph":"X","ts":{us(c_start + shift)},"dur":{us(c_end - c_start)},{tail}'
-            extra += len(spans)
-            append(text)
+                children = children_of[key2] = self._children(group, op, neg_end, shift)
+            extra += _with_children(text, children, end, shift, tail, append)
         out.events += extra
+
+    def _lane_args(self, lane: _Lane, key: Any, name_text: str, cached_text: str) -> None:
+        """A lane's per-tensor args (name, dtype, shape, bytes, cached, process set)."""
+        esc = self._esc
+        kind = key[1]
+        lane.args_key = key
+        dtype, shape, nbytes = kind[1:4]
+        lane.args_text = (
+            f'"tensor":{name_text},"dtype":{esc(str(dtype))},'
+            f'"shape":[{",".join(str(int(d)) for d in shape)}],'
+            f'"bytes":{int(nbytes)},"cached":{cached_text}'
+        )
+        if len(kind) > 4:  # an op of a process set: which one
+            lane.args_text += f',"process_set":{int(kind[4])}'
+
+    def _group_args(self, gid: int, group: GroupRow) -> str:
+        """The args an op of a fusion group adds: the group, its size, buffer, backend."""
+        return (
+            f',"group":{int(gid)},"group_tensors":{int(group.num_tensors)},'
+            f'"group_bytes":{int(group.nbytes)},'
+            f'"group_buffer_bytes":{int(group.buffer_bytes)},'
+            f'"backend":{self._esc(str(group.backend))}'
+        )
+
+    def _children(
+        self, group: GroupRow, op: str, neg_end: int, shift: int
+    ) -> tuple[list[str], int, list[tuple[str, int, int]]]:
+        """``(each child's text up to its tail, the children's end, their spans)`` of the
+        ops of one group negotiated at ``neg_end``: the same for all of them."""
+        spans = self._phases(group, op, neg_end)
+        return (
+            [
+                f',\n{{"name":{c_name},"ph":"X","ts":{us(c_start + shift)},"dur":{us(c_end - c_start)},'
+                for c_name, c_start, c_end in spans
+            ],
+            spans[-1][2] if spans else neg_end,
+            spans,
+        )
+
+    def _ready_text(
+        self,
+        ready: Any,
+        base: int,
+        ranks: int,
+        own: tuple[str, str],
+        times: tuple[int, str, int, str],
+        fmt: _Times,
+        tail: str,
+    ) -> tuple[str, str]:
+        """``(ready args, READY mark line)`` of one op's NEGOTIATE_<OP>. This rank's own
+        readiness (its submission) is its one READY mark; of the others only the last one
+        is named, so an op's events do not grow with the ranks. The analysis joins the
+        ranks' own marks across their files. ``own``: this rank's mark prefix and args
+        key; ``times``: the op's start and negotiated end, and their texts."""
+        last_rank, last_t = -1, NO_TIME
+        for r in range(ranks):
+            t = ready[base + r]
+            if t != NO_TIME and (last_t == NO_TIME or t >= last_t):
+                last_rank, last_t = r, t
+        if last_t == NO_TIME:
+            return "", ""
+        ready_args = marks = ""
+        start, start_text, neg_end, neg_text = times
+        me = self.rank
+        own_t = ready[base + me] if me < ranks else NO_TIME
+        if own_t != NO_TIME:
+            t_text = start_text if own_t == start else fmt[own_t]
+            ready_args = f',"ready_us":{{{own[1]}{t_text}}}'
+            if own_t < start:
+                t_text = start_text
+            elif own_t > neg_end:
+                t_text = neg_text
+            marks = f"{own[0]}{t_text},{tail},\n"
+        ready_args += f',"last_ready_rank":{last_rank},"last_ready_us":{fmt[last_t]}'
+        return ready_args, marks
+
+
+def _with_children(
+    text: str,
+    children: tuple[list[str], int, list[tuple[str, int, int]]],
+    end: int,
+    shift: int,
+    tail: str,
+    append: Callable[[str], None],
+) -> int:
+    """Appends an op's text with its group's children (clamped to the op's end when it
+    ended before its group); returns the number of children."""
+    prefixes, children_end, spans = children
+    if children_end <= end:
+        if prefixes:
+            text += tail.join(prefixes) + tail
+        append(text)
+        return len(prefixes)
+    for c_name, c_start, c_end in spans:  # the op ended before its group: clamp
+        c_start, c_end = min(c_start, end), min(c_end, end)
+        text += f',\n{{"name":{c_name},"ph":"X","ts":{us(c_start + shift)},"dur":{us(c_end - c_start)},{tail}'
+    append(text)
+    return len(spans)
 
 
 _group_attrs = attrgetter(*GROUP_FIELDS)
@@ -647,13 +693,6 @@ def cycle_columns(record: CycleRecord) -> tuple[CycleHead, list[GroupRow], OpCol
     return head, groups, columns
 
 
-def events_per_op(size: int) -> int:
-    """Upper bound of the events one op becomes (for the writer's queue accounting): the
-    same at any ``size``, since an op carries only its own rank's READY mark."""
-    del size
-    return 7
-
-
-def lines_item(lines: Iterable[str]) -> tuple[int, list[str]]:
-    """A queue item of pre-rendered lines."""
-    return (ITEM_LINES, list(lines))
+#: Upper bound of the events one op becomes (for the writer's queue accounting): the same
+#: at any world size, since an op carries only its own rank's READY mark.
+EVENTS_PER_OP = 7

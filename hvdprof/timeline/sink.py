@@ -51,12 +51,12 @@ from hvdprof.timeline.manifest import (
     write_manifest,
 )
 from hvdprof.timeline.render import (
+    EVENTS_PER_OP,
     ITEM_COUNTER,
     ITEM_CYCLE,
     ITEM_INSTANT,
     ITEM_LINES,
     CycleRenderer,
-    events_per_op,
 )
 from hvdprof.timeline.transport import RenderProcess
 from hvdprof.timeline.writer import TimelineWriter, open_trace_file
@@ -156,7 +156,7 @@ class TimelineSink:
         self._lo, self._hi = window if window is not None else (0, 1 << 62)
         self._every = max(1, int(config.timeline_sample_every))
         self._mark_cycles = bool(config.timeline_mark_cycles)
-        self._per_op = events_per_op(self.size)
+        self._per_op = EVENTS_PER_OP
         self._last_bytes: int | None = None
         self._last_params: TunableParams | None = None
         self._manifest_lock = threading.Lock()

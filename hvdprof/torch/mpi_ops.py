@@ -231,10 +231,6 @@ def _follow(handles: list[Any], outputs: list[Any]) -> list[Any]:
     return outputs
 
 
-def _single(outputs: list[Any]) -> Any:
-    return outputs[0]
-
-
 def _as_tuple(outputs: list[Any]) -> Any:
     return tuple(outputs)
 
