@@ -353,3 +353,38 @@ def test_diff_two_slow_ranks_are_both_causes_never_effects() -> None:
     assert d.cause is not None and d.cause.key in ("rank 2: compute", "rank 3: compute")
     assert sorted(r.key for r in d.effects) == ["rank 0", "rank 1"], d.verdict
     assert "(also rank " in d.verdict, d.verdict
+
+
+def test_runs_recorded_far_apart_are_said_to_be_weak_evidence(tmp_path: Path) -> None:
+    """issue 50: the same job's median step moved 2.5x between two hours on this machine,
+    so diff says when A and B started far apart; a damaged start time is refused."""
+    from hvdprof.analysis.diff import diff_summaries
+    from hvdprof.analysis.synthetic import START_UNIX_NS
+
+    a = synth(tmp_path, "a", steps=30)
+    b = synth(tmp_path, "b", steps=30, step_us=24_000.0)
+    sa, sb = summarize(load_run(str(a), cache=False)), summarize(load_run(str(b), cache=False))
+    assert sa.recorded_unix_s == START_UNIX_NS // 10**9  # from the manifests
+    assert "recorded" not in (diff_summaries(sa, sb).verdict or "")  # the same moment
+    soon = msgspec.structs.replace(sb, recorded_unix_s=sa.recorded_unix_s + 300)
+    assert "recorded" not in (diff_summaries(sa, soon).verdict or "")  # 5 minutes apart
+    unknown = msgspec.structs.replace(sb, recorded_unix_s=None)  # (a Horovod trace)
+    assert "recorded" not in (diff_summaries(sa, unknown).verdict or "")
+    later = msgspec.structs.replace(sb, recorded_unix_s=sa.recorded_unix_s + 3 * 3600)
+    verdict = diff_summaries(sa, later).verdict or ""
+    assert "B was recorded 3 hours after A" in verdict and "weak evidence" in verdict
+    # the same through files and the CLI, with the gate
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    write_summary(sa, str(pa))
+    write_summary(
+        msgspec.structs.replace(sb, recorded_unix_s=sa.recorded_unix_s - 2 * 86400), str(pb)
+    )
+    out = cli("diff", str(pa), str(pb), "--fail-on", "5%")
+    assert out.returncode == 3, out.stdout + out.stderr  # 20 -> 24 ms: the gate fails
+    assert "B was recorded 2 days before A" in " ".join(out.stdout.split()), out.stdout
+    doc = json.loads(pb.read_text())
+    doc["recorded_unix_s"] = -5
+    pb.write_text(json.dumps(doc))
+    out = cli("diff", str(pa), str(pb))
+    assert out.returncode == 2 and "`$.recorded_unix_s` is -5" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr

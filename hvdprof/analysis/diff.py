@@ -151,6 +151,7 @@ def diff_summaries(a: RunSummary, b: RunSummary) -> RunDiff:
     text = _world_size_change(a, b) + (
         f"Step time {step_a:.2f} ms -> {step_b:.2f} ms ({change:+.0%})."
     )
+    text += recorded_apart(a, b)
     floor = max(MIN_CAUSE_MS, MIN_CAUSE_SHARE * step_a)
     grew = work[0] if work and work[0].delta_ms >= floor else None
     slower = step_b > step_a
@@ -211,6 +212,34 @@ def _world_size_change(a: RunSummary, b: RunSummary) -> str:
     both = sorted(set(a.ranks) & set(b.ranks))
     rows = f"rank rows compare the {len(both)} rank(s) both had" if both else "no rank in both"
     return f"World size changed: A had {len(a.ranks)} rank(s), B {len(b.ranks)} ({rows}). "
+
+
+#: runs recorded further apart than this get a sentence on what that means
+APART_S = 600
+
+
+def recorded_apart(a: RunSummary, b: RunSummary) -> str:
+    """A sentence when the runs started far apart: a machine's speed drifts between runs
+    (on a shared 2-core VM the same job's median step was 3.8 ms one hour and 9.5 ms the
+    next), and no interval computed inside each run can see that. Empty otherwise, and
+    when either run's start is unknown (traces without a manifest)."""
+    ta, tb = a.recorded_unix_s, b.recorded_unix_s
+    if ta is None or tb is None or abs(tb - ta) < APART_S:
+        return ""
+    apart = abs(tb - ta)
+    if apart < 2 * 3600:
+        when = f"{apart / 60:.0f} minutes"
+    elif apart < 2 * 86400:
+        when = f"{apart / 3600:.0f} hours"
+    else:
+        when = f"{apart / 86400:.0f} days"
+    order = "after" if tb >= ta else "before"
+    return (
+        f" B was recorded {when} {order} A: the machine's speed can change between "
+        "recordings (other jobs, frequency, noisy neighbours), which no interval within "
+        "one run sees, so a difference is weak evidence; 'hvdprof ab' runs both "
+        "interleaved in one job."
+    )
 
 
 def _in_user_range(a: RunSummary, b: RunSummary, cause: DiffRow, floor: float) -> str:

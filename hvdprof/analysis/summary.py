@@ -44,6 +44,8 @@ DIGITS = 3
 MAX_TIME_MS = 7 * 24 * 3600 * 1000.0
 #: Ranks are below this (the readers' own bound on a rank number).
 MAX_RANK = 1 << 24
+#: a run's start must fall before this (the year 2286): anything later is damage
+MAX_UNIX_NS = 10**19 - 1
 _RANGE = f"that is negative or non-finite, or above {MAX_TIME_MS:.0f} ms (a week)"
 
 
@@ -79,6 +81,9 @@ class RunSummary(msgspec.Struct, forbid_unknown_fields=True):
     range_ms: dict[int, dict[str, float]] = {}
     #: the file this summary was read from ("" when made from a trace in memory)
     path: str = ""
+    #: when the run started (Unix seconds, the earliest rank's manifest): ``diff`` says
+    #: when two runs were recorded far apart. None for traces without a manifest
+    recorded_unix_s: int | None = None
 
 
 class SummaryError(HvdprofError):
@@ -186,6 +191,7 @@ def summarize(run: Run) -> RunSummary:
         straggler_verdict=stragglers.verdict,
         problems=[str(p) for p in run.problems],
         range_ms={r.rank: {n: r.mean_ms(n) for n in r.per_step_ms} for r in b.user.ranks},
+        recorded_unix_s=_recorded_unix_s(run),
     )
     # JSON holds no NaN or infinity, and read_summary refuses a time that is negative or
     # above a week: a time a damaged trace made so is 0, and said
@@ -199,6 +205,17 @@ def summarize(run: Run) -> RunSummary:
         )
     # what a file written and read back would hold, to the bit (one answer either way)
     return msgspec.json.decode(msgspec.json.encode(plain), type=RunSummary)
+
+
+def _recorded_unix_s(run: Run) -> int | None:
+    """The earliest rank's start, from the manifests (whole seconds; None without one)."""
+    starts = [
+        m.get("start_unix_ns")
+        for m in run.manifests.values()
+        if isinstance(m, dict) and type(m.get("start_unix_ns")) is int
+    ]
+    starts = [t for t in starts if 0 < t < MAX_UNIX_NS]
+    return min(starts) // 1_000_000_000 if starts else None
 
 
 def _finite(value: Any, where: str, bad: list[str]) -> Any:
@@ -324,6 +341,8 @@ def _shape_problem(s: RunSummary) -> str | None:
     stray = next((r for r in s.series.work if r not in ranks), None)
     if stray is not None:
         return f"`$.series.work` names rank {stray}, not one of the run's ranks {_ranks(s)}"
+    if s.recorded_unix_s is not None and not 0 < s.recorded_unix_s < MAX_UNIX_NS // 10**9:
+        return f"`$.recorded_unix_s` is {s.recorded_unix_s}: not a time since 1970"
     if s.straggler is not None and s.straggler not in ranks:
         return f"`$.straggler` is rank {s.straggler}, not one of the run's ranks {_ranks(s)}"
     return None
