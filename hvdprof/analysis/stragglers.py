@@ -1102,10 +1102,10 @@ def _culprit_verdict(
     runtime = out.lateness_ms - out.cost_ms - out.noise_floor_ms
     if out.own_work_known and runtime >= max(MIN_COST_MS, 0.1 * out.lateness_ms):
         text += (
-            f" Beyond that, the runtime held {'it' if len(named) == 1 else 'them'} "
-            f"{runtime:.1f} ms per step (its training thread got control back later after "
-            "the previous step's last collective: a later release, or a wait for a CPU "
-            "to wake up on): hvdprof's part or the machine's, not the code's."
+            f" Beyond that, hvdprof's runtime held {'it' if len(named) == 1 else 'them'} "
+            f"{runtime:.1f} ms per step, or the machine did, not the code (its training "
+            "thread got control back later after the previous step's last collective: a "
+            "later release, or a wait for a CPU to wake up on)."
         )
     if any(x.rank == 0 for x in named) and out.own_work_known:
         # measured on busy 2-core machines: a balanced job's rank 0 computed 1.2 ms per
@@ -1235,10 +1235,10 @@ def _no_culprit_verdict(
     if late:
         x = late[0]
         text += (
-            f" Rank {x.rank}'s lateness is the runtime's or the machine's, not its code's: "
-            f"its training thread got control back from the previous step's last collective "
-            f"{x.release_late_ms:.2f} ms after the others' on average (a later release, or "
-            "a wait for a CPU to wake up on)."
+            f" hvdprof's runtime held rank {x.rank} by {x.release_late_ms:.2f} ms per step, "
+            "or the machine did, not its code: its training thread got control back from "
+            "the previous step's last collective that much after the others' on average (a "
+            "later release, or a wait for a CPU to wake up on)."
         )
     text += f" The ranks finish each step within {out.spread_ms:.2f} ms of each other (median)."
     return text
