@@ -44,6 +44,9 @@ from hvdprof.launcher import TOPOLOGY_VARS, launch
 EXIT_USAGE = 2
 #: Exit code after a Ctrl+C outside the launcher (the launcher returns its own).
 EXIT_INTERRUPTED = 130
+#: Exit code of any command when hvdprof itself failed (a bug): never 0 or 1, which the
+#: analysis commands use for "read" and "read, something skipped"
+EXIT_INTERNAL = 4
 
 _RUN_EPILOG = """\
 examples:
@@ -500,13 +503,24 @@ def _write_horovod_timeline(directory: str, path: str) -> None:
             file=sys.stderr,
         )
         return
+    from hvdprof.analysis.output_file import refusal
+
+    # (while the job ran, the path was a link to rank 0's trace: that one is ours to replace)
+    ours = os.path.islink(path) and os.path.realpath(path).startswith(
+        os.path.join(os.path.realpath(directory), "")
+    )
+    if not ours and (problem := refusal(path, "HOROVOD_TIMELINE", trace_ok=True)) is not None:
+        print(f"hvdprof run: {problem}; the per-rank timelines are in {directory}", file=sys.stderr)
+        return
+    tmp = f"{path}.tmp.{os.getpid()}"
     try:
         from hvdprof.timeline.merge import merge_directory
 
-        tmp = f"{path}.tmp.{os.getpid()}"
         merge_directory(directory, tmp, [])
         os.replace(tmp, path)
     except Exception as exc:  # the job's result stands; say what is where
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         print(
             f"hvdprof run: HOROVOD_TIMELINE={path}: could not write the merged timeline "
             f"({exc}); the per-rank timelines are in {directory}",
@@ -526,6 +540,10 @@ def _cmd_timeline_merge(args: argparse.Namespace) -> int:
         if exc.name not in ("hvdprof.timeline.merge", "hvdprof.timeline"):
             raise
         raise HvdprofError("timeline merge is not available in this installation") from None
+    from hvdprof.analysis.output_file import refusal
+
+    if (problem := refusal(args.output, "timeline merge -o", trace_ok=True)) is not None:
+        raise HvdprofError(problem)
     result = merge_directory(args.directory, args.output, list(args.kineto))
     print(str(result))
     return 0
@@ -579,6 +597,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hvdprof: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as exc:  # a bug: the traceback for the report, and never 0 or 1
+        import traceback
+
+        traceback.print_exc()
+        print(
+            f"hvdprof: internal error in {args.command} ({type(exc).__name__}): this is a bug "
+            f"in hvdprof, please report it with the traceback above; exit {EXIT_INTERNAL}",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
 
 
 def _message(exc: BaseException) -> str:

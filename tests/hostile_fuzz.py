@@ -18,6 +18,7 @@ reads that process's peak memory from ``wait4``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import os
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -359,11 +361,15 @@ def _mutate_bytes(data: bytes, rng: random.Random) -> bytes:
     return bytes(out)
 
 
-def mutated_cases(seeds: dict[str, dict[str, bytes]], n: int, seed: int) -> Iterator[Case]:
-    """``n`` cases, each one real run with one of its files mutated (deterministic)."""
+def mutated_cases(
+    seeds: dict[str, dict[str, bytes]], n: int, seed: int, start: int = 0
+) -> Iterator[Case]:
+    """``n`` cases, each one real run with one of its files mutated (deterministic): the
+    seed's cases ``start`` to ``start + n - 1`` (those before are made and dropped, so a
+    seed's cases can be checked in chunks)."""
     rng = random.Random(seed)
     names = sorted(seeds)
-    for i in range(n):
+    for i in range(start + n):
         run = rng.choice(names)
         files: dict[str | bytes, bytes | str | Link] = dict(seeds[run])
         target = rng.choice(_trace_files(seeds[run]))
@@ -388,7 +394,8 @@ def mutated_cases(seeds: dict[str, dict[str, bytes]], n: int, seed: int) -> Iter
             if rng.random() < 0.2:  # a cut or corrupt stream
                 mutated = _mutate_bytes(mutated, rng)
         files[name] = mutated
-        yield Case(f"fuzz-{seed}-{i:05d}-{run}-{how}", files, base=run)
+        if i >= start:
+            yield Case(f"fuzz-{seed}-{i:05d}-{run}-{how}", files, base=run)
 
 
 # --- writing and checking a case --------------------------------------------------------
@@ -563,69 +570,85 @@ class Surface:
     extra: dict[str, str] = field(default_factory=dict)
 
 
-def surface_cases(summaries: dict[str, bytes], n: int, seed: int) -> Iterator[Surface]:
+def surface_cases(
+    summaries: dict[str, bytes], n: int, seed: int, start: int = 0
+) -> Iterator[Surface]:
     """``n`` cases over the gate, summary, ``--autotune-from`` and environment surfaces,
-    from real summaries and a real log, mutated as the trace cases are (deterministic)."""
+    from real summaries and a real log, mutated as the trace cases are (deterministic;
+    ``start``: as for :func:`mutated_cases`)."""
     from hvdprof.config import ENV_VARS
 
     rng = random.Random(seed * 7919 + 48)
     names = sorted(summaries)
-    for i in range(n):
-        kind = rng.choice(("summary", "summary", "rule", "autotune", "environment"))
-        tag = f"surface-{seed}-{i:05d}-{kind}"
-        if kind == "summary":
-            base = rng.choice(names)
-            how = rng.choice(("json", "json", "bytes", "pad", "deep", "wide"))
-            data = summaries[base]
-            if how == "json":
-                data = _mutate_json(data, rng) or data
-            elif how == "bytes":
-                data = _mutate_bytes(data, rng)
-            elif how == "pad":
-                data = rng.choice([b"\n", b" ", b"\r\n", b"\t"]) * rng.randint(1, 70_000) + data
-            elif how == "deep":
-                depth = rng.choice((1000, 100_000))
-                data = data.replace(b'"problems":[', b'"problems":' + b"[" * depth, 1)
-                data = data.replace(b"]", b"]" * depth, 1) if rng.random() < 0.5 else data
-            else:  # many steps or ranks: the gate's memory
-                steps, ranks = rng.choice(((20_000, 2), (150, 256), (500, 64), (3, 1)))
-                doc = json.loads(summaries[base])
-                row = [round(rng.uniform(0, 20), 3) for _ in range(ranks)]
-                doc["ranks"] = list(range(ranks))
-                doc["series"]["step"] = [row] * steps
-                data = json.dumps(doc).encode()
-            yield Surface(f"{tag}-{base}-{how}", kind, data, rng.choice(HOSTILE_RULES), base)
-        elif kind == "rule":
-            text = rng.choice(HOSTILE_RULES)
-            if rng.random() < 0.5:
-                text = _mutate_bytes(text.encode(), rng).decode("utf-8", "replace")
-            yield Surface(tag, kind, text=text, base=rng.choice(names))
-        elif kind == "autotune":
-            how = rng.choice(("lines", "bytes", "binary", "value"))
-            data = AUTOTUNE_LOG
-            if how == "bytes":
-                data = _mutate_bytes(data, rng)
-            elif how == "binary":
-                data = data.split(b"\n", 1)[0] + b"\n" + rng.randbytes(rng.randint(1, 50_000))
-            elif how == "value":
-                rows = data.split(b"\n")
-                fields = rows[3].split(b",")
-                fields[rng.randrange(len(fields))] = rng.choice(HOSTILE_SETTINGS).encode(
-                    "utf-8", "surrogatepass"
-                )
-                rows[3] = b",".join(fields)
-                data = b"\n".join(rows)
-            else:
-                rows = data.split(b"\n")
-                del rows[rng.randrange(1, len(rows))]
-                data = b"\n".join(rows)
-            yield Surface(f"{tag}-{how}", kind, data)
+    for i in range(start + n):
+        case = _surface_case(summaries, names, rng, seed, i, ENV_VARS)
+        if i >= start:
+            yield case
+
+
+def _surface_case(
+    summaries: dict[str, bytes],
+    names: list[str],
+    rng: random.Random,
+    seed: int,
+    i: int,
+    env_vars: Any,
+) -> Surface:
+    """Case ``i`` of a seed's surface cases."""
+    kind = rng.choice(("summary", "summary", "rule", "autotune", "environment"))
+    tag = f"surface-{seed}-{i:05d}-{kind}"
+    if kind == "summary":
+        base = rng.choice(names)
+        how = rng.choice(("json", "json", "bytes", "pad", "deep", "wide"))
+        data = summaries[base]
+        if how == "json":
+            data = _mutate_json(data, rng) or data
+        elif how == "bytes":
+            data = _mutate_bytes(data, rng)
+        elif how == "pad":
+            data = rng.choice([b"\n", b" ", b"\r\n", b"\t"]) * rng.randint(1, 70_000) + data
+        elif how == "deep":
+            depth = rng.choice((1000, 100_000))
+            data = data.replace(b'"problems":[', b'"problems":' + b"[" * depth, 1)
+            data = data.replace(b"]", b"]" * depth, 1) if rng.random() < 0.5 else data
+        else:  # many steps or ranks: the gate's memory
+            steps, ranks = rng.choice(((20_000, 2), (150, 256), (500, 64), (3, 1)))
+            doc = json.loads(summaries[base])
+            row = [round(rng.uniform(0, 20), 3) for _ in range(ranks)]
+            doc["ranks"] = list(range(ranks))
+            doc["series"]["step"] = [row] * steps
+            data = json.dumps(doc).encode()
+        return Surface(f"{tag}-{base}-{how}", kind, data, rng.choice(HOSTILE_RULES), base)
+    elif kind == "rule":
+        text = rng.choice(HOSTILE_RULES)
+        if rng.random() < 0.5:
+            text = _mutate_bytes(text.encode(), rng).decode("utf-8", "replace")
+        return Surface(tag, kind, text=text, base=rng.choice(names))
+    elif kind == "autotune":
+        how = rng.choice(("lines", "bytes", "binary", "value"))
+        data = AUTOTUNE_LOG
+        if how == "bytes":
+            data = _mutate_bytes(data, rng)
+        elif how == "binary":
+            data = data.split(b"\n", 1)[0] + b"\n" + rng.randbytes(rng.randint(1, 50_000))
+        elif how == "value":
+            rows = data.split(b"\n")
+            fields = rows[3].split(b",")
+            fields[rng.randrange(len(fields))] = rng.choice(HOSTILE_SETTINGS).encode(
+                "utf-8", "surrogatepass"
+            )
+            rows[3] = b",".join(fields)
+            data = b"\n".join(rows)
         else:
-            env = {}
-            for _ in range(rng.randint(1, 3)):
-                var = rng.choice(ENV_VARS)
-                env[var.name] = rng.choice(HOSTILE_SETTINGS)
-            yield Surface(tag, kind, extra=env)
+            rows = data.split(b"\n")
+            del rows[rng.randrange(1, len(rows))]
+            data = b"\n".join(rows)
+        return Surface(f"{tag}-{how}", kind, data)
+    env = {}
+    for _ in range(rng.randint(1, 3)):
+        var = rng.choice(env_vars)
+        env[var.name] = rng.choice(HOSTILE_SETTINGS)
+    return Surface(tag, kind, extra=env)
 
 
 def _consume(config: Any) -> None:
@@ -757,18 +780,34 @@ def _plain(data: Any) -> Any:
     return data
 
 
+@contextlib.contextmanager
+def _runtime_warnings(name: str, out: list[str]) -> Iterator[None]:
+    """Each RuntimeWarning raised while checking case ``name``, as one line in ``out``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        yield
+    out += [
+        f"{name}: {w.category.__name__}: {w.message} ({Path(w.filename).name}:{w.lineno})"
+        for w in caught
+        if issubclass(w.category, RuntimeWarning)
+    ]
+
+
 def run_cases(
     n: int,
     seed: int,
     named: bool = True,
     progress: Callable[[dict[str, Any]], None] | None = None,
     surfaces: int = 0,
+    start: int = 0,
 ) -> dict[str, Any]:
     """Check the named cases, ``n`` mutated ones and ``surfaces`` cases on the gate,
     summary, ``--autotune-from`` and environment surfaces; the report as plain data
-    (``progress``: given the report so far every 50 cases)."""
+    (``progress``: given the report so far every 50 cases; ``start``: the seed's first
+    mutated and surface case checked, for a seed checked in chunks)."""
     seeds = seed_runs()
     failures: list[str] = []
+    warned: list[str] = []
     counts = {"named": 0, "mutated": 0}
     slowest: list[tuple[float, str]] = []
     started = time.monotonic()
@@ -779,7 +818,7 @@ def run_cases(
         served = root / "served"
         served.mkdir()
         cases: Iterator[Case] = iter(named_cases(seeds) if named else [])
-        for kind, source in (("named", cases), ("mutated", mutated_cases(seeds, n, seed))):
+        for kind, source in (("named", cases), ("mutated", mutated_cases(seeds, n, seed, start))):
             for case in source:
                 run_dir = materialize(case, served)
                 base = bases.get(case.base) if case.base else None
@@ -787,7 +826,8 @@ def run_cases(
                 if base is not None and not (served / case.base).exists():
                     shutil.copytree(base, served / case.base)
                 began = time.monotonic()
-                failures += check(case, run_dir, served / case.base if base else None, served)
+                with _runtime_warnings(case.name, warned):
+                    failures += check(case, run_dir, served / case.base if base else None, served)
                 slowest.append((round(time.monotonic() - began, 2), case.name))
                 shutil.rmtree(os.fsencode(run_dir))
                 counts[kind] += 1
@@ -797,9 +837,10 @@ def run_cases(
         if surfaces:
             encoded, decoded = real_summaries(bases)
             counts["surface"] = 0
-            for case in surface_cases(encoded, surfaces, seed):
+            for case in surface_cases(encoded, surfaces, seed, start):
                 began = time.monotonic()
-                failures += check_surface(case, decoded, root)
+                with _runtime_warnings(case.name, warned):
+                    failures += check_surface(case, decoded, root)
                 slowest.append((round(time.monotonic() - began, 2), case.name))
                 counts["surface"] += 1
                 if progress is not None and sum(counts.values()) % 50 == 0:
@@ -809,7 +850,11 @@ def run_cases(
         "finished": True,
         "cases": counts,
         "seed": seed,
+        "start": start,
         "failures": failures,
+        # numpy's RuntimeWarnings (overflow, invalid value): printed on a user's stderr,
+        # listed apart (a warning is not a failure of the reader)
+        "runtime_warnings": warned,
         "seconds": round(time.monotonic() - started, 1),
         "slowest": sorted(slowest, reverse=True)[:8],
     }
@@ -826,6 +871,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="cases on the gate, summary, --autotune-from and environment surfaces (default 0)",
     )
+    parser.add_argument(
+        "--start",
+        type=int,
+        default=0,
+        help="the seed's first mutated and surface case to check (default 0): a seed's "
+        "cases in chunks, e.g. --start 0 --cases 500, then --start 500 --cases 500",
+    )
     parser.add_argument("--out", help="write the report here (JSON) as well as to stdout")
     args = parser.parse_args(argv)
 
@@ -834,7 +886,12 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out).write_text(json.dumps(report, indent=1))
 
     report = run_cases(
-        args.cases, args.seed, named=not args.no_named, progress=partial, surfaces=args.surfaces
+        args.cases,
+        args.seed,
+        named=not args.no_named,
+        progress=partial,
+        surfaces=args.surfaces,
+        start=args.start,
     )
     text = json.dumps(report, indent=1)
     if args.out:

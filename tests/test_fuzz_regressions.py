@@ -46,3 +46,23 @@ def test_a_readiness_mark_naming_no_rank_keeps_the_columns_aligned(tmp_path):
     loaded = load_run(str(run), cache=False)
     assert len(loaded.marks) > 0
     assert analyze(loaded).verdicts
+
+
+def test_a_slice_lasting_1e308_us_makes_no_numpy_warning(tmp_path):
+    # fuzz-4848-00016, re-run with numpy's warnings as errors: a QUEUE of "dur": 1.7e308
+    # overflowed the breakdown's sort key ("RuntimeWarning: overflow encountered in add",
+    # intervals.py) on stderr, on every analyze and diff
+    import warnings
+
+    run = _copy_demo(tmp_path)
+    path = run / "rank.1.json.gz"
+    text = gzip.decompress(path.read_bytes()).decode()
+    at = text.index('"name":"QUEUE"')
+    dur = text.index('"dur":', at) + len('"dur":')
+    end = text.index(",", dur)
+    path.write_bytes(gzip.compress((text[:dur] + "1.7e308" + text[end:]).encode()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        loaded = load_run(str(run), cache=False)
+        report = analyze(loaded)
+    assert report.verdicts and loaded.ranks == [0, 1]

@@ -214,8 +214,11 @@ def cmd_ab(args: argparse.Namespace) -> int:
     from hvdprof.analysis.ab_runner import outcome_to_dict, run_gate, verdict_line
 
     sides, plan = _sides(args), _plan(args)
-    if args.json and os.path.isdir(args.json):
-        _usage(f"ab: --json {args.json}: is a directory")
+    if args.json is not None:  # refused before the runs, not after them
+        from hvdprof.analysis.output_file import refusal
+
+        if (problem := refusal(args.json, "ab --json")) is not None:
+            _usage(problem)
     out_dir = _prepare_out(args.out)
     _stop_on_sigterm()
     err = Console(stderr=True, markup=False, highlight=False)
@@ -305,12 +308,14 @@ def _estimate(outcome: GateOutcome) -> str:
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:
+    """Written as every output file is (:mod:`hvdprof.analysis.output_file`): never over a
+    device, a link or a trace, and no temporary file left on any path out."""
     import orjson
 
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-    os.replace(tmp, path)
+    from hvdprof.analysis.output_file import write_atomically
+
+    encoded = orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+    write_atomically(path, encoded, "ab --json")
 
 
 def cmd_history(args: argparse.Namespace) -> int:

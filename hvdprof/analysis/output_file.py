@@ -1,4 +1,6 @@
-"""Where ``hvdprof`` may write a file a user named (``analyze --summary FILE``).
+"""Where ``hvdprof`` may write a file a user named: ``analyze --summary FILE``,
+``report -o FILE``, ``ab --json FILE``, ``timeline merge -o FILE`` and the merged trace
+``HOROVOD_TIMELINE=FILE`` leaves.
 
 A path on the command line is a wish, not a licence: ``--summary /dev/null`` run as root
 would replace the device with a regular file, ``--summary RUN/rank.0.json`` would put a
@@ -6,7 +8,10 @@ would replace the device with a regular file, ``--summary RUN/rank.0.json`` woul
 file rather than followed. So a file is written only to a path that does not exist yet
 or over a regular file that is not a trace (an older summary, a stray text file), never
 over a device, FIFO, socket, directory or symbolic link, and never over anything the
-trace readers would take for a trace or part of a run.
+trace readers would take for a trace or part of a run. A merged trace (``timeline
+merge -o``, ``HOROVOD_TIMELINE``) may replace an older merged trace, the file it is
+meant to renew, but never a file of a run (a rank's timeline, its manifest, a
+torch.profiler trace named as one).
 
 The write is atomic (a temporary file beside the target, then ``os.replace``: a CI job
 killed mid-write keeps the old baseline), and the temporary file is removed on every
@@ -65,8 +70,19 @@ def _is_trace(path: str) -> bool:
         return True  # cannot tell: not replaced
 
 
-def refusal(path: str, what: str = "--summary") -> str | None:
-    """Why ``path`` must not be written (one line naming it), or None when it may."""
+def _is_run_file(path: str) -> bool:
+    """One of the per-rank files of a run, by its name (what a merged trace may not
+    replace)."""
+    from hvdprof.analysis.kineto_format import KINETO_NAME_RE
+    from hvdprof.timeline.manifest import MANIFEST_RE, TRACE_RE
+
+    name = os.path.basename(path)
+    return bool(TRACE_RE.match(name) or MANIFEST_RE.match(name) or KINETO_NAME_RE.match(name))
+
+
+def refusal(path: str, what: str = "--summary", *, trace_ok: bool = False) -> str | None:
+    """Why ``path`` must not be written (one line naming it), or None when it may
+    (``trace_ok``: the output is itself a merged trace, which may renew an older one)."""
     if not path:
         return f"{what}: expected a file name, got ''"
     try:
@@ -84,11 +100,12 @@ def refusal(path: str, what: str = "--summary") -> str | None:
             with contextlib.suppress(OSError):
                 extra = f" (to {os.readlink(path)}); name the file itself"
         return f"{what} {path}: it is {_kind(info.st_mode)}{extra}; not replaced"
+    if trace_ok:
+        if _is_run_file(path):
+            return f"{what} {path}: it is a file of a run; not replaced: name a new file"
+        return None
     if not _is_summary(path) and _is_trace(path):
-        return (
-            f"{what} {path}: it is a trace (or part of a run); not replaced by a summary: "
-            "name a new file"
-        )
+        return f"{what} {path}: it is a trace (or part of a run); not replaced: name a new file"
     return None
 
 

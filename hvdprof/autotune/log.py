@@ -193,19 +193,27 @@ def read_autotune_log(path: str | os.PathLike[str]) -> list[TrialRow]:
     row; each skip is logged with its line number and reason rather than dropped silently.
     Raises ``ValueError`` when the header lacks a required column.
     """
+    return _read_rows(path)[0]
+
+
+def _read_rows(path: str | os.PathLike[str]) -> tuple[list[TrialRow], list[tuple[int, str]]]:
+    """:func:`read_autotune_log`'s rows, and the decision rows after the last whole one
+    that it skipped as malformed (line number, why): a damaged decision is not "no
+    decision", nor is an earlier round's the one to use."""
     text = Path(path).read_text(encoding="utf-8", errors="replace")
     lines = text.split("\n")
     torn = lines.pop()  # "" when the file ends in a newline, else a partial last line
     if torn:
         _log.warning("autotune log %s: skipped a truncated last line %r", path, torn[:80])
     if not lines:
-        return []
+        return [], []
     header = [h.strip() for h in lines[0].split(",")]
     missing = [c for c in _REQUIRED if c not in header]
     if missing:
         raise ValueError(f"{path} is not an autotune log: header lacks {', '.join(missing)}")
     col = {name: i for i, name in enumerate(header)}
     rows: list[TrialRow] = []
+    bad_decisions: list[tuple[int, str]] = []
     for lineno, line in enumerate(lines[1:], start=2):
         if not line.strip():
             continue
@@ -235,17 +243,27 @@ def read_autotune_log(path: str | os.PathLike[str]) -> list[TrialRow]:
                     ratio_to_default=_parse_optional_float(get("ratio_to_default", "")),
                 )
             )
+            if rows[-1].phase == PHASE_DECISION:
+                bad_decisions.clear()
         except ValueError as exc:
             _log.warning("autotune log %s line %d skipped: %s", path, lineno, exc)
-    return rows
+            if PHASE_DECISION in (f.strip() for f in fields):
+                bad_decisions.append((lineno, str(exc)))
+    return rows, bad_decisions
 
 
 def read_decision(path: str | os.PathLike[str]) -> TrialRow:
     """The last round's decision row of an autotune log (what ``hvdprof run
     --autotune-from`` starts a job from). Raises ``ValueError`` naming the file when it has
     none (a log from a job that ended while tuning, or from before decision rows)."""
-    rows = read_autotune_log(path)
+    rows, bad_decisions = _read_rows(path)
     decisions = [r for r in rows if r.phase == PHASE_DECISION]
+    if bad_decisions:
+        lineno, why = bad_decisions[-1]
+        earlier = "; an earlier round's decision is not used instead" if decisions else ""
+        raise ValueError(
+            f"{path} line {lineno}: its last decision row cannot be read ({why}){earlier}"
+        )
     if not decisions:
         raise ValueError(
             f"{path} has no autotune decision: the job ended before a round of tuning did "

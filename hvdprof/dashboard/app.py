@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import re
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -98,12 +99,20 @@ def _cookie(header: bytes, name: bytes) -> bytes:
     return b""
 
 
+#: a Host header (or an Origin's netloc) as RFC 9110 allows it: a name, an IPv4 address or
+#: a bracketed IPv6 one, then perhaps a port; nothing else (``localhost:80@evil.example``
+#: is one of the forms a looser parse read as ``localhost``)
+_HOST_RE = re.compile(r"(\[[0-9a-f:.]+\]|[a-z0-9._-]+)(:[0-9]{1,5})?")
+
+
 def _host_name(value: str) -> str:
-    """The host of a Host header or an Origin's netloc, without port or brackets."""
+    """The host of a Host header or an Origin's netloc, without port or brackets; ``""``
+    for anything that is not one host and port."""
     value = value.strip().lower()
-    if value.startswith("["):
-        return value[1 : value.find("]")] if "]" in value else value[1:]
-    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+    m = _HOST_RE.fullmatch(value)
+    if m is None:
+        return ""
+    return m.group(1).strip("[]")
 
 
 class HostCheck:
@@ -118,16 +127,23 @@ class HostCheck:
 
     def __init__(self, app: Any, bound_host: str) -> None:
         self.app = app
-        self.allowed = {"localhost", "127.0.0.1", "::1", _host_name(bound_host)}
+        # (a bound IPv6 address comes without brackets; "" is no host and never allowed)
+        self.allowed = {"localhost", "127.0.0.1", "::1", bound_host.strip().strip("[]").lower()}
+        self.allowed.discard("")
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = dict(scope.get("headers") or [])
+        raw = scope.get("headers") or []
+        headers = dict(raw)
         host = headers.get(b"host", b"").decode("latin-1")
         problem = None
-        if _host_name(host) not in self.allowed:
+        hosts = sum(1 for name, _ in raw if name == b"host")
+        if hosts > 1 or sum(1 for name, _ in raw if name == b"origin") > 1:
+            what = "Host" if hosts > 1 else "Origin"
+            problem = f"more than one {what} header: which one is meant cannot be told"
+        elif _host_name(host) not in self.allowed:
             problem = (
                 f"host {host!r} is not this dashboard's (it answers on "
                 f"{', '.join(sorted(self.allowed))}: a guard against DNS rebinding)"

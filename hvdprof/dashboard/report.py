@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hvdprof.analysis.output_file import OutputRefused, refusal, write_atomically
 from hvdprof.analysis.registry import qualified
 from hvdprof.dashboard.catalog import RunCatalog, RunLoadError, RunNotFoundError
 from hvdprof.dashboard.paths import OutsideRootError, web_directory
@@ -150,10 +151,11 @@ def write_report(
         catalog.loaded(run_id)
     except (OutsideRootError, RunNotFoundError, RunLoadError) as exc:
         raise HvdprofError(f"report: {exc}") from None
+    out = Path(output)
+    problem = refusal(os.fspath(out), "report -o")  # before the work, said as the write would
+    if problem is not None:
+        raise OutputRefused(problem)
     responses = embedded_responses(catalog, run_id)
     html = render_report(responses)
-    out = Path(output)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    os.replace(tmp, out)
+    write_atomically(os.fspath(out), html.encode("utf-8"), "report -o")
     return ReportWritten(out, binned_views(responses))

@@ -29,10 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hvdprof.config import name_of
+from hvdprof.ray import exit_notes
 from hvdprof.ray.failures import (
     LOG_PREFIX,
     WorkerFailedError,
     actor_death_reason,
+    exit_reason,
     first_line,
     task_error_reason,
 )
@@ -247,6 +249,14 @@ class ElasticRayExecutor:
             self._say(f"worker {wid} started")
         return worker
 
+    def _death_reason(self, ray: Any, w: _Worker, exc: BaseException) -> str:
+        """The worker's own ``os._exit(n)`` / ``sys.exit(n)`` when it noted one (Ray says
+        only "connection error code 2"), else Ray's words."""
+        place = self._place(ray, w)
+        if place is not None and (note := exit_notes.read_on_node(place.node_id, place.pid)):
+            return exit_reason(place.pid, note)
+        return actor_death_reason(exc)
+
     def _place(self, ray: Any, w: _Worker) -> WorkerPlace | None:
         if w.place is None:
             try:
@@ -322,7 +332,7 @@ class ElasticRayExecutor:
                 if w.wid in job.plan:
                     job.finishing = True  # the training is over: add no more workers
             except ray.exceptions.RayActorError as exc:
-                w.how = f"died: {actor_death_reason(exc)}"
+                w.how = f"died: {self._death_reason(ray, w, exc)}"
                 failed.append(w)
             except ray.exceptions.RayTaskError as exc:
                 w.how = f"failed: {task_error_reason(exc)}"

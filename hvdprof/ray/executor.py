@@ -25,15 +25,17 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hvdprof.config import name_of
-from hvdprof.ray import placement
+from hvdprof.ray import exit_notes, placement
 from hvdprof.ray.failures import (
     LOG_PREFIX,
     RankFailure,
     WorkerFailedError,
     actor_death_reason,
+    exit_reason,
     failure_line,
     first_line,
     is_echo,
+    late_failure,
     task_error_reason,
 )
 from hvdprof.ray.layout import (
@@ -224,16 +226,23 @@ class RayExecutor:
             self._fail(ray, failures, pending, results)
         return [results[r] for r in range(len(refs))]
 
-    @staticmethod
     def _settle(
-        ray: Any, ref: Any, rank: int, results: dict[int, Any], failures: list[RankFailure]
+        self, ray: Any, ref: Any, rank: int, results: dict[int, Any], failures: list[RankFailure]
     ) -> None:
         try:
             results[rank] = ray.get(ref)
         except ray.exceptions.RayActorError as exc:
-            failures.append(RankFailure(rank, True, actor_death_reason(exc), exc))
+            failures.append(RankFailure(rank, True, self._death_reason(rank, exc), exc))
         except ray.exceptions.RayTaskError as exc:
             failures.append(RankFailure(rank, False, task_error_reason(exc), exc, is_echo(exc)))
+
+    def _death_reason(self, rank: int, exc: BaseException) -> str:
+        """How the rank's process ended: its own ``os._exit(n)`` / ``sys.exit(n)`` when it
+        noted one (Ray says only "connection error code 2"), else Ray's words."""
+        place = self.places[rank] if rank < len(self.places) else None
+        if place is not None and (note := exit_notes.read_on_node(place.node_id, place.pid)):
+            return exit_reason(place.pid, note)
+        return actor_death_reason(exc)
 
     def _fail(
         self,
@@ -245,12 +254,18 @@ class RayExecutor:
         """Let the other ranks end (their collectives fail once a peer is gone), kill those
         still running after the grace, and raise naming the rank that ended the job: a
         dead one before one that raised, and a peer's failure last (it is an echo)."""
-        deadline = time.monotonic() + self.settings.failure_grace_s
+        failed_at = time.monotonic()
+        waiting = set(pending.values())  # ranks still in their function when one failed
+        settled_at: dict[int, float] = {}
+        deadline = failed_at + self.settings.failure_grace_s
         while pending and time.monotonic() < deadline:
             done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0.2)
             for ref in done:
-                self._settle(ray, ref, pending.pop(ref), results, failures)
+                rank = pending.pop(ref)
+                self._settle(ray, ref, rank, results, failures)
+                settled_at[rank] = time.monotonic() - failed_at
         first = min(failures, key=RankFailure.blame_order)
+        first = late_failure(first, failures, waiting, settled_at, self.settings.timeout_s) or first
         place = self.places[first.rank] if first.rank < len(self.places) else None
         others = len(pending) + len(results) + len(failures) - 1
         line = failure_line(first.rank, place, first.died, first.reason, others)

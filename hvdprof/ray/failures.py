@@ -62,3 +62,48 @@ def task_error_reason(exc: BaseException) -> str:
     if isinstance(cause, BaseException):
         return f"{type(cause).__name__}: {first_line(cause)}"
     return first_line(exc)
+
+
+def exit_reason(pid: int, how: str) -> str:
+    """``its process (pid 4011) exited with os._exit(3)``: the worker's own note of how
+    the user's code ended it (:mod:`hvdprof.ray.exit_notes`)."""
+    return f"its process (pid {pid}) exited with {how}"
+
+
+#: what a rank's failed ``hvd.init()`` says when the others did not all come to meet it
+_START_FAILURE = re.compile(r"rendezvous at \S+ failed within|connecting to the other ranks failed")
+#: a rank whose own rendezvous failed this soon after the first one's was waiting with it
+#: (its timer ran out a moment later), not late
+CO_WAITER_S = 2.0
+
+
+def late_failure(
+    first: RankFailure,
+    failures: list[RankFailure],
+    waiting: set[int],
+    settled_at: dict[int, float],
+    timeout_s: float,
+) -> RankFailure | None:
+    """The rank a failed start is put down to, when it is not the one whose timer ran out.
+
+    A rank that reaches ``hvd.init()`` after ``timeout_s`` makes the ranks waiting for it
+    fail first: rank 0's "rendezvous ... failed" arrives while rank 1 is still in its own
+    code. Such a failure names the lowest rank that was still running then and did not
+    itself fail to meet the others within :data:`CO_WAITER_S` (those were waiting too).
+    None: ``first`` stands (a death, an exception, or every rank was waiting)."""
+    if first.died or first.echo or not _START_FAILURE.search(first.reason):
+        return None
+    co_waiters = {
+        f.rank
+        for f in failures
+        if _START_FAILURE.search(f.reason) and settled_at.get(f.rank, 0.0) <= CO_WAITER_S
+    }
+    late = sorted(waiting - co_waiters)
+    if not late:
+        return None
+    reason = (
+        f"late to hvd.init(): it had not come to the rendezvous when rank {first.rank} "
+        f"gave up waiting (timeout_s={timeout_s:g} s bounds the ranks' meeting; rank "
+        f"{first.rank}: {first.reason})"
+    )
+    return RankFailure(late[0], False, reason, first.exc)

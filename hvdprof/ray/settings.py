@@ -15,7 +15,10 @@ from dataclasses import dataclass
 class RaySettings:
     """Timeouts and outputs of a Ray job (``RayExecutor.create_settings``)."""
 
-    #: how long the ranks may take to meet (``HVDPROF_START_TIMEOUT_SECONDS`` of the workers)
+    #: how long the ranks may take to meet in ``hvd.init()`` (the workers'
+    #: ``HVDPROF_START_TIMEOUT_SECONDS``; a rank later than that is named as the failure),
+    #: and, plus 30 s, how long ``shutdown()`` waits for the timelines. It does not bound
+    #: the user's function: ``run()`` waits as long as that runs
     timeout_s: float = 30.0
     #: how long ``start()`` waits for Ray to place the workers; then ``TimeoutError``
     placement_group_timeout_s: float = 100.0

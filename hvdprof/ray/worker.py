@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdprof.config import name_of
+from hvdprof.ray import exit_notes
 from hvdprof.ray.layout import WorkerPlace
 
 #: Horovod's timeline variable names a file on the driver; the workers record elsewhere
@@ -34,6 +35,7 @@ class RayWorker:
     def __init__(self) -> None:
         self.executable: Any = None
         self._staging: str | None = None
+        exit_notes.forget(os.getpid())  # (a note left by an earlier process of this pid)
 
     # -- where it runs --------------------------------------------------------------
     def hostname(self) -> str:
@@ -82,7 +84,7 @@ class RayWorker:
 
     def execute(self, fn: Callable[[Any], Any]) -> Any:
         """``fn(executable)`` when ``start`` made one, else ``fn(self)`` (Horovod's rule)."""
-        return fn(self.executable if self.executable is not None else self)
+        return _noting_exits(fn, self.executable if self.executable is not None else self)
 
     def run(
         self,
@@ -90,7 +92,7 @@ class RayWorker:
         args: list[Any] | tuple[Any, ...] | None = None,
         kwargs: Mapping[str, Any] | None = None,
     ) -> Any:
-        return fn(*(args or ()), **(kwargs or {}))
+        return _noting_exits(fn, *(args or ()), **(kwargs or {}))
 
     # -- timeline -------------------------------------------------------------------
     def stage_timeline(self) -> str:
@@ -125,6 +127,25 @@ class RayWorker:
         if runtime.current() is not None:
             with contextlib.suppress(Exception):
                 runtime.shutdown()
+
+
+def _noting_exits(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, noting an ``os._exit(n)`` or ``sys.exit(n)`` it makes (Ray
+    tells the driver only "connection error code 2"; see :mod:`hvdprof.ray.exit_notes`)."""
+    real_exit = os._exit
+
+    def noted_exit(code: int) -> None:
+        exit_notes.write(f"os._exit({code!r})")
+        real_exit(code)
+
+    os._exit = noted_exit  # type: ignore[assignment]
+    try:
+        return fn(*args, **kwargs)
+    except SystemExit as exc:
+        exit_notes.write(f"sys.exit({exc.code!r})")
+        raise
+    finally:
+        os._exit = real_exit
 
 
 #: Horovod's name for the worker actor class

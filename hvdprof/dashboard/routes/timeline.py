@@ -33,6 +33,28 @@ def _ranks(text: str | None) -> tuple[int, ...] | None:
     return ranks
 
 
+def _check_rank(catalog: RunCatalog, run: str, rank: int) -> None:
+    """422 when the run has no such rank: its lanes would be empty rows, said by nobody
+    (a run that cannot be read is let through: the section's notice says why)."""
+    from hvdprof.dashboard.catalog import RunLoadError
+
+    try:
+        loaded = catalog.loaded(run).run
+    except RunLoadError:
+        return
+    ranks = sorted(loaded.ranks)
+    if rank not in ranks:
+        if not ranks:
+            has = "none"
+        elif ranks == list(range(ranks[0], ranks[-1] + 1)):
+            has = f"{ranks[0]}-{ranks[-1]}"
+        else:
+            has = ", ".join(map(str, ranks[:20])) + (" ..." if len(ranks) > 20 else "")
+        raise HTTPException(
+            422, f"expand_rank={rank}: this run has no rank {rank} (its ranks: {has})"
+        )
+
+
 def _stream_extent(catalog: RunCatalog, run: str, rank: int | None) -> tuple[float, float] | None:
     """The whole-run window of ``rank``'s stream lanes; 422 when it has no GPU activity
     (None when the run cannot be read: the section's notice says why)."""
@@ -67,9 +89,12 @@ def timeline(
     run: RunId,
     catalog: Annotated[RunCatalog, Depends(get_catalog)],
     t0_us: Annotated[
-        float | None, Query(description="window start (timeline microseconds)")
+        float | None,
+        Query(allow_inf_nan=False, description="window start (timeline microseconds)"),
     ] = None,
-    t1_us: Annotated[float | None, Query(description="window end (timeline microseconds)")] = None,
+    t1_us: Annotated[
+        float | None, Query(allow_inf_nan=False, description="window end (timeline microseconds)")
+    ] = None,
     ranks: Annotated[str | None, Query(description="comma-separated ranks (default all)")] = None,
     expand_rank: Annotated[
         int | None,
@@ -95,8 +120,10 @@ def timeline(
             422, f"lanes={lanes} needs expand_rank: the rank whose {lanes}s to show"
         )
     extent = None
-    if lanes == "stream":
+    if lanes == "stream":  # (a rank without GPU activity: said there)
         extent = _stream_extent(catalog, run, expand_rank)
+    elif expand_rank is not None:
+        _check_rank(catalog, run, expand_rank)
     selected = _ranks(ranks)
     try:
         from hvdprof.analysis import timeline_window
