@@ -66,3 +66,25 @@ def test_a_slice_lasting_1e308_us_makes_no_numpy_warning(tmp_path):
         loaded = load_run(str(run), cache=False)
         report = analyze(loaded)
     assert report.verdicts and loaded.ranks == [0, 1]
+
+
+def test_an_op_slice_lasting_1e308_us_is_left_out_and_said(tmp_path):
+    # fuzz-4848-00013, re-run with numpy's warnings as errors: an op slice of "dur":
+    # 1.7e308 in hvdprof's own format overflowed the straggler statistics ("overflow
+    # encountered in square"); the Horovod and Kineto readers already left such times out
+    import warnings
+
+    run = _copy_demo(tmp_path)
+    path = run / "rank.1.json.gz"
+    text = gzip.decompress(path.read_bytes()).decode()
+    at = text.index('"name":"ALLREDUCE"')
+    dur = text.index('"dur":', at) + len('"dur":')
+    end = text.index(",", dur)
+    path.write_bytes(gzip.compress((text[:dur] + "1.7e308" + text[end:]).encode()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        loaded = load_run(str(run), cache=False)
+        report = analyze(loaded)
+    assert report.verdicts and loaded.ranks == [0, 1]
+    assert any("1 slice(s) with a start or duration" in p.reason for p in loaded.problems)
+    assert float(loaded.slices.dur_us.max()) < 1e17

@@ -718,7 +718,7 @@ class RunLoader:
                     self.manifest_paths[rank], "", f"rank {rank}: manifest without a trace file"
                 )
             )
-        run.slices = SliceTable.concat(slice_tables)  # type: ignore[assignment]
+        run.slices = _times_in_range(SliceTable.concat(slice_tables), run)  # type: ignore[arg-type]
         run.marks = MarkTable.concat(mark_tables)  # type: ignore[assignment]
         run.tensors = self.tables.tensors.items
         run.names = self.tables.names.items
@@ -927,3 +927,31 @@ def _listdir(path: str) -> list[str]:
         return os.listdir(path)
     except OSError:
         return []
+
+
+#: a start or duration beyond this (about 3,000 years in microseconds) is damage, as the
+#: Horovod and Kineto readers also judge: such a slice is left out, and said
+MAX_TIME_US = 1e17
+
+
+def _times_in_range(slices: SliceTable, run: Run) -> SliceTable:
+    """The slices whose start and duration are finite and within :data:`MAX_TIME_US`: a
+    1.7e308-us slice would overflow every sum over the run (numpy warnings on stderr, an
+    infinite step)."""
+    ok = (
+        (np.abs(slices.start_us) < MAX_TIME_US)
+        & (slices.dur_us >= 0)
+        & (slices.dur_us < MAX_TIME_US)
+    )
+    if ok.all():
+        return slices
+    bad = int(len(ok) - ok.sum())
+    run.problems.append(
+        Problem(
+            run.path,
+            "",
+            f"{bad} slice(s) with a start or duration that is not a time (negative, not "
+            f"finite, or beyond {MAX_TIME_US:.0e} us): left out",
+        )
+    )
+    return slices.take(np.flatnonzero(ok))  # type: ignore[return-value]
