@@ -103,13 +103,15 @@ class Request(Handle):
         output: Any,
         t_submit: int,
         splits: tuple[int, ...] | None = None,
+        release: Any = None,
+        retire: Any = None,
     ) -> None:
         self.name = name
         self.result = None
         self.error = None
         self.done_flag = False
-        self.release = None
-        self.retire = None
+        self.release = release
+        self.retire = retire
         self.signature = signature
         self.tensor = tensor
         self.output = output
