@@ -1,0 +1,193 @@
+"""A simulated control plane: hundreds of ranks as threads on the real TCP star.
+
+Processes cannot go past about 64 ranks on this 2-core machine (each imports torch), but
+the control plane needs none of torch: every rank here is a thread holding a real
+:class:`~hvdprof.runtime.control.ControlChannel` (built by its own ``connect``, on
+loopback), writing the real cycle header (``OwnHeader``) and bits, and calling the real
+``allgather_sent``; on a miss cycle, ``gather_bytes`` of pickled ``RequestMeta``, rank 0's
+real ``Coordinator.handle`` and ``broadcast_bytes`` of its pickled reply. Rank 0 is a
+thread of the calling process; the other ranks are threads of a few worker processes.
+
+What it measures: rank 0's CPU (thread time) per cycle, its wall per cycle, and a median
+worker thread's CPU per cycle. Wall time here is dominated by waking a thousand threads
+on two cores; rank 0's CPU is what carries over (it serves the peers one after another).
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import pickle
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hvdprof.runtime.control import ControlChannel
+from hvdprof.runtime.cycle_header import HEADER, Gathered, OwnHeader
+from hvdprof.runtime.negotiation import Coordinator, RequestMeta, ResponseCache
+from hvdprof.runtime.requests import OpType, ReduceOp, Signature
+
+_SIG = Signature(OpType.ALLREDUCE, "float32", (64,), ReduceOp.SUM, -1, 1.0, 1.0, "cpu")
+_TIMEOUT_S = 300.0
+MODES = ("hit", "miss")
+
+
+class FileStore:
+    """The rendezvous ``ControlChannel.connect`` needs (``set``/``get``), in a folder:
+    rank 0 publishes its address, the others wait for it."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def _path(self, key: str) -> Path:
+        return self.folder / key.replace("/", "_")
+
+    def set(self, key: str, value: str) -> None:
+        tmp = self._path(key).with_suffix(".tmp")
+        tmp.write_text(value)
+        tmp.replace(self._path(key))
+
+    def get(self, key: str) -> bytes:
+        deadline = time.monotonic() + _TIMEOUT_S
+        while not self._path(key).exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {key} in {self.folder}")
+            time.sleep(0.01)
+        return self._path(key).read_bytes()
+
+
+def _cycle(ch: ControlChannel, tensors: int, mode: str, c: int, coordinator: Any) -> None:
+    """One negotiate stage, as the cycle does it: header and bits allgathered; on a miss,
+    the new names gathered to rank 0, coordinated, and the reply broadcast."""
+    payload = b""
+    if mode == "miss":
+        metas = [RequestMeta(f"miss.{c}.{i}", _SIG) for i in range(tensors)]
+        payload = pickle.dumps(metas, protocol=pickle.HIGHEST_PROTOCOL)
+    send = ch.send_buffer(HEADER + tensors)
+    OwnHeader(payload_len=len(payload)).write(send[:HEADER])
+    send[HEADER:] = 1 if mode == "hit" else 0
+    said = Gathered.read(ch.allgather_sent())
+    if mode == "hit":
+        np.flatnonzero(said.bits.min(axis=0))  # what every rank reads from the bits
+        return
+    lengths = [int(n) for n in said.lengths]
+    gathered = ch.gather_bytes(payload, lengths)
+    blob = None
+    if ch.rank == 0:
+        assert gathered is not None
+        messages = [(r, pickle.loads(b)) for r, b in enumerate(gathered) if b]
+        reply = coordinator.handle(c, messages, frozenset(), ResponseCache(0), False, 0.0)
+        blob = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+    pickle.loads(ch.broadcast_bytes(blob))
+
+
+def _run_rank(rank: int, size: int, folder: str, tensors: int, cycles: int) -> dict[str, list[int]]:
+    """Connect, then every mode's cycles: this rank's (cpu_ns, wall_ns) per cycle."""
+    ch = ControlChannel.connect(rank, size, FileStore(folder), "127.0.0.1", _TIMEOUT_S, _TIMEOUT_S)
+    coordinator = Coordinator(size) if rank == 0 else None
+    out: dict[str, list[int]] = {}
+    try:
+        for mode in MODES:
+            ch.barrier()
+            for c in range(2):  # warm-up: buffers sized, first pickles done
+                _cycle(ch, tensors, mode, -1 - c, coordinator)
+            cpu: list[int] = []
+            wall: list[int] = []
+            for c in range(cycles):
+                ch.barrier()
+                t0, w0 = time.thread_time_ns(), time.perf_counter_ns()
+                _cycle(ch, tensors, mode, c, coordinator)
+                cpu.append(time.thread_time_ns() - t0)
+                wall.append(time.perf_counter_ns() - w0)
+            out[f"{mode}_cpu"], out[f"{mode}_wall"] = cpu, wall
+    finally:
+        ch.close()
+    return out
+
+
+def _worker_process(
+    ranks: range, size: int, folder: str, tensors: int, cycles: int, q: Any
+) -> None:
+    """Many ranks as threads; puts each rank's median CPU per cycle by mode."""
+    results: dict[int, dict[str, list[int]]] = {}
+    errors: list[str] = []
+
+    def one(r: int) -> None:
+        try:
+            results[r] = _run_rank(r, size, folder, tensors, cycles)
+        except Exception as exc:  # reported by the parent, with the rank
+            errors.append(f"rank {r}: {exc}")
+
+    threading.stack_size(256 * 1024)
+    threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(_TIMEOUT_S)
+    q.put(
+        {
+            "errors": errors,
+            "cpu_ns": {
+                mode: [statistics.median(v[f"{mode}_cpu"]) for v in results.values()]
+                for mode in MODES
+            },
+        }
+    )
+
+
+def simulate(size: int, tensors: int, cycles: int = 20, processes: int = 4) -> list[dict[str, Any]]:
+    """One point per mode at ``size`` ranks: rank 0's and a worker's CPU per cycle (us),
+    rank 0's wall per cycle (us), medians over ``cycles`` cycles."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="hvdprof-sim-") as folder:
+        bounds = np.linspace(1, size, processes + 1).astype(int)
+        procs = [
+            ctx.Process(
+                target=_worker_process,
+                args=(range(int(a), int(b)), size, folder, tensors, cycles, q),
+                daemon=True,
+            )
+            for a, b in itertools.pairwise(bounds)
+            if b > a
+        ]
+        for p in procs:
+            p.start()
+        try:
+            mine = _run_rank(0, size, folder, tensors, cycles)
+            reports = [q.get(timeout=_TIMEOUT_S) for _ in procs]
+        finally:
+            for p in procs:
+                p.join(30)
+                if p.is_alive():
+                    p.kill()
+    errors = [e for r in reports for e in r["errors"]]
+    if errors:
+        raise SystemExit(f"simulated control plane at {size} ranks failed: {errors[:3]}")
+    out = []
+    for mode in MODES:
+        workers = [c for r in reports for c in r["cpu_ns"][mode]]
+        out.append(
+            {
+                "ranks": size,
+                "mode": mode,
+                "tensors": tensors,
+                "cycles": cycles,
+                "rank0_cpu_per_cycle_us": round(statistics.median(mine[f"{mode}_cpu"]) / 1000, 1),
+                "rank0_wall_per_cycle_us": round(statistics.median(mine[f"{mode}_wall"]) / 1000, 1),
+                "worker_cpu_per_cycle_us": round(statistics.median(workers) / 1000, 1),
+            }
+        )
+    return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    for point in simulate(int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 16, 5):
+        print(point)

@@ -1,0 +1,141 @@
+"""The control-plane scale benchmark: its quick run, its model's fit, its simulator.
+
+No timing is asserted: the numbers come from the full runs (docs/how-it-works.md).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import scale_model  # noqa: E402
+import scale_sim  # noqa: E402
+
+POINT_FIELDS = {
+    "engine",
+    "ranks",
+    "mode",
+    "step_ms",
+    "cycles",
+    "slow_cycles",
+    "names",
+    "width",
+    "rank0_negotiate_cpu_us",
+    "rank0_negotiate_wall_us",
+    "rank0_cpu_per_cycle_us",
+    "rank0_wait_per_cycle_us",
+    "worker_negotiate_cpu_us",
+    "worker_cpu_per_cycle_us",
+    "worker_wait_per_cycle_us",
+}
+
+
+@pytest.mark.timeout(240)
+def test_quick_run_measures_hit_and_miss_at_each_rank_count(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "scale.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "scale_bench.py"),
+            "--quick",
+            "--ranks",
+            "2,3",
+            "--fresh",
+            "--output",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    points = doc["points"]
+    assert sorted((p["ranks"], p["mode"]) for p in points) == [
+        (2, "hit"),
+        (2, "miss"),
+        (3, "hit"),
+        (3, "miss"),
+    ]
+    for p in points:
+        assert set(p) >= POINT_FIELDS, sorted(POINT_FIELDS - set(p))
+        assert p["tensors"] == 16 and p["width"] == 16
+        assert p["cycles"] >= 1 and p["rank0_negotiate_cpu_us"] > 0
+        if p["mode"] == "hit":  # every name came through the response cache
+            assert p["slow_cycles"] == 0 and p["names"] == 0 and p["cache_hits"] == 16
+        else:  # every name went to the coordinator
+            assert p["slow_cycles"] >= 1 and p["names"] == 16
+    assert set(doc["model"]["rank0"]["params_us"]) == set(scale_model.TERMS)
+    assert "OVERSUBSCRIBED" in proc.stdout
+
+
+def test_model_recovers_known_costs_from_synthetic_points() -> None:
+    truth = {
+        "step": 30.0,
+        "cycle": 40.0,
+        "msg": 6.0,
+        "kb": 0.8,
+        "name": 12.0,
+        "item": 2.5,
+        "msg_x_load": 0.3,
+    }
+    assert set(truth) == set(scale_model.TERMS)
+    points = []
+    for ranks in (2, 4, 8, 16, 32, 64):
+        for tensors, cycles in ((16, 1.0), (64, 2.5)):
+            for mode, slow, names in (("hit", 0, 0), ("miss", 1.5, tensors)):
+                p = {"ranks": ranks, "mode": mode, "tensors": tensors, "width": tensors}
+                p.update(cycles=cycles + (ranks % 3) / 2, slow_cycles=slow, names=names)
+                for role in ("rank0", "worker"):
+                    row = scale_model.design([p], role)[0]
+                    p[f"{role}_negotiate_cpu_us"] = float(
+                        sum(truth[t] * v for t, v in zip(scale_model.TERMS, row, strict=True))
+                    )
+                points.append(p)
+    train = [p for p in points if p["ranks"] <= 16]
+    held = [p for p in points if p["ranks"] > 16]
+    params = scale_model.fit(train, "rank0", "rank0_negotiate_cpu_us")
+    for term, value in truth.items():
+        assert params[term] == pytest.approx(value, rel=1e-6), (term, params)
+    errors = scale_model.held_out_errors(params, held, "rank0", "rank0_negotiate_cpu_us")
+    assert len(errors) == 8 and all(abs(e["error"]) < 1e-6 for e in errors)
+
+
+def test_reply_size_grows_with_ranks_and_names() -> None:
+    """The reply's size comes from pickling the real coordinator's reply."""
+    small = scale_model.reply_bytes(2, 4)
+    assert scale_model.reply_bytes(64, 4) > small
+    assert scale_model.reply_bytes(2, 16) > small
+    assert scale_model.reply_bytes(8, 0) == 0
+
+
+@pytest.mark.timeout(120)
+def test_simulated_control_plane_runs_the_real_wire_protocol() -> None:
+    points = scale_sim.simulate(12, 4, cycles=2, processes=2)
+    assert [p["mode"] for p in points] == ["hit", "miss"]
+    for p in points:
+        assert p["ranks"] == 12
+        assert p["rank0_cpu_per_cycle_us"] > 0 and p["worker_cpu_per_cycle_us"] > 0
+
+
+def test_byte_cost_is_recovered_from_simulated_points() -> None:
+    """The cost per KB rank 0 sends, taken from simulated hit cycles (fixed + calls + KB)."""
+    sims = []
+    for ranks in (16, 64, 256, 1024):
+        c = scale_model.counts(ranks, 16, 16, 1, 0, 0, cores=ranks)["rank0"]
+        cpu = 80.0 + 4.0 * c["msg"] + 0.4 * c["kb"]
+        sims.append({"ranks": ranks, "mode": "hit", "tensors": 16, "rank0_cpu_per_cycle_us": cpu})
+    assert scale_model.kb_cost_from_simulation(sims) == pytest.approx(0.4, rel=1e-6)
+    assert scale_model.kb_cost_from_simulation(sims[:2]) is None  # too few to tell
+    params = {t: 0.0 for t in scale_model.TERMS} | {"cycle": 80.0, "msg": 4.0, "kb": 0.4}
+    shape = scale_model.shape_check(params, sims)
+    assert [s["ranks"] for s in shape] == [16, 64, 256, 1024]
+    assert all(abs(s["error"]) < 1e-3 for s in shape)
