@@ -195,8 +195,10 @@ def _provenance(d: dict[str, Any]) -> str:
     load = d.get("load_average_at_start")
     if isinstance(load, list) and load:
         parts.append(f"load {load[0]:.1f} at start")
-    if d.get("load") not in (None, False, "", "quiet"):
-        parts.append(f"--load ({d['load']})" if isinstance(d["load"], str) else "--load")
+    settings = d.get("settings") if isinstance(d.get("settings"), dict) else {}
+    load = d.get("load", settings.get("load"))
+    if load not in (None, False, "", "quiet", "none"):
+        parts.append(f"--load ({load})" if isinstance(load, str) else "--load")
     return ", ".join(parts)
 
 

@@ -28,7 +28,7 @@ Each block also records the CPU time of every thread of the rank (from
 ``/proc/self/task/*/schedstat``): the main thread, hvdprof's cycle thread, and the rest
 (Gloo's threads, OpenMP workers), per iteration. Goal: hvdprof / ddp >= 1.0 on both.
 
-    python benchmarks/synthetic_training.py [--np 2] [--steps 16] [--block 5] [--quick]
+    python benchmarks/synthetic_training.py [--np 2] [--steps 16] [--block 5] [--quick] [--load]
         [--models conv,transformer]
 """
 
@@ -396,6 +396,11 @@ def options() -> Any:
         help="comma-separated models to run: conv, transformer (default both)",
     )
     p.add_argument("--local", action="store_true", help="also time a no-communication copy")
+    p.add_argument(
+        "--load",
+        action="store_true",
+        help="one spin loop per core beside the job (results in synthetic_training.loaded.json)",
+    )
     return p
 
 
@@ -419,7 +424,8 @@ def main() -> None:
         "--threads", str(args.threads), "--block", str(args.block), "--batch", str(args.batch),
         "--image", str(args.image), "--lr", str(args.lr), "--models", ",".join(models),
     ] + (["--local"] if args.local else [])  # fmt: skip
-    data = h.run_job(__file__, argv, args.np, timeout=timeout)
+    with h.spin_loops(args.load):
+        data = h.run_job(__file__, argv, args.np, timeout=timeout)
     samples = data["samples"]
     summary = h.summarise(samples)
     per_block = args.batch * args.np * args.block
@@ -448,10 +454,11 @@ def main() -> None:
         )
     print_tables(args, data, summary, rate, ratios, models)
     path = h.write_results(
-        NAME,
+        f"{NAME}.loaded" if args.load else NAME,
         {
             "settings": {
                 "np": args.np,
+                "load": "one spin loop per core" if args.load else "quiet",
                 "blocks": args.steps,
                 "warmup_blocks": args.warmup,
                 "iterations_per_block": args.block,
