@@ -388,3 +388,29 @@ def test_runs_recorded_far_apart_are_said_to_be_weak_evidence(tmp_path: Path) ->
     out = cli("diff", str(pa), str(pb))
     assert out.returncode == 2 and "`$.recorded_unix_s` is -5" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_cost_in_a_quarter_of_the_steps_is_slower_though_the_median_is_not() -> None:
+    """A rank 40 ms late in a quarter of the steps leaves the median step where it was
+    (a loaded CI run: 9.92 -> 9.17 ms, "B is not slower"); the mean shows the cost, and
+    the cause is named."""
+    from hvdprof.analysis.diff import diff_summaries
+
+    rng = np.random.default_rng(7)
+    a_steps = noisy_steps(rng, 200, 10.0)
+    b_steps = noisy_steps(rng, 200, 9.0)  # the machine a little faster for B...
+    slow = rng.permutation(200)[:50]
+    b_steps[slow] += 40.0  # ...and rank 1 40 ms late in a quarter of B's steps
+    a = msgspec.structs.replace(
+        made_up(a_steps), rank_ms={0: {"compute": 5.0}, 1: {"compute": 5.0}}
+    )
+    b = msgspec.structs.replace(
+        made_up(b_steps), rank_ms={0: {"compute": 4.5}, 1: {"compute": 14.5}}
+    )
+    assert b.step_ms < a.step_ms  # the median does not see it
+    d = diff_summaries(a, b)
+    assert d.cause is not None and d.cause.key == "rank 1: compute", d.verdict
+    assert "The mean step grew, though:" in (d.verdict or ""), d.verdict
+    # identical runs: neither the median nor the mean grew, no cause
+    same = diff_summaries(a, msgspec.structs.replace(b, series=a.series, step_ms=a.step_ms))
+    assert same.cause is None and "mean step grew" not in (same.verdict or ""), same.verdict

@@ -155,6 +155,16 @@ def diff_summaries(a: RunSummary, b: RunSummary) -> RunDiff:
     floor = max(MIN_CAUSE_MS, MIN_CAUSE_SHARE * step_a)
     grew = work[0] if work and work[0].delta_ms >= floor else None
     slower = step_b > step_a
+    mean_a, mean_b = _mean_step(a), _mean_step(b)
+    if not slower and mean_a is not None and mean_b is not None and mean_b - mean_a >= floor:
+        # the median step hides a cost paid in fewer than half the steps (a rank 40 ms
+        # late in a quarter of them): the mean shows it
+        slower = True
+        text += (
+            f" The mean step grew, though: {mean_a:.2f} -> {mean_b:.2f} ms "
+            f"({mean_b / mean_a - 1.0:+.0%}): some steps got much slower, which the median "
+            "does not show."
+        )
     cause = grew if slower else None  # a cause is a cause of a slowdown only
     if grew is not None and not slower:
         text += (
@@ -202,6 +212,12 @@ def diff_summaries(a: RunSummary, b: RunSummary) -> RunDiff:
         )
     out.verdict = text + _straggler_change(a, b, out)
     return out
+
+
+def _mean_step(s: RunSummary) -> float | None:
+    """The mean step (ms, mean over ranks per step), None without a per-step series."""
+    rows = [sum(row) / len(row) for row in s.series.step if row]
+    return sum(rows) / len(rows) if rows else None
 
 
 def _world_size_change(a: RunSummary, b: RunSummary) -> str:
