@@ -48,16 +48,15 @@ def test_a_readiness_mark_naming_no_rank_keeps_the_columns_aligned(tmp_path):
     assert analyze(loaded).verdicts
 
 
-def test_a_slice_lasting_1e308_us_makes_no_numpy_warning(tmp_path):
-    # fuzz-4848-00016, re-run with numpy's warnings as errors: a QUEUE of "dur": 1.7e308
-    # overflowed the breakdown's sort key ("RuntimeWarning: overflow encountered in add",
-    # intervals.py) on stderr, on every analyze and diff
+def _analyzed_with_huge_slice(tmp_path, slice_name):
+    """The demo run with rank 1's first ``slice_name`` lasting 1.7e308 us, loaded and
+    analyzed with numpy's RuntimeWarnings as errors."""
     import warnings
 
     run = _copy_demo(tmp_path)
     path = run / "rank.1.json.gz"
     text = gzip.decompress(path.read_bytes()).decode()
-    at = text.index('"name":"QUEUE"')
+    at = text.index(f'"name":"{slice_name}"')
     dur = text.index('"dur":', at) + len('"dur":')
     end = text.index(",", dur)
     path.write_bytes(gzip.compress((text[:dur] + "1.7e308" + text[end:]).encode()))
@@ -65,6 +64,14 @@ def test_a_slice_lasting_1e308_us_makes_no_numpy_warning(tmp_path):
         warnings.simplefilter("error", RuntimeWarning)
         loaded = load_run(str(run), cache=False)
         report = analyze(loaded)
+    return loaded, report
+
+
+def test_a_slice_lasting_1e308_us_makes_no_numpy_warning(tmp_path):
+    # fuzz-4848-00016, re-run with numpy's warnings as errors: a QUEUE of "dur": 1.7e308
+    # overflowed the breakdown's sort key ("RuntimeWarning: overflow encountered in add",
+    # intervals.py) on stderr, on every analyze and diff
+    loaded, report = _analyzed_with_huge_slice(tmp_path, "QUEUE")
     assert report.verdicts and loaded.ranks == [0, 1]
 
 
@@ -72,19 +79,7 @@ def test_an_op_slice_lasting_1e308_us_is_left_out_and_said(tmp_path):
     # fuzz-4848-00013, re-run with numpy's warnings as errors: an op slice of "dur":
     # 1.7e308 in hvdprof's own format overflowed the straggler statistics ("overflow
     # encountered in square"); the Horovod and Kineto readers already left such times out
-    import warnings
-
-    run = _copy_demo(tmp_path)
-    path = run / "rank.1.json.gz"
-    text = gzip.decompress(path.read_bytes()).decode()
-    at = text.index('"name":"ALLREDUCE"')
-    dur = text.index('"dur":', at) + len('"dur":')
-    end = text.index(",", dur)
-    path.write_bytes(gzip.compress((text[:dur] + "1.7e308" + text[end:]).encode()))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)
-        loaded = load_run(str(run), cache=False)
-        report = analyze(loaded)
+    loaded, report = _analyzed_with_huge_slice(tmp_path, "ALLREDUCE")
     assert report.verdicts and loaded.ranks == [0, 1]
     assert any("1 slice(s) with a start or duration" in p.reason for p in loaded.problems)
     assert float(loaded.slices.dur_us.max()) < 1e17
