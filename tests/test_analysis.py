@@ -28,11 +28,11 @@ from hvdprof.analysis import (
     timeline_window,
 )
 from hvdprof.analysis.breakdown import RankBreakdown
-from hvdprof.analysis.loader import RunLoader
-from hvdprof.analysis.model import PHASE_NEGOTIATE, PHASE_OP
 from hvdprof.analysis.stragglers import held_cut
 from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
 from hvdprof.common import activities as act
+from hvdprof.trace.loader import RunLoader
+from hvdprof.trace.model import PHASE_NEGOTIATE, PHASE_OP
 
 DATA = Path(__file__).resolve().parent / "data" / "horovod"
 REPO = Path(__file__).resolve().parent.parent

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from hvdprof.analysis import find_stragglers, load_run
-from hvdprof.analysis import loader as loader_mod
-from hvdprof.analysis.loader import RunLoader
-from hvdprof.analysis.model import Run
 from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
+from hvdprof.trace import loader as loader_mod
+from hvdprof.trace.loader import RunLoader
+from hvdprof.trace.model import Run
 
 
 def synth(tmp_path: Path, name: str = "run", **kw: Any) -> Path:
@@ -140,15 +140,16 @@ def test_worker_processes_then_refresh_reads_only_what_grew(
     monkeypatch.setattr(loader_mod, "PARALLEL_MIN_BYTES", 0)
     loader = RunLoader(str(d), cache=cache, workers=2)
     run = loader.load()
-    assert all(s.parser is not None and s.offset > 0 for s in loader.sources)
-    offsets = [s.offset for s in loader.sources]
-    parser = loader.sources[2].parser  # a full re-read would start a new one
+    readers = [s.reader for s in loader.sources]  # hvdprof's: HvdprofFileReader
+    assert all(r.parser is not None and r.offset > 0 for r in readers)
+    offsets = [r.offset for r in readers]
+    parser = readers[2].parser  # a full re-read would start a new one
     (d / "rank.2.json").write_bytes(full["rank.2.json"])
     assert run.refresh() is True
     # the grown file was continued from its offset; the others were not touched
-    assert [s.offset for s in loader.sources][:2] == offsets[:2]
-    assert loader.sources[2].complete and loader.sources[2].offset > offsets[2]
-    assert loader.sources[2].parser is parser
+    assert [r.offset for r in readers][:2] == offsets[:2]
+    assert loader.sources[2].complete and readers[2].offset > offsets[2]
+    assert readers[2].parser is parser
     for name in ("rank.0.json", "rank.1.json"):
         (d / name).write_bytes(full[name])
     assert run.refresh() is True

@@ -23,7 +23,7 @@ from hvdprof.analysis import (
 )
 from hvdprof.autotune.log import read_autotune_log
 from hvdprof.timeline.merge import kineto_shift_us
-from hvdprof.timeline.reader import load_trace
+from hvdprof.trace.chrome_json import load_trace
 
 
 def hvdprof_cli(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from hvdprof.analysis import load_run
-from hvdprof.analysis import loader as loader_mod
 from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
+from hvdprof.trace import loader as loader_mod
 
 pytest.importorskip("fastapi")
 

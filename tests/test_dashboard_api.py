@@ -196,7 +196,7 @@ def test_bad_window_is_a_clear_422(client: TestClient) -> None:
 def test_timeline_rank_and_tensor_and_phase_lanes(client: TestClient, served: Path) -> None:
     """Each lane kind is the library's ``timeline_window`` for that rank, unchanged."""
     from hvdprof.analysis import load_run, timeline_window
-    from hvdprof.analysis.model import PHASES
+    from hvdprof.trace.model import PHASES
 
     run = load_run(str(served / "demo"), cache=False)
     whole = client.get("/api/timeline", params={"run": "demo"}).json()["data"]

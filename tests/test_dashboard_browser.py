@@ -207,7 +207,7 @@ def test_page_timeline_zoom_expand_stragglers_autotune(
         page.select_option("#expand-select", "1:phase")
         wait_for_timeline(page, "window.HVD_STATE.laneKinds === 'phase'")
         phase_lanes = lanes(page)
-        from hvdprof.analysis.model import PHASES
+        from hvdprof.trace.model import PHASES
 
         assert phase_lanes == [p for p in PHASES if p in phase_lanes]
         assert {"negotiate", "collective"} <= set(phase_lanes), phase_lanes

@@ -1,4 +1,4 @@
-"""A trace format is one entry in the registry (:mod:`hvdprof.analysis.formats`): a toy
+"""A trace format is one entry in the registry (:mod:`hvdprof.trace.formats`): a toy
 format registered here, and nowhere else, is found and read by ``load_run``, listed and
 loaded by the dashboard's catalog, and answered by ``analyze``; unregistered, the same
 directory is no run at all."""
@@ -13,11 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hvdprof.analysis import LoadError, analyze, formats, load_run
-from hvdprof.analysis.formats import Detection, FileRead, FoundFile
-from hvdprof.analysis.hvdprof_format import Columns, Tables
-from hvdprof.analysis.model import OPS, PHASE_OP, SLICE_COLUMNS, Problem, Run, classify
+from hvdprof.analysis import LoadError, analyze, load_run
 from hvdprof.dashboard.catalog import RunCatalog
+from hvdprof.trace import formats
+from hvdprof.trace.columns import Columns, Tables
+from hvdprof.trace.formats import Detection, FileRead, FoundFile
+from hvdprof.trace.model import OPS, PHASE_OP, SLICE_COLUMNS, Problem, Run, classify
 
 HEADER = "rank,name,start_us,dur_us"
 

@@ -22,8 +22,8 @@ from conftest import REPO
 from hvdprof.analysis import load_run, timeline_window
 from hvdprof.analysis.device import GPU_KIND_NAMES, copy_kind, gpu_report, short_kernel_name
 from hvdprof.analysis.gpu_lanes import GPU_PHASES, stream_extent
-from hvdprof.analysis.kineto_format import GpuActivity
-from hvdprof.analysis.model import Run
+from hvdprof.trace.kineto_format import GpuActivity
+from hvdprof.trace.model import Run
 
 HTA_DATA = Path(__file__).resolve().parent / "data" / "kineto-hta"
 #: HTA 0.5.0's shares (README), percent: idle, compute, non-compute, overlap
@@ -183,7 +183,7 @@ def synthetic_rank(n: int, seed: int = 3) -> Run:
         start, dur, kind, stream, np.ones(n, bool), start, start + dur, kind.astype(np.int32),
         names, np.arange(n, dtype=np.int64), start - 10.0, np.full(n, 4096, np.int64),
     )  # fmt: skip
-    run = Run(path="synthetic", format="kineto", ranks=[0])
+    run = Run(path="synthetic", source_format="kineto", ranks=[0])
     run.gpu = {0: gpu}
     run.t0_us, run.t1_us = 0.0, float((start + dur).max())
     return run

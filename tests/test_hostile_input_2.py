@@ -366,7 +366,7 @@ def test_hvdprof_run_elsewhere_in_a_command_line_is_not_the_launcher(tmp_path: P
 
 
 def test_the_launcher_match_is_what_its_docstring_says() -> None:
-    from hvdprof.stack_target import is_launcher_command
+    from hvdprof.launch.stack_target import is_launcher_command
 
     assert is_launcher_command(["/v/bin/python3", "/v/bin/hvdprof", "run", "-np", "2"])
     assert is_launcher_command(["python", "-X", "dev", "-u", "-m", "hvdprof", "run", "x"])

@@ -476,7 +476,7 @@ _CRASHING = textwrap.dedent(
     [
         ("hvdprof.cli.markdown_table", ["env"]),
         ("hvdprof.dashboard.report.render_report", ["report", "{tmp}/run", "-o", "{tmp}/r.html"]),
-        ("hvdprof.stack_target.parse_pid", ["stacks", "1"]),
+        ("hvdprof.launch.stack_target.parse_pid", ["stacks", "1"]),
     ],
 )
 def test_a_crash_of_any_command_exits_4(tmp_path: Path, planted: str, argv: list[str]) -> None:

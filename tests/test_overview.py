@@ -19,8 +19,8 @@ import pytest
 from conftest import run_job
 
 from hvdprof.analysis import load_run, time_breakdown, timeline_window
-from hvdprof.analysis.model import Run
 from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
+from hvdprof.trace.model import Run
 
 DATA = Path(__file__).resolve().parent / "data" / "horovod"
 #: Largest allowed difference between the overview's and the breakdown's share of a
@@ -124,7 +124,7 @@ def test_real_run_overview_conserves_phase_time(slow_run: Path, max_items: int) 
 
 def test_every_phase_has_a_priority_and_lanes_hold_at_most_their_width(tmp_path: Path) -> None:
     from hvdprof.analysis.breakdown import PRIORITY
-    from hvdprof.analysis.model import PHASE_CYCLE, PHASE_OP, PHASES
+    from hvdprof.trace.model import PHASE_CYCLE, PHASE_OP, PHASES
 
     assert sorted((*PRIORITY, PHASE_OP, PHASE_CYCLE)) == list(range(len(PHASES)))
     d = tmp_path / "run"

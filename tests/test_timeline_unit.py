@@ -47,7 +47,6 @@ from hvdprof.timeline import (
     wire,
 )
 from hvdprof.timeline.manifest import request_live
-from hvdprof.timeline.reader import parse_trace_text
 from hvdprof.timeline.render import (
     ITEM_COLUMNS,
     ITEM_CYCLE,
@@ -55,6 +54,7 @@ from hvdprof.timeline.render import (
     CycleRenderer,
     cycle_columns,
 )
+from hvdprof.trace.chrome_json import parse_trace_text
 
 REPO = Path(__file__).resolve().parents[1]
 SIZE = 3

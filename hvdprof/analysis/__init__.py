@@ -1,7 +1,7 @@
 """Trace analysis: answers to "why is my step slow?" from hvdprof and Horovod timelines.
 
-Reading lives in one place (:mod:`hvdprof.analysis.loader`, into the columnar
-:class:`Run` of :mod:`hvdprof.analysis.model`); each question is one module with one
+Reading lives in one place (:mod:`hvdprof.trace.loader`, into the columnar
+:class:`Run` of :mod:`hvdprof.trace.model`); each question is one module with one
 plain function over a :class:`Run`. The CLI (``hvdprof analyze`` / ``hvdprof diff``), the
 dashboard and the tests all call these functions. Every result is a dataclass with
 ``to_dict()`` (JSON-safe) and, where it makes sense, a plain-words ``verdict``.
@@ -30,8 +30,6 @@ if TYPE_CHECKING:
     from hvdprof.analysis.divergence import DivergenceReport, divergence_report  # noqa: F401
     from hvdprof.analysis.fusion import FusionReport, fusion_report  # noqa: F401
     from hvdprof.analysis.gate import GateResult, check_gate, parse_rule  # noqa: F401
-    from hvdprof.analysis.loader import LoadError, load_run  # noqa: F401
-    from hvdprof.analysis.model import PHASES, Problem, Run  # noqa: F401
     from hvdprof.analysis.overlap import OverlapReport, overlap_report  # noqa: F401
     from hvdprof.analysis.process_sets import ProcessSetReport, process_set_report  # noqa: F401
     from hvdprof.analysis.report import Report, analyze  # noqa: F401
@@ -45,24 +43,26 @@ if TYPE_CHECKING:
     )
     from hvdprof.analysis.surrogate import SurrogateSurface, autotune_surface  # noqa: F401
     from hvdprof.analysis.window import TimelineWindow, timeline_window  # noqa: F401
+    from hvdprof.trace.loader import LoadError, load_run  # noqa: F401
+    from hvdprof.trace.model import PHASES, Problem, Run  # noqa: F401
 
 #: name -> module defining it, besides the analyses and their result types (those come from
 #: the registry). Resolved on first use, so that ``hvdprof run`` (whose parser registers
 #: ``analyze``) does not pay for numpy and the analyses at start-up.
 _OWN_EXPORTS: dict[str, str] = {
     "GateResult": "hvdprof.analysis.gate",
-    "LoadError": "hvdprof.analysis.loader",
-    "PHASES": "hvdprof.analysis.model",
-    "Problem": "hvdprof.analysis.model",
+    "LoadError": "hvdprof.trace.loader",
+    "PHASES": "hvdprof.trace.model",
+    "Problem": "hvdprof.trace.model",
     "Report": "hvdprof.analysis.report",
-    "Run": "hvdprof.analysis.model",
+    "Run": "hvdprof.trace.model",
     "RunDiff": "hvdprof.analysis.diff",
     "RunSummary": "hvdprof.analysis.summary",
     "TimelineWindow": "hvdprof.analysis.window",
     "analyze": "hvdprof.analysis.report",
     "check_gate": "hvdprof.analysis.gate",
     "diff_runs": "hvdprof.analysis.diff",
-    "load_run": "hvdprof.analysis.loader",
+    "load_run": "hvdprof.trace.loader",
     "parse_rule": "hvdprof.analysis.gate",
     "read_summary": "hvdprof.analysis.summary",
     "summarize": "hvdprof.analysis.summary",

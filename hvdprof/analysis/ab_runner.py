@@ -140,8 +140,8 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 def _measure(record: RunRecord, timeline: str) -> None:
     """Fill in the run's step time from its timeline (or say why there is none)."""
-    from hvdprof.analysis.loader import LoadError, load_run
     from hvdprof.analysis.summary import summarize, write_summary
+    from hvdprof.trace.loader import LoadError, load_run
 
     try:
         run = load_run(timeline, cache=False)

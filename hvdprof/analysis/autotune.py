@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hvdprof.analysis.model import Run
+from hvdprof.trace.model import Run
 
 
 @dataclass

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from hvdprof.analysis.model import OPS, PHASE_COLLECTIVE, Run
 from hvdprof.analysis.steps import one_time_tensors
+from hvdprof.trace.model import OPS, PHASE_COLLECTIVE, Run
 
 
 def bus_factor(op: str, n: int) -> float:

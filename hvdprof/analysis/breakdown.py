@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 
 from hvdprof.analysis.intervals import exclusive_segments
-from hvdprof.analysis.model import (
+from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, step_of, step_starts
+from hvdprof.analysis.user_phases import UserPhases, user_phases
+from hvdprof.trace.model import (
     PHASE_COLLECTIVE,
     PHASE_MEMCPY_IN,
     PHASE_MEMCPY_OUT,
@@ -25,8 +27,6 @@ from hvdprof.analysis.model import (
     PHASE_QUEUE,
     Run,
 )
-from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, step_of, step_starts
-from hvdprof.analysis.user_phases import UserPhases, user_phases
 
 #: Categories of the breakdown, in priority order, then idle.
 CATEGORIES: tuple[str, ...] = (

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 from hvdprof.analysis.tables import fitted, printable
 
 if TYPE_CHECKING:
-    from hvdprof.analysis.model import Run
     from hvdprof.analysis.report import Report
+    from hvdprof.trace.model import Run
 
 # Heavy imports (numpy, the analyses) happen in the command handlers: registering the
 # commands must cost every other ``hvdprof`` command nothing.
@@ -141,7 +141,7 @@ def add_diff_parser(commands: Any) -> None:
 
 
 def _load(path: str, cache: bool) -> Run:
-    from hvdprof.analysis.loader import LoadError, load_run
+    from hvdprof.trace.loader import LoadError, load_run
 
     try:
         run = load_run(path, cache=cache, progress=True)

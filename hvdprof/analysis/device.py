@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from hvdprof.analysis.model import Run
+from hvdprof.trace.model import Run
 
 #: HTA's kernel kinds, in GpuActivity.kind code order (0 compute, 1 comm, 2 memory, 3 other).
 GPU_KIND_NAMES: tuple[str, ...] = ("computation", "communication", "memory", "other")

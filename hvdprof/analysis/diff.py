@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hvdprof.analysis.breakdown import CATEGORIES, LABELS
-from hvdprof.analysis.model import Run
 from hvdprof.analysis.summary import RUNTIME_PHASES, RunSummary, summarize
+from hvdprof.trace.model import Run
 
 #: A cause must add at least this much per step (ms) ...
 MIN_CAUSE_MS = 0.5

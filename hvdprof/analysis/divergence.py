@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hvdprof.analysis.model import Run
 from hvdprof.common import activities as act
+from hvdprof.trace.model import Run
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from hvdprof.analysis.model import OPS, PHASE_OP, Run
+from hvdprof.trace.model import OPS, PHASE_OP, Run
 
 REASONS: tuple[str, ...] = ("alone", "dtype", "op", "threshold", "not_fusable", "unknown")
 REASON_WORDS = {
@@ -33,8 +33,6 @@ REASON_WORDS = {
 #: they all fill is the one holding tensors back.
 FILL_EDGES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9)
 FILL_LABELS = ("<10%", "10-25%", "25-50%", "50-75%", "75-90%", ">=90%")
-#: Horovod's default HOROVOD_FUSION_THRESHOLD, for Horovod timelines.
-HOROVOD_DEFAULT_THRESHOLD = 64 << 20
 _ALLREDUCE = OPS.index("ALLREDUCE")
 
 
@@ -72,8 +70,8 @@ def fusion_report(run: Run) -> FusionReport:
     """Fusion groups per rank: sizes, fill against the threshold, and unfused reasons."""
     s = run.slices
     threshold = run.fusion_threshold_bytes()
-    if threshold is None and run.format == "horovod":
-        threshold = HOROVOD_DEFAULT_THRESHOLD
+    if threshold is None:  # the recording tool's default (Horovod's), when it has one
+        threshold = run.capabilities.default_fusion_threshold_bytes
     out = FusionReport(threshold_bytes=threshold)
     ops_mask = (s.phase == PHASE_OP) & (s.group >= 0)
     for rank in run.ranks:

@@ -26,7 +26,7 @@ import numpy as np
 
 from hvdprof.analysis.bins import bucket_table
 from hvdprof.analysis.device import GPU_KIND_NAMES, short_kernel_name
-from hvdprof.analysis.model import PHASE_NEGOTIATE, PHASE_OP, Run
+from hvdprof.trace.model import PHASE_NEGOTIATE, PHASE_OP, Run
 
 #: A kernel's ``phase`` in a stream window (its colour): HTA's kind, prefixed so that it
 #: never reads as one of the CPU side's phases ("other" is one of both).

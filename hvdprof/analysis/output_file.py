@@ -61,7 +61,7 @@ def _is_summary(path: str) -> bool:
 
 def _is_trace(path: str) -> bool:
     """Would a reader take ``path`` for a trace, or for a file of a run directory?"""
-    from hvdprof.analysis.formats import part_of_run, single_file_run
+    from hvdprof.trace.formats import part_of_run, single_file_run
 
     p = Path(path)
     try:
@@ -73,8 +73,8 @@ def _is_trace(path: str) -> bool:
 def _is_run_file(path: str) -> bool:
     """One of the per-rank files of a run, by its name (what a merged trace may not
     replace)."""
-    from hvdprof.analysis.kineto_format import KINETO_NAME_RE
-    from hvdprof.timeline.manifest import MANIFEST_RE, TRACE_RE
+    from hvdprof.trace.kineto_format import KINETO_NAME_RE
+    from hvdprof.trace.manifest import MANIFEST_RE, TRACE_RE
 
     name = os.path.basename(path)
     return bool(TRACE_RE.match(name) or MANIFEST_RE.match(name) or KINETO_NAME_RE.match(name))

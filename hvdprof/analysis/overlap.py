@@ -3,8 +3,10 @@
 Communication is the union of a rank's backend calls (``<BACKEND>_<OP>`` slices);
 backward compute is the union of the Kineto trace's complete events whose name mentions
 ``backward`` (autograd's ``...Backward0`` functions) plus GPU kernels (``cat: kernel``).
-The Kineto trace is put on the run's clock the way ``hvdprof timeline merge`` does
-(its ``baseTimeNanoseconds`` against the rank's manifest). The answer per rank is the
+The Kineto trace is read by the trace layer's one Kineto reader
+(:func:`hvdprof.trace.kineto_format.backward_compute`) and put on the run's clock the way
+``hvdprof timeline merge`` does (its ``baseTimeNanoseconds`` against the rank's manifest,
+:func:`hvdprof.trace.manifest.kineto_shift_us`). The answer per rank is the
 share of communication time during which backward compute was running.
 """
 
@@ -19,11 +21,10 @@ from typing import Any
 import numpy as np
 
 from hvdprof.analysis.intervals import intersection_length, merge
-from hvdprof.analysis.model import PHASE_COLLECTIVE, Problem, Run
-from hvdprof.timeline.merge import kineto_shift_us
-from hvdprof.timeline.reader import load_trace
+from hvdprof.trace.kineto_format import backward_compute
+from hvdprof.trace.manifest import RANK_IN_NAME, kineto_shift_us
+from hvdprof.trace.model import PHASE_COLLECTIVE, Problem, Run
 
-_RANK_IN_NAME = re.compile(r"rank[._-]?(\d+)", re.IGNORECASE)
 _EXPLICIT = re.compile(r"^(\d+)=(.+)$")
 
 
@@ -64,21 +65,6 @@ class OverlapReport:
         }
 
 
-def _compute_spans(events: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
-    starts, ends = [], []
-    for e in events:
-        if e.get("ph") != "X":
-            continue
-        name = str(e.get("name", ""))
-        if "backward" not in name.lower() and e.get("cat") != "kernel":
-            continue
-        ts, dur = e.get("ts"), e.get("dur", 0)
-        if isinstance(ts, (int, float)) and isinstance(dur, (int, float)):
-            starts.append(float(ts))
-            ends.append(float(ts) + float(dur))
-    return np.array(starts, dtype=np.float64), np.array(ends, dtype=np.float64)
-
-
 def overlap_report(run: Run, kineto_paths: Sequence[str]) -> OverlapReport:
     """Per rank, the share of communication time overlapped by backward compute."""
     out = OverlapReport()
@@ -87,15 +73,10 @@ def overlap_report(run: Run, kineto_paths: Sequence[str]) -> OverlapReport:
         spec = os.fspath(spec)
         explicit = _EXPLICIT.match(spec)
         path = explicit.group(2) if explicit and not os.path.exists(spec) else spec
-        try:
-            trace = load_trace(path)
-        except OSError as exc:
-            out.problems.append(Problem(path, "", f"cannot read ({exc.strerror or exc})"))
+        compute = backward_compute(path, out.problems)
+        if compute is None:
             continue
-        out.problems += [
-            Problem(path, f"line {k.line}" if k.line else "", k.reason) for k in trace.skipped
-        ]
-        rank = _rank_of(path, trace.metadata, run, explicit if path != spec else None)
+        rank = _rank_of(path, compute.rank, run, explicit if path != spec else None)
         if rank is None:
             out.problems.append(
                 Problem(
@@ -112,10 +93,9 @@ def overlap_report(run: Run, kineto_paths: Sequence[str]) -> OverlapReport:
                 Problem(path, "", f"rank {rank} has no timeline manifest to align it with; skipped")
             )
             continue
-        shift = kineto_shift_us(trace, manifest)
-        c_start, c_end = _compute_spans(trace.events)
-        c_start += shift
-        c_end += shift
+        shift = kineto_shift_us(compute.base_ns, manifest)
+        c_start = compute.start_us + shift
+        c_end = compute.end_us + shift
         mask = (s.rank == rank) & (s.phase == PHASE_COLLECTIVE)
         a_start = s.start_us[mask]
         a_end = a_start + s.dur_us[mask]
@@ -149,14 +129,13 @@ def overlap_report(run: Run, kineto_paths: Sequence[str]) -> OverlapReport:
 
 
 def _rank_of(
-    path: str, metadata: dict[str, Any], run: Run, explicit: re.Match[str] | None
+    path: str, traced_rank: int | None, run: Run, explicit: re.Match[str] | None
 ) -> int | None:
     if explicit is not None:
         return int(explicit.group(1))
-    info = metadata.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("rank"), int):
-        return int(info["rank"])
-    match = _RANK_IN_NAME.search(os.path.basename(path))
+    if traced_rank is not None:
+        return traced_rank
+    match = RANK_IN_NAME.search(os.path.basename(path))
     if match:
         return int(match.group(1))
     if len(run.ranks) == 1:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hvdprof.analysis.model import MarkTable, Run, SliceTable
 from hvdprof.analysis.stragglers import Stragglers, find_stragglers
+from hvdprof.trace.model import MarkTable, Run, SliceTable
 
 _SET_SUFFIX = re.compile(r"@set(\d+)$")
 _RANKS_TEXT = re.compile(r"\b([Rr]anks?) ((?:\d+(?:, | and ))*\d+)")

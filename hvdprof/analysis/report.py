@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hvdprof.analysis import registry
-from hvdprof.analysis.model import Problem, Run
-from hvdprof.timeline.manifest import TRACE_RE
+from hvdprof.trace.manifest import TRACE_RE
+from hvdprof.trace.model import Problem, Run
 
 #: version of the ``to_dict`` layout (``hvdprof analyze --json``)
 SCHEMA_VERSION = 1

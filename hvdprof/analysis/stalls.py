@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hvdprof.analysis.model import PHASE_NEGOTIATE, Run, StallRecord
+from hvdprof.trace.model import PHASE_NEGOTIATE, Run, StallRecord
 
 #: reports whose starts (report time - time waited) are this close belong to one stall
 _SAME_START_US = 1_000_000.0

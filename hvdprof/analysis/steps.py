@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hvdprof.analysis.model import PHASE_NEGOTIATE, PHASE_OP, Run
+from hvdprof.trace.model import PHASE_NEGOTIATE, PHASE_OP, Run
 
 
 def step_starts(run: Run) -> dict[int, np.ndarray]:

@@ -99,10 +99,10 @@ from typing import Any
 import numpy as np
 
 from hvdprof.analysis.intervals import merge
-from hvdprof.analysis.kineto_format import kernel_arrivals
-from hvdprof.analysis.model import OPS, PHASE_OP, Run
 from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, count_steps, typical_step_ms
 from hvdprof.common import activities as act
+from hvdprof.trace.gpu import kernel_arrivals
+from hvdprof.trace.model import OPS, PHASE_OP, Run
 
 #: Smallest cost per step worth a verdict (ms).
 MIN_COST_MS = 0.5
@@ -348,7 +348,7 @@ def arrivals(run: Run) -> Arrivals | None:
     n_ranks = max(run.size, int(m.ready_rank.max()) + 1, 1)
     own = valid & (m.observer == m.ready_rank)
     columns: list[int] | None = None
-    if run.format == "kineto":
+    if run.capabilities.readiness_matched_across_files:
         # every rank's own trace, its marks filed under the lowest rank's collectives: the
         # traced ranks are compared, whatever the job's size
         observer = int(m.observer.min())
@@ -660,7 +660,7 @@ def find_stragglers(run: Run) -> Stragglers:
     say so once, in words: the others' arrivals are unknown, not late."""
     out = _find_stragglers(run)
     traced = len(run.ranks)
-    if run.format == "kineto" and 0 < traced < run.size and out.verdict:
+    if run.capabilities.ranks_may_be_a_subset and 0 < traced < run.size and out.verdict:
         v = out.verdict
         if v.startswith("No "):
             v = "no " + v[3:]
@@ -678,7 +678,8 @@ def _find_stragglers(run: Run) -> Stragglers:
     out = Stragglers()
     arr = arrivals(run) if len(run.slices) else None
     n_ranks = arr.t_us.shape[1] if arr is not None else 0
-    if run.format == "kineto" and len(run.ranks) >= 2 and (arr is None or not len(arr.t_us)):
+    matched = run.capabilities.readiness_matched_across_files
+    if matched and len(run.ranks) >= 2 and (arr is None or not len(arr.t_us)):
         out.verdict = KINETO_ARRIVALS
         return out
     if arr is None:
@@ -900,7 +901,7 @@ def _decide(run: Run, out: Stragglers, s: _StepTable) -> _Decision:
     boot_e = block_bootstrap_means(e) if n_all else np.zeros((1, n_ranks))
     p = _p_above(e.mean(axis=0) if n_all else np.zeros(n_ranks), boot_e.std(axis=0), bar_all)
     reject = holm(p) if n_all >= MIN_STEPS else np.zeros(n_ranks, dtype=bool)
-    if run.format == "kineto" and 0 < n_all < MIN_STEPS:
+    if run.capabilities.steps_sampled and 0 < n_all < MIN_STEPS:
         # torch.profiler records a few steps: a rank the others waited for by the bar in
         # every one of them is named for those steps (the verdict says how few they were)
         reject = (s.hold[counted] / 1000.0 >= bar_all).all(axis=0)

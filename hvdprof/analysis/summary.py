@@ -21,7 +21,6 @@ import msgspec
 import numpy as np
 
 from hvdprof.analysis.breakdown import CATEGORIES, Breakdown, time_breakdown
-from hvdprof.analysis.model import PHASE_NEGOTIATE, PHASE_OP, Run
 from hvdprof.analysis.steps import (
     MIN_STEPS_TO_SKIP_WARMUP,
     count_steps,
@@ -31,6 +30,7 @@ from hvdprof.analysis.steps import (
 )
 from hvdprof.analysis.stragglers import OwnWorkSeries, find_stragglers, own_work_series
 from hvdprof.errors import HvdprofError
+from hvdprof.trace.model import PHASE_NEGOTIATE, PHASE_OP, Run
 
 SUMMARY_FORMAT = "hvdprof-summary"
 SUMMARY_VERSION = 1
@@ -177,7 +177,7 @@ def summarize(run: Run) -> RunSummary:
         format=SUMMARY_FORMAT,
         version=SUMMARY_VERSION,
         source=run.path,
-        trace_format=run.format,
+        trace_format=run.source_format,
         ranks=list(run.ranks),
         steps_in_run=count_steps(run),
         step_ms=typical_step_ms(run),

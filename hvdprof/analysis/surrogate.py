@@ -24,13 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from hvdprof.analysis.model import Run
 from hvdprof.autotune.space import (
     CYCLE_TIME_MAX_MS,
     CYCLE_TIME_MIN_MS,
     FUSION_THRESHOLD_MAX_BYTES,
     FUSION_THRESHOLD_MIN_BYTES,
 )
+from hvdprof.trace.model import Run
 
 #: Fewest distinct samples a surface is fitted to (fewer says nothing about a 2-D space).
 MIN_SAMPLES = 3

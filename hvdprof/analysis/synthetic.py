@@ -1,7 +1,9 @@
 """Synthetic hvdprof runs with known answers, for the tests and the analysis benchmark.
 
-:func:`write_synthetic_run` writes ``rank.<r>.json`` and ``manifest.rank.<r>.json`` in the
-exact line format of hvdprof's renderer (one event per line), with a straggler late by a
+:func:`write_synthetic_run` writes ``rank.<r>.json`` through hvdprof's own trace writer
+(:class:`hvdprof.timeline.writer.TimelineWriter`: the file's framing, one event per line
+and the closing event are the recorder's, not a copy of them) and ``manifest.rank.<r>.json``
+beside it, with the events the renderer writes for a collective, a straggler late by a
 known amount, a known fusion pattern, collectives at a known bandwidth and, optionally,
 torch.profiler (Kineto) traces whose backward compute overlaps a known fraction of the
 communication. Everything about the run is chosen here, so a test can compare an
@@ -12,16 +14,21 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
 from hvdprof.common import activities as act
-from hvdprof.timeline.manifest import (
+from hvdprof.timeline.writer import TimelineWriter
+from hvdprof.trace.manifest import (
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
     manifest_filename,
     trace_filename,
 )
+
+#: one event, as the writer takes it
+Event = dict[str, Any]
 
 #: A fixed wall-clock instant for the synthetic manifests (ns since the epoch).
 START_UNIX_NS = 1_790_000_000_000_000_000
@@ -78,8 +85,9 @@ def _groups(spec: SyntheticSpec) -> list[list[int]]:
     return groups
 
 
-def _f(x: float) -> str:
-    return f"{x:.3f}"
+def _t(x: float) -> float:
+    """A time as the renderer writes it: microseconds to the nanosecond."""
+    return round(x, 3)
 
 
 def write_synthetic_run(directory: str, spec: SyntheticSpec) -> SyntheticTruth:
@@ -111,54 +119,82 @@ def write_synthetic_run(directory: str, spec: SyntheticSpec) -> SyntheticTruth:
                 if rank == spec.late_rank and spec.late_wakeup:
                     woke += spec.late_us
                 lines.append(
-                    f'{{"name":"{act.COUNTER_WAITED}","ph":"C","ts":{_f(woke)},"pid":{rank},"tid":0,'
-                    f'"args":{{"value":{_f(spec.step_us / 2000.0)}}}}}'
+                    {
+                        "name": act.COUNTER_WAITED,
+                        "ph": "C",
+                        "ts": _t(woke),
+                        "pid": rank,
+                        "tid": 0,
+                        "args": {"value": _t(spec.step_us / 2000.0)},
+                    }
                 )
             _step_lines(spec, rank, t_step, step * len(groups), groups, names, lines, kineto)
-        lines.append(
-            f'{{"name":"{act.TRACE_END}","ph":"M","pid":{rank},"tid":0,"args":{{"events_written":{len(lines)},"events_dropped":0}}}}'
-        )
-        truth.events += len(lines)
+        truth.events += len(lines) + 1  # (and the writer's closing event)
         _write_rank(directory, spec, rank, lines)
         if spec.kineto_overlap is not None:
             truth.kineto_paths.append(_write_kineto(directory, rank, kineto))
     return truth
 
 
-def _header_lines(spec: SyntheticSpec, rank: int, names: list[str], t_origin: float) -> list[str]:
+def _meta(rank: int, tid: int, what: str, name: str) -> Event:
+    return {"name": what, "ph": "M", "pid": rank, "tid": tid, "args": {"name": name}}
+
+
+def _header_lines(spec: SyntheticSpec, rank: int, names: list[str], t_origin: float) -> list[Event]:
     """A rank file's metadata (process and lane names) and its fusion threshold."""
-    lines: list[str] = [
-        f'{{"name":"process_name","ph":"M","pid":{rank},"tid":0,'
-        f'"args":{{"name":"rank {rank} ({spec.host})"}}}}'
-    ]
+    lines = [_meta(rank, 0, "process_name", f"rank {rank} ({spec.host})")]
     for tid, lane in act.LANE_NAMES.items():
-        lines.append(
-            f'{{"name":"thread_name","ph":"M","pid":{rank},"tid":{tid},"args":{{"name":"{lane}"}}}}'
-        )
+        lines.append(_meta(rank, tid, "thread_name", lane))
     for i, name in enumerate(names):
-        lines.append(
-            f'{{"name":"thread_name","ph":"M","pid":{rank},"tid":{act.FIRST_TENSOR_LANE + i},"args":{{"name":"{name}"}}}}'
-        )
+        lines.append(_meta(rank, act.FIRST_TENSOR_LANE + i, "thread_name", name))
+    mib = float(f"{spec.threshold_bytes / 1048576:.6g}")
     lines.append(
-        f'{{"name":"{act.COUNTER_FUSION_THRESHOLD}","ph":"C","ts":{_f(t_origin)},"pid":{rank},"tid":0,'
-        f'"args":{{"value":{spec.threshold_bytes / 1048576:.6g}}}}}'
+        {
+            "name": act.COUNTER_FUSION_THRESHOLD,
+            "ph": "C",
+            "ts": _t(t_origin),
+            "pid": rank,
+            "tid": 0,
+            "args": {"value": int(mib) if mib.is_integer() else mib},
+        }
     )
     return lines
 
 
 def _autotune_lines(
     spec: SyntheticSpec, step: int, sample: int, t_step: float, truth: SyntheticTruth
-) -> list[str]:
+) -> list[Event]:
     """Rank 0's parameters and score of one autotune sample (its window into ``truth``)."""
     threshold = (1 << 20) << sample
     t_end = t_step + spec.step_us * max(spec.steps // spec.autotune_samples, 1) - 2
     truth.sample_windows.append((t_step - 1, t_end))
+    params = {"fusion_threshold_bytes": threshold, "cycle_time_ms": 1.0, "cache_enabled": True}
     return [
-        f'{{"name":"{act.AUTOTUNE_PARAMS}","ph":"i","s":"p","ts":{_f(t_step - 1)},"pid":0,"tid":0,'
-        f'"args":{{"cycle":{step},"fusion_threshold_bytes":{threshold},"cycle_time_ms":1.0,"cache_enabled":true}}}}',
-        f'{{"name":"{act.AUTOTUNE_SAMPLE}","ph":"i","s":"t","ts":{_f(t_end)},"pid":0,"tid":{act.LANE_AUTOTUNE},'
-        f'"args":{{"fusion_threshold_bytes":{threshold},"cycle_time_ms":1.0,"cache_enabled":true,'
-        f'"score":{1e6 * (sample + 1):.1f},"first_step":{step},"last_step":{step + 1},"is_best":false,"phase":"tune"}}}}',
+        {
+            "name": act.AUTOTUNE_PARAMS,
+            "ph": "i",
+            "s": "p",
+            "ts": _t(t_step - 1),
+            "pid": 0,
+            "tid": 0,
+            "args": {"cycle": step, **params},
+        },
+        {
+            "name": act.AUTOTUNE_SAMPLE,
+            "ph": "i",
+            "s": "t",
+            "ts": _t(t_end),
+            "pid": 0,
+            "tid": act.LANE_AUTOTUNE,
+            "args": {
+                **params,
+                "score": round(1e6 * (sample + 1), 1),
+                "first_step": step,
+                "last_step": step + 1,
+                "is_best": False,
+                "phase": "tune",
+            },
+        },
     ]
 
 
@@ -169,7 +205,7 @@ def _step_lines(
     group_id: int,
     groups: list[list[int]],
     names: list[str],
-    lines: list[str],
+    lines: list[Event],
     kineto: list[dict[str, object]],
 ) -> None:
     """One step's slices on ``rank``: every tensor submitted, negotiated once the last
@@ -197,50 +233,72 @@ def _step_lines(
         if spec.kineto_overlap is not None:
             kineto.append({"ts": c0, "dur": (c1 - c0) * spec.kineto_overlap})
         for t in group:
-            tid = act.FIRST_TENSOR_LANE + t
-            name = names[t]
             dtype = "float16" if t == spec.tensors else "float32"
             nbytes = spec.tensor_bytes // 2 if t == spec.tensors else spec.tensor_bytes
-            tail = f'"pid":{rank},"tid":{tid}}}'
             ready = ready_all[t]
             own = ready[rank]
+            last = max(range(spec.ranks), key=lambda r, ready=ready: ready[r])
+            where = {"pid": rank, "tid": act.FIRST_TENSOR_LANE + t}
             # as the renderer writes them: the rank's own mark, the last rank named
             lines.append(
-                f'{{"name":"{act.READY_PREFIX}{rank}","ph":"i","s":"t","ts":{_f(own)},{tail}'
-            )
-            last = max(range(spec.ranks), key=lambda r, ready=ready: ready[r])
-            lines.append(
-                f'{{"name":"NEGOTIATE_ALLREDUCE","ph":"X","ts":{_f(own)},"dur":{_f(negotiated - own)},'
-                f'"args":{{"tensor":"{name}","cached":true,"ready_us":{{"{rank}":{_f(own)}}},'
-                f'"last_ready_rank":{last},"last_ready_us":{_f(ready[last])}}},{tail}'
+                {"name": f"{act.READY_PREFIX}{rank}", "ph": "i", "s": "t", "ts": _t(own), **where}
             )
             lines.append(
-                f'{{"name":"ALLREDUCE","ph":"X","ts":{_f(negotiated)},"dur":{_f(end - negotiated)},'
-                f'"args":{{"tensor":"{name}","dtype":"{dtype}","shape":[{nbytes // 4}],"bytes":{nbytes},"cached":true,'
-                f'"group":{group_id},"group_tensors":{len(group)},"group_bytes":{gbytes},'
-                f'"group_buffer_bytes":{gbytes if fused else 0},"backend":"{spec.backend}"}},{tail}'
+                _slice(
+                    "NEGOTIATE_ALLREDUCE",
+                    own,
+                    negotiated,
+                    where,
+                    {
+                        "tensor": names[t],
+                        "cached": True,
+                        "ready_us": {str(rank): _t(own)},
+                        "last_ready_rank": last,
+                        "last_ready_us": _t(ready[last]),
+                    },
+                )
             )
-            lines.append(f'{{"name":"QUEUE","ph":"X","ts":{_f(q0)},"dur":{_f(q1 - q0)},{tail}')
+            op_args = {
+                "tensor": names[t],
+                "dtype": dtype,
+                "shape": [nbytes // 4],
+                "bytes": nbytes,
+                "cached": True,
+                "group": group_id,
+                "group_tensors": len(group),
+                "group_bytes": gbytes,
+                "group_buffer_bytes": gbytes if fused else 0,
+                "backend": spec.backend,
+            }
+            lines.append(_slice("ALLREDUCE", negotiated, end, where, op_args))
+            lines.append(_slice("QUEUE", q0, q1, where))
             if m_in:
-                lines.append(
-                    f'{{"name":"MEMCPY_IN_FUSION_BUFFER","ph":"X","ts":{_f(m_in[0])},"dur":{_f(m_in[1] - m_in[0])},{tail}'
-                )
-            lines.append(
-                f'{{"name":"{spec.backend}_ALLREDUCE","ph":"X","ts":{_f(c0)},"dur":{_f(c1 - c0)},{tail}'
-            )
+                lines.append(_slice("MEMCPY_IN_FUSION_BUFFER", *m_in, where))
+            lines.append(_slice(f"{spec.backend}_ALLREDUCE", c0, c1, where))
             if m_out:
-                lines.append(
-                    f'{{"name":"MEMCPY_OUT_FUSION_BUFFER","ph":"X","ts":{_f(m_out[0])},"dur":{_f(m_out[1] - m_out[0])},{tail}'
-                )
+                lines.append(_slice("MEMCPY_OUT_FUSION_BUFFER", *m_out, where))
         group_id += 1
 
 
-def _write_rank(directory: str, spec: SyntheticSpec, rank: int, lines: list[str]) -> None:
-    """The rank's trace file (one event per line) and its manifest."""
-    with open(os.path.join(directory, trace_filename(rank)), "w", encoding="utf-8") as f:
-        f.write("[\n")
-        f.write(",\n".join(lines))
-        f.write("\n]\n")
+def _slice(name: str, t0: float, t1: float, where: Event, args: Event | None = None) -> Event:
+    """A complete event (``ph: X``) from ``t0`` to ``t1``, its ``args`` before the lane
+    when it has them, as the renderer orders an op's keys."""
+    event: Event = {"name": name, "ph": "X", "ts": _t(t0), "dur": _t(t1 - t0)}
+    if args is not None:
+        event["args"] = args
+    return event | where
+
+
+def _write_rank(directory: str, spec: SyntheticSpec, rank: int, lines: list[Event]) -> None:
+    """The rank's trace file, written by the recorder's writer, and its manifest."""
+    path = os.path.join(directory, trace_filename(rank))
+    writer = TimelineWriter(path, background=False, queue_size=len(lines) + 1)
+    for event in lines:
+        writer.put_event(event)
+    end = {"events_written": len(lines), "events_dropped": 0}
+    writer.close({"name": act.TRACE_END, "ph": "M", "pid": rank, "tid": 0, "args": end})
+    if writer.events_dropped or writer.write_failed:
+        raise OSError(f"{path}: the synthetic run could not be written whole")
     manifest = {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
@@ -252,7 +310,7 @@ def _write_rank(directory: str, spec: SyntheticSpec, rank: int, lines: list[str]
         "start_local_ns": START_LOCAL_NS,
         "clock": {"offset_ns": 0, "origin_ns": 0, "error_ns": 0, "samples": 1},
         "config": {"fusion_threshold_bytes": spec.threshold_bytes, "cycle_time_ms": 1.0},
-        "events_written": len(lines),
+        "events_written": len(lines) + 1,
         "events_dropped": 0,
         "closed": True,
         "trace_file": trace_filename(rank),

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from hvdprof.analysis.model import Run
 from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP
+from hvdprof.trace.model import Run
 
 #: The row for the part of a step outside every range.
 OUTSIDE = "(outside any range)"

@@ -28,7 +28,7 @@ from hvdprof.analysis.bins import bucket_table
 from hvdprof.analysis.breakdown import PRIORITY, rank_segments
 from hvdprof.analysis.gpu_lanes import joined_bins, kernel_bins, kernel_columns, stream_lanes
 from hvdprof.analysis.intervals import exclusive_segments
-from hvdprof.analysis.model import OPS, PHASE_CYCLE, PHASE_OP, PHASES, Run
+from hvdprof.trace.model import OPS, PHASE_CYCLE, PHASE_OP, PHASES, Run
 
 #: How ``timeline_window`` splits an expanded rank into rows (``stream``: its CPU side and
 #: one row per GPU stream, for ranks with GPU activity; see :mod:`gpu_lanes`).

@@ -1,7 +1,7 @@
 """The runs found under the served directory, loaded once and refreshed as they grow.
 
 A *run* is either a directory of per-rank traces (hvdprof's ``rank.<r>.json``,
-torch.profiler's, or any format registered in :mod:`hvdprof.analysis.formats`) or a single
+torch.profiler's, or any format registered in :mod:`hvdprof.trace.formats`) or a single
 trace file (Horovod's ``HOROVOD_TIMELINE`` output, a merged trace). What a run is, and of
 which format, is the format registry's answer; loading and analysing are the analysis
 library's job (:func:`hvdprof.analysis.load_run`). This module only walks the served
@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hvdprof.analysis import formats
 from hvdprof.common import limits
 from hvdprof.config import name_of
 from hvdprof.dashboard.paths import OutsideRootError, escaping_links, resolve_inside
+from hvdprof.trace import formats
 
 #: How deep under the root the catalog looks for runs.
 MAX_DEPTH = 3
@@ -265,7 +265,7 @@ class RunCatalog:
         the run's id, or None when there is nothing to start (any error is reported when
         the run is asked for)."""
         try:
-            from hvdprof.analysis.loader import RunLoader
+            from hvdprof.trace.loader import RunLoader
 
             if run_id is None:
                 entries = self.entries()
@@ -311,7 +311,7 @@ class RunCatalog:
             if started is not None:  # start_reading began it
                 loader, signature = started
             else:
-                from hvdprof.analysis.loader import RunLoader
+                from hvdprof.trace.loader import RunLoader
 
                 signature = entry.signature()
                 loader = _start_parse(str(entry.path), RunLoader)
@@ -352,7 +352,7 @@ class RunCatalog:
             loaded.signature = signature
             try:
                 if reload:
-                    from hvdprof.analysis.loader import RunLoader
+                    from hvdprof.trace.loader import RunLoader
 
                     loaded.run = _start_parse(str(loaded.entry.path), RunLoader).finish()
                     grew = True

@@ -32,12 +32,12 @@ _WHERE = {
     "MergeResult": "merge",
     "merge_directory": "merge",
     "PhaseRanges": "nvtx_ranges",
-    "RankTrace": "reader",
-    "TraceDirectory": "reader",
-    "Skip": "reader",
-    "Trace": "reader",
-    "load_traces": "reader",
-    "load_trace": "reader",
+    "RankTrace": "hvdprof.trace.chrome_json",
+    "TraceDirectory": "hvdprof.trace.chrome_json",
+    "Skip": "hvdprof.trace.chrome_json",
+    "Trace": "hvdprof.trace.chrome_json",
+    "load_traces": "hvdprof.trace.chrome_json",
+    "load_trace": "hvdprof.trace.chrome_json",
     "TimelineSink": "sink",
     "TimelineWriter": "writer",
 }
@@ -47,7 +47,8 @@ def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    where = module if "." in module else f"{__name__}.{module}"  # (the trace layer's readers)
+    value = getattr(importlib.import_module(where), name)
     globals()[name] = value
     return value
 
@@ -66,7 +67,9 @@ if TYPE_CHECKING:
     )
     from hvdprof.timeline.merge import MergeResult, merge_directory
     from hvdprof.timeline.nvtx_ranges import PhaseRanges
-    from hvdprof.timeline.reader import (
+    from hvdprof.timeline.sink import TimelineSink
+    from hvdprof.timeline.writer import TimelineWriter
+    from hvdprof.trace.chrome_json import (
         RankTrace,
         Skip,
         Trace,
@@ -74,8 +77,6 @@ if TYPE_CHECKING:
         load_trace,
         load_traces,
     )
-    from hvdprof.timeline.sink import TimelineSink
-    from hvdprof.timeline.writer import TimelineWriter
 
 __all__ = [
     "ClockCorrection",

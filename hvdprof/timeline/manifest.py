@@ -14,17 +14,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import time
 from typing import Any
 
-#: Bumped when the manifest's meaning changes incompatibly.
-MANIFEST_VERSION = 1
-MANIFEST_FORMAT = "hvdprof-timeline-manifest"
-
-TRACE_RE = re.compile(r"^rank\.(\d+)\.json(\.gz)?$")
-MANIFEST_RE = re.compile(r"^manifest\.rank\.(\d+)\.json$")
-
+# the file names and the manifest's schema, which the trace layer reads by
+from hvdprof.trace.manifest import (  # noqa: F401 (re-exported for the writer's users)
+    MANIFEST_FORMAT,
+    MANIFEST_RE,
+    MANIFEST_VERSION,
+    TRACE_RE,
+    manifest_filename,
+    read_manifest,
+    timeline_shift_ns,
+    trace_filename,
+)
 
 #: A reader that shows a run as it records (the dashboard) touches this file in the run's
 #: directory; the ranks' renderers render while it was touched within
@@ -54,16 +57,6 @@ def live_requested(directory: str) -> bool:
     return time.time() - touched <= LIVE_WINDOW_S
 
 
-def trace_filename(rank: int, gzip: bool = False) -> str:
-    """``rank.<r>.json`` or ``rank.<r>.json.gz``."""
-    return f"rank.{rank}.json" + (".gz" if gzip else "")
-
-
-def manifest_filename(rank: int) -> str:
-    """``manifest.rank.<r>.json``."""
-    return f"manifest.rank.{rank}.json"
-
-
 def write_manifest(path: str, manifest: dict[str, Any]) -> None:
     """Replace ``path`` with ``manifest`` atomically (temporary file + ``os.replace``)."""
     tmp = f"{path}.tmp.{os.getpid()}"
@@ -78,28 +71,3 @@ def write_manifest(path: str, manifest: dict[str, Any]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def read_manifest(path: str) -> dict[str, Any]:
-    """Load a manifest; ``ValueError`` naming the file when it is not one."""
-    with open(path, encoding="utf-8") as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
-        raise ValueError(f"{path}: not an hvdprof timeline manifest")
-    for key in _OBJECT_FIELDS:  # every reader does manifest.get(key, {}).get(...)
-        if key in data and not isinstance(data[key], dict):
-            raise ValueError(f"{path}: its {key!r} is not an object")
-    return data
-
-
-#: the manifest's fields that hold objects
-_OBJECT_FIELDS = ("clock", "config")
-
-
-def timeline_shift_ns(manifest: dict[str, Any]) -> int:
-    """What to add to the rank's local clock (ns) to get timeline ns, per the manifest."""
-    clock = manifest.get("clock", {})
-    return int(clock.get("offset_ns", 0)) - int(clock.get("origin_ns", 0))

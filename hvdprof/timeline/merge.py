@@ -12,8 +12,9 @@ Which rank a torch.profiler trace belongs to, in order of precedence:
 
 1. an explicit ``RANK=PATH`` argument (e.g. ``--kineto 1=trace.json``);
 2. the trace's own ``distributedInfo.rank`` (present when torch.distributed was initialised);
-3. the file name: ``rank`` followed by the number, e.g. ``*rank1*``, ``*rank_1*``,
-   ``*rank.1*``, ``*rank-1*`` (case-insensitive);
+3. the file name: ``rank`` or ``worker`` followed by the number, e.g. ``*rank1*``,
+   ``*rank_1*``, ``*Rank.1*``, ``*worker-1*`` (case-insensitive,
+   :data:`hvdprof.trace.manifest.RANK_IN_NAME`);
 4. the only rank, when the run has a single rank.
 
 A trace that matches none, or a rank without a manifest, is left out and reported.
@@ -30,15 +31,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hvdprof.common import activities as act
-from hvdprof.timeline.manifest import timeline_shift_ns
-from hvdprof.timeline.reader import Trace, TraceDirectory, load_trace, load_traces
 from hvdprof.timeline.writer import dumps_event
+from hvdprof.trace import manifest as trace_manifest
+from hvdprof.trace.chrome_json import Trace, TraceDirectory, load_trace, load_traces
+from hvdprof.trace.manifest import RANK_IN_NAME
 
 #: torch.profiler processes of rank r get pids KINETO_PID_BASE + r * KINETO_PIDS_PER_RANK + i.
 KINETO_PID_BASE = 1_000_000
 KINETO_PIDS_PER_RANK = 1000
 
-_RANK_IN_NAME = re.compile(r"rank[._-]?(\d+)", re.IGNORECASE)
 _EXPLICIT = re.compile(r"^(\d+)=(.+)$")
 _DROPPED_META = {"process_name", "process_sort_index", "process_labels"}
 
@@ -92,7 +93,7 @@ def kineto_rank(path: str, trace: Trace, run: TraceDirectory) -> int | None:
     info = trace.metadata.get("distributedInfo")
     if isinstance(info, dict) and isinstance(info.get("rank"), int):
         return info["rank"]
-    match = _RANK_IN_NAME.search(os.path.basename(path))
+    match = RANK_IN_NAME.search(os.path.basename(path))
     if match:
         return int(match.group(1))
     if len(run.ranks) == 1:
@@ -103,8 +104,7 @@ def kineto_rank(path: str, trace: Trace, run: TraceDirectory) -> int | None:
 def kineto_shift_us(trace: Trace, manifest: dict[str, Any]) -> float:
     """Microseconds to add to a torch.profiler ``ts`` to put it on the run's timeline."""
     base_ns = int(trace.metadata.get("baseTimeNanoseconds", 0) or 0)
-    local_at_base = int(manifest["start_local_ns"]) + (base_ns - int(manifest["start_unix_ns"]))
-    return (local_at_base + timeline_shift_ns(manifest)) / 1000.0
+    return trace_manifest.kineto_shift_us(base_ns, manifest)
 
 
 def merge_directory(

@@ -11,25 +11,32 @@ instant are taken as one fused group.
 
 from __future__ import annotations
 
+import os
+import zlib
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
-from hvdprof.analysis import byte_order
-from hvdprof.analysis.hvdprof_format import Columns, Tables
-from hvdprof.analysis.model import (
+from hvdprof.common import limits
+from hvdprof.trace import byte_order
+from hvdprof.trace.chrome_json import parse_trace_text
+from hvdprof.trace.columns import Columns, Tables
+from hvdprof.trace.files import TRACE_SUFFIXES, Detection, FileRead, FoundFile
+from hvdprof.trace.kineto_format import read_head
+from hvdprof.trace.model import (
     MARK_COLUMNS,
     PHASE_COLLECTIVE,
     PHASE_MEMCPY_IN,
     PHASE_NEGOTIATE,
     PHASE_OP,
     SLICE_COLUMNS,
+    Capabilities,
     Problem,
+    Run,
     classify,
 )
-from hvdprof.common import limits
-from hvdprof.timeline.reader import parse_trace_text
 
 #: a timestamp beyond this many microseconds (3,000 years) is not one
 MAX_TIME_US = 1e17
@@ -373,3 +380,80 @@ def _infer_groups(a: dict[str, np.ndarray], tables: Tables) -> None:
         b = tables.backends.code(prefix) if prefix else backend
         sel = (a["name"] == code) & (a["phase"] == PHASE_COLLECTIVE)
         a["backend"][sel] = b
+
+
+#: Horovod's fusion threshold when ``HOROVOD_FUSION_THRESHOLD`` is not set (64 MiB): its
+#: timeline does not record the one in force
+HOROVOD_DEFAULT_THRESHOLD = 64 << 20
+HOROVOD_CAPABILITIES = Capabilities(default_fusion_threshold_bytes=HOROVOD_DEFAULT_THRESHOLD)
+
+
+# --- the format -----------------------------------------------------------------------------
+
+
+class HorovodFormat:
+    """Horovod's ``HOROVOD_TIMELINE``: one file holding every rank (each file a run)."""
+
+    name = "horovod"
+    incremental = False
+    last_resort = False
+
+    def detect_dir(self, directory: str, names: list[str]) -> Detection:
+        found = Detection(self.name)
+        for name in names:
+            full = os.path.join(directory, name)
+            if not name.endswith(TRACE_SUFFIXES) or not os.path.isfile(full):
+                continue
+            if _is_horovod(full):
+                found.files.append(FoundFile(full, 0))
+            elif name.endswith(".gz") and (why := _cut_too_soon(full)):
+                found.problems.append(Problem(full, "gzip", why))
+        return found
+
+    def holds_run(self, directory: Path, entries: list[Path]) -> bool:
+        return False  # each timeline is a run of its own (see single_file_run)
+
+    def part_of_run(self, path: Path) -> bool:
+        return False
+
+    def detect_file(self, path: str) -> Detection | None:
+        return Detection(self.name, [FoundFile(path, 0)]) if _is_horovod(path) else None
+
+    def read(self, path: str, rank: int, tables: Tables, files_in_run: int) -> FileRead:
+        data, opened, whole = read_horovod_bytes(path)
+        cols, problems, complete, events, ranks = parse_horovod(path, data, tables)
+        if not whole:  # a cut .gz: said once (not again as a cut last event, a missing ']')
+            said = ("no closing ']'", "incomplete event at the end")
+            problems = [p for p in problems if not p.reason.startswith(said)]
+        return FileRead(cols, opened + problems, complete and whole, events, rank, ranks)
+
+    def finish_run(self, run: Run, reads: list[FileRead], tables: Tables) -> None:
+        run.capabilities = HOROVOD_CAPABILITIES
+
+
+def _is_horovod(path: str) -> bool:
+    return looks_like_horovod(read_head(path, 4096))  # (gzip, byte-order mark)
+
+
+def _cut_too_soon(path: str) -> str | None:
+    """Why a ``.gz`` file says nothing of what it holds: its stream ends (cut) before its
+    first bytes could be told apart, so no format claims it (None: not so)."""
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(65536 + 1)
+    except OSError:
+        return None
+    if raw[:2] != b"\x1f\x8b" or len(raw) > 65536:
+        return None
+    inflater = zlib.decompressobj(31)
+    try:
+        held = inflater.decompress(raw, 4096)
+    except zlib.error:
+        return None
+    if inflater.eof or inflater.unconsumed_tail:
+        return None
+    return (
+        f"not read: its gzip stream is cut after {len(raw):,} bytes, which held "
+        f"{len(held):,} bytes: too few to tell what trace it was"
+    )

@@ -1,14 +1,16 @@
-"""``load_run``: a directory (or one file) of timelines into a columnar :class:`Run`.
+"""``load_run``: a directory (or one file) of traces into a columnar :class:`Run`.
 
-What it accepts: hvdprof's ``rank.<r>.json`` / ``.json.gz`` with their manifests (complete,
-cut by a crash, or still being written) and Horovod's ``HOROVOD_TIMELINE`` files. Every
-block it could not use becomes a :class:`Problem` (file, line or byte, reason).
+What it accepts: whatever a format in the registry (:mod:`hvdprof.trace.formats`) finds:
+hvdprof's ``rank.<r>.json`` / ``.json.gz`` with their manifests (complete, cut by a crash,
+or still being written), torch.profiler traces and Horovod's ``HOROVOD_TIMELINE`` files.
+Every block it could not use becomes a :class:`Problem` (file, line or byte, reason).
 
-Plain ``.json`` files are read in blocks of whole lines and the byte offset of the last
-whole line is kept, so :meth:`Run.refresh` reads only what was appended. Each parsed file
-can be kept in a columnar cache beside the trace (``.hvdprof-cache/<file>.npz``, keyed by
-the file's size and modification time); a directory we cannot write to just goes
-uncached.
+Each file is read by its format's reader (:class:`hvdprof.trace.files.FileReader`); this
+module keeps what every format shares. A file of a format written while it is read
+(``incremental``) is read again only for what was appended (:meth:`Run.refresh`), and its
+parsed columns can be kept in a cache beside the trace (``.hvdprof-cache/<file>.npz``,
+keyed by the file's size and modification time; a directory we cannot write to just goes
+uncached); a large run of such files is parsed by worker processes, one file each.
 """
 
 from __future__ import annotations
@@ -24,22 +26,24 @@ import zlib
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
-from hvdprof.analysis import formats
-from hvdprof.analysis.formats import FileRead, TraceFormat
-from hvdprof.analysis.formats import brief as _brief
-from hvdprof.analysis.formats import file_kind as _file_kind
-from hvdprof.analysis.formats import max_ranks_name as _max_ranks_name
-from hvdprof.analysis.formats import not_a_file as _not_a_file
-from hvdprof.analysis.formats import rank_of_name as _rank_of_name
-from hvdprof.analysis.hvdprof_format import Columns, HvdprofFileParser, Tables
-from hvdprof.analysis.model import (
+from hvdprof.common import limits
+from hvdprof.errors import HvdprofError
+from hvdprof.trace import formats
+from hvdprof.trace.columns import Columns, Tables
+from hvdprof.trace.files import FileRead, FileReader, TraceFormat, empty_read
+from hvdprof.trace.files import brief as _brief
+from hvdprof.trace.files import file_kind as _file_kind
+from hvdprof.trace.files import max_ranks_name as _max_ranks_name
+from hvdprof.trace.files import not_a_file as _not_a_file
+from hvdprof.trace.manifest import read_manifest
+from hvdprof.trace.model import (
     MARK_COLUMNS,
-    PARTIAL_TAIL,
     SLICE_COLUMNS,
     AutotuneSample,
     MarkTable,
@@ -50,17 +54,10 @@ from hvdprof.analysis.model import (
     SliceTable,
     StallRecord,
 )
-from hvdprof.common import limits
-from hvdprof.errors import HvdprofError
-from hvdprof.timeline.manifest import MANIFEST_RE, TRACE_RE, read_manifest
 
 _log = logging.getLogger("hvdprof.analysis")
 
-#: bytes read per block (whole lines are cut from it)
-BLOCK_BYTES = 8 << 20
 CACHE_DIR = ".hvdprof-cache"
-#: kinds of hvdprof's own timelines, read incrementally by :class:`_Source`
-_INCREMENTAL_KINDS = ("hvdprof", "hvdprof-gz")
 #: inputs larger than this (bytes, all files) are parsed by a pool of processes
 PARALLEL_MIN_BYTES = 32 << 20
 #: bumped when the cached columns change meaning
@@ -69,8 +66,6 @@ CACHE_VERSION = 4
 FINGERPRINT_BYTES = 4096
 #: what a missing, cut or foreign cache file raises on reading (it is then ignored)
 _BAD_CACHE = (OSError, KeyError, ValueError, TypeError, EOFError, zipfile.BadZipFile)
-#: one line of an hvdprof file longer than this is not an event (a file of spaces)
-MAX_LINE_BYTES = 64 << 20
 
 
 class LoadError(HvdprofError):
@@ -78,32 +73,50 @@ class LoadError(HvdprofError):
 
 
 class _Source:
-    """One trace file and how far it has been read."""
+    """One trace file of the run, how far it has been read, and its cache. What the file
+    holds is its format's business (:class:`hvdprof.trace.files.FileReader`): this keeps
+    only what every format shares (the file's size and time, the cache, a failure)."""
 
-    def __init__(self, path: str, rank: int, kind: str, tables: Tables) -> None:
+    def __init__(
+        self, path: str, rank: int, fmt: TraceFormat, tables: Tables, files_in_run: int = 1
+    ) -> None:
         self.path = path
-        self.rank = rank
-        #: "hvdprof" | "hvdprof-gz" (read incrementally here) | another format's name
-        self.kind = kind
-        self.format: TraceFormat = formats.format_named(
-            "hvdprof" if kind in _INCREMENTAL_KINDS else kind
-        )
-        #: a format read whole: what its last read gave (for its run-level pass)
+        self.format = fmt
+        self.reader: FileReader = formats.open_reader(fmt, path, rank, tables, files_in_run)
+        #: what the last read gave, for the format's run-level pass (None: nothing kept)
         self.whole: FileRead | None = None
         self.size = -1
         self.mtime_ns = -1
-        self.offset = 0  # bytes consumed (plain hvdprof files)
-        self.lines = 1  # 1-based number of the next line to read
-        self.parser: HvdprofFileParser | None = None
-        self.columns = Columns()
-        self.problems: list[Problem] = []
-        self.complete = False
-        self.events = 0
-        self.ranks_seen: set[int] = {rank}
-        self.host: str | None = None
         self.tables = tables
-        #: trace files of the run (a Kineto rank is checked against it)
-        self.files_in_run = 1
+
+    # what the reads so far gave (the reader's, the same for every format)
+    @property
+    def rank(self) -> int:
+        return self.reader.got.rank
+
+    @property
+    def columns(self) -> Columns:
+        return self.reader.got.columns
+
+    @property
+    def problems(self) -> list[Problem]:
+        return self.reader.got.problems
+
+    @property
+    def complete(self) -> bool:
+        return self.reader.got.complete
+
+    @property
+    def events(self) -> int:
+        return self.reader.got.events
+
+    @property
+    def ranks_seen(self) -> set[int]:
+        return self.reader.got.ranks_seen
+
+    @property
+    def host(self) -> str | None:
+        return self.reader.got.host
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -113,13 +126,14 @@ class _Source:
         try:
             return self._read(progress)
         except Exception as exc:  # anything a hostile file provokes: the file, not the run
-            where = f"line {self.lines}" if self.kind in _INCREMENTAL_KINDS else ""
-            self.columns = Columns()
+            where = self.reader.where()
+            problems = self.problems
+            self.reader.restart()
             self.whole = None
-            self.complete = False
-            self.events = 0
-            self.problems = [
-                *self.problems,
+            got = self.reader.got
+            got.columns, got.complete, got.events = Columns(), False, 0
+            got.problems = [
+                *problems,
                 Problem(
                     self.path,
                     where,
@@ -128,7 +142,7 @@ class _Source:
                     else f"not read: {type(exc).__name__}: {_brief(exc)}",
                 ),
             ]
-            self.parser = None
+            self.reader.adopt(got, None)  # (without a place to continue from)
             return True
 
     def _read(self, progress: Callable[[int], None] | None = None) -> bool:
@@ -136,177 +150,37 @@ class _Source:
             st = os.stat(self.path)
         except OSError as exc:
             if self.size == -1:
-                self.problems = [Problem(self.path, "", f"cannot read ({exc.strerror})")]
-                self.size = -2
+                self._unreadable(f"cannot read ({exc.strerror})")
                 return True
             return False
         if not stat.S_ISREG(st.st_mode):  # a directory, a FIFO (never opened: it blocks)
             if self.size == -1:
-                self.problems = [Problem(self.path, "", f"not read: {_file_kind(st.st_mode)}")]
-                self.size = -2
+                self._unreadable(f"not read: {_file_kind(st.st_mode)}")
                 return True
             return False
         if st.st_size == self.size and st.st_mtime_ns == self.mtime_ns:
             return False
-        grown = (
-            self.kind == "hvdprof"
-            and self.parser is not None
-            and st.st_size >= self.offset
-            and not self.parser.closed
-            and self.size >= 0
-        )
-        if not grown:
-            self._reset()
+        if not (self.size >= 0 and self.reader.continues(st.st_size)):
+            self.reader.restart()
         self.size, self.mtime_ns = st.st_size, st.st_mtime_ns
         try:
-            if self.whole_file:
-                got = self.format.read(self.path, self.rank, self.tables, self.files_in_run)
-                self.whole = got
-                self.rank = got.rank
-                self.columns, self.complete, self.events = got.columns, got.complete, got.events
-                self.problems = got.problems
-                self.ranks_seen = got.ranks_seen
-                self.host = got.host
-                if progress:
-                    progress(self.size)
-            elif self.kind == "hvdprof-gz":
-                self._read_gzip(progress)
-            else:
-                self._read_plain(progress)
+            self.reader.read(st.st_size, progress)
+            self.whole = self.reader.got
         except OSError as exc:
             self.problems.append(Problem(self.path, "", f"cannot read ({exc.strerror or exc})"))
         except limits.InflateLimitError as exc:
             self.problems.append(Problem(self.path, "gzip", f"read up to there: it {exc}"))
-            self.complete = False
+            self.reader.got.complete = False
         return True
+
+    def _unreadable(self, reason: str) -> None:
+        self.reader.got.problems = [Problem(self.path, "", reason)]
+        self.size = -2
 
     @property
     def whole_file(self) -> bool:
         """Read whole on each change, never cached nor parsed in worker processes."""
         return not self.format.incremental
-
-    def _reset(self) -> None:
-        self.offset = 0
-        self.lines = 1
-        self.parser = HvdprofFileParser(self.path, self.rank, self.tables)
-        self.columns = self.parser.cols
-        self.problems = self.parser.problems
-        self.complete = False
-        self.events = 0
-
-    def _feed(self, data: bytes) -> None:
-        parser = self.parser
-        assert parser is not None
-        parser.feed(data, self.lines)
-        self.lines += data.count(b"\n")
-        self.events = parser.events
-        self.host = parser.host or self.host
-
-    def _read_plain(self, progress: Callable[[int], None] | None) -> None:
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            tail = b""
-            while True:
-                block = f.read(BLOCK_BYTES)
-                if not block:
-                    break
-                block = tail + block
-                cut = block.rfind(b"\n") + 1
-                tail = block[cut:]
-                if cut:
-                    self._feed(block[:cut])
-                    self.offset += cut
-                if progress:
-                    progress(len(block) - len(tail))
-                if len(tail) > MAX_LINE_BYTES:
-                    self._long_line()
-                    return
-        if tail.strip() == b"]":  # a closing bracket without its newline
-            self._feed(tail)
-            self.offset += len(tail)
-            tail = b""
-        self._finish(tail)
-
-    def _long_line(self) -> None:
-        problem = Problem(
-            self.path,
-            f"line {self.lines}",
-            f"a line longer than {MAX_LINE_BYTES} bytes is not an event: not read past it",
-        )
-        if problem not in self.problems:  # (said once, however often a refresh meets it)
-            self.problems.append(problem)
-        if self.parser is not None:
-            self.complete = self.parser.closed
-
-    def _read_gzip(self, progress: Callable[[int], None] | None) -> None:
-        tail = b""
-        with open(self.path, "rb") as f:
-            raw_pos = 0
-            d = limits.Inflater()
-            while True:
-                raw = f.read(BLOCK_BYTES // 4)
-                if not raw:
-                    if not d.eof:
-                        self.problems.append(
-                            Problem(
-                                self.path,
-                                f"byte {raw_pos}",
-                                "gzip stream is cut (no end marker): read up to the last whole line",
-                            )
-                        )
-                    break
-                try:
-                    out = d.feed(raw)
-                except zlib.error as exc:
-                    self.problems.append(
-                        Problem(
-                            self.path,
-                            f"byte {raw_pos}",
-                            f"gzip data is corrupt ({exc}); only the data before it was read",
-                        )
-                    )
-                    break
-                raw_pos += len(raw)
-                block = tail + out
-                cut = block.rfind(b"\n") + 1
-                tail = block[cut:]
-                if cut:
-                    self._feed(block[:cut])
-                if progress:
-                    progress(len(raw))
-                if len(tail) > MAX_LINE_BYTES:
-                    self._long_line()
-                    return
-        if tail.strip() == b"]":
-            self._feed(tail)
-            tail = b""
-        self._finish(tail)
-
-    def _finish(self, tail: bytes) -> None:
-        parser = self.parser
-        assert parser is not None
-        self.complete = parser.closed
-        # problems that describe the end of the file are recomputed on each read
-        self.problems[:] = [p for p in self.problems if not p.where.startswith("end")]
-        if tail.strip():
-            self.problems.append(
-                Problem(
-                    self.path,
-                    f"end (line {self.lines})",
-                    f"{PARTIAL_TAIL} ({len(tail)} bytes cut off): still being written, or cut",
-                )
-            )
-        elif not parser.closed and parser.started:
-            self.problems.append(
-                Problem(
-                    self.path,
-                    "end",
-                    "no closing ']' (recording interrupted or still running); read up to its "
-                    "last complete event",
-                )
-            )
-        elif not parser.started:
-            self.problems.append(Problem(self.path, "end", "empty file: no events"))
 
     # --- cache ------------------------------------------------------------------------------
 
@@ -349,9 +223,8 @@ class _Source:
                 return None
             if meta["size"] == st.st_size and meta["mtime_ns"] == st.st_mtime_ns:
                 return "current"
-            if (
-                self.kind == "hvdprof"
-                and meta.get("state") is not None
+            if (  # (a state is saved only by a reader that can continue from it)
+                meta.get("state") is not None
                 and not meta["complete"]
                 and st.st_size > meta["size"]
                 and _fingerprint(self.path, meta["offset"]) == meta["fingerprint"]
@@ -363,9 +236,8 @@ class _Source:
 
     def _reset_unread(self) -> None:
         self.size = self.mtime_ns = -1
-        self.parser = None
-        self.columns = Columns()
-        self.problems = []
+        self.reader.restart()
+        self.reader.adopt(empty_read(self.rank), None)
 
     def import_columns(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         """Adopt columns exported by :meth:`export_columns` (cache file or worker process),
@@ -393,26 +265,26 @@ class _Source:
         cols.notices = [Notice(**x) for x in meta.get("notices", [])]
         cols.stalls = [_stall_from_dict(x) for x in meta.get("stalls", [])]
         cols.counters = {k: [tuple(r) for r in v] for k, v in meta["counters"].items()}
-        self.columns = cols
-        self.problems = [Problem(**p) for p in meta["problems"]]
-        self.complete = bool(meta["complete"])
-        self.events = int(meta["events"])
-        self.host = meta.get("host")
+        got = FileRead(
+            cols,
+            [Problem(**p) for p in meta["problems"]],
+            bool(meta["complete"]),
+            int(meta["events"]),
+            self.rank,
+            {self.rank},
+            meta.get("host"),
+        )
         self.size, self.mtime_ns = int(meta["size"]), int(meta["mtime_ns"])
-        self.parser = None  # without its state: re-read in full if the file changes
         state = meta.get("state")
-        if state is not None and self.kind == "hvdprof":
-            parser = HvdprofFileParser(self.path, self.rank, t)
-            parser.cols = cols
-            parser.problems = self.problems
-            parser.import_state(state)
-            self.parser = parser
-            self.offset, self.lines = int(meta["offset"]), int(meta["lines"])
+        # without its state: read again from the start if the file changes
+        self.reader.adopt(
+            got, None if state is None else (state, int(meta["offset"]), int(meta["lines"]))
+        )
 
     def export_columns(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         """Everything read from this file, as plain data (see :meth:`import_columns`)."""
         t = self.tables
-        resumable = self.kind == "hvdprof" and self.parser is not None
+        state = self.reader.state()
         meta = {
             "version": CACHE_VERSION,
             "size": self.size,
@@ -430,10 +302,10 @@ class _Source:
             "stalls": [_stall_to_dict(x) for x in self.columns.stalls],
             "counters": self.columns.counters,
             "problems": [p.to_dict() for p in self.problems],
-            "state": self.parser.export_state() if resumable and self.parser else None,
-            "offset": self.offset,
-            "lines": self.lines,
-            "fingerprint": _fingerprint(self.path, self.offset) if resumable else None,
+            "state": state[0] if state else None,
+            "offset": state[1] if state else 0,
+            "lines": state[2] if state else 1,
+            "fingerprint": _fingerprint(self.path, state[1]) if state else None,
         }
         arrays = {"s_" + k: v for k, v in self.columns.slices().items()}
         arrays.update({"m_" + k: v for k, v in self.columns.marks().items()})
@@ -493,11 +365,11 @@ def _worker_start(parent: int) -> None:
 
 
 def _read_in_worker(
-    path: str, rank: int, kind: str, cache: bool
+    path: str, rank: int, name: str, cache: bool
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Parse one file in a worker process (and write its cache there, off the parent's
     path); the result crosses back as plain data."""
-    source = _Source(path, rank, kind, Tables())
+    source = _Source(path, rank, formats.format_named(name), Tables())
     source.read()
     exported = source.export_columns()
     if cache:
@@ -518,14 +390,14 @@ class RunLoader:
         self.tables = Tables()
         self.sources: list[_Source] = []
         self.manifest_paths: dict[int, str] = {}
-        self.fmt = "hvdprof"
-        self.format: TraceFormat = formats.format_named("hvdprof")
+        #: the format the registry found (set by :meth:`_discover`, which raises without)
+        self.format: TraceFormat
         self.find_problems: list[Problem] = []
         self._pending: tuple[Any, list[tuple[_Source, Any]]] | None = None
         self._discover()
 
     def _discover(self) -> None:
-        """The run's files, as the format registry finds them (:mod:`hvdprof.analysis.formats`)."""
+        """The run's files, as the format registry finds them (:mod:`hvdprof.trace.formats`)."""
         path = self.path
         if os.path.isdir(path):
             names = sorted(os.listdir(path))
@@ -552,15 +424,11 @@ class RunLoader:
 
     def _take(self, found: formats.Detection) -> None:
         """One source per file the registry found, read by its format."""
-        self.fmt = found.format
         self.format = formats.format_named(found.format)
         for file in found.files:
-            kind = found.format
-            if self.format.incremental:
-                kind = "hvdprof-gz" if file.path.endswith(".gz") else "hvdprof"
-            source = _Source(file.path, file.rank, kind, self.tables)
-            source.files_in_run = len(found.files)
-            self.sources.append(source)
+            self.sources.append(
+                _Source(file.path, file.rank, self.format, self.tables, len(found.files))
+            )
 
     def load(self) -> Run:
         """Read every file (cache, worker processes or here) and assemble the run."""
@@ -591,7 +459,7 @@ class RunLoader:
                     initargs=(os.getpid(),),
                 )
                 futures = [
-                    (s, pool.submit(_read_in_worker, s.path, s.rank, s.kind, self.cache))
+                    (s, pool.submit(_read_in_worker, s.path, s.rank, s.format.name, self.cache))
                     for s in todo
                 ]
             except (OSError, ValueError, RuntimeError) as exc:  # no fork
@@ -639,32 +507,31 @@ class RunLoader:
             if pool is not None:
                 pool.shutdown(wait=False)
             stop()
-        run = Run(path=self.path, format=self.fmt, _loader=self)
+        run = Run(path=self.path, source_format=self.format.name, _loader=self)
         self.assemble(run)
         return run
 
     def _new_files(self) -> bool:
-        """Rank files and manifests that appeared since the last look (a job starting)."""
-        if self.fmt != "hvdprof" or not os.path.isdir(self.path):
+        """Files of ranks (and manifests) that appeared since the last look (a job
+        starting), for a format written while it is read, as the format finds them."""
+        if not self.format.incremental or not os.path.isdir(self.path):
             return False
-        known = {s.rank for s in self.sources}
-        added = False
         try:
             names = sorted(os.listdir(self.path))
         except OSError:
             return False
-        for name in names:
-            full = os.path.join(self.path, name)
-            m = TRACE_RE.match(name) or MANIFEST_RE.match(name)
-            if m and (_rank_of_name(m.group(1)) is None or _not_a_file(full) is not None):
-                continue  # said when the run was first read; read again when it reloads
-            if (m := TRACE_RE.match(name)) and int(m.group(1)) not in known:
-                kind = "hvdprof-gz" if name.endswith(".gz") else "hvdprof"
-                self.sources.append(_Source(full, int(m.group(1)), kind, self.tables))
-                known.add(int(m.group(1)))
+        # (what it cannot read was said when the run was first read; said again on a reload)
+        found = self.format.detect_dir(self.path, names)
+        known = {s.rank for s in self.sources}
+        added = False
+        for file in found.files:
+            if file.rank not in known:
+                self.sources.append(_Source(file.path, file.rank, self.format, self.tables))
+                known.add(file.rank)
                 added = True
-            elif (m := MANIFEST_RE.match(name)) and int(m.group(1)) not in self.manifest_paths:
-                self.manifest_paths[int(m.group(1))] = full
+        for rank, mpath in found.manifests.items():
+            if rank not in self.manifest_paths:
+                self.manifest_paths[rank] = mpath
                 added = True
         self.sources.sort(key=lambda s: s.rank)
         return added
@@ -672,7 +539,11 @@ class RunLoader:
     def refresh(self, run: Run) -> bool:
         changed = self._new_files()
         for source in self.sources:
-            if not source.whole_file and source.parser is None and source.columns.rows:
+            if (
+                not source.whole_file
+                and not source.reader.continues(source.size)
+                and source.columns.rows
+            ):
                 # came from the cache: it can only change by being rewritten
                 try:
                     st = os.stat(source.path)
@@ -912,7 +783,7 @@ def _no_timeline_message(path: str, names: list[str]) -> str:
         (n for n in names if os.path.isdir(os.path.join(path, n))),
         key=lambda n: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", n)],
     )
-    runs = [n for n in inner if any(TRACE_RE.match(f) for f in _listdir(os.path.join(path, n)))]
+    runs = [n for n in inner if _holds_run(os.path.join(path, n))]
     if runs:
         shown = ", ".join(runs[:6]) + (f" and {len(runs) - 6} more" if len(runs) > 6 else "")
         message += (
@@ -922,11 +793,13 @@ def _no_timeline_message(path: str, names: list[str]) -> str:
     return message
 
 
-def _listdir(path: str) -> list[str]:
+def _holds_run(directory: str) -> bool:
+    """Is ``directory`` a run of per-rank files, of any format (the registry's answer)?"""
     try:
-        return os.listdir(path)
+        entries = sorted(Path(directory).iterdir())
+        return formats.run_format_of(Path(directory), entries) is not None
     except OSError:
-        return []
+        return False
 
 
 #: a start or duration beyond this (about 3,000 years in microseconds) is damage, as the

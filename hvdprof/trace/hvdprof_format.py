@@ -19,7 +19,9 @@ import msgspec
 import numpy as np
 import orjson
 
-from hvdprof.analysis.model import (
+from hvdprof.common import activities as act
+from hvdprof.trace.columns import Columns, Interner, Tables
+from hvdprof.trace.model import (
     MARK_COLUMNS,
     NOTICE_NAMES,
     PHASE_CYCLE,
@@ -31,11 +33,9 @@ from hvdprof.analysis.model import (
     Notice,
     ParamsChange,
     Problem,
-    StallRecord,
     classify,
     stall_record,
 )
-from hvdprof.common import activities as act
 
 _NO_CTX = (-1, -1, -1, -1, 0, -1, -1, -1, -1, -1)
 _READY_LINE = b'{"name":"' + act.READY_PREFIX.encode()
@@ -126,61 +126,6 @@ _CACHED = {True: 1, False: 0, None: -1}
 def _is_ready(e: Any) -> bool:
     """A READY instant: it repeats the negotiate slice's ``ready_us`` args (not needed)."""
     return type(e) is _Instant and e.name.startswith(_READY_NAME) and not e.args
-
-
-class Interner:
-    """A string table: ``code(s)`` gives a stable small int for ``s``."""
-
-    def __init__(self, items: list[str] | None = None) -> None:
-        self.items: list[str] = []
-        self.index: dict[str, int] = {}
-        for item in items or ():
-            self.code(item)
-
-    def code(self, text: str) -> int:
-        found = self.index.get(text)
-        if found is None:
-            found = self.index[text] = len(self.items)
-            self.items.append(text)
-        return found
-
-
-class Tables:
-    """The string tables shared by every file of a run (so codes agree across ranks)."""
-
-    def __init__(self) -> None:
-        self.tensors = Interner()
-        self.names = Interner()
-        self.backends = Interner()
-        self.dtypes = Interner()
-
-
-class Columns:
-    """Rows parsed so far from one file, as numpy chunks plus the rows of the current block."""
-
-    def __init__(self) -> None:
-        self.slice_chunks: list[dict[str, np.ndarray]] = []
-        self.mark_chunks: list[dict[str, np.ndarray]] = []
-        self.rows = 0  # slice rows in the chunks
-        self.samples: list[AutotuneSample] = []
-        self.params: list[ParamsChange] = []
-        self.notices: list[Notice] = []
-        self.stalls: list[StallRecord] = []
-        self.counters: dict[str, list[tuple[int, float, float]]] = {}
-
-    def slices(self) -> dict[str, np.ndarray]:
-        return _concat(self.slice_chunks, SLICE_COLUMNS)
-
-    def marks(self) -> dict[str, np.ndarray]:
-        return _concat(self.mark_chunks, MARK_COLUMNS)
-
-
-def _concat(chunks: list[dict[str, np.ndarray]], spec: dict[str, Any]) -> dict[str, np.ndarray]:
-    if not chunks:
-        return {k: np.zeros(0, dt) for k, dt in spec.items()}
-    if len(chunks) == 1:
-        return dict(chunks[0])
-    return {k: np.concatenate([c[k] for c in chunks]) for k in spec}
 
 
 class HvdprofFileParser:

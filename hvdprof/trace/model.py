@@ -323,6 +323,31 @@ class UserRanges:
     names: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a run's traces can and cannot tell, as its format's reader says (in its
+    ``finish_run``): the analyses ask these questions, never which format the run is.
+
+    The typed tables a reader may fill are on the run itself (:attr:`Run.gpu`,
+    :attr:`Run.trace_steps`, :attr:`Run.user_ranges`, :attr:`Run.marks`); these flags say
+    how to read what is there."""
+
+    #: each rank's readiness comes from its own trace, matched across the ranks' files by
+    #: the reader (torch.profiler): the marks are filed under the lowest traced rank's
+    #: collectives, and no matched arrival at all means the traces could not be paired,
+    #: not that the run recorded none (hvdprof's runtime records readiness itself)
+    readiness_matched_across_files: bool = False
+    #: the traced ranks can be a part of the job's world (a profiler run on 2 of 128
+    #: ranks): ranks not traced are unknown, not idle
+    ranks_may_be_a_subset: bool = False
+    #: the trace records a few steps by design (a profiler's schedule), so a verdict
+    #: cannot wait for the steps a statistical test needs
+    steps_sampled: bool = False
+    #: the fusion threshold the recording tool uses when its run does not say one (Horovod's
+    #: 64 MiB default; None: not known)
+    default_fusion_threshold_bytes: int | None = None
+
+
 @dataclass
 class Run:
     """A parsed run: every rank's timeline as columns, with what could not be read.
@@ -332,7 +357,9 @@ class Run:
     """
 
     path: str
-    format: str  # "hvdprof" | "horovod" | "kineto"
+    #: the registered format's name, for people (the report's header, a summary's
+    #: provenance): analyses ask :attr:`capabilities`, never this (``tests/test_layering.py``)
+    source_format: str
     ranks: list[int] = field(default_factory=list)
     hosts: dict[int, str] = field(default_factory=dict)
     manifests: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -362,17 +389,24 @@ class Run:
     events: int = 0  # events read, all files
     #: what a reader wants said about how it read the run (e.g. how clocks were aligned)
     notes: list[str] = field(default_factory=list)
-    #: per rank's GPU activity (Kineto traces with a GPU): ``kineto_format.GpuActivity``
+    #: per rank's GPU activity (traces with a GPU): :class:`hvdprof.trace.kineto_format.GpuActivity`
     gpu: dict[int, Any] = field(default_factory=dict)
     #: per rank, the steps its trace marks (Kineto ``ProfilerStep#N``), when it does
     trace_steps: dict[int, TraceSteps] = field(default_factory=dict)
     #: per rank, its outermost ``record_function`` ranges (Kineto), when it has any
     user_ranges: dict[int, UserRanges] = field(default_factory=dict)
+    #: what the traces can tell (set by the format's reader); analyses ask this
+    capabilities: Capabilities = field(default_factory=Capabilities)
     _loader: Any = field(default=None, repr=False, compare=False)
     #: results derived from the slices that several analyses share (the exclusive
     #: segments of the breakdown and the binned timeline), keyed with the slice table's
     #: identity and length so that a refreshed run recomputes them
     _memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def format(self) -> str:
+        """The format's name (:attr:`source_format`), as the dashboard's API shows it."""
+        return self.source_format
 
     def memo(self, key: Any, compute: Any) -> Any:
         """``compute()``, once per ``key`` and state of the slice table (a few kept)."""
@@ -421,7 +455,7 @@ class Run:
         """Small JSON-safe description of the run (for reports and the dashboard)."""
         return {
             "path": self.path,
-            "format": self.format,
+            "format": self.source_format,
             "ranks": list(self.ranks),
             "size": self.size,
             "hosts": {str(k): v for k, v in sorted(self.hosts.items())},

@@ -31,19 +31,39 @@ import re
 import stat
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from hvdprof.analysis import byte_order
-from hvdprof.analysis.model import (
+from hvdprof.common import limits
+from hvdprof.common.activities import NEGOTIATE_PREFIX
+from hvdprof.config import name_of
+from hvdprof.trace import byte_order
+from hvdprof.trace.columns import Columns, Tables
+from hvdprof.trace.files import (
+    TRACE_SUFFIXES,
+    Detection,
+    FileRead,
+    FoundFile,
+    not_a_file,
+    whole_bytes,
+)
+from hvdprof.trace.gpu import (
+    GpuActivity,
+    gpu_kind,
+    kernel_rows,
+)
+from hvdprof.trace.manifest import RANK_IN_NAME
+from hvdprof.trace.model import (
     MARK_COLUMNS,
     OPS,
     PHASE_COLLECTIVE,
     PHASE_NEGOTIATE,
     PHASE_OP,
     SLICE_COLUMNS,
+    Capabilities,
     MarkTable,
     Problem,
     Run,
@@ -51,9 +71,6 @@ from hvdprof.analysis.model import (
     TraceSteps,
     UserRanges,
 )
-from hvdprof.common import limits
-from hvdprof.common.activities import NEGOTIATE_PREFIX
-from hvdprof.config import name_of
 
 #: file names ``tensorboard_trace_handler`` writes: ``<worker>.<id>.pt.trace.json[.gz]``
 KINETO_NAME_RE = re.compile(r"^.+\.pt\.trace\.json(\.gz)?$")
@@ -72,14 +89,8 @@ MAX_BASE_NS = 1 << 62
 MAX_ELEMENTS = 1 << 48
 #: step numbers spread wider than this are renumbered 0, 1, 2 ... (never an array that wide)
 MAX_STEP_SPAN = 100_000
-_RANK_IN_NAME = re.compile(r"(?:rank|worker)[._-]?(\d+)", re.IGNORECASE)
 #: bytes of a file's start searched for the Kineto keys (and the rank)
 SNIFF_BYTES = 1 << 16
-
-#: GPU activity kinds, as HTA names its kernel types
-GPU_KINDS: tuple[str, ...] = ("computation", "communication", "memory", "other")
-GPU_COMPUTE, GPU_COMM, GPU_MEMORY, GPU_OTHER = 0, 1, 2, 3
-_NCCL_KERNEL = re.compile(r"nccl.*Kernel")
 
 #: bytes per element of the type names Kineto and ``record_param_comms`` write
 ITEMSIZE = {
@@ -220,7 +231,7 @@ def sniff_rank(path: str, bound: int | None = None) -> int | None:
     if m:
         rank = int(m.group(1))
         return rank if 0 <= rank < limit else None
-    n = _RANK_IN_NAME.search(os.path.basename(path))
+    n = RANK_IN_NAME.search(os.path.basename(path))
     if n and len(n.group(1)) < 10 and int(n.group(1)) < limit:
         return int(n.group(1))
     return None
@@ -259,53 +270,6 @@ def op_code_of(name: str) -> int:
         if w.startswith(key):
             return OPS.index(op)
     return -1
-
-
-def gpu_kind(name: str) -> int:
-    """HTA's kernel type of a GPU event (as HTA 0.5.0 classifies names): communication
-    (starts ``nccl`` and has ``Kernel`` after it), memory (starts ``Memcpy``, ``Memset`` or
-    ``dma``), other (``Memcpy`` or ``Sync`` elsewhere in the name), else computation."""
-    if _NCCL_KERNEL.match(name):
-        return GPU_COMM
-    if name.startswith(("Memcpy", "Memset", "dma")):
-        return GPU_MEMORY
-    if "Memcpy" in name or "Sync" in name:
-        return GPU_OTHER
-    return GPU_COMPUTE
-
-
-@dataclass
-class GpuActivity:
-    """One rank's GPU events (``stream`` set), on the run's clock."""
-
-    start_us: np.ndarray
-    dur_us: np.ndarray
-    kind: np.ndarray  # GPU_KINDS code
-    stream: np.ndarray
-    #: what HTA counts by default: launched before the last ProfilerStep began
-    in_hta: np.ndarray
-    #: start and end as HTA reads them (whole microseconds when it rounds the file),
-    #: on the file's own clock (shares do not depend on the shift)
-    hta_start: np.ndarray
-    hta_end: np.ndarray
-    #: index into ``names`` of each event's name (kernel, ``Memcpy HtoD ...``)
-    name: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
-    names: list[str] = field(default_factory=list)
-    #: CUDA correlation id (-1: none): links the kernel to the runtime call that launched it
-    correlation: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    #: start of that launch (``cudaLaunchKernel``...) on the CPU, run's clock (NaN: none)
-    launch_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    #: bytes a memcpy or memset moved (-1: not recorded, or not a copy)
-    nbytes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-
-    def shifted(self, by_us: float) -> GpuActivity:
-        """The same events with start and launch moved by ``by_us`` (onto the run's clock);
-        HTA's times stay on the file's own."""
-        return GpuActivity(
-            self.start_us + by_us, self.dur_us, self.kind, self.stream, self.in_hta,
-            self.hta_start, self.hta_end, self.name, self.names, self.correlation,
-            self.launch_us + by_us, self.nbytes,
-        )  # fmt: skip
 
 
 @dataclass
@@ -432,6 +396,54 @@ def decode_trace(path: str, data: bytes, problems: list[Problem]) -> tuple[Any, 
     return trace, False
 
 
+@dataclass
+class BackwardCompute:
+    """A torch.profiler trace's backward compute (``...Backward...`` ranges and GPU
+    kernels), on the file's own clock: what the overlap question compares with the
+    collectives of an hvdprof run."""
+
+    start_us: np.ndarray
+    end_us: np.ndarray
+    #: ``distributedInfo.rank``, None when the trace does not say
+    rank: int | None
+    #: ``baseTimeNanoseconds`` (0: absent, ``ts`` is then Unix microseconds)
+    base_ns: int
+
+
+def backward_compute(path: str, problems: list[Problem]) -> BackwardCompute | None:
+    """The backward compute of the trace at ``path`` (None, with why in ``problems``,
+    when it cannot be read), read as :func:`parse_kineto` reads a run's traces."""
+    why = not_a_file(path)  # (a FIFO is never opened: it would block)
+    if why is not None:
+        problems.append(Problem(path, "", f"cannot read ({why})"))
+        return None
+    try:
+        data = whole_bytes(path)
+    except OSError as exc:
+        problems.append(Problem(path, "", f"cannot read ({exc.strerror or exc})"))
+        return None
+    trace, _ = decode_trace(path, data, problems)
+    if trace is None:
+        return None
+    starts, ends = [], []
+    for e in trace.traceEvents:
+        if e.ph != "X" or ("backward" not in str(e.name).lower() and e.cat != "kernel"):
+            continue
+        ts, dur = e.ts, e.dur
+        if isinstance(ts, (int, float)) and isinstance(dur, (int, float)) and ts == ts:
+            starts.append(float(ts))
+            ends.append(float(ts) + float(dur))
+    info = trace.distributedInfo if isinstance(trace.distributedInfo, dict) else {}
+    rank = info.get("rank")
+    base = trace.baseTimeNanoseconds
+    return BackwardCompute(
+        np.array(starts, dtype=np.float64),
+        np.array(ends, dtype=np.float64),
+        int(rank) if isinstance(rank, int) else None,
+        int(base) if isinstance(base, (int, float)) and base == base and base else 0,
+    )
+
+
 def _num(x: Any, default: float = 0.0) -> float:
     try:
         return float(x)
@@ -525,7 +537,7 @@ def parse_kineto(
                     f"read as rank {rank}",
                 )
             )
-        out.rank_from = "file name" if _RANK_IN_NAME.search(path) else "file order"
+        out.rank_from = "file name" if RANK_IN_NAME.search(path) else "file order"
     ws = info.get("world_size")
     if isinstance(ws, int) and not isinstance(ws, bool):
         if 0 < ws <= limits.max_ranks():
@@ -1395,29 +1407,6 @@ def _end_shift(
     return shift, count
 
 
-def _kernel_rows(run: Run) -> np.ndarray | None:
-    """Backend rows that are NCCL kernels, when every rank that launched collectives ran
-    some (else None: arrivals are launches)."""
-    s = run.slices
-    coll = np.flatnonzero(s.phase == PHASE_COLLECTIVE)
-    ops = np.flatnonzero(s.phase == PHASE_OP)
-    if not len(coll) or not len(ops) or not run.names:
-        return None
-    comm = np.array([gpu_kind(n) == GPU_COMM for n in run.names] + [False], bool)
-    code = s.name[coll].astype(np.int64)
-    coll = coll[comm[np.where((code >= 0) & (code < len(run.names)), code, -1)]]
-    if not len(coll) or set(np.unique(s.rank[ops]).tolist()) - set(
-        np.unique(s.rank[coll]).tolist()
-    ):
-        return None
-    return coll
-
-
-def kernel_arrivals(run: Run) -> bool:
-    """True when the run's arrivals are NCCL kernel starts (see :func:`_kernel_times`)."""
-    return run.format == "kineto" and _kernel_rows(run) is not None
-
-
 def _kernel_times(run: Run) -> tuple[np.ndarray, np.ndarray] | None:
     """Per slice row of a collective's launch, its NCCL kernels' start and end on the run's
     clock (NaN: none); None when the run has no NCCL kernels on every rank.
@@ -1427,7 +1416,7 @@ def _kernel_times(run: Run) -> tuple[np.ndarray, np.ndarray] | None:
     kernels before it, so the kernel's start is when that rank was ready; the kernel then
     spins until every rank's has started, so the peers of a late rank have the long
     kernels, and all of them end together."""
-    coll = _kernel_rows(run)
+    coll = kernel_rows(run)
     if coll is None:
         return None
     s = run.slices
@@ -1541,7 +1530,7 @@ def _split_kernel_waiting(run: Run, tables: Any, kernels: tuple[np.ndarray, np.n
     ready = np.where(shared, np.minimum(np.maximum(last[inv], k_start), k_end), k_start)
     waits = ready > k_start
     # the backend (kernel) row of each of those launches: same rank, lane and occurrence
-    coll = _kernel_rows(run)
+    coll = kernel_rows(run)
     if coll is not None:
         c_keys = (s.rank[coll].astype(np.int64) << 48) ^ _match_keys(s, coll)
         order = np.argsort(c_keys)
@@ -1563,3 +1552,83 @@ def _split_kernel_waiting(run: Run, tables: Any, kernels: tuple[np.ndarray, np.n
     neg.dur_us[:] = (ready - k_start)[waits]
     run.slices = SliceTable.concat([s, neg])  # type: ignore[assignment]
     run.names = tables.names.items
+
+
+#: what a run of torch.profiler traces can tell: each rank's readiness is its own launch
+#: (or kernel), matched across the files here; a profiler may trace a few of the job's
+#: ranks, and records the few steps of its schedule
+KINETO_CAPABILITIES = Capabilities(
+    readiness_matched_across_files=True, ranks_may_be_a_subset=True, steps_sampled=True
+)
+
+
+# --- the format -----------------------------------------------------------------------------
+
+
+class KinetoFormat:
+    """torch.profiler traces, one per rank (``*.pt.trace.json[.gz]`` or Kineto's keys)."""
+
+    name = "kineto"
+    incremental = False
+    last_resort = False
+
+    def detect_dir(self, directory: str, names: list[str]) -> Detection:
+        found = Detection(self.name)
+        files = []
+        for n in names:
+            full = os.path.join(directory, n)
+            why = not_a_file(full)
+            if why is None:
+                if is_kineto_file(full):
+                    files.append(full)
+            elif KINETO_NAME_RE.match(n):
+                found.problems.append(Problem(full, "", f"not read: {why}"))
+        taken: dict[int, str] = {}
+        unranked = []
+        for full in files:
+            rank = sniff_rank(full, len(files))
+            if rank is None or rank in taken:
+                if rank is not None:
+                    found.problems.append(
+                        Problem(
+                            full,
+                            "",
+                            f"rank {rank} is also {os.path.basename(taken[rank])}; "
+                            "this one is read as another rank",
+                        )
+                    )
+                unranked.append(full)
+                continue
+            taken[rank] = full
+        for full in unranked:  # by file order, the lowest ranks no file claims
+            rank = next(r for r in range(len(taken) + 1) if r not in taken)
+            taken[rank] = full
+        found.files = [FoundFile(full, rank) for rank, full in sorted(taken.items())]
+        return found
+
+    def holds_run(self, directory: Path, entries: list[Path]) -> bool:
+        return any(self._is_trace(p) for p in entries)
+
+    def part_of_run(self, path: Path) -> bool:
+        return bool(KINETO_NAME_RE.match(path.name)) or self._is_trace(path)
+
+    @staticmethod
+    def _is_trace(path: Path) -> bool:
+        return path.name.endswith(TRACE_SUFFIXES) and path.is_file() and is_kineto_file(str(path))
+
+    def detect_file(self, path: str) -> Detection | None:
+        if not is_kineto_file(path):
+            return None
+        rank = sniff_rank(path, 1)
+        return Detection(self.name, [FoundFile(path, 0 if rank is None else rank)])
+
+    def read(self, path: str, rank: int, tables: Tables, files_in_run: int) -> FileRead:
+        k = parse_kineto(path, whole_bytes(path), rank, tables, files_in_run)
+        cols = Columns()
+        cols.slice_chunks.append(k.slices)
+        cols.rows = len(k.slices["rank"])
+        return FileRead(cols, k.problems, k.complete, k.events, k.rank, {k.rank}, k.host, k)
+
+    def finish_run(self, run: Run, reads: list[FileRead], tables: Tables) -> None:
+        run.capabilities = KINETO_CAPABILITIES
+        finish_run(run, [r.detail for r in reads], tables)

@@ -1,11 +1,10 @@
-"""Reading timelines: strict, truncated, gzipped, and whole run directories.
+"""Chrome-trace JSON as whole events (dicts): one file, or a run directory of them.
 
-The reader of whole events, as dicts, for what passes them on unchanged: ``hvdprof
-timeline merge`` (its ``--kineto`` traces included: every event is written back, shifted),
-the Horovod reader's fallback for a cut file, and tests. The analysis reads traces into
-columns through its format registry (:mod:`hvdprof.analysis.formats`), torch.profiler's
-with typed structs that keep only the fields it uses; ``timeline`` may not import
-``analysis`` (``tests/test_layering.py``), so merge keeps this reader. It accepts what
+The trace layer's reader for what passes events on unchanged: ``hvdprof timeline merge``
+(its ``--kineto`` traces included: every event is written back, shifted), the Horovod
+reader's fallback for a cut file, and tests. The analyses never read events as dicts:
+each format's reader (:mod:`hvdprof.trace.formats`) turns its files into columns,
+torch.profiler's with typed structs that keep only the fields it uses. It accepts what
 Chrome and Perfetto accept: a JSON array of events, possibly without its closing ``]`` and
 cut anywhere (a crash, SIGKILL, a full disk), or a ``{"traceEvents": [...]}`` object such
 as torch.profiler writes, plain or gzipped. Unlike tools that drop what they cannot parse
@@ -25,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from hvdprof.common import limits
-from hvdprof.timeline.manifest import MANIFEST_RE, TRACE_RE, read_manifest
+from hvdprof.trace.manifest import MANIFEST_RE, TRACE_RE, read_manifest
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK = 1 << 16
