@@ -1,7 +1,7 @@
 """Shared plumbing for the benchmarks: spawn ranks, interleave variants, summarise, save.
 
 Every benchmark script is both the launcher and the worker. Run plainly, it parses its
-options, starts ``--np`` ranks of itself through :func:`hvdprof.launcher.launch` (with a
+options, starts ``--np`` ranks of itself through :func:`hvdprof.launch.local_job.launch` (with a
 hidden ``--worker`` flag), reads the raw per-step timings that rank 0 leaves in a temporary
 file, prints a short table of medians and ratios, and writes
 ``benchmarks/results/<name>.json``.
@@ -80,7 +80,7 @@ def parser(description: str, *, steps: int, warmup: int) -> argparse.ArgumentPar
 
 
 def free_port() -> int:
-    from hvdprof.launcher import find_free_port
+    from hvdprof.launch.processes import find_free_port
 
     return find_free_port()
 
@@ -94,7 +94,7 @@ def run_job(
     timeout: float | None = None,
 ) -> dict[str, Any]:
     """Run ``script argv --worker`` as ``num_proc`` ranks; return what rank 0 saved."""
-    from hvdprof.launcher import launch
+    from hvdprof.launch.local_job import launch
 
     with tempfile.TemporaryDirectory(prefix="hvdprof-bench-") as tmp:
         raw = Path(tmp) / "raw.json"

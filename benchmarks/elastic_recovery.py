@@ -96,7 +96,7 @@ def worker(args: argparse.Namespace) -> None:
 
 # ---------------------------------------------------------------------- the launcher
 def recovery_run(num_proc: int, kill: int, steps: int) -> dict[str, float]:
-    from hvdprof.elastic_launcher import launch_elastic
+    from hvdprof.launch.elastic_local import launch_elastic
 
     out = io.StringIO()
     code = launch_elastic(

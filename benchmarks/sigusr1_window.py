@@ -1,6 +1,6 @@
 """How long after exec ``hvdprof run`` still dies of a SIGUSR1: the window no Python code
 of ours can cover (the interpreter's start-up, ``site``, the console script's ``import re``)
-plus whatever runs before ``hvdprof/launch_signal.py`` holds the signal.
+plus whatever runs before ``hvdprof/launch/stack_requests.py`` holds the signal.
 
     python benchmarks/sigusr1_window.py [--reps 30] [--quick] [--output FILE]
 

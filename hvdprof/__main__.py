@@ -1,11 +1,11 @@
 """``python -m hvdprof ...`` behaves exactly like the ``hvdprof`` console command."""
 
-# First of all, `hvdprof run` holds SIGUSR1 instead of dying of it (hvdprof/launch_signal.py).
+# First of all, `hvdprof run` holds SIGUSR1 instead of dying of it (hvdprof/launch/stack_requests.py).
 import sys
 
-from hvdprof import launch_signal
+from hvdprof.launch import stack_requests
 
-launch_signal.hold_for(sys.argv[1] if len(sys.argv) > 1 else None)
+stack_requests.hold_for(sys.argv[1] if len(sys.argv) > 1 else None)
 
 # Then, so that a folder named hvdprof in the current directory, which Python takes for
 # the package under `python -m`, is noticed and repaired (hvdprof/shadowing.py).

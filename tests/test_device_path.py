@@ -34,11 +34,10 @@ import torch
 from conftest import REPO, WORKERS, JobResult, child_env, parse_output, run_job
 
 from hvdprof.analysis import load_run
-from hvdprof.analysis.model import PHASE_COLLECTIVE, PHASE_QUEUE, PHASES, classify
 from hvdprof.common import activities as act
 from hvdprof.common.records import GroupRecord
+from hvdprof.runtime.collective_core import FusionBufferPool
 from hvdprof.runtime.device_path import (
-    DeviceBufferPool,
     HostEvent,
     HostStream,
     HostStreams,
@@ -46,6 +45,7 @@ from hvdprof.runtime.device_path import (
     fill_record,
     phase_names,
 )
+from hvdprof.trace.model import PHASE_COLLECTIVE, PHASE_QUEUE, PHASES, classify
 
 CPU_ENV = {"HVDPROF_DEVICE_PATH_ON_CPU": "1"}
 
@@ -149,8 +149,9 @@ def test_phase_record_resolves_in_order_onto_a_group_record() -> None:
     assert record.t_collective_end <= record.t_unpack_start <= record.t_unpack_end == last
 
 
-def test_device_buffers_are_reused_per_device_slot_and_dtype() -> None:
-    pool = DeviceBufferPool()
+def test_fusion_buffers_are_reused_per_device_slot_and_dtype() -> None:
+    # (one pool for both paths: hvdprof/runtime/collective_core.py)
+    pool = FusionBufferPool()
     cpu = torch.device("cpu")
     a = pool.get(cpu, torch.float32, 0, 10, 1024)
     b = pool.get(cpu, torch.float32, 0, 20, 1024)

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, WORKERS, JobResult, child_env, parse_output, run_job
 
-from hvdprof.elastic_launcher import parse_discovery
 from hvdprof.errors import ConfigError
+from hvdprof.launch.elastic_local import parse_discovery
 
 WORKER = "elastic_train_worker.py"
 SAMPLES = 96

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, WORKERS, JobResult, child_env, run_job
 
-from hvdprof.launcher import find_free_port
+from hvdprof.launch.processes import find_free_port
 
 pytestmark = pytest.mark.timeout(240)
 

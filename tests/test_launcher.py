@@ -24,13 +24,8 @@ import pytest
 
 from hvdprof import cli
 from hvdprof.errors import ConfigError
-from hvdprof.launcher import (
-    describe_returncode,
-    exit_code_of,
-    find_free_port,
-    launch,
-    rank_environment,
-)
+from hvdprof.launch.local_job import launch, rank_environment
+from hvdprof.launch.processes import describe_returncode, exit_code_of, find_free_port
 
 pytestmark = pytest.mark.timeout(60)
 

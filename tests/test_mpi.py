@@ -226,7 +226,7 @@ def test_small_allreduces_are_named_after_the_mpi_control_channel(tmp_path: Path
     ``MPI_CONTROL_ALLREDUCE`` on the timeline (it said ``TCP_ALLREDUCE``), and the analysis
     counts it as the collective it is."""
     from hvdprof.analysis import load_run
-    from hvdprof.analysis.model import PHASE_COLLECTIVE
+    from hvdprof.trace.model import PHASE_COLLECTIVE
 
     mpi_or_skip()
     timeline = tmp_path / "tl"

@@ -375,6 +375,14 @@ def _rank_and_size(worker: Any) -> tuple[int, int]:
     return hvd.rank(), hvd.size()
 
 
+def _log_values(count: int) -> int:
+    from hvdprof.ray import ray_logger
+
+    for i in range(count):
+        ray_logger.log({"i": i, "rank": int(os.environ["HVDPROF_RANK"])})
+    return count
+
+
 def _times(num_epochs: int) -> int:
     import hvdprof.torch as hvd
 
@@ -439,6 +447,14 @@ def test_executor_runs_functions_on_every_rank(
                 "extra": "x",
             }
         )
+        # Horovod's callbacks: rank 0's values alone, each to every callback, in order
+        got: list[Any] = []
+        assert job.run(_log_values, args=[3], callbacks=[got.append]) == [3, 3]
+        assert got == [{"i": 0, "rank": 0}, {"i": 1, "rank": 0}, {"i": 2, "rank": 0}]
+        assert job.execute(lambda w: _log_values(2), callbacks=[got.append]) == [2, 2]
+        assert got[3:] == [{"i": 0, "rank": 0}, {"i": 1, "rank": 0}]
+        # a call without callbacks after them: the workers no longer send to their queue
+        assert job.run(_log_values, args=[1]) == [1, 1] and len(got) == 5
     finally:
         job.shutdown()
     assert not job.workers
@@ -647,3 +663,37 @@ def test_the_elastic_job_fails_below_min_np_naming_the_dead_worker(ray_cluster: 
     assert message.startswith("elastic job failed: 1 rank(s) left, fewer than min_np 2; gone: ")
     assert "rank 1 (worker 1, actor " in message and " died: its process (pid " in message
     assert raised.value.rank == 1 and raised.value.died
+
+
+class _Collect:
+    """A callback as a class with ``__call__`` (Horovod accepts either kind)."""
+
+    def __init__(self) -> None:
+        self.values: list[dict[str, Any]] = []
+
+    def __call__(self, value: dict[str, Any]) -> None:
+        self.values.append(value)
+
+
+@pytest.mark.timeout(180)
+def test_the_elastic_executor_hands_rank_0s_values_to_the_callbacks(ray_cluster: Any) -> None:
+    from hvdprof.ray import ElasticRayExecutor
+
+    settings = ElasticRayExecutor.create_settings(min_np=2, max_np=2, timeout_s=30)
+    job = ElasticRayExecutor(settings, cpus_per_slot=1)
+    seen: list[dict[str, Any]] = []
+    collect = _Collect()
+    job.start()
+    try:
+        results = job.run(
+            lambda: ray_train.train_elastic(batches=8, kill_worker="none", report=True),
+            callbacks=[seen.append, collect],
+        )
+    finally:
+        job.shutdown()
+    assert [r["batch"] for r in results] == [8, 8], results
+    # rank 0 alone sends (chief_only), one value per committed batch, in the order sent,
+    # and every callback gets every value
+    assert [v["batch"] for v in seen] == list(range(1, 9)), seen
+    assert {v["rank"] for v in seen} == {0}
+    assert collect.values == seen

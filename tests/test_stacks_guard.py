@@ -32,8 +32,8 @@ import pytest
 from conftest import REPO, child_env
 from launch_support import LiveProcess
 
+from hvdprof.launch.stack_target import pid_max
 from hvdprof.runtime import stacks
-from hvdprof.stack_target import pid_max
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -225,7 +225,7 @@ SPY = textwrap.dedent(
         '''Records SIGUSR1's handler when each heavy module is first imported.'''
         seen = {}
         def find_spec(self, name, path=None, target=None):
-            if name in ("argparse", "hvdprof.config", "hvdprof.launcher"):
+            if name in ("argparse", "hvdprof.config", "hvdprof.launch.local_job"):
                 handler = _signal.getsignal(_signal.SIGUSR1)
                 self.seen.setdefault(name, getattr(handler, "__module__", str(handler)))
             return None
@@ -254,8 +254,8 @@ def test_run_holds_sigusr1_before_any_heavy_import(entry: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     seen = done.stdout.splitlines()[-1]
-    for module in ("argparse", "hvdprof.config", "hvdprof.launcher"):
-        assert f"'{module}': 'hvdprof.launch_signal'" in seen, seen
+    for module in ("argparse", "hvdprof.config", "hvdprof.launch.local_job"):
+        assert f"'{module}': 'hvdprof.launch.stack_requests'" in seen, seen
 
 
 EARLY_RANK = (

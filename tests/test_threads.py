@@ -115,7 +115,7 @@ def test_torch_in_the_ranks_follows_the_launchers_default() -> None:
 # ------------------------------------------------------------- the rule, no processes
 def test_default_threads_rule() -> None:
     from hvdprof.errors import ConfigError
-    from hvdprof.launcher import default_threads
+    from hvdprof.launch.local_job import default_threads
 
     cores = usable_cores()
     assert per_rank_threads(4, cores=16) == 4

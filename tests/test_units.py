@@ -13,7 +13,7 @@ import pytest
 
 from hvdprof.config import ENV_VARS, Config
 from hvdprof.errors import ConfigError, HvdprofError
-from hvdprof.runtime.executor import reducescatter_rows
+from hvdprof.runtime.collective_core import reducescatter_rows
 from hvdprof.runtime.fusion import FusionKey, fusion_key, plan_fusion, signature_nbytes
 from hvdprof.runtime.negotiation import (
     Coordinator,

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hvdprof.config import name_of
-from hvdprof.ray import exit_notes, placement
+from hvdprof.ray import exit_notes, placement, ray_logger
 from hvdprof.ray.failures import (
     LOG_PREFIX,
     RankFailure,
@@ -174,10 +174,12 @@ class RayExecutor:
                 self._say(f"rank {rank}: {p.describe()}, pid {p.pid}")
 
     # -- running --------------------------------------------------------------------
-    def execute(self, fn: Callable[[Any], Any]) -> list[Any]:
+    def execute(
+        self, fn: Callable[[Any], Any], callbacks: Sequence[Callable[[Any], Any]] | None = None
+    ) -> list[Any]:
         """``fn(worker)`` on every rank (``fn(executable)`` after ``start(executable_cls)``);
-        the results in rank order."""
-        return self._gather([w.execute.remote(fn) for w in self._running()])
+        the results in rank order. ``callbacks`` as in :meth:`run`."""
+        return self._call_all(lambda w: w.execute.remote(fn), callbacks)
 
     def execute_single(self, fn: Callable[[Any], Any]) -> Any:
         """``fn(worker)`` on rank 0 only."""
@@ -188,9 +190,14 @@ class RayExecutor:
         fn: Callable[..., Any],
         args: Sequence[Any] | None = None,
         kwargs: Mapping[str, Any] | None = None,
+        callbacks: Sequence[Callable[[Any], Any]] | None = None,
     ) -> list[Any]:
-        """``fn(*args, **kwargs)`` on every rank; the results in rank order."""
-        return self._gather(self.run_remote(fn, args, kwargs))
+        """``fn(*args, **kwargs)`` on every rank; the results in rank order.
+
+        Each of ``callbacks`` is called, on this thread, with every value rank 0 sends
+        with :func:`hvdprof.ray.ray_logger.log` while ``fn`` runs, in the order sent."""
+        call = (fn, list(args or ()), dict(kwargs or {}))
+        return self._call_all(lambda w: w.run.remote(*call), callbacks)
 
     def run_remote(
         self,
@@ -211,7 +218,27 @@ class RayExecutor:
             raise RuntimeError("RayExecutor has no workers: call start() first")
         return self.workers
 
-    def _gather(self, refs: list[Any]) -> list[Any]:
+    def _call_all(
+        self, call: Callable[[Any], Any], callbacks: Sequence[Callable[[Any], Any]] | None
+    ) -> list[Any]:
+        """``call(worker)`` (a remote call) on every rank, with ``callbacks`` fed meanwhile."""
+        workers = self._running()
+        if not callbacks:
+            return self._gather([call(w) for w in workers])
+        queue = ray_logger.open_queue()
+        try:
+            for w in workers:  # (an actor runs its calls in order: set before the call)
+                w.set_queue.remote(queue)
+            return self._gather([call(w) for w in workers], queue, list(callbacks))
+        finally:
+            for w in workers:  # a later call without callbacks sends nowhere
+                with contextlib.suppress(Exception):
+                    w.set_queue.remote(None)
+            ray_logger.close_queue(queue)
+
+    def _gather(
+        self, refs: list[Any], queue: Any = None, callbacks: Sequence[Callable[[Any], Any]] = ()
+    ) -> list[Any]:
         """Wait for one result per rank; a dead or failing rank ends the job at once."""
         import ray
 
@@ -220,10 +247,12 @@ class RayExecutor:
         failures: list[RankFailure] = []
         while pending and not failures:
             done, _ = ray.wait(list(pending), num_returns=1, timeout=self.settings.poll_s)
+            ray_logger.deliver(queue, callbacks)
             for ref in done:
                 self._settle(ray, ref, pending.pop(ref), results, failures)
         if failures:
             self._fail(ray, failures, pending, results)
+        ray_logger.deliver(queue, callbacks)
         return [results[r] for r in range(len(refs))]
 
     def _settle(

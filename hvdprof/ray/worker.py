@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdprof.config import name_of
-from hvdprof.ray import exit_notes
+from hvdprof.ray import exit_notes, ray_logger
 from hvdprof.ray.layout import WorkerPlace
 
 #: Horovod's timeline variable names a file on the driver; the workers record elsewhere
@@ -93,6 +93,10 @@ class RayWorker:
         kwargs: Mapping[str, Any] | None = None,
     ) -> Any:
         return _noting_exits(fn, *(args or ()), **(kwargs or {}))
+
+    def set_queue(self, queue: Any) -> None:
+        """Where :func:`hvdprof.ray.ray_logger.log` sends values (Horovod's name)."""
+        ray_logger.configure(queue)
 
     # -- timeline -------------------------------------------------------------------
     def stage_timeline(self) -> str:

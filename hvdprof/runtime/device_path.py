@@ -39,6 +39,7 @@ import torch
 
 from hvdprof.common import activities as act
 from hvdprof.common import timebase
+from hvdprof.runtime import collective_core as core
 from hvdprof.runtime.requests import OpType, ReduceOp
 
 # ------------------------------------------------------------------------ phase names
@@ -257,30 +258,6 @@ def fill_record(record: Any, spans: list[tuple[str, int, int]]) -> int:
     return last
 
 
-# ------------------------------------------------------------------- buffers
-
-
-class DeviceBufferPool:
-    """Fusion buffers on the device: one per device, pipeline slot and dtype, each at
-    least the fusion threshold (``HOROVOD_FUSION_THRESHOLD`` applies per device)."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[tuple[str, str, int], torch.Tensor] = {}
-
-    def get(
-        self, device: torch.device, dtype: torch.dtype, slot: int, numel: int, capacity: int
-    ) -> torch.Tensor:
-        key = (str(device), str(dtype), slot)
-        buf = self._buffers.get(key)
-        want = max(numel, capacity // dtype.itemsize)
-        if buf is None or buf.numel() < numel or buf.numel() > 2 * max(want, 1):
-            buf = self._buffers[key] = torch.empty(want, dtype=dtype, device=device)
-        return buf[:numel]
-
-    def clear(self) -> None:
-        self._buffers.clear()
-
-
 # ------------------------------------------------------------------- the path
 
 
@@ -293,7 +270,7 @@ class DevicePath:
         self.rank = rank
         self.size = size
         self.kind = clock.kind
-        self.pool = DeviceBufferPool()
+        self.pool = core.FusionBufferPool()
         #: (GroupRecord, PhaseEvents, op positions) waiting for ``resolve``
         self.pending: list[tuple[Any, PhaseEvents, Any]] = []
         self.groups = 0  # groups run (tests read it)
@@ -344,11 +321,9 @@ class DevicePath:
         return phases
 
     def start_allreduce(self, run: Any, slot: int, threshold: int, nvtx: Any) -> None:
-        from hvdprof.runtime.executor import torch_dtype
-
         ops, requests = run.ops, run.requests
         sig = ops[0].signature
-        dtype = torch_dtype(sig.dtype)
+        dtype = core.torch_dtype(sig.dtype)
         device = self._device(requests)
         clock = self.clock
         stream = clock.executor_stream(device)
@@ -362,31 +337,17 @@ class DevicePath:
                     nvtx.push(act.MEMCPY_IN_FUSION_BUFFER)
                 numel = run.group.nbytes // dtype.itemsize
                 flat = self.pool.get(device, dtype, slot, numel, threshold)
-                inputs = [
-                    torch.zeros(op.numel, dtype=dtype, device=device)
-                    if r is None
-                    else (t if (t := r.tensor).dim() == 1 else t.view(-1))
-                    for op, r in zip(ops, requests, strict=True)
-                ]
-                run.inputs = inputs
-                torch.cat(inputs, out=flat)
+                run.inputs = core.pack_inputs(ops, requests, dtype, device)
+                torch.cat(run.inputs, out=flat)
                 packed = clock.event()
                 packed.record(stream)
                 phases.add(act.MEMCPY_IN_FUSION_BUFFER, phases.last, packed)
                 if nvtx is not None:
                     nvtx.pop()
             else:
-                req = requests[0]
-                if req is None:
-                    flat = torch.zeros(sig.shape, dtype=dtype, device=device)
-                else:
-                    flat = req.output
-                    if flat is not req.tensor:
-                        flat.copy_(req.tensor)
+                flat = core.single_buffer(sig, requests[0], dtype, device)
             if sig.prescale != 1.0:
-                from hvdprof.runtime.executor import _scale
-
-                _scale(flat, sig.prescale)
+                core.scale(flat, sig.prescale)
             if nvtx is not None:
                 nvtx.push(name)
             started = clock.event()
@@ -401,8 +362,6 @@ class DevicePath:
 
     def finish_allreduce(self, run: Any, nvtx: Any) -> Any:
         """Queue the end of ``run``'s allreduce and its unpack; returns the done event."""
-        from hvdprof.runtime.executor import _postscale, _unpack_targets
-
         phases, started, device = run.device
         clock = self.clock
         stream = clock.executor_stream(device)
@@ -421,11 +380,11 @@ class DevicePath:
         if nvtx is not None:
             nvtx.pop()
         with clock.use(stream):
-            _postscale(flat, run.ops[0].signature, self.size)
+            core.postscale(flat, run.ops[0].signature, self.size)
             if run.group.fused:
                 if nvtx is not None:
                     nvtx.push(act.MEMCPY_OUT_FUSION_BUFFER)
-                outs = _unpack_targets(run, flat.dtype)
+                outs = core.unpack_targets(run.ops, run.requests, run.inputs, flat.dtype)
                 torch.split_with_sizes_copy(flat, [op.numel for op in run.ops], out=outs)
                 unpacked = clock.event()
                 unpacked.record(stream)
@@ -465,7 +424,7 @@ class DevicePath:
             if nvtx is not None:
                 nvtx.push(name)
             started = phases.last
-            result = self._collective(op, req, device)
+            result = self._collective(op, req)
             ended = clock.event()
             ended.record(stream)
             phases.add(name, started, ended)
@@ -477,63 +436,18 @@ class DevicePath:
         req.stream_event = ended
         return result
 
-    def _collective(self, op: Any, req: Any, device: torch.device) -> Any:
-        from hvdprof.runtime.executor import _postscale, _scale, reducescatter_rows
-
+    def _collective(self, op: Any, req: Any) -> Any:
         sig = op.signature
-        backend = self.backend
         t = req.tensor
         if sig.op == OpType.BROADCAST:
-            out = req.output
-            if out is not t:
-                out.copy_(t)
-            backend.broadcast(out, sig.root_rank)
-            return out
+            return core.broadcast(self.backend, req, sig.root_rank)
         if sig.op == OpType.ALLGATHER:
-            first_dims = op.first_dims or ()
-            rest = tuple(t.shape[1:]) if t.dim() else ()
-            src = t if t.dim() else t.reshape(1)
-            longest = max(first_dims)
-            if src.shape[0] != longest:
-                padded = torch.zeros((longest, *rest), dtype=t.dtype, device=device)
-                padded[: src.shape[0]] = src
-                src = padded
-            outs = [
-                torch.empty((longest, *rest), dtype=t.dtype, device=device)
-                for _ in range(self.size)
-            ]
-            backend.allgather(outs, src)
-            return torch.cat([o[:d] for o, d in zip(outs, first_dims, strict=True)], dim=0)
+            return core.allgather_padded(self.backend, t, op.first_dims or (), self.size)
         if sig.op == OpType.ALLTOALL:
-            splits = op.splits or ()
-            send = list(splits[self.rank])
-            recv = [splits[r][self.rank] for r in range(self.size)]
-            out = torch.empty((sum(recv), *t.shape[1:]), dtype=t.dtype, device=device)
-            backend.alltoall(out, t, recv, send)
-            return out, torch.tensor(recv, dtype=torch.int32)
+            return core.alltoall(self.backend, t, op.splits or (), self.rank, self.size)
         if sig.op == OpType.REDUCESCATTER:
-            rows = [
-                stop - start
-                for start, stop in (
-                    reducescatter_rows(t.shape[0], self.size, r) for r in range(self.size)
-                )
-            ]
-            if len(set(rows)) == 1:  # NCCL's reduce-scatter wants even splits
-                work = t.contiguous()
-                if sig.prescale != 1.0:
-                    work = work.clone()
-                    _scale(work, sig.prescale)
-                out = torch.empty((rows[self.rank], *t.shape[1:]), dtype=t.dtype, device=device)
-                backend.reducescatter(out, work, ReduceOp(sig.reduce_op), rows)
-                _postscale(out, sig, self.size)
-                return out
-            work = t.clone()
-            if sig.prescale != 1.0:
-                _scale(work, sig.prescale)
-            backend.allreduce_async(work, ReduceOp(sig.reduce_op)).wait()
-            _postscale(work, sig, self.size)
-            start, stop = reducescatter_rows(work.shape[0], self.size, self.rank)
-            return work[start:stop].clone()
+            even = t.shape[0] % self.size == 0  # NCCL's reduce-scatter wants even splits
+            return core.reducescatter(self.backend, t, sig, self.rank, self.size, native=even)
         raise ValueError(f"{opname_of(sig)} is not supported on {self.kind} tensors")
 
     def resolve(self, op_done: list[int] | None) -> None:

@@ -1,6 +1,6 @@
 """The worker's side of an elastic job: which generation to join, as which rank.
 
-``hvdprof run --min-np/--max-np`` (:mod:`hvdprof.elastic_launcher`) hosts a key-value
+``hvdprof run --min-np/--max-np`` (:mod:`hvdprof.launch.elastic_driver`) hosts a key-value
 store (a ``torch.distributed.TCPStore``) that outlives every worker, and publishes the
 job's membership there, one *generation* at a time:
 

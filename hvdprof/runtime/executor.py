@@ -20,7 +20,20 @@ from hvdprof.errors import TensorMismatchError
 from hvdprof.runtime.adasum import combine_tree
 from hvdprof.runtime.backends.base import DONE, CollectiveBackend
 from hvdprof.runtime.backends.shm import SharedMemoryAllreduce
-from hvdprof.runtime.dtypes import ITEMSIZE, torch_attr
+from hvdprof.runtime.collective_core import (
+    FusionBufferPool,
+    allgather_padded,
+    alltoall,
+    broadcast,
+    flat_view,
+    pack_inputs,
+    postscale,
+    reducescatter,
+    scale,
+    single_buffer,
+    torch_dtype,
+    unpack_targets,
+)
 from hvdprof.runtime.fusion import FusionGroup, plan_fusion_columns
 from hvdprof.runtime.handles import notify_waiters
 from hvdprof.runtime.negotiation import AgreedOp
@@ -32,32 +45,8 @@ from hvdprof.runtime.requests import OpType, ReduceOp, Request, Signature
 SHM_IN_PLACE_BYTES = 64 * 1024
 
 
-_DTYPES = {name: getattr(torch, torch_attr(name)) for name in ITEMSIZE}
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return _DTYPES[name]
-
-
-class _BufferPool:
-    """Fusion buffers reused across cycles: one per pipeline slot and dtype."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[tuple[str, int], torch.Tensor] = {}
-
-    def get(self, dtype: torch.dtype, slot: int, numel: int, capacity_bytes: int) -> torch.Tensor:
-        key = (str(dtype), slot)
-        buf = self._buffers.get(key)
-        want = max(numel, capacity_bytes // dtype.itemsize)
-        if buf is None or buf.numel() < numel or buf.numel() > 2 * max(want, 1):
-            # (Re)allocated between groups on the cycle thread only, so an autotune
-            # resize can never pull a buffer from under an in-flight reduction.
-            buf = torch.empty(want, dtype=dtype)
-            self._buffers[key] = buf
-        return buf[:numel]
-
-    def clear(self) -> None:
-        self._buffers.clear()
+#: the host, where this path's tensors and fusion buffers are
+_CPU = torch.device("cpu")
 
 
 class Executor:
@@ -65,7 +54,7 @@ class Executor:
         self.backend = backend
         self.rank = rank
         self.size = size
-        self.pool = _BufferPool()
+        self.pool = FusionBufferPool()
         self.next_group_id = 0
         self.nvtx: Any = None  # PhaseRanges (no-ops when NVTX is off)
         #: frees completed names for reuse, one call per group (set by the runtime)
@@ -287,16 +276,9 @@ class Executor:
         if run.group.fused:
             if record is not None:
                 record.t_pack_start = timebase.now_ns()
-            flat = self.pool.get(dtype, slot, run.group.nbytes // dtype.itemsize, threshold)
-            if None in requests:  # a joined rank contributes zeros for its missing tensors
-                inputs = [
-                    torch.zeros(op.numel, dtype=dtype) if r is None else _flat(r.tensor)
-                    for op, r in zip(ops, requests, strict=True)
-                ]
-            else:
-                # one view per tensor that is not already 1-D (view() costs ~1 us)
-                inputs = [t if (t := r.tensor).dim() == 1 else t.view(-1) for r in requests]
-            run.inputs = inputs
+            numel = run.group.nbytes // dtype.itemsize
+            flat = self.pool.get(_CPU, dtype, slot, numel, threshold)
+            inputs = run.inputs = pack_inputs(ops, requests, dtype, _CPU)
             nvtx = self.nvtx
             if nvtx is not None:
                 nvtx.push(NVTX_MEMCPY_IN)
@@ -308,15 +290,9 @@ class Executor:
             self.fused_groups += 1
             self.fused_tensors += len(ops)
         else:
-            req = requests[0]
-            if req is None:
-                flat = torch.zeros(sig.shape, dtype=dtype)
-            else:
-                flat = req.output
-                if flat is not req.tensor:
-                    flat.copy_(req.tensor)
+            flat = single_buffer(sig, requests[0], dtype, _CPU)
         if sig.prescale != 1.0:
-            _scale(flat, sig.prescale)
+            scale(flat, sig.prescale)
         if record is not None:
             record.t_collective_start = timebase.now_ns()
         self.backend_calls += 1
@@ -329,7 +305,7 @@ class Executor:
                 size = self.size
 
                 def finish(t: torch.Tensor) -> None:
-                    _postscale(t, sig, size)
+                    postscale(t, sig, size)
 
             both = [flat.view(-1)]  # (the same list: reduced in place)
             self.shm.allreduce(both, both, ReduceOp(sig.reduce_op), finish, None)
@@ -354,17 +330,17 @@ class Executor:
         sig = ops[0].signature
         if sig.prescale != 1.0 or None in requests or group.nbytes < SHM_IN_PLACE_BYTES * len(ops):
             return False
-        inputs = [t if (t := r.tensor).dim() == 1 else t.view(-1) for r in requests]
+        inputs = pack_inputs(ops, requests, torch_dtype(sig.dtype), _CPU)
         if all(r.output is r.tensor for r in requests):
             outputs = inputs
         else:
-            outputs = [_flat(r.output) for r in requests]
+            outputs = [flat_view(r.output) for r in requests]
         finish = None
         if sig.postscale != 1.0 or sig.reduce_op == ReduceOp.AVERAGE:
             size = self.size
 
             def finish(t: torch.Tensor) -> None:
-                _postscale(t, sig, size)
+                postscale(t, sig, size)
 
         marks: list[int] | None = None
         if record is not None:
@@ -413,11 +389,11 @@ class Executor:
         if record is not None:
             record.t_collective_end = timebase.now_ns()
         if not run.scaled:
-            _postscale(flat, run.ops[0].signature, self.size)
+            postscale(flat, run.ops[0].signature, self.size)
         if run.group.fused:
             if record is not None:
                 record.t_unpack_start = timebase.now_ns()
-            outs = _unpack_targets(run, flat.dtype)
+            outs = unpack_targets(run.ops, run.requests, run.inputs, flat.dtype)
             if nvtx is not None:
                 nvtx.push(NVTX_MEMCPY_OUT)
             torch.split_with_sizes_copy(flat, [op.numel for op in run.ops], out=outs)
@@ -501,18 +477,15 @@ class Executor:
         assert req is not None, f"{sig.op.name} ran on a rank that has joined"
         self.backend_calls += 1
         if sig.op == OpType.BROADCAST:
-            out = req.output
-            if out is not req.tensor:
-                out.copy_(req.tensor)
             root = sig.root_rank if self.rank_of is None else self.rank_of[sig.root_rank]
-            self.backend.broadcast(out, root)
-            return out
+            return broadcast(self.backend, req, root)
         if sig.op == OpType.ALLGATHER:
             return self._allgather(req, op.first_dims or ())
         if sig.op == OpType.ALLTOALL:
-            return self._alltoall(req, op.splits or ())
+            return alltoall(self.backend, req.tensor, op.splits or (), self.rank, self.size)
         if sig.op == OpType.REDUCESCATTER:
-            return self._reducescatter(req, sig)
+            native = getattr(self.backend, "reducescatter", None) is not None
+            return reducescatter(self.backend, req.tensor, sig, self.rank, self.size, native)
         raise AssertionError(f"unknown op {sig.op}")
 
     def _adasum(self, req: Request | None, sig: Signature) -> torch.Tensor | None:
@@ -524,11 +497,11 @@ class Executor:
         else:
             mine = req.tensor.reshape(-1).clone()
         if sig.prescale != 1.0:
-            _scale(mine, sig.prescale)
+            scale(mine, sig.prescale)
         gathered = [torch.empty_like(mine) for _ in range(self.size)]
         self.backend.allgather(gathered, mine)
         combined = combine_tree([g.double() for g in gathered]).to(dtype)
-        _postscale(combined, sig, self.size)
+        postscale(combined, sig, self.size)
         if req is None:
             return None
         out = req.output
@@ -537,64 +510,12 @@ class Executor:
 
     def _allgather(self, req: Request, first_dims: tuple[int, ...]) -> torch.Tensor:
         t = req.tensor
-        rest = tuple(t.shape[1:]) if t.dim() else ()
         allgatherv = getattr(self.backend, "allgatherv", None)
         if allgatherv is not None and t.dim():  # (MPI: uneven rows, no padding)
-            out = torch.empty((sum(first_dims), *rest), dtype=t.dtype)
+            out = torch.empty((sum(first_dims), *t.shape[1:]), dtype=t.dtype)
             allgatherv(out, t.contiguous(), list(first_dims))
             return out
-        src = t if t.dim() else t.reshape(1)
-        longest = max(first_dims)
-        if src.shape[0] != longest:
-            padded = torch.zeros((longest, *rest), dtype=t.dtype)
-            padded[: src.shape[0]] = src
-            src = padded
-        outs = [torch.empty((longest, *rest), dtype=t.dtype) for _ in range(self.size)]
-        self.backend.allgather(outs, src)
-        return torch.cat([o[:d] for o, d in zip(outs, first_dims, strict=True)], dim=0)
-
-    def _alltoall(
-        self, req: Request, splits: tuple[tuple[int, ...], ...]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        t = req.tensor
-        send = list(splits[self.rank])
-        recv = [splits[r][self.rank] for r in range(self.size)]
-        out = torch.empty((sum(recv), *t.shape[1:]), dtype=t.dtype)
-        self.backend.alltoall(out, t, recv, send)
-        return out, torch.tensor(recv, dtype=torch.int32)
-
-    def _reducescatter(self, req: Request, sig: Signature) -> torch.Tensor:
-        reducescatter = getattr(self.backend, "reducescatter", None)
-        if reducescatter is not None:  # (MPI, Gloo: each rank receives only its rows)
-            work = req.tensor.contiguous()
-            if sig.prescale != 1.0:
-                work = work.clone()
-                _scale(work, sig.prescale)
-            rows = [
-                stop - start
-                for start, stop in (
-                    reducescatter_rows(work.shape[0], self.size, r) for r in range(self.size)
-                )
-            ]
-            out = torch.empty((rows[self.rank], *work.shape[1:]), dtype=work.dtype)
-            reducescatter(out, work, ReduceOp(sig.reduce_op), rows)
-            _postscale(out, sig, self.size)
-            return out
-        # A backend without a reduce_scatter: reduce everything, keep this rank's rows.
-        work = req.tensor.clone()
-        if sig.prescale != 1.0:
-            _scale(work, sig.prescale)
-        self.backend.allreduce_async(work, ReduceOp(sig.reduce_op)).wait()
-        _postscale(work, sig, self.size)
-        start, stop = reducescatter_rows(work.shape[0], self.size, self.rank)
-        return work[start:stop].clone()
-
-
-def reducescatter_rows(rows: int, size: int, rank: int) -> tuple[int, int]:
-    """Horovod's split of the first dimension: as even as possible, extra rows to low ranks."""
-    base, extra = divmod(rows, size)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
+        return allgather_padded(self.backend, t, first_dims, self.size)
 
 
 class _Running:
@@ -657,49 +578,6 @@ def _fill(column: list[int], where: range | list[int], value: int) -> None:
     else:
         for p in where:
             column[p] = value
-
-
-def _flat(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor if tensor.dim() == 1 else tensor.view(-1)
-
-
-def _unpack_targets(run: _Running, dtype: torch.dtype) -> list[torch.Tensor]:
-    """Where each member's slice of the reduced buffer goes (1-D views)."""
-    requests = run.requests
-    if None not in requests and all(r.output is r.tensor for r in requests):
-        return run.inputs  # in place: back into the tensors that were packed
-    outs = []
-    for op, r, packed in zip(run.ops, requests, run.inputs, strict=True):
-        if r is None:  # a joined rank: the result is discarded
-            outs.append(torch.empty(op.numel, dtype=dtype))
-        elif r.output is r.tensor:
-            outs.append(packed)
-        else:
-            outs.append(_flat(r.output))
-    return outs
-
-
-def _scale(t: torch.Tensor, factor: float) -> None:
-    """Multiply in place. Integers as Horovod's ScaleBuffer does: the product in double,
-    truncated toward zero on the way back."""
-    if t.is_floating_point():
-        t.mul_(factor)
-    else:
-        t.copy_(t.double().mul_(factor))
-
-
-def _postscale(t: torch.Tensor, sig: Signature, size: int) -> None:
-    """Postscale and, for Average, divide by the number of ranks (Horovod folds the
-    division into the postscale factor; an integer quotient truncates toward zero:
-    -75 / 2 = -37)."""
-    factor = sig.postscale
-    if sig.reduce_op == ReduceOp.AVERAGE:
-        if not t.is_floating_point() and factor == 1.0:
-            t.copy_(torch.div(t, size, rounding_mode="trunc"))
-            return
-        factor = factor / size
-    if factor != 1.0:
-        _scale(t, factor)
 
 
 def _fail(req: Request | None, error: BaseException) -> None:

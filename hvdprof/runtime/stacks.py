@@ -14,7 +14,7 @@ killing the rank (SIGUSR1's default action); the handler is installed as soon as
 ``hvdprof.torch`` is imported under ``hvdprof run``, and by ``init()`` in any case.
 
 ``hvdprof stacks PID`` signals only a process that is an hvdprof job and handles SIGUSR1
-now (``hvdprof/stack_target.py``): SIGUSR1 ends any other. A rank that installs the
+now (``hvdprof/launch/stack_target.py``): SIGUSR1 ends any other. A rank that installs the
 handler leaves a marker for it (``$TMPDIR/hvdprof-<uid>/stacks/<pid>``, holding the
 process's start time, so a reused pid is not taken for it; removed at exit), which is
 how a rank started by mpirun, torchrun or srun is recognised; this module also reads

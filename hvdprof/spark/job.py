@@ -26,7 +26,7 @@ from hvdprof.cluster.failures import RankFailure, failure_line
 from hvdprof.cluster.layout import forwarded_environment, order_by_host, rank_environment
 from hvdprof.cluster.timeline_gather import recover_local, write_gathered
 from hvdprof.config import name_of
-from hvdprof.launcher import OutputSink
+from hvdprof.launch.output import OutputSink
 from hvdprof.spark.driver_service import DriverService, TaskEvent
 from hvdprof.spark.failures import (
     LOG_PREFIX,

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 from hvdprof.cluster.timeline_gather import timeline_directory
-from hvdprof.launcher import OutputSink
+from hvdprof.launch.output import OutputSink
 from hvdprof.spark.job import JobSpec, SparkJob
 
 #: Horovod's variable for the default ``start_timeout`` (seconds), and that default

@@ -67,12 +67,18 @@ def train(steps: int = 12, seed: int = 7, sleep_rank: int = -1, sleep_ms: float 
 
 
 def train_elastic(
-    batches: int = 40, kill_worker: str = "1", kill_at: int = 5, pause_s: float = 0.05
+    batches: int = 40,
+    kill_worker: str = "1",
+    kill_at: int = 5,
+    pause_s: float = 0.05,
+    report: bool = False,
 ) -> dict:
-    """An ``@hvd.elastic.run`` loop of allreduces; returns where this worker ended."""
+    """An ``@hvd.elastic.run`` loop of allreduces; returns where this worker ended. With
+    ``report``, rank 0 sends each committed batch to the driver's callbacks."""
     import torch
 
     import hvdprof.torch as hvd
+    from hvdprof.ray import ray_logger
 
     torch.set_num_threads(1)
     hvd.init()
@@ -91,6 +97,8 @@ def train_elastic(
             state.batch += 1
             time.sleep(pause_s)
             state.commit()
+            if report:
+                ray_logger.log({"batch": state.batch, "rank": hvd.rank(), "worker": me})
 
     loop(state)
     return {"worker": me, "rank": hvd.rank(), "size": hvd.size(), "batch": state.batch}

@@ -6,16 +6,10 @@ wrote it, and tears the whole job down as soon as one rank fails, so that the ot
 not hang forever in a collective waiting for a peer that is gone. This module does the
 same for ranks on one host, with no MPI and no SSH:
 
-* each rank runs in its own session (``start_new_session=True``), so that stopping a
-  rank signals its whole process group and takes down grandchildren such as data-loader
-  workers too, and so that a Ctrl+C in the terminal reaches only the launcher, which then
-  decides how to stop the ranks;
-* one thread per child pipe reads whole lines (in binary, decoded with
-  ``errors="replace"``) and writes each one, prefixed, under a single lock, so lines
-  from different ranks never interleave mid-line;
-* the main thread only polls: it notices a failed rank, a launcher signal or the
-  ``timeout``, and escalates SIGINT/SIGTERM to SIGKILL after a grace period, so the
-  launcher can neither hang nor leave orphans behind.
+its own session per rank (:mod:`~hvdprof.launch.processes`), one thread per output pipe
+(:mod:`~hvdprof.launch.output`), and a main thread that only polls and escalates stop
+signals (:mod:`~hvdprof.launch.signal_trap`), so the launcher can neither hang nor leave
+orphans behind.
 
 The argparse front end lives in :mod:`hvdprof.cli`; :func:`launch` is the Python API that
 the CLI, the tests and the benchmarks share.
@@ -26,36 +20,32 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import shutil
 import signal
-import socket
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, BinaryIO, TextIO
+from typing import BinaryIO, TextIO
 
-from hvdprof import launch_signal
 from hvdprof.config import env_var, name_of
 from hvdprof.errors import ConfigError
+from hvdprof.launch.output import OutputSink
+from hvdprof.launch.processes import (
+    CONTROLLER_ADDR,
+    EXIT_NOT_EXECUTABLE,
+    EXIT_NOT_FOUND,
+    EXIT_TIMEOUT,
+    GRACE_SECONDS,
+    POLL_SECONDS,
+    RankProcess,
+    check_command,
+    describe_returncode,
+    exit_code_of,
+    find_free_port,
+    spawn_rank,
+)
+from hvdprof.launch.signal_trap import STACKS_SIGNAL, SignalTrap
 from hvdprof.runtime.threads import per_rank_threads, usable_cores, user_thread_setting
-
-#: Address of the rendezvous store; ranks are local, so it is always the loopback.
-CONTROLLER_ADDR = "127.0.0.1"
-#: Seconds a rank gets to exit after each stop signal before the next, harsher one.
-GRACE_SECONDS = 3.0
-#: How often the main thread checks the ranks, the clock and pending signals.
-POLL_SECONDS = 0.05
-#: Longest chunk handed to the output as one line; guards memory against endless lines.
-MAX_LINE_BYTES = 1 << 20
-
-#: Exit codes with a conventional meaning (those of ``timeout(1)`` and the shell).
-EXIT_TIMEOUT = 124
-EXIT_NOT_EXECUTABLE = 126
-EXIT_NOT_FOUND = 127
 
 #: Variables the launcher sets for every rank; inherited values are always overwritten,
 #: so a job started from inside another job's rank gets its own topology.
@@ -70,25 +60,7 @@ TOPOLOGY_VARS = (
     name_of("controller_port"),
 )
 
-_LOG_PREFIX = "hvdprof run: "
-_TRAPPED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-#: forwarded to every rank, which prints its Python stacks (``hvdprof/runtime/stacks.py``)
-_STACKS_SIGNAL: signal.Signals | None = getattr(signal, "SIGUSR1", None)
-
-
 # --------------------------------------------------------------------------- helpers
-
-
-def find_free_port(host: str = CONTROLLER_ADDR) -> int:
-    """A TCP port that is free right now, for rank 0's rendezvous store.
-
-    The socket is closed before returning: rank 0 must be able to bind the port itself,
-    so the launcher must not hold it while the ranks run. The window in which another
-    program could grab it is tiny, and rank 0 reports a clear error if that happens.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def rank_environment(
@@ -115,39 +87,6 @@ def rank_environment(
     return env
 
 
-def exit_code_of(returncode: int) -> int:
-    """Map a ``Popen.returncode`` to a shell-style exit code (signal N becomes 128+N)."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def describe_returncode(returncode: int) -> str:
-    """Human wording of a ``Popen.returncode``: ``code 3`` or ``signal SIGKILL (-9)``."""
-    if returncode >= 0:
-        return f"code {returncode}"
-    try:
-        name = signal.Signals(-returncode).name
-    except ValueError:
-        name = f"signal {-returncode}"
-    return f"signal {name} ({returncode})"
-
-
-def check_command(program: str, path: str | None) -> tuple[int, str] | None:
-    """``(exit code, message)`` when ``program`` cannot be started, else ``None``.
-
-    Checked once, before any rank starts, so a typo is reported once instead of N times,
-    with the shell's exit codes (127: not found, 126: not executable).
-    """
-    if os.sep in program:
-        if not os.path.exists(program):
-            return EXIT_NOT_FOUND, f"command not found: {program}"
-        if os.path.isdir(program) or not os.access(program, os.X_OK):
-            return EXIT_NOT_EXECUTABLE, f"command is not executable: {program}"
-        return None
-    if shutil.which(program, path=path if path is not None else os.defpath) is None:
-        return EXIT_NOT_FOUND, f"command not found: {program}"
-    return None
-
-
 def _escalation(first: signal.Signals) -> list[signal.Signals]:
     """The signals used to stop ranks, gentlest first; SIGKILL always ends the list."""
     steps = [first]
@@ -157,7 +96,7 @@ def _escalation(first: signal.Signals) -> list[signal.Signals]:
     return steps
 
 
-def _ranks_named(ranks: Sequence[_Rank]) -> str:
+def _ranks_named(ranks: Sequence[RankProcess]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r.rank) for r in ranks)
 
 
@@ -165,167 +104,7 @@ def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
-# ------------------------------------------------------------------------- output
-
-
-class OutputSink:
-    """Where rank output lines go: one lock for all, so lines never interleave.
-
-    A broken destination (say, the launcher's stdout piped into ``head``) stops being
-    written to, but the pipes from the ranks keep being drained so no rank blocks.
-    """
-
-    def __init__(self, stdout: TextIO, stderr: TextIO, prefix: bool) -> None:
-        self._streams = {"stdout": stdout, "stderr": stderr}
-        self._prefix = prefix
-        self._lock = threading.Lock()
-        self._broken: set[int] = set()
-
-    def emit(self, rank: int, stream: str, text: str) -> None:
-        """Write one line of ``rank``'s ``stream``, adding the newline a partial line lacks."""
-        if not text.endswith("\n"):
-            text += "\n"
-        if self._prefix:
-            text = f"[{rank}]<{stream}>:{text}"
-        self._write(self._streams[stream], text)
-
-    def message(self, text: str) -> None:
-        """A line from the launcher itself, to the stderr destination."""
-        self._write(self._streams["stderr"], _LOG_PREFIX + text + "\n")
-
-    def _write(self, dest: TextIO, text: str) -> None:
-        with self._lock:
-            if id(dest) in self._broken:
-                return
-            try:
-                try:
-                    dest.write(text)
-                except UnicodeEncodeError:
-                    encoding = getattr(dest, "encoding", None) or "ascii"
-                    dest.write(text.encode(encoding, "replace").decode(encoding))
-                dest.flush()
-            except (OSError, ValueError):
-                self._broken.add(id(dest))
-
-
-def _pump(pipe: BinaryIO, rank: int, stream: str, sink: OutputSink, tee: BinaryIO | None) -> None:
-    """Copy one child pipe line by line to the sink (and raw to ``tee``) until EOF.
-
-    ``readline`` returns a final partial line at EOF, so output without a trailing
-    newline is still shown when the rank ends.
-    """
-    with pipe:
-        for chunk in iter(lambda: pipe.readline(MAX_LINE_BYTES), b""):
-            if tee is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    tee.write(chunk)
-                    tee.flush()
-            sink.emit(rank, stream, chunk.decode("utf-8", errors="replace"))
-    if tee is not None:
-        tee.close()
-
-
-# ------------------------------------------------------------------------ signals
-
-
-class _SignalTrap:
-    """Record SIGINT/SIGTERM/SIGHUP sent to the launcher instead of dying on them.
-
-    The watch loop turns a recorded signal into an orderly stop of all ranks. Handlers
-    can only be installed from the main thread; elsewhere the trap stays empty and the
-    caller's thread keeps its default behaviour.
-
-    SIGUSR1 (a request for the ranks' stacks) is counted by ``hvdprof/launch_signal.py``,
-    which ``hvdprof run`` arms as its first statement, so a request that arrives before
-    the ranks run is held, not fatal. With ``hold_stack_requests`` False (the elastic
-    launcher, which does not forward) it is ignored instead. Either way a rank starts
-    with SIGUSR1 ignored (:meth:`spawning`): an ignored signal stays ignored across exec,
-    so a request that reaches a rank before hvdprof installed its handler is dropped
-    instead of killing it (the default action).
-    """
-
-    def __init__(self, hold_stack_requests: bool = False) -> None:
-        self.received: list[int] = []
-        self._hold = hold_stack_requests
-        self._wake = threading.Event()
-        self._previous: dict[int, object] = {}
-
-    def take_stack_requests(self) -> int:
-        """SIGUSR1s not yet forwarded, counted since ``hvdprof run`` started."""
-        return launch_signal.take() if self._hold else 0
-
-    def __enter__(self) -> _SignalTrap:
-        if threading.current_thread() is threading.main_thread():
-            for signum in _TRAPPED_SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._handle)
-            if _STACKS_SIGNAL is not None:
-                self._previous[_STACKS_SIGNAL] = signal.getsignal(_STACKS_SIGNAL)
-                if self._hold:
-                    launch_signal.hold()
-                    launch_signal.wake_on_request(self._wake.set)
-                else:
-                    signal.signal(_STACKS_SIGNAL, signal.SIG_IGN)
-        return self
-
-    @contextlib.contextmanager
-    def spawning(self) -> Iterator[None]:
-        """SIGUSR1 ignored while a rank is forked and exec'd (it inherits that); a request
-        in those few milliseconds is lost, never fatal."""
-        if not self._hold or _STACKS_SIGNAL not in self._previous:
-            yield
-            return
-        signal.signal(_STACKS_SIGNAL, signal.SIG_IGN)
-        try:
-            yield
-        finally:
-            signal.signal(_STACKS_SIGNAL, launch_signal.handler())
-
-    def __exit__(self, *exc: object) -> None:
-        if self._hold:
-            launch_signal.wake_on_request(None)
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)  # type: ignore[arg-type]
-
-    def _handle(self, signum: int, _frame: object) -> None:
-        self.received.append(signum)
-        self._wake.set()
-
-    def sleep(self, seconds: float) -> None:
-        """Sleep, but wake early when a signal arrives."""
-        self._wake.wait(seconds)
-        self._wake.clear()
-
-
 # ---------------------------------------------------------------------------- job
-
-
-@dataclass(eq=False)
-class _Rank:
-    """One started rank: its process and the threads draining its output."""
-
-    rank: int
-    proc: subprocess.Popen[bytes]
-    pumps: list[threading.Thread] = field(default_factory=list)
-
-    @property
-    def returncode(self) -> int | None:
-        return self.proc.poll()
-
-    def signal_group(self, signum: int) -> bool:
-        """Signal the rank's whole process group; False when the group is already gone."""
-        try:
-            os.killpg(self.proc.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
-
-    def group_alive(self) -> bool:
-        """Whether any process (the rank or a grandchild) is left in the rank's group."""
-        return self.signal_group(0)
-
-    def join_output(self, deadline: float) -> None:
-        for thread in self.pumps:
-            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class Job:
@@ -356,8 +135,8 @@ class Job:
         self.output_dir = Path(output_dir) if output_dir is not None else None
         self.verbose = verbose
         self.grace = grace
-        self.ranks: list[_Rank] = []
-        self._exit_order: list[_Rank] = []
+        self.ranks: list[RankProcess] = []
+        self._exit_order: list[RankProcess] = []
         #: ranks owed a forwarded SIGUSR1 (they did not handle it yet when it came)
         self._stacks_owed: set[int] = set()
 
@@ -370,7 +149,7 @@ class Job:
             self.sink.message(problem[1])
             return problem[0]
         started = time.monotonic()
-        with _SignalTrap(hold_stack_requests=True) as trap:
+        with SignalTrap(hold_stack_requests=True) as trap:
             try:
                 code = self._spawn_all(trap)
                 if code is None:
@@ -384,7 +163,7 @@ class Job:
             self.sink.message(f"job finished with exit code {code} after {elapsed:.1f} s")
         return code
 
-    def _spawn_all(self, trap: _SignalTrap) -> int | None:
+    def _spawn_all(self, trap: SignalTrap) -> int | None:
         """Start every rank; on a spawn error, report it and return its exit code."""
         port = find_free_port()
         if self.verbose:
@@ -404,37 +183,18 @@ class Job:
                 self.sink.message(f"rank {rank} started, pid {self.ranks[-1].proc.pid}")
         return None
 
-    def _spawn(self, rank: int, env: Mapping[str, str], trap: _SignalTrap) -> _Rank:
+    def _spawn(self, rank: int, env: Mapping[str, str], trap: SignalTrap) -> RankProcess:
         tees = {stream: self._open_tee(rank, stream) for stream in ("stdout", "stderr")}
         try:
             with trap.spawning():
-                proc = subprocess.Popen(
-                    self.command,
-                    env=dict(env),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,
-                )
+                return spawn_rank(self.command, env, rank, self.sink, tees)
         except OSError:
             for tee in tees.values():
                 if tee is not None:
                     tee.close()
             raise
-        started = _Rank(rank, proc)
-        for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
-            assert pipe is not None
-            thread = threading.Thread(
-                target=_pump,
-                args=(pipe, rank, stream, self.sink, tees[stream]),
-                name=f"hvdprof-rank{rank}-{stream}",
-                daemon=True,
-            )
-            thread.start()
-            started.pumps.append(thread)
-        return started
 
-    def _open_tee(self, rank: int, stream: str) -> IO[bytes] | None:
+    def _open_tee(self, rank: int, stream: str) -> BinaryIO | None:
         """``DIR/rank.N/{stdout,stderr}`` for ``--output-filename``, like horovodrun."""
         if self.output_dir is None:
             return None
@@ -442,7 +202,7 @@ class Job:
 
     # -- watching --------------------------------------------------------------
 
-    def _watch(self, trap: _SignalTrap, started: float) -> int:
+    def _watch(self, trap: SignalTrap, started: float) -> int:
         """Poll until every rank is done, one fails, a signal arrives or time runs out."""
         deadline = None if self.timeout is None else started + self.timeout
         while True:
@@ -483,7 +243,7 @@ class Job:
         still ignores it (importing, before hvdprof's handler) keeps its request."""
         from hvdprof.runtime import stacks  # (here: ~10-30 ms of imports no other command needs)
 
-        assert _STACKS_SIGNAL is not None
+        assert STACKS_SIGNAL is not None
         for r in self.ranks:
             if r.rank not in self._stacks_owed:
                 continue
@@ -494,19 +254,19 @@ class Job:
                 continue
             self._stacks_owed.discard(r.rank)
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(r.proc.pid, _STACKS_SIGNAL)
+                os.kill(r.proc.pid, STACKS_SIGNAL)
 
-    def _first_failure(self) -> _Rank | None:
+    def _first_failure(self) -> RankProcess | None:
         """The earliest-noticed rank that exited non-zero, if any."""
         for r in self.ranks:
             if r.returncode is not None and r not in self._exit_order:
                 self._exit_order.append(r)
         return next((r for r in self._exit_order if r.returncode != 0), None)
 
-    def _running(self) -> list[_Rank]:
+    def _running(self) -> list[RankProcess]:
         return [r for r in self.ranks if r.returncode is None]
 
-    def _on_rank_failure(self, failed: _Rank, trap: _SignalTrap) -> int:
+    def _on_rank_failure(self, failed: RankProcess, trap: SignalTrap) -> int:
         # Let the failing rank's last words (often a traceback) print before the summary.
         failed.join_output(time.monotonic() + 1.0)
         returncode = failed.proc.returncode
@@ -518,7 +278,7 @@ class Job:
         self._stop(signal.SIGTERM, trap)
         return exit_code_of(returncode)
 
-    def _on_timeout(self, trap: _SignalTrap) -> int:
+    def _on_timeout(self, trap: SignalTrap) -> int:
         running = len(self._running())
         self.sink.message(
             f"timeout: the job ran longer than --timeout {self.timeout:g} s;"
@@ -527,7 +287,7 @@ class Job:
         self._stop(signal.SIGTERM, trap)
         return EXIT_TIMEOUT
 
-    def _on_launcher_signal(self, trap: _SignalTrap) -> int:
+    def _on_launcher_signal(self, trap: SignalTrap) -> int:
         signum = trap.received[0]
         name = signal.Signals(signum).name
         running = len(self._running())
@@ -537,7 +297,7 @@ class Job:
 
     # -- stopping --------------------------------------------------------------
 
-    def _stop(self, first: signal.Signals, trap: _SignalTrap | None, quiet: bool = False) -> None:
+    def _stop(self, first: signal.Signals, trap: SignalTrap | None, quiet: bool = False) -> None:
         """Signal every rank's group, escalating up to SIGKILL after ``grace`` per step.
 
         SIGINT gives Python ranks a KeyboardInterrupt to clean up on; SIGTERM is the
@@ -561,7 +321,7 @@ class Job:
                 return
             index = len(steps) - 1 if outcome == "signalled" else index + 1
 
-    def _wait_ranks(self, deadline: float, trap: _SignalTrap | None, seen: int) -> str:
+    def _wait_ranks(self, deadline: float, trap: SignalTrap | None, seen: int) -> str:
         """Wait for every rank to exit: ``stopped``, ``expired`` or ``signalled`` (again)."""
         while time.monotonic() < deadline:
             if not self._running():

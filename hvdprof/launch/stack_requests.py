@@ -7,7 +7,7 @@ imports (argparse, the config registry, the launcher, the dashboard's and analys
 parsers). The console script and ``python -m hvdprof`` therefore call :func:`hold_for`
 before importing anything else; from then on a SIGUSR1 is only counted here, and the
 launcher forwards the count to its ranks once they handle the signal
-(``hvdprof/launcher.py``).
+(:mod:`hvdprof.launch.signal_trap`).
 
 What remains unguarded is the time before Python runs any code of ours: the
 interpreter's start, ``site`` and the console script's own ``import re`` (measured in
