@@ -16,11 +16,16 @@ ranks than cores the machine is oversubscribed: wall times then measure the sche
 much as hvdprof, and only the CPU columns carry over to a machine with a core per rank.
 
 Allreduces go to the engine (``HVDPROF_SMALL_ALLREDUCE_BYTES=0``), so the perform stage
-is the engine's. The model (``scale_model.py``) is fitted on some rank counts and checked
+is the engine's. ``--fanouts 0,8`` runs each rank count once per topology of the control
+messages (``HVDPROF_CONTROL_FANOUT``: 0 the star, k a tree), the jobs alternating, and
+prints the tree against the star at each rank count. Points say which reply they ran
+with: ``full`` (the whole matrix to every rank, the runtime before the reduced reply:
+the points the model is fitted on) or ``reduced``. The model (``scale_model.py``) is fitted on some rank counts and checked
 on the others; ``--simulate`` adds rank counts too large for processes here
 (``scale_sim.py``: threads speaking the control channel's wire protocol).
 
     python benchmarks/scale_bench.py --ranks 2,4,8 --engines shm,gloo [--tensors 16]
+    python benchmarks/scale_bench.py --ranks 16,64 --fanouts 0,8 --rounds 2
     python benchmarks/scale_bench.py --fit-only        # refit the points in the JSON
 """
 
@@ -226,7 +231,7 @@ def point(data: dict[str, Any], variant: str, args: Any, ranks: int, engine: str
     return out
 
 
-def measure(args: Any, ranks: int, engine: str) -> list[dict[str, Any]]:
+def measure(args: Any, ranks: int, engine: str, fanout: int = 0) -> list[dict[str, Any]]:
     argv = [
         "--steps", str(args.steps), "--warmup", str(args.warmup),
         "--tensors", str(args.tensors), "--numel", str(args.numel),
@@ -235,6 +240,7 @@ def measure(args: Any, ranks: int, engine: str) -> list[dict[str, Any]]:
         "HVDPROF_BACKEND": engine,
         "HVDPROF_CACHE_CAPACITY": str(args.tensors),
         "HVDPROF_SMALL_ALLREDUCE_BYTES": "0",
+        "HVDPROF_CONTROL_FANOUT": str(fanout),
     }
     started = time.monotonic()
     data = h.run_job(__file__, argv, ranks, env=env, timeout=args.timeout or 480)
@@ -243,8 +249,72 @@ def measure(args: Any, ranks: int, engine: str) -> list[dict[str, Any]]:
         p["backend_seen"] = data["backend"]
         p["job_wall_s"] = round(time.monotonic() - started, 1)
         p["load"] = args.load
+        p["fanout"] = fanout
+        p["reply"] = "reduced"
         p["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return pts
+
+
+def topology(q: dict[str, Any]) -> str:
+    """``full`` (the star before the reduced reply), ``star`` or ``treeK``."""
+    if q.get("reply", "full") == "full":
+        return "full"
+    return f"tree{q['fanout']}" if q.get("fanout") else "star"
+
+
+def point_key(q: dict[str, Any]) -> tuple[Any, ...]:
+    return (q["engine"], q["ranks"], q["mode"], q.get("load", False), topology(q))
+
+
+def merge_rounds(pts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One point per key: the median of each number over the rounds that measured it."""
+    by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for q in pts:
+        by_key.setdefault(point_key(q), []).append(q)
+    out = []
+    for group in by_key.values():
+        merged = dict(group[-1])
+        for k, v in group[-1].items():
+            if isinstance(v, float) and not isinstance(v, bool):
+                merged[k] = round(statistics.median(g[k] for g in group), 3)
+        merged["rounds"] = len(group)
+        out.append(merged)
+    return out
+
+
+def compare_topologies(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (engine, ranks, mode, load) measured in more than one topology: each against
+    the star's reduced reply (and the full reply where it was measured)."""
+    groups: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    for q in points:
+        groups.setdefault(point_key(q)[:4], {})[topology(q)] = q
+    rows = []
+    for (engine, ranks, mode, load), by in sorted(groups.items()):
+        base = by.get("star")
+        if base is None or len(by) < 2:
+            continue
+        for name, q in sorted(by.items()):
+            rows.append(
+                {
+                    "engine": engine,
+                    "ranks": ranks,
+                    "mode": mode,
+                    "load": load,
+                    "topology": name,
+                    "rank0_cpu_per_cycle_us": q["rank0_cpu_per_cycle_us"],
+                    "worker_cpu_per_cycle_us": q["worker_cpu_per_cycle_us"],
+                    "rank0_wall_per_cycle_us": q["rank0_wall_per_cycle_us"],
+                    "step_ms": q["step_ms"],
+                    "rank0_cpu_vs_star": round(
+                        q["rank0_cpu_per_cycle_us"] / base["rank0_cpu_per_cycle_us"], 3
+                    ),
+                    "step_vs_star": round(q["step_ms"] / base["step_ms"], 3),
+                    "job_negotiate_cpu_vs_star": round(
+                        q["all_ranks_negotiate_cpu_ms"] / base["all_ranks_negotiate_cpu_ms"], 3
+                    ),
+                }
+            )
+    return rows
 
 
 def per_cycle_view(q: dict[str, Any]) -> dict[str, Any]:
@@ -266,6 +336,9 @@ def fit_report(
     on the other engine's points; take the cost per KB from the simulation when the
     measured points carry too few bytes to show it; predict to 1,024 ranks."""
     quiet = [p for p in points if not p.get("load") and p["ranks"] >= 2]
+    fitted = [p for p in quiet if topology(p) == "full"]
+    quiet = fitted or [p for p in quiet if topology(p) == "star"]
+    sims = [s for s in sims if s.get("topology", "full") == "full"]
     mine = [p for p in quiet if p["engine"] == engine] or quiet
     train = [p for p in mine if p["ranks"] in FIT_RANKS]
     held = [p for p in mine if p["ranks"] not in FIT_RANKS]
@@ -294,6 +367,24 @@ def fit_report(
         }
     if sims and "rank0" in out:
         out["simulation_shape"] = m.shape_check(out["rank0"]["params_us"], sims)
+    if "rank0" in out:
+        out["predicted_topologies"] = _topology_predictions(out["rank0"]["params_us"])
+    return out
+
+
+def _topology_predictions(params: dict[str, float]) -> dict[str, dict[str, Any]]:
+    """Per rank count: rank 0's CPU per cycle (us, a core per rank) with the full reply,
+    the reduced one, and trees of fan-out 8 and 32 (and their busiest relaying rank)."""
+    out: dict[str, dict[str, Any]] = {}
+    for n in (16, 64, 128, 256, 512, 1024):
+        row: dict[str, Any] = {}
+        for mode, slow in (("hit", False), ("miss", True)):
+            row[f"full_{mode}_us"] = round(m.per_cycle(params, "rank0", n, 16, slow), 1)
+            for k in (0, 8, 32):
+                name = f"tree{k}" if k else "star"
+                for role, us in m.topology_cycle(params, n, 16, slow, k).items():
+                    row[f"{name}_{mode}_{role}_us"] = round(us, 1)
+        out[str(n)] = row
     return out
 
 
@@ -314,18 +405,20 @@ def _predictions(params: dict[str, float], role: str) -> dict[str, dict[str, flo
 def print_tables(points: list[dict[str, Any]], model: dict[str, Any]) -> None:
     rows = [
         (
-            p["engine"] + (" +load" if p.get("load") else ""), p["ranks"], p["mode"],
+            f"{p['engine']}/{topology(p)}" + (" +load" if p.get("load") else ""),
+            p["ranks"], p["mode"],
             f"{p['step_ms']:.1f}", p["cycles"],
             p["slow_cycles"], p["rank0_cpu_per_cycle_us"], p["rank0_wait_per_cycle_us"],
             p["worker_cpu_per_cycle_us"], p["worker_wait_per_cycle_us"],
             f"{p['cpu_over_cores_ms']:.1f}",
         )
         for p in sorted(
-            points, key=lambda p: (p["engine"], bool(p.get("load")), p["ranks"], p["mode"])
+            points,
+            key=lambda p: (p["engine"], bool(p.get("load")), topology(p), p["ranks"], p["mode"]),
         )
     ]  # fmt: skip
     header = (
-        "engine", "ranks", "mode", "step ms", "cycles/step", "slow/step",
+        "engine/topology", "ranks", "mode", "step ms", "cycles/step", "slow/step",
         "r0 cpu us/cyc", "r0 wait us/cyc", "wk cpu us/cyc", "wk wait us/cyc",
         "job cpu/cores ms",
     )  # fmt: skip
@@ -357,6 +450,14 @@ def main() -> None:
     p.add_argument("--tensors", type=int, default=16, help="allreduces per step (default 16)")
     p.add_argument("--numel", type=int, default=64, help="float32 per tensor (default 64)")
     p.add_argument("--load", action="store_true", help="one spin loop per core beside the jobs")
+    p.add_argument(
+        "--fanouts",
+        default="0",
+        help="HVDPROF_CONTROL_FANOUT values, jobs alternating (default 0: the star; 0,8: "
+        "the star and a tree of fan-out 8)",
+    )
+    p.add_argument("--rounds", type=int, default=1, help="jobs per rank count and fan-out")
+    p.add_argument("--sim-fanout", type=int, default=8, help="the simulated tree's fan-out")
     p.add_argument("--fresh", action="store_true", help="drop the points already in the JSON")
     p.add_argument("--fit-only", action="store_true", help="refit the JSON's points, run nothing")
     p.add_argument(
@@ -381,20 +482,24 @@ def main() -> None:
         with h.spin_loops(args.load):
             for engine in args.engines.split(","):
                 for n in (int(x) for x in args.ranks.split(",") if x):
-                    h.log(f"{NAME}: {n} ranks, {engine}")
-                    new += measure(args, n, engine)
+                    for r in range(args.rounds):
+                        for k in (int(x) for x in args.fanouts.split(",")):
+                            h.log(f"{NAME}: {n} ranks, {engine}, fan-out {k}, round {r + 1}")
+                            new += measure(args, n, engine, k)
+            new = merge_rounds(new)
         if args.simulate:
             import scale_sim
 
             sims = [s for s in sims if str(s["ranks"]) not in args.simulate.split(",")]
             for n in (int(x) for x in args.simulate.split(",")):
-                sims += scale_sim.simulate(n, args.tensors, cycles=20 if not args.quick else 3)
-    key = {(q["engine"], q["ranks"], q["mode"], q.get("load", False)) for q in new}
-    points = [
-        q for q in old if (q["engine"], q["ranks"], q["mode"], q.get("load", False)) not in key
-    ]
+                sims += scale_sim.simulate(
+                    n, args.tensors, cycles=20 if not args.quick else 3, fanout=args.sim_fanout
+                )
+    key = {point_key(q) for q in new}
+    points = [q for q in old if point_key(q) not in key]
     points += new
     model = fit_report(points, sims)
+    comparison = compare_topologies(points)
     print(
         f"\n{NAME}: {args.tensors} allreduces per step of {args.numel} float32; machine of "
         f"{os.cpu_count()} cores, so above 2 ranks it is OVERSUBSCRIBED: wall and waiting "
@@ -403,6 +508,10 @@ def main() -> None:
     print_tables(points, model)
     for s in sims:
         print(f"simulated: {s}")
+    if comparison:
+        print("\ntopologies against the star's reduced reply (measured, per cycle):")
+        for c in comparison:
+            print(f"  {c}")
     out = h.write_results(
         NAME,
         {
@@ -417,16 +526,20 @@ def main() -> None:
                 "HVDPROF_BACKEND=engine",
                 "timing": "per step: counters' differences on every rank; rank 0 and the "
                 "median worker; per cycle = per step / cycles per step",
+                "fanouts": args.fanouts,
+                "rounds": args.rounds,
             },
             # per cycle, as docs/benchmarks.md shows them; "points" hold the per-step sums
             "variants": {
                 f"{q['engine']}/{q['ranks']}/{q['mode']}"
-                + ("/loaded" if q.get("load") else ""): per_cycle_view(q)
+                + ("/loaded" if q.get("load") else "")
+                + ("" if topology(q) == "full" else f"/{topology(q)}"): per_cycle_view(q)
                 for q in points
             },
             "points": points,
             "model": model,
             "simulated": sims,
+            "topologies": comparison,
         },
         path,
         args.quick,

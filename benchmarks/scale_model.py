@@ -169,6 +169,44 @@ def per_cycle(
     return predict(params, row)
 
 
+def topology_cycle(
+    params: Mapping[str, float],
+    ranks: int,
+    tensors: int,
+    slow: bool,
+    fanout: int = 0,
+) -> dict[str, float]:
+    """Predicted CPU of one cycle (us, a core per rank) with the reduced reply, on rank 0
+    and on the busiest relaying rank, from the star's fitted costs: the same counts with
+    the reply's bytes (``reply_size``: 2 + K + 3N/8 instead of the N (10 + K) matrix) and,
+    in a tree of ``fanout`` (0: the star), rank 0's calls to its k children only. A rank
+    that relays makes 2k + 2 calls a cycle (5k + 5 on a slow-path cycle) and sends
+    its subtree's rows up."""
+    k = ranks - 1 if fanout <= 0 or fanout >= ranks - 1 else fanout
+    width = HEADER + tensors
+    reply = 2 + tensors + 3 * ((ranks + 7) // 8)
+    slow_reply = reply_bytes(ranks, tensors) if slow else 0
+    names = tensors if slow else 0
+    base = {"cycle": 1.0, "step": 1.0, "name": names, "item": names * ranks, "msg_x_load": 0.0}
+    rank0 = {
+        **base,
+        "msg": 2 * k + (3 * k if slow else 0),
+        "kb": k * (reply + slow_reply) / 1024,
+    }
+    out = {"rank0": predict(params, rank0)}
+    if k < ranks - 1:  # the first child of rank 0 relays for the largest subtree
+        subtree = -(-(ranks - 1) // k)
+        relay = {
+            **base,
+            "name": 0.0,
+            "item": 0.0,
+            "msg": 2 * k + 2 + (3 * k + 3 if slow else 0),
+            "kb": (subtree * width + k * (reply + slow_reply)) / 1024,
+        }
+        out["relay"] = predict(params, relay)
+    return out
+
+
 def kb_cost_from_simulation(sims: Sequence[Mapping[str, Any]]) -> float | None:
     """Rank 0's CPU per KB sent, from the simulated cache-hit cycles (fixed + per call +
     per KB): the measured points send at most 100 KB a cycle, too little to show it."""

@@ -2,7 +2,7 @@
 ``dashboard``, ``report``, ``analyze``, ``diff``, ``ab``, ``history``.
 
 Only argument parsing and error reporting live here; the work is done by
-:func:`hvdprof.launcher.launch`, ``hvdprof.timeline.merge``, :mod:`hvdprof.config`,
+:func:`hvdprof.launch.local_job.launch`, ``hvdprof.timeline.merge``, :mod:`hvdprof.config`,
 :mod:`hvdprof.dashboard.commands` and :mod:`hvdprof.analysis.cli`.
 Every expected failure becomes ``hvdprof: error: ...`` and exit code 2 instead of a
 traceback, because the person reading it is starting a job, not debugging hvdprof.
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import sys
 
-from hvdprof import launch_signal
+from hvdprof.launch import stack_requests
 
 # Before the imports below (~80 ms): the console script imports this module before it
 # calls main(), and `hvdprof run` must not die of an early SIGUSR1.
 if sys.argv[:1] and sys.argv[0].rsplit("/", 1)[-1] == "hvdprof":  # the console script
-    launch_signal.hold_for(sys.argv[1] if len(sys.argv) > 1 else None)
+    stack_requests.hold_for(sys.argv[1] if len(sys.argv) > 1 else None)
 
 import argparse
 import contextlib
@@ -38,7 +38,7 @@ from hvdprof.config import (
     timeline_path_problem,
 )
 from hvdprof.errors import ConfigError, HvdprofError
-from hvdprof.launcher import TOPOLOGY_VARS, launch
+from hvdprof.launch.local_job import TOPOLOGY_VARS, launch
 
 #: Exit code for bad usage and handled errors, as argparse uses.
 EXIT_USAGE = 2
@@ -446,12 +446,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     timeline_file = ""
     if name_of("timeline_dir") in horovod:
         timeline_file = horovod_timeline_paths(os.environ["HOROVOD_TIMELINE"])[1]
-    from hvdprof.elastic_launcher import elastic_requested, run_elastic
+    from hvdprof.launch.elastic_local import elastic_requested, run_elastic
 
     if elastic_requested(args):
         return run_elastic(args, command, overrides)
-    if args.hosts:  # several hosts: mpirun starts the ranks (see hvdprof/mpi_launcher.py)
-        from hvdprof.mpi_launcher import run_with_mpirun
+    if args.hosts:  # several hosts: mpirun starts the ranks (see hvdprof/launch/mpirun.py)
+        from hvdprof.launch.mpirun import run_with_mpirun
 
         return run_with_mpirun(args, command, overrides)
     if args.num_proc is None:
@@ -550,7 +550,7 @@ def _cmd_timeline_merge(args: argparse.Namespace) -> int:
 
 
 def _cmd_stacks(args: argparse.Namespace) -> int:
-    from hvdprof.stack_target import parse_pid, refusal
+    from hvdprof.launch.stack_target import parse_pid, refusal
 
     pid, problem = parse_pid(args.pid)
     if pid is None:
@@ -577,7 +577,7 @@ def _cmd_env(_args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hvdprof`` command; returns the process exit code."""
     if argv is None:  # (done at import for the console script; here for other callers)
-        launch_signal.hold_for(sys.argv[1] if len(sys.argv) > 1 else None)
+        stack_requests.hold_for(sys.argv[1] if len(sys.argv) > 1 else None)
     from hvdprof.shadowing import repair_if_shadowed
 
     repair_if_shadowed()

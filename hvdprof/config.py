@@ -321,6 +321,19 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "Bound on one collective: when a peer rank dies, survivors raise within about this time.",
     ),
     EnvVar(
+        "HVDPROF_CONTROL_FANOUT",
+        "control_fanout",
+        _int(0, _RANK_MAX),
+        0,
+        "Topology of the control messages (each cycle's exchange, the coordinator's gather "
+        "and broadcast). 0: a star, every rank talks to rank 0, which makes 2 (N-1) socket "
+        "calls a cycle. k >= 1: a tree in which each rank relays for at most k others (1: "
+        "a chain), so rank 0 makes 2k calls and each message crosses about log_k N hops; "
+        "k >= N - 1 is the star again. Every rank must have the same value. See "
+        "docs/how-it-works.md (the control plane) for when a tree pays.",
+        "0 (the star)",
+    ),
+    EnvVar(
         "HVDPROF_STALL_CHECK_TIME_SECONDS",
         "stall_check_time_s",
         _float(0, maximum=_SECONDS_MAX),
@@ -522,14 +535,14 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "autotune_steps_per_sample",
         _int(1, 1_000_000),
         3,
-        "Runtime steps measured in each autotune window (scored by the median of up to 5 sub-windows); windows alternate between the incumbent and a candidate.",
+        "Runtime steps measured in each autotune window at first (scored by the median of up to 5 sub-windows); windows alternate between the incumbent and a candidate, and grow when steps are short or the job's noise needs it.",
     ),
     EnvVar(
         "HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
         "autotune_max_samples",
         _int(1, 10_000),
         56,
-        "Scored windows before tuning settles (the last third races the finalists against the starting configuration).",
+        "The round's budget: this many windows of HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE steps, each plus two discarded steps (windows grown to the job's noise leave fewer); the last 40% races the finalists against the starting configuration.",
     ),
     EnvVar(
         "HVDPROF_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
@@ -728,6 +741,7 @@ class Config:
     backend: str = "auto"
     hostname: str = ""
     collective_timeout_s: float = 60.0
+    control_fanout: int = 0
     stall_check_time_s: float = 60.0
     stall_shutdown_time_s: float = 0.0
     dynamic_process_sets: bool = False

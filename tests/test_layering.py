@@ -63,14 +63,32 @@ def _import_graph() -> dict[str, set[str]]:
 #: timeline sink and autotuner; trace files -> analysis -> CLI and dashboard), and the
 #: shared vocabulary (common) sits below all of them
 FORBIDDEN: dict[str, set[str]] = {
-    "errors": {"config", "common", "runtime", "timeline", "autotune", "analysis", "torch"},
-    "common": {"runtime", "timeline", "autotune", "analysis", "dashboard", "torch"},
+    "errors": {"config", "common", "trace", "runtime", "timeline", "autotune", "analysis", "torch"},
+    "common": {"trace", "runtime", "timeline", "autotune", "analysis", "dashboard", "torch"},
+    # the trace layer: below the timeline (which writes the files it reads) and the analyses
+    "trace": {"runtime", "timeline", "autotune", "analysis", "dashboard", "torch", "cli"},
     "timeline": {"runtime", "autotune", "analysis", "dashboard", "torch"},
     "autotune": {"runtime", "timeline", "analysis", "dashboard", "torch"},
     "runtime": {"analysis", "dashboard", "torch", "cli"},
     "analysis": {"runtime", "torch", "dashboard", "cli"},
     "dashboard": {"runtime", "torch", "cli"},
 }
+
+
+#: the launchers (hvdprof/launch/) start ranks: above runtime and timeline (and every
+#: other package named above), below the CLI and the Ray and Spark front ends that reuse
+#: them (the elastic driver, the output sink)
+FORBIDDEN["launch"] = {"analysis", "dashboard", "torch", "cli", "ray", "spark"}
+for _lower in set(FORBIDDEN) - {"launch"}:
+    FORBIDDEN[_lower].add("launch")
+
+
+def test_the_launchers_sit_between_runtime_and_the_front_ends() -> None:
+    graph = _import_graph()
+    assert "runtime" in graph["launch"]  # (the graph holds the package: it was read)
+    assert all("launch" in graph[front] for front in ("cli", "ray", "spark"))
+    stray = [p.name for p in PACKAGE.glob("*.py") if "launch" in p.stem]
+    assert not stray, f"launchers belong in hvdprof/launch/: {stray}"
 
 
 def test_lower_packages_never_import_higher_ones() -> None:
@@ -163,7 +181,7 @@ def test_no_import_cycle_between_modules() -> None:
     assert not cycles, "modules importing each other:\n" + "\n".join(map(str, cycles))
 
 
-#: what detects a trace format: the registry's own business (hvdprof/analysis/formats.py)
+#: what detects a trace format: the registry's own business (hvdprof/trace/formats.py)
 _FORMAT_DETECTION = {
     "TRACE_RE",
     "MANIFEST_RE",
@@ -175,14 +193,15 @@ _FORMAT_DETECTION = {
     "looks_like_horovod",
 }
 _FORMAT_MODULES = {
-    "hvdprof.analysis.kineto_format",
-    "hvdprof.analysis.horovod_format",
-    "hvdprof.analysis.hvdprof_format",
+    "hvdprof.trace.kineto_format",
+    "hvdprof.trace.horovod_format",
+    "hvdprof.trace.hvdprof_format",
+    "hvdprof.trace.hvdprof_reader",
 }
 
 
 def test_no_format_is_detected_outside_the_registry() -> None:
-    # the dashboard asks hvdprof.analysis.formats what a run is (and of which format); a
+    # the dashboard asks hvdprof.trace.formats what a run is (and of which format); a
     # copy of a format's detection there is a second truth that drifts (issue 39)
     found = []
     checked = 0
@@ -208,7 +227,7 @@ def test_no_format_is_detected_outside_the_registry() -> None:
                 names.append(node.attr)
             found += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names]
     assert checked > 3  # the dashboard's modules were read
-    assert not found, "ask hvdprof.analysis.formats instead:\n" + "\n".join(found)
+    assert not found, "ask hvdprof.trace.formats instead:\n" + "\n".join(found)
 
 
 def _analysis_function_names() -> set[str]:
@@ -254,3 +273,76 @@ def test_no_front_end_names_an_analysis_function() -> None:
                 if n in names
             ]
     assert not named, "loop over hvdprof.analysis.registry instead:\n" + "\n".join(named)
+
+
+#: the trace layer's modules that read a format's files (the schema modules, model, gpu and
+#: manifest, are what analyses read)
+_READERS = {
+    "hvdprof.trace.formats",
+    "hvdprof.trace.files",
+    "hvdprof.trace.columns",
+    "hvdprof.trace.loader",
+    "hvdprof.trace.chrome_json",
+    "hvdprof.trace.hvdprof_reader",
+    "hvdprof.trace.hvdprof_format",
+    "hvdprof.trace.kineto_format",
+    "hvdprof.trace.horovod_format",
+}
+#: the one analysis that reads input besides the run: ``--kineto`` traces of its ranks
+#: (through the trace layer's one Kineto reader, ``kineto_format.backward_compute``)
+_READS_ITS_OWN_INPUT = {"hvdprof.analysis.overlap": {"hvdprof.trace.kineto_format"}}
+
+
+def _analysis_modules() -> set[str]:
+    """The modules the analysis registry names (``module:function``)."""
+    tree = ast.parse((PACKAGE / "analysis" / "registry.py").read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            m = re.fullmatch(r"(?:hvdprof\.analysis)?\.?([a-z_]+):[a-z_]+", node.value)
+            if m:
+                found.add(f"hvdprof.analysis.{m.group(1)}")
+    return found
+
+
+def test_analyses_ask_the_runs_capabilities_never_its_format() -> None:
+    # HTA's analyzers never see the file format: an analysis that tests run.format (or
+    # imports a reader) is a second place that knows how a format looks, which a new
+    # format then has to be added to; they ask run.capabilities and the typed tables
+    asked = []
+    paths = sorted((PACKAGE / "analysis").rglob("*.py"))
+    for path in paths:
+        tree = ast.parse(path.read_text())
+        called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "format" and id(node) not in called:
+                asked.append(f"{path.relative_to(ROOT)}:{node.lineno}: .format")
+            if isinstance(node, ast.Compare):
+                names = [n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)]
+                if "source_format" in names:
+                    asked.append(f"{path.relative_to(ROOT)}:{node.lineno}: source_format ==")
+    assert len(paths) > 20  # the analyses were read
+    assert not asked, "ask run.capabilities instead:\n" + "\n".join(asked)
+    graph = _module_graph()
+    analyses = _analysis_modules()
+    assert {"hvdprof.analysis.stragglers", "hvdprof.analysis.fusion"} <= analyses
+    reading = [
+        f"{module} imports {target}"
+        for module in sorted(analyses)
+        for target in sorted(graph.get(module, set()) & _READERS)
+        if target not in _READS_ITS_OWN_INPUT.get(module, set())
+    ]
+    assert not reading, "analyses read the run, not files:\n" + "\n".join(reading)
+
+
+def test_the_trace_layer_is_one_package_below_the_analyses() -> None:
+    graph = _import_graph()
+    assert "trace" in graph["analysis"] and "trace" in graph["timeline"]
+    assert not graph.get("trace", set()) - {"common", "config", "errors", "hvdprof"}
+    # every format's reader lives in it: no module elsewhere parses trace JSON by hand
+    old = [
+        p.relative_to(ROOT).as_posix()
+        for p in [*PACKAGE.glob("analysis/*_format.py"), PACKAGE / "timeline" / "reader.py"]
+        if p.exists()
+    ]
+    assert not old, f"trace readers belong in hvdprof/trace/: {old}"

@@ -119,11 +119,58 @@ def test_reply_size_grows_with_ranks_and_names() -> None:
 
 @pytest.mark.timeout(120)
 def test_simulated_control_plane_runs_the_real_wire_protocol() -> None:
-    points = scale_sim.simulate(12, 4, cycles=2, processes=2)
-    assert [p["mode"] for p in points] == ["hit", "miss"]
+    """Each topology's cycles run on real channels: the full reply, the reduced one, a tree."""
+    points = scale_sim.simulate(12, 4, cycles=2, processes=2, fanout=3)
+    assert [(p["topology"], p["mode"]) for p in points] == [
+        (t, m) for t in ("full", "star", "tree") for m in ("hit", "miss")
+    ]
     for p in points:
-        assert p["ranks"] == 12
+        assert p["ranks"] == 12 and p["fanout"] == (3 if p["topology"] == "tree" else 0)
         assert p["rank0_cpu_per_cycle_us"] > 0 and p["worker_cpu_per_cycle_us"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_quick_run_sets_the_star_against_a_tree(tmp_path: pathlib.Path) -> None:
+    """--fanouts 0,2 at 4 ranks: one job per topology, both measured, the tree compared
+    with the star (no timing asserted: only that the comparison is there and sound)."""
+    out = tmp_path / "scale.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "scale_bench.py"),
+            "--quick",
+            "--ranks",
+            "4",
+            "--fanouts",
+            "0,2",
+            "--fresh",
+            "--output",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    seen = sorted((p["fanout"], p["mode"], p["reply"]) for p in doc["points"])
+    assert seen == [(k, m, "reduced") for k in (0, 2) for m in ("hit", "miss")]
+    for p in doc["points"]:
+        if p["mode"] == "hit":  # every name through the cache, in either topology
+            assert p["slow_cycles"] == 0 and p["cache_hits"] == 16
+        else:
+            assert p["names"] == 16
+    rows = {(c["topology"], c["mode"]): c for c in doc["topologies"]}
+    assert set(rows) == {(t, m) for t in ("star", "tree2") for m in ("hit", "miss")}
+    assert rows[("star", "hit")]["rank0_cpu_vs_star"] == 1.0
+    assert rows[("tree2", "hit")]["rank0_cpu_vs_star"] > 0
+    assert set(doc["model"]["predicted_topologies"]["1024"]) >= {
+        "full_hit_us",
+        "star_hit_rank0_us",
+        "tree8_hit_rank0_us",
+        "tree8_hit_relay_us",
+    }
 
 
 def test_byte_cost_is_recovered_from_simulated_points() -> None:

@@ -5,7 +5,17 @@ every op's. Through a Gloo process group an allgather of 16 bytes took about 0.7
 50 us of CPU at 2 ranks on 2 cores (each call hops through Gloo's worker and I/O threads);
 a blocking TCP exchange with rank 0 takes about 30 us and 15 us of CPU. So the channel is
 a star of TCP connections to rank 0, which gathers every rank's message and answers each
-with the combined result; the data (tensors) stay on the backend's process group.
+with the reduced result (``cycle_header.reduce``); the data (tensors) stay on the
+backend's process group.
+
+Rank 0 of a star makes 2 (N-1) socket calls a cycle, which passes the cycle time near
+230 ranks (docs/how-it-works.md). ``HVDPROF_CONTROL_FANOUT=k`` routes the cycle's
+exchange and the coordinator's gather and broadcast through a tree instead: each rank
+gathers the rows of its subtree (a contiguous range of ranks, so a row block arrives in
+one piece) from at most k children and forwards them up; the reply comes down the same
+way. Rank 0 still sees every row, so everything it reads per rank (the stall inspector,
+the deadlock check) is unchanged. Barriers, small reductions and clock samples stay on
+the star.
 
 A peer that dies closes its connection, so the survivors fail at once; a peer that hangs
 makes every receive time out after ``HVDPROF_COLLECTIVE_TIMEOUT_SECONDS``.
@@ -13,6 +23,7 @@ makes every receive time out after ``HVDPROF_COLLECTIVE_TIMEOUT_SECONDS``.
 
 from __future__ import annotations
 
+import itertools
 import socket
 import struct
 import time
@@ -20,6 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from hvdprof.runtime.cycle_header import FULL, reply_size
 
 _LENGTH = struct.Struct("<I")
 _CLOCK = struct.Struct("<q")
@@ -41,36 +54,95 @@ class CycleVectors:
         self._width = -1
         self._send_np = np.zeros(0, dtype=np.uint8)
         self._recv_np = np.zeros((self.size, 0), dtype=np.uint8)
+        self._reply_np = np.zeros(0, dtype=np.uint8)
 
     def send_buffer(self, width: int) -> np.ndarray:
-        """This rank's next vector for ``allgather_sent``, to fill in place."""
+        """This rank's next vector for ``allgather_sent`` or ``exchange``, to fill in place."""
         if width != self._width:
             self._send_np = np.zeros(width, dtype=np.uint8)
             self._recv_np = np.zeros((self.size, width), dtype=np.uint8)
+            self._reply_np = np.zeros(reply_size(self.size, width), dtype=np.uint8)
             self._width = width
         return self._send_np
 
     @property
     def last_matrix(self) -> np.ndarray:
-        """What the last ``allgather_sent`` returned."""
+        """What the last ``allgather_sent`` returned (the last ``exchange``'s matrix on
+        rank 0)."""
         return self._recv_np
+
+    def allgather_sent(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def exchange(
+        self, reduce: Callable[[np.ndarray], np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The cycle's exchange: (rank 0's reply, the matrix where this rank has it).
+
+        Here every rank gets the matrix (an allgather) and reduces it itself: ``reduce``
+        must then give the same reply on every rank. The socket channel overrides it."""
+        matrix = self.allgather_sent()
+        return reduce(matrix), matrix
+
+
+def tree_links(rank: int, size: int, fanout: int) -> tuple[int, int, list[tuple[int, int]]]:
+    """(parent, end of this rank's subtree, children's subtrees as (first, end) ranges).
+
+    The subtree of rank r is ranks r..end-1: the ranks after r split into at most
+    ``fanout`` contiguous ranges, each rooted at its first rank (1: a chain). 0 (or at
+    least size - 1) is the star: rank 0's children are every other rank."""
+    if fanout < 1 or fanout >= size - 1:
+        fanout = max(size - 1, 1)
+    lo, hi, parent = 0, size, -1
+    while True:
+        n = hi - lo - 1
+        k = min(fanout, n)
+        cuts = [lo + 1 + (n * i) // k for i in range(k + 1)] if k > 0 else [lo + 1]
+        chunks = list(itertools.pairwise(cuts))
+        if rank == lo:
+            return parent, hi, chunks
+        for a, b in chunks:
+            if a <= rank < b:
+                parent, lo, hi = lo, a, b
+                break
 
 
 class ControlChannel(CycleVectors):
-    """Rank 0 holds one connection per other rank; the others one connection to rank 0.
+    """Rank 0 holds one connection per other rank; the others one connection to rank 0
+    (the star), and in a tree one to their parent and one per child as well.
 
     Every method is collective (all ranks call it in the same order), and only the cycle
     thread uses the channel once the runtime runs.
     """
 
-    def __init__(self, rank: int, size: int, peers: dict[int, socket.socket]) -> None:
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        peers: dict[int, socket.socket],
+        fanout: int = 0,
+        links: dict[int, socket.socket] | None = None,
+    ) -> None:
         self.rank = rank
         self.size = size
         #: rank 0: rank -> connection; other ranks: {0: connection}
         self.peers = peers
+        self.fanout = fanout
+        parent, self._end, children = tree_links(rank, size, fanout)
+        links = {**peers, **(links or {})}
+        self._parent = parent
+        self._up = links.get(parent) if parent >= 0 else None
+        #: (connection, first rank, end) of each child's subtree
+        self._down = [(links[a], a, b) for a, b in children] if size > 1 else []
+        self._own_links = [c for r, c in (links.items()) if r not in peers]
         self._init_vectors()
         self._scratch = bytearray(0)
         self._token_buf = memoryview(bytearray(1))
+
+    @property
+    def is_tree(self) -> bool:
+        """Whether the cycle's messages go through a tree rather than the star."""
+        return 1 <= self.fanout < self.size - 1
 
     # --- set-up ------------------------------------------------------------------------
     @classmethod
@@ -82,44 +154,57 @@ class ControlChannel(CycleVectors):
         host: str,
         timeout_s: float,
         op_timeout_s: float,
+        fanout: int = 0,
     ) -> ControlChannel:
-        """Build the star through the rendezvous ``store`` (rank 0 publishes its address).
+        """Build the star through the rendezvous ``store`` (rank 0 publishes its address),
+        and with ``fanout`` >= 1 the tree: each rank with children below rank 0's listens
+        and publishes its address too, and its children connect to it.
 
-        ``host`` is where the other ranks reach rank 0: 127.0.0.1 on one machine (rank 0
-        then listens on loopback only), else rank 0's hostname (it listens everywhere).
+        ``host`` is where the other ranks reach this one: 127.0.0.1 on one machine (a
+        rank then listens on loopback only), else this rank's hostname (rank 0's for the
+        star; it listens everywhere).
         """
         peers: dict[int, socket.socket] = {}
         if size == 1:
             return cls(rank, size, peers)
-        key = "hvdprof/control/address"
         if rank == 0:
-            bind = host if host == "127.0.0.1" else ""
-            server = socket.create_server((bind, 0), backlog=size)
-            try:
-                server.settimeout(timeout_s)
-                store.set(key, f"{host}:{server.getsockname()[1]}")
-                while len(peers) < size - 1:
-                    conn, _ = server.accept()
-                    conn.settimeout(timeout_s)
-                    peer = _LENGTH.unpack(_recv_exact(conn, _LENGTH.size, "a new peer"))[0]
-                    peers[peer] = conn
-            finally:
-                server.close()
+            store.set("hvdprof/control/fanout", str(fanout))
+            peers = _accept_peers(store, "hvdprof/control/address", host, size - 1, timeout_s)
         else:
-            addr = store.get(key).decode()
-            peer_host, port = addr.rsplit(":", 1)
-            conn = socket.create_connection((peer_host, int(port)), timeout=timeout_s)
-            conn.sendall(_LENGTH.pack(rank))
-            peers[0] = conn
-        for conn in peers.values():
+            theirs = int(store.get("hvdprof/control/fanout").decode())
+            if theirs != fanout:  # the two topologies would wait on each other forever
+                raise ControlError(
+                    f"HVDPROF_CONTROL_FANOUT is {fanout} on rank {rank} but {theirs} on "
+                    "rank 0: every rank needs the same value"
+                )
+            peers[0] = _connect_to(store, "hvdprof/control/address", rank, timeout_s)
+        links: dict[int, socket.socket] = {}
+        parent, _, children = tree_links(rank, size, fanout)
+        try:
+            if rank != 0 and children:  # an inner rank: its children connect to it
+                links.update(
+                    _accept_peers(
+                        store, f"hvdprof/control/tree/{rank}", host, len(children), timeout_s
+                    )
+                )
+            if parent > 0:
+                links[parent] = _connect_to(
+                    store, f"hvdprof/control/tree/{parent}", rank, timeout_s
+                )
+        except BaseException:
+            for conn in [*peers.values(), *links.values()]:
+                conn.close()
+            raise
+        for conn in [*peers.values(), *links.values()]:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.settimeout(op_timeout_s)
-        return cls(rank, size, peers)
+        return cls(rank, size, peers, fanout, links)
 
     def close(self) -> None:
-        for conn in self.peers.values():
+        for conn in [*self.peers.values(), *self._own_links]:
             conn.close()
         self.peers = {}
+        self._own_links = []
 
     # --- the cycle's allgather ------------------------------------------------------------
     def allgather_sent(self) -> np.ndarray:
@@ -142,6 +227,46 @@ class ControlChannel(CycleVectors):
             _send(conn, self._send_np.tobytes(), 0)
             _recv_into(conn, memoryview(recv).cast("B"), recv.nbytes, 0)
         return recv
+
+    def exchange(
+        self, reduce: Callable[[np.ndarray], np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The cycle's exchange: every rank's row (``send_buffer``) up to rank 0, which
+        calls ``reduce`` on the matrix; its reply down to every rank, the matrix after it
+        when the reply says so (``FULL``). Returns (reply, the matrix or None); both are
+        valid until the next call.
+
+        Each rank receives its children's row blocks straight into its own copy of the
+        matrix and sends its subtree's rows up in one call: in the star, rank 0 makes
+        N-1 receives and N-1 sends, a worker one of each."""
+        recv = self._recv_np
+        recv[self.rank] = self._send_np
+        if self.size == 1:
+            return reduce(recv), recv
+        width = self._width
+        for conn, a, b in self._down:
+            _fill(conn, memoryview(recv[a:b]).cast("B"), (b - a) * width, f"rank {a}")
+        if self.rank == 0:
+            reply = reduce(recv)
+            full = bool(reply[1] & FULL)
+            data = reply.tobytes() + recv.tobytes() if full else reply.tobytes()
+            for conn, a, _ in self._down:
+                _send(conn, data, a)
+            return reply, recv
+        up = self._up
+        assert up is not None
+        who = f"rank {self._parent}"
+        _send(up, memoryview(recv[self.rank : self._end]).cast("B"), self._parent)
+        reply = self._reply_np
+        _fill(up, memoryview(reply), reply.nbytes, who)
+        full = bool(reply[1] & FULL)
+        if full:
+            _fill(up, memoryview(recv).cast("B"), recv.nbytes, who)
+        if self._down:
+            data = reply.tobytes() + recv.tobytes() if full else reply.tobytes()
+            for conn, a, _ in self._down:
+                _send(conn, data, a)
+        return reply, recv if full else None
 
     # --- small reductions ---------------------------------------------------------------
     def reduce_in_place(self, data: memoryview, combine: Callable[[memoryview], None]) -> None:
@@ -184,29 +309,60 @@ class ControlChannel(CycleVectors):
 
     # --- the coordinator's exchanges -----------------------------------------------------
     def gather_bytes(self, payload: bytes, lengths: list[int]) -> list[bytes] | None:
-        """Rank 0 receives every rank's payload (``lengths``, known to all, says who sends)."""
+        """Rank 0 receives every rank's payload (``lengths``, known to all, says who sends).
+
+        Up the tree (or the star), each rank sends one frame for its subtree when anyone
+        in it sends: its own payload for a single rank, else the subtree's payloads in rank
+        order, each with its length."""
         if self.size == 1:
             return [payload]
         if self.rank != 0:
-            if lengths[self.rank]:
-                _send_frame(self.peers[0], payload, 0)
+            if any(lengths[self.rank : self._end]):
+                block = (
+                    payload if self._end == self.rank + 1 else self._gather_block(payload, lengths)
+                )
+                _send_frame(self._up, block, self._parent)  # type: ignore[arg-type]
             return None
-        out = [payload]
-        for peer in range(1, self.size):
-            out.append(_recv_frame(self.peers[peer], peer) if lengths[peer] else b"")
+        out = [payload] + [b""] * (self.size - 1)
+        for conn, a, b in self._down:
+            if not any(lengths[a:b]):
+                continue
+            block = _recv_frame(conn, a)
+            if b == a + 1:
+                out[a] = block
+                continue
+            view, at = memoryview(block), 0
+            for r in range(a, b):
+                if lengths[r]:
+                    n = _LENGTH.unpack_from(view, at)[0]
+                    out[r] = bytes(view[at + 4 : at + 4 + n])
+                    at += 4 + n
         return out
 
+    def _gather_block(self, payload: bytes, lengths: list[int]) -> bytes:
+        """An inner rank's frame for ``gather_bytes``: its own payload and its children's."""
+        parts = [_LENGTH.pack(len(payload)), payload] if lengths[self.rank] else []
+        for conn, a, b in self._down:
+            if not any(lengths[a:b]):
+                continue
+            block = _recv_frame(conn, a)
+            if b == a + 1:  # a leaf sends its payload bare
+                parts += [_LENGTH.pack(len(block)), block]
+            else:
+                parts.append(block)
+        return b"".join(parts)
+
     def broadcast_bytes(self, payload: bytes | None) -> bytes:
-        """Rank 0's payload on every rank."""
+        """Rank 0's payload on every rank (down the tree, or the star)."""
         if self.size == 1:
             assert payload is not None
             return payload
-        if self.rank == 0:
-            assert payload is not None
-            for peer in range(1, self.size):
-                _send_frame(self.peers[peer], payload, peer)
-            return payload
-        return _recv_frame(self.peers[0], 0)
+        if self.rank != 0:
+            payload = _recv_frame(self._up, self._parent)  # type: ignore[arg-type]
+        assert payload is not None
+        for conn, a, _ in self._down:
+            _send_frame(conn, payload, a)
+        return payload
 
     def clock_samples(
         self, clock: Callable[[], int], rounds: int = 8
@@ -233,6 +389,40 @@ class ControlChannel(CycleVectors):
             t_root = _CLOCK.unpack(_recv_exact(conn, _CLOCK.size, "rank 0"))[0]
             samples.append((t_send, t_root, clock()))
         return samples
+
+
+# --- set-up ----------------------------------------------------------------------------
+def _accept_peers(
+    store: Any, key: str, host: str, count: int, timeout_s: float
+) -> dict[int, socket.socket]:
+    """Listen, publish the address under ``key``, take ``count`` connections: rank -> conn."""
+    peers: dict[int, socket.socket] = {}
+    bind = host if host == "127.0.0.1" else ""
+    server = socket.create_server((bind, 0), backlog=max(count, 1))
+    try:
+        server.settimeout(timeout_s)
+        store.set(key, f"{host}:{server.getsockname()[1]}")
+        while len(peers) < count:
+            conn, _ = server.accept()
+            conn.settimeout(timeout_s)
+            peer = _LENGTH.unpack(_recv_exact(conn, _LENGTH.size, "a new peer"))[0]
+            peers[peer] = conn
+    except BaseException:
+        for conn in peers.values():
+            conn.close()
+        raise
+    finally:
+        server.close()
+    return peers
+
+
+def _connect_to(store: Any, key: str, rank: int, timeout_s: float) -> socket.socket:
+    """Connect to the address published under ``key`` and say who this is."""
+    addr = store.get(key).decode()
+    peer_host, port = addr.rsplit(":", 1)
+    conn = socket.create_connection((peer_host, int(port)), timeout=timeout_s)
+    conn.sendall(_LENGTH.pack(rank))
+    return conn
 
 
 # --- framing ---------------------------------------------------------------------------

@@ -1,14 +1,17 @@
 """The background cycle: drain the queue, negotiate, fuse, run, complete. Every cycle.
 
-Each cycle every rank contributes one small vector to an allgather on the control group:
-a 9-byte header (slow-path message length and flags) followed by one byte per response
-cache entry. From that one exchange every rank knows, identically:
+Each cycle every rank contributes one small vector to an exchange on the control channel:
+a 10-byte header (slow-path message length and flags) followed by one byte per response
+cache entry. Rank 0 gathers every vector and replies with their reduction
+(``cycle_header``), so from that one exchange every rank knows, identically:
 - which cached names are ready on every rank (the fast path: no coordinator);
 - whether anyone has new names (then rank 0 gathers them and broadcasts responses);
 - whether any rank asked to shut down, has joined, or wants the timeline switched;
-- which rank is late, for the stall inspector and the timeline's readiness marks;
-- whether every rank's user thread is blocked waiting on an op (a deadlock, when the ops
-  they wait on are ones other ranks have not submitted).
+- which rank is late, for the timeline's readiness marks (the reply then carries every
+  rank's vector: only while some rank records them).
+Rank 0, which holds every vector, also knows which rank is late for the stall inspector,
+and whether every rank's user thread is blocked waiting on an op (a deadlock, when the
+ops they wait on are ones other ranks have not submitted).
 """
 
 from __future__ import annotations
@@ -33,7 +36,18 @@ from hvdprof.config import Config
 from hvdprof.errors import HvdprofInternalError, StallAbortError, TensorMismatchError
 from hvdprof.runtime import stacks
 from hvdprof.runtime.control import ControlChannel
-from hvdprof.runtime.cycle_header import BLOCKED, HEADER, JOINED, Gathered, OwnHeader, nothing_said
+from hvdprof.runtime.cycle_header import (
+    BLOCKED,
+    HEADER,
+    JOINED,
+    QUIET_BUSY,
+    QUIET_IDLE,
+    WORK,
+    OwnHeader,
+    Said,
+    nothing_said,
+    reduce,
+)
 from hvdprof.runtime.directives import (
     Abort,
     ClockSync,
@@ -309,13 +323,13 @@ class CycleLoop:
             self._first_ready.fill(-1)  # forget readiness seen while nobody recorded it
         self._was_detailed = detailed
         payload = self._outbox_payload()
-        matrix = self._exchange(payload, blocked, detailed)
-        quiet = self._quiet_kind(matrix)
-        if quiet is not None:
+        said = self._exchange(payload, blocked, detailed)
+        if said.kind != WORK:
             self._spent("negotiate", cpu0)
-            return self._quiet_cycle(cycle, t_start, busy=quiet, matrix=matrix if quiet else None)
-        self._last_matrix = matrix.copy()
-        said = Gathered.read(matrix)
+            busy = said.kind == QUIET_BUSY
+            return self._quiet_cycle(
+                cycle, t_start, busy=busy, matrix=said.matrix if busy else None
+            )
         if said.shutdown_ranks.size:
             self._peer_shut_down(said.shutdown_ranks)
             return None
@@ -348,15 +362,16 @@ class CycleLoop:
             protocol=pickle.HIGHEST_PROTOCOL,
         )
 
-    def _exchange(self, payload: bytes, blocked: bool, detailed: bool) -> np.ndarray:
-        """Write this rank's header and bits, allgather every rank's: the cycle's one
-        message when nothing is new."""
+    def _exchange(self, payload: bytes, blocked: bool, detailed: bool) -> Said:
+        """Write this rank's header and bits, exchange them for rank 0's reduced reply:
+        the cycle's one message when nothing is new."""
         header = OwnHeader(
             payload_len=len(payload),
             shutdown=self.shutdown_requested,
             joined=self.join_handle is not None,
             command=bool(self.commands),
             blocked=blocked,
+            detailed=detailed,
         )
         if self.rank == 0:
             self._queue_own_directives(detailed)
@@ -366,7 +381,16 @@ class CycleLoop:
         send[HEADER:] = self._bits
         if self.nvtx is not None:
             self.nvtx.push(NVTX_NEGOTIATE)
-        return self.control.allgather_sent()
+        reply, matrix = self.control.exchange(self._reduce)
+        return Said.read(reply, self.size, matrix)
+
+    def _reduce(self, matrix: np.ndarray) -> np.ndarray:
+        """Rank 0 (under MPI every rank, identically): the reply to this cycle's matrix."""
+        quiet = self._quiet_kind(matrix)
+        if quiet is None:
+            self._last_matrix = matrix.copy()
+            return reduce(matrix, WORK)
+        return reduce(matrix, QUIET_BUSY if quiet else QUIET_IDLE)
 
     def _queue_own_directives(self, detailed: bool) -> None:
         """Rank 0: a clock sync when one is due, the autotuner's next parameters."""
@@ -407,19 +431,18 @@ class CycleLoop:
             )
         )
 
-    def _negotiate(self, said: Gathered, payload: bytes, cycle: int, detailed: bool) -> _Agreed:
+    def _negotiate(self, said: Said, payload: bytes, cycle: int, detailed: bool) -> _Agreed:
         """What every rank agreed to run this cycle: the cached names ready on every rank
         that has not joined (the fast path), then the coordinator's answer when anyone has
         news (the slow path)."""
         for r in said.joined:
             self._join_cycle.setdefault(r, cycle)
-        bits = said.bits
-        if detailed and bits.shape[1]:
-            self._track_readiness(bits, cycle)
+        matrix = said.matrix
+        if detailed and said.ready.shape[0] and matrix is not None:
+            self._track_readiness(matrix[:, HEADER:], cycle)
         agreed = _Agreed()
-        active = ~said.joined_mask
-        if bits.shape[1] and active.any():
-            ready_bits = np.flatnonzero(bits[active].min(axis=0))
+        if said.ready.shape[0] and said.any_active:
+            ready_bits = np.flatnonzero(said.ready)
             if ready_bits.size:
                 self._bits[ready_bits] = 0
                 entries = self.cache.entries()
@@ -430,13 +453,13 @@ class CycleLoop:
                 agreed.reqs = [waiting.pop(bit, None) for bit in bit_list]
                 self.counters["cache_hits"] += ready_bits.size
         agreed.n_cached = len(agreed.ops)
-        if self.rank == 0 and self.config.stall_check_time_s > 0:
+        if self.rank == 0 and self.config.stall_check_time_s > 0 and matrix is not None:
             now = time.monotonic()
             if now - self._last_partial_watch >= _PARTIAL_WATCH_EVERY_S:
                 self._last_partial_watch = now
-                self._watch_partial_bits(bits, active)
-        if said.lengths.any() or said.directive or said.joined != self._prev_joined:
-            lengths = [int(n) for n in said.lengths]
+                self._watch_partial_bits(matrix[:, HEADER:], ~matrix[:, JOINED].astype(bool))
+        if said.news.size or said.directive or said.joined != self._prev_joined:
+            lengths = said.lengths(self.size)
             agreed.reply = self._coordinate(payload, lengths, said.joined, cycle)
             self.counters["slow_path_cycles"] += 1
         self._prev_joined = said.joined
@@ -487,7 +510,7 @@ class CycleLoop:
 
     def _account(
         self,
-        said: Gathered,
+        said: Said,
         agreed: _Agreed,
         cycle: int,
         t_start: int,
@@ -502,7 +525,7 @@ class CycleLoop:
         ops, reqs, reply = agreed.ops, agreed.reqs, agreed.reply
         op_batch = self._complete(ops, reqs, agreed.n_cached, reply, detailed, t_negotiated, t_end)
         joined = said.joined
-        if joined and not (~said.joined_mask).any():  # the join returns the last to join
+        if joined and not said.any_active:  # the join returns the last to join
             last = max(joined, key=lambda r: (self._join_cycle[r], r))
             self._join_cycle.clear()
             if self.join_handle is not None:
@@ -535,8 +558,8 @@ class CycleLoop:
             self._cached_waiting
             or self._outbox
             or self._sent
-            or said.lengths.any()
-            or said.bits.any()
+            or said.news.size
+            or said.any_bit
             or joined
             or self.commands
             or self.queue

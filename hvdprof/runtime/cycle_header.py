@@ -1,9 +1,13 @@
-"""The vector every rank contributes to each cycle's allgather, written and read.
+"""The vector every rank contributes to each cycle's exchange, and rank 0's reply.
 
 Layout, one row per rank: the length of this rank's slow-path message (4 bytes, little
-endian), five flag bytes, then one byte per response-cache entry (1: this rank has
-submitted that name and waits for it). Every rank reads the same matrix, so every rank
-draws the same conclusions from it without another message.
+endian), six flag bytes, then one byte per response-cache entry (1: this rank has
+submitted that name and waits for it). Rank 0 gathers every row (the matrix) and replies
+with what the cycle's decisions need, reduced: the cache bits set on every active rank
+(AND), the flags (OR; AND for commands), and bitmasks of which ranks joined, shut down or
+have news, so every rank draws the same conclusions from 2 + K + 3N/8 bytes instead of
+N (10 + K). The whole matrix follows the reply only while some rank asks for it (its
+timeline records when each rank's bit first showed: the readiness marks).
 """
 
 from __future__ import annotations
@@ -12,9 +16,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-HEADER = 9
+HEADER = 10
 #: flag columns
-SHUTDOWN, JOINED, COMMAND, DIRECTIVE, BLOCKED = 4, 5, 6, 7, 8
+SHUTDOWN, JOINED, COMMAND, DIRECTIVE, BLOCKED, DETAILED = 4, 5, 6, 7, 8, 9
+
+#: the reply's first byte: what kind of cycle this is (see ``CycleLoop._quiet_kind``)
+WORK, QUIET_IDLE, QUIET_BUSY = 0, 1, 2
+#: the reply's second byte, bit by bit
+_ANY_SHUTDOWN, _ALL_COMMAND, _DIRECTIVE, _ANY_NEWS = 1, 2, 4, 8
+_ANY_BIT, FULL, _ANY_JOINED, _ANY_ACTIVE = 16, 32, 64, 128
 
 
 @dataclass(slots=True)
@@ -27,6 +37,7 @@ class OwnHeader:
     command: bool = False  # a collective command (such as a clock sync) waits here
     directive: bool = False  # rank 0 only: orders wait for the next reply
     blocked: bool = False  # this rank's user thread waits on an unfinished op
+    detailed: bool = False  # this rank records readiness per rank: send the matrix back
 
     def write(self, header: np.ndarray) -> None:
         header[:] = 0
@@ -38,38 +49,119 @@ class OwnHeader:
             (COMMAND, self.command),
             (DIRECTIVE, self.directive),
             (BLOCKED, self.blocked),
+            (DETAILED, self.detailed),
         ):
             if flag:
                 header[column] = 1
 
 
 def nothing_said(matrix: np.ndarray) -> bool:
-    """No rank has a message or a flag other than "blocked" (which changes nothing by
-    itself: only rank 0's stall inspector reads it, from the last matrix)."""
+    """No rank has a message or a flag other than "blocked" and "detailed" (which change
+    nothing by themselves: only rank 0's stall inspector reads "blocked", from the last
+    matrix, and nothing is ready for the readiness marks to record)."""
     return not matrix[:, :BLOCKED].any()
 
 
-@dataclass(slots=True)
-class Gathered:
-    """Every rank's header and bits, as this cycle's decisions need them."""
+def reply_size(size: int, width: int) -> int:
+    """Bytes of rank 0's reduced reply for ``size`` ranks and rows ``width`` bytes wide."""
+    return 2 + max(width - HEADER, 0) + 3 * ((size + 7) // 8)
 
-    lengths: np.ndarray  # per rank: bytes of its slow-path message (uint32)
-    joined_mask: np.ndarray  # per rank: inside join()
-    joined: frozenset[int]
+
+def reduce(matrix: np.ndarray, kind: int) -> np.ndarray:
+    """Rank 0's reply to the gathered ``matrix`` in a cycle of this ``kind``."""
+    size, width = matrix.shape
+    k, m = width - HEADER, (size + 7) // 8
+    out = np.zeros(reply_size(size, width), dtype=np.uint8)
+    out[0] = kind
+    if kind != WORK:  # a quiet cycle: nothing more is read
+        return out
+    flags = 0
+    bits = matrix[:, HEADER:]
+    joined = matrix[:, JOINED].astype(bool)
+    masks = 2 + k
+    if joined.any():
+        flags |= _ANY_JOINED
+        out[masks : masks + m] = np.packbits(joined)
+        active = ~joined
+        if active.any():
+            flags |= _ANY_ACTIVE
+            if k:
+                out[2 : 2 + k] = bits[active].min(axis=0)
+    else:
+        flags |= _ANY_ACTIVE
+        if k:
+            out[2 : 2 + k] = bits.min(axis=0)
+    shutdown = matrix[:, SHUTDOWN]
+    if shutdown.any():
+        flags |= _ANY_SHUTDOWN
+        out[masks + m : masks + 2 * m] = np.packbits(shutdown.astype(bool))
+    news = matrix[:, :4].any(axis=1)
+    if news.any():
+        flags |= _ANY_NEWS
+        out[masks + 2 * m : masks + 3 * m] = np.packbits(news)
+    if matrix[:, COMMAND].all():
+        flags |= _ALL_COMMAND
+    if matrix[0, DIRECTIVE]:
+        flags |= _DIRECTIVE
+    if k and bits.any():
+        flags |= _ANY_BIT
+    if matrix[:, DETAILED].any():
+        flags |= FULL
+    out[1] = flags
+    return out
+
+
+def _ranks(mask: np.ndarray, size: int) -> np.ndarray:
+    return np.flatnonzero(np.unpackbits(mask, count=size))
+
+
+_NOBODY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(slots=True)
+class Said:
+    """What this cycle's reply says, as the cycle's decisions need it (identical on every
+    rank); ``matrix``: every rank's row, on rank 0 and where the reply carried it."""
+
+    kind: int
     shutdown_ranks: np.ndarray  # ranks that called shutdown()
+    joined: frozenset[int]  # ranks inside join()
+    any_active: bool  # some rank has not joined
+    news: np.ndarray  # ranks with new names for the coordinator
     every_rank_commands: bool  # a command waits on every rank: run it now
     directive: bool  # rank 0 has orders: the slow path carries them
-    bits: np.ndarray  # (ranks, cache entries): who waits for which cached name
+    ready: np.ndarray  # cache bits set on every active rank (uint8 per bit)
+    any_bit: bool  # some rank waits on some cached name
+    matrix: np.ndarray | None
 
     @classmethod
-    def read(cls, matrix: np.ndarray) -> Gathered:
-        joined_mask = matrix[:, JOINED].astype(bool)
+    def read(cls, reply: np.ndarray, size: int, matrix: np.ndarray | None) -> Said:
+        kind, flags = int(reply[0]), int(reply[1])
+        m = (size + 7) // 8
+        masks = reply.shape[0] - 3 * m
+        joined: frozenset[int] = frozenset()
+        if flags & _ANY_JOINED:
+            joined = frozenset(_ranks(reply[masks : masks + m], size).tolist())
         return cls(
-            lengths=matrix[:, :4].copy().view("<u4").reshape(-1),
-            joined_mask=joined_mask,
-            joined=frozenset(int(r) for r in np.flatnonzero(joined_mask)),
-            shutdown_ranks=np.flatnonzero(matrix[:, SHUTDOWN]),
-            every_rank_commands=bool(matrix[:, COMMAND].all()),
-            directive=bool(matrix[0, DIRECTIVE]),
-            bits=matrix[:, HEADER:],
+            kind=kind,
+            shutdown_ranks=(
+                _ranks(reply[masks + m : masks + 2 * m], size) if flags & _ANY_SHUTDOWN else _NOBODY
+            ),
+            joined=joined,
+            any_active=bool(flags & _ANY_ACTIVE),
+            news=(
+                _ranks(reply[masks + 2 * m : masks + 3 * m], size) if flags & _ANY_NEWS else _NOBODY
+            ),
+            every_rank_commands=bool(flags & _ALL_COMMAND),
+            directive=bool(flags & _DIRECTIVE),
+            ready=reply[2:masks],
+            any_bit=bool(flags & _ANY_BIT),
+            matrix=matrix,
         )
+
+    def lengths(self, size: int) -> list[int]:
+        """Per rank: 1 when it sends the coordinator new names (``gather_bytes``)."""
+        out = [0] * size
+        for r in self.news.tolist():
+            out[r] = 1
+        return out

@@ -274,6 +274,7 @@ class Runtime:
                 self._host(),
                 cfg.start_timeout_s,
                 cfg.collective_timeout_s,
+                cfg.control_fanout,
             )
             data = self._gloo_group(store, "hvdprof/data/", op_timeout)
         except Exception as exc:
