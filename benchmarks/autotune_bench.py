@@ -1,25 +1,30 @@
-"""Live autotuning against an interleaved grid and random search, on three jobs (issue 35).
+"""Live autotuning against an interleaved grid and random search, on four jobs (issue 52).
 
 Each job is a synthetic training step with a backward pass: ``layers`` layers, last to
 first, each a matmul of compute followed by its gradients' ``allreduce_async_``, then
 ``synchronize`` on all of them (and, with ``sync_every``, a synchronisation point every K
-layers, as an optimizer that needs some layers' reduced gradients early). Three jobs, at
+layers, as an optimizer that needs some layers' reduced gradients early). Four jobs, at
 the launcher's defaults (threads: cores // ranks; backend: what ``hvdprof run`` picks, i.e.
 shared memory on one host) unless a job says otherwise:
 
 1. ``cycle``: bound by cycle time. 24 layers of 4 gradients of 64 KiB and, on 6 of them,
    one of 1 MiB, little compute (96 x 96 matmul per layer), a synchronisation point every
-   3 layers: latency-bound, and a cycle shorter than the default 1 ms pays (measured
-   before: the default at 0.72-0.77 of the best, 0.2 ms). Through shared memory the
-   threshold changes nothing and is held; cycle time and cache are searched.
+   3 layers: latency-bound, and a cycle shorter than the default pays (measured before:
+   the default at 0.72-0.78 of the best, 0.2 ms). Through shared memory the threshold
+   changes nothing and is held; cycle time and cache are searched.
 2. ``fusion``: bound by the fusion threshold, many medium tensors: 12 gradients of 3 MiB
    and 192 of 4 KB. The default 4 MiB copies each 3 MiB gradient into a fusion buffer for
    almost no saved backend call; at or below 3 MiB they are reduced in place (measured
    before: the default at 0.76-0.88 of the best). The threshold matters only through Gloo
    (several hosts), so this job sets ``HVDPROF_BACKEND=gloo``: the one departure from the
    launcher's defaults, stated in the results.
-3. ``default``: the default is already best (within noise): much compute (384 x 384 per
-   layer), 8 layers with few gradients, no synchronisation point.
+3. ``default``: one where the default is best: much compute (512 x 512 per layer), 6
+   layers with few gradients and no synchronisation point, so the reductions hide behind
+   compute and a shorter cycle only takes CPU from it. (Its "default / grid best" row
+   says how far that holds on the machine measured.)
+4. ``tiny``: the issue's held-back job of 16 ``Linear(64, 64)`` layers (about 250 steps/s),
+   whose windows' scores ranged over 4x: too noisy to tune in 300 steps. The tuner must
+   say so and change nothing.
 
 Per job, all at ``--np`` ranks:
 
@@ -40,22 +45,21 @@ Per job, all at ``--np`` ranks:
    c. evaluation: fresh interleaved rounds of the default, the grid's top points and every
       recommendation (the re-run against which predictions are checked).
 
-Reported (table + ``benchmarks/results/autotune_bench.json``), per job, against the
-issue's goals: each tuning run's result / grid best (>= 0.95, jobs 1 and 2); each run's
-choice / default, paired by evaluation round (>= 0.98); the tuner's median / random
-search's median (> 1); throughput while tuning / grid best (>= 0.90); the tuned job /
-the untuned one after the budget (>= 0.98); whether the
-tuner's 95% interval of its gain covers the re-run's gain (>= 4 of 5 runs); the
-end-of-tuning line (one line; "kept the default" exactly when it kept it).
+Reported (table + ``benchmarks/results/autotune_bench.json``, ``.loaded`` with ``--load``),
+per job, issue 52's proof rows (``_goal_ratios``): every run ends at >= 0.95 of the grid's
+best, or keeps a default that is; throughput while tuning >= 0.90 of the grid's best in
+every run; the tuned job / the untuned one after the budget >= 0.98 in every run; the
+tuner's median >= random search's; the predicted gain's 95% interval covers the re-run's
+in >= 4 of 5 runs; the end-of-tuning line (one line; "kept the default" exactly when it
+kept it).
 
-``--synthetic``: Horovod's ``pytorch_synthetic_benchmark.py`` (the import changed; the
-tiny ResNet stand-in for torchvision, batch 8, 60 iterations of 10 batches), untuned and
-with ``--autotune`` in interleaved rounds; reports the gain in img/sec over the last third
-of the iterations (after a round of tuning) and over the whole run, and the tuner's line.
+``--synthetic``: Horovod's synthetic benchmark (``pytorch_synthetic_benchmark.py``, this
+project's equivalent) untuned and with ``--autotune`` in ``--rounds`` interleaved rounds,
+through ``synthetic_autotune.py``: tuned / untuned >= 1.0, the median of the rounds.
 
-    python benchmarks/autotune_bench.py [--jobs cycle,fusion,default] [--np 2]
-        [--budget 300] [--tune-runs 5] [--random-seeds 5] [--quick]
-    python benchmarks/autotune_bench.py --synthetic [--rounds 3] [--quick]
+    python benchmarks/autotune_bench.py [--jobs cycle,fusion,default,tiny] [--np 2]
+        [--budget 300] [--tune-runs 5] [--random-seeds 5] [--load] [--quick]
+    python benchmarks/autotune_bench.py --synthetic [--rounds 3] [--load] [--quick]
 
 ``--quick``: one job (``cycle`` unless ``--jobs``), budget 100, one run of each, a small
 grid (a smoke test, about 90 s on 2 cores).
@@ -67,7 +71,6 @@ import json
 import math
 import os
 import random
-import re
 import statistics
 import sys
 import tempfile
@@ -101,15 +104,15 @@ JOBS: dict[str, dict[str, Any]] = {
     },
     "default": {
         "shape": {
-            "layers": 8, "small": 2, "small_numel": 1024, "large": 4,
-            "large_numel": 256 * 1024, "compute_n": 384, "sync_every": 0,
+            "layers": 6, "small": 2, "small_numel": 1024, "large": 2,
+            "large_numel": 256 * 1024, "compute_n": 512, "sync_every": 0,
         },
         "env": {},
         "held_threshold": True,
     },
-    # not in the default set: the issue's held-back tiny job (16 Linear(64, 64) layers, about
-    # 250 steps/s), where tuning and re-opening it on drift once cost 17%; run it with
-    # --jobs tiny --margin 500 to compare the tuned job's last 500 steps with an untuned one's
+    # the issue's held-back tiny job (16 Linear(64, 64) layers, about 250 steps/s), where
+    # tuning and re-opening it on drift once cost 17%: too noisy to tune in 300 steps, the
+    # tuner must say so and change nothing
     "tiny": {
         "shape": {
             "layers": 16, "small": 2, "small_numel": 2080, "large": 0,
@@ -117,7 +120,6 @@ JOBS: dict[str, dict[str, Any]] = {
         },
         "env": {},
         "held_threshold": True,
-        "optional": True,
     },
 }  # fmt: skip
 SHAPE_OPTIONS = (
@@ -364,6 +366,7 @@ def worker_tune(args: Any, work: Workload, rank: int) -> dict[str, Any]:
         out["decision"] = decision_dict(tuner.decision())
         out["converged"] = tuner.converged
         out["window_steps"] = tuner.steps_per_sample
+        out["window_resizes"] = [list(r) for r in tuner.resizes]  # (window, steps, why)
         out["samples_scored"] = tuner.samples_scored
         out["phase"] = tuner.phase
         out["final_best"] = None if tuner.best is None else list(from_tunable(tuner.best.params))
@@ -545,8 +548,7 @@ def options() -> Any:
     p.add_argument(
         "--jobs",
         default=None,
-        help=f"comma-separated jobs among {', '.join(JOBS)} (default: all but tiny; --quick: "
-        "cycle)",
+        help=f"comma-separated jobs among {', '.join(JOBS)} (default: all; --quick: cycle)",
     )
     for name in SHAPE_OPTIONS:  # the worker's copy of the job's shape
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=0, help=argparse_hidden())
@@ -566,6 +568,7 @@ def options() -> Any:
         help="Horovod's pytorch_synthetic_benchmark.py, untuned and with --autotune",
     )
     p.add_argument("--rounds", type=int, default=3, help="--synthetic: interleaved rounds")
+    p.add_argument("--load", action="store_true", help="one spin loop per core while the jobs run")
     p.add_argument("--grid", default="[]", help=argparse_hidden())
     p.add_argument("--eval-configs", default="[]", help=argparse_hidden())
     p.add_argument("--steps-per-sample", type=int, default=0, help=argparse_hidden())
@@ -833,8 +836,19 @@ def _goal_ratios(
     tuner_runs: list[dict[str, Any]],
     random_runs: list[dict[str, Any]],
 ) -> dict[str, dict[str, Any]]:
-    """Every goal of the issue, its measured ratio and whether it was met."""
-    two_goal = job != "default"  # >= 0.95 of the best: the jobs with a gain to find
+    """Issue 52's proof rows for one job, each measured and marked met or not:
+
+    * every run ends at >= 0.95 of the grid's best, or keeps a default that is (the
+      choice at the budget, the default when it kept it, measured in the re-run);
+    * throughput while tuning >= 0.90 of the grid's best, in every run;
+    * the tuned job / the untuned one after the budget >= 0.98, in every run;
+    * the tuner's median >= random search's;
+    * the predicted gain's 95% interval covers the re-run's in >= 4 of 5 runs (a run that
+      kept the default predicted no change, which is what the default's re-run shows);
+    * the end line: one line, and "kept the default" exactly when it kept it.
+
+    The choice against the default in the re-run is kept as context (issue 35's goal).
+    """
     ratios: dict[str, dict[str, Any]] = {
         "default / grid best": {
             "of_medians": round(ev.ratio_of[key(DEFAULT)], 4),
@@ -843,35 +857,35 @@ def _goal_ratios(
         }
     }
     for i, run in enumerate(tuner_runs):
-        if two_goal:
-            ratios[f"tuner run {i + 1} / grid best"] = {
-                "of_medians": run["final_ratio"], "goal": f">= {GOAL_RATIO}",
-                "met": (run["final_ratio"] or 0) >= GOAL_RATIO,
-            }  # fmt: skip
-        ratios[f"tuner run {i + 1}: its choice / default (re-run, paired)"] = {
-            "of_medians": run["vs_default_rerun"], "goal": f">= {GOAL_VS_DEFAULT}",
-            "met": run["vs_default_rerun"] >= GOAL_VS_DEFAULT,
+        kept = run["final"] == list(DEFAULT)
+        ratios[f"tuner run {i + 1} / grid best{' (kept the default)' if kept else ''}"] = {
+            "of_medians": run["final_ratio"], "goal": f">= {GOAL_RATIO}",
+            "met": (run["final_ratio"] or 0) >= GOAL_RATIO,
         }  # fmt: skip
         ratios[f"tuner run {i + 1}: throughput while tuning / grid best"] = {
             "of_medians": run["throughput_while_tuning_ratio"], "goal": f">= {GOAL_WHILE_TUNING}",
             "met": run["throughput_while_tuning_ratio"] >= GOAL_WHILE_TUNING,
         }  # fmt: skip
-        if run["after_tuning_vs_untuned"] is not None:
-            ratios[f"tuner run {i + 1}: tuned job / untuned job, after the budget"] = {
-                "of_medians": run["after_tuning_vs_untuned"], "goal": f">= {GOAL_VS_DEFAULT}",
-                "met": run["after_tuning_vs_untuned"] >= GOAL_VS_DEFAULT,
-            }  # fmt: skip
+        after = run["after_tuning_vs_untuned"]
+        ratios[f"tuner run {i + 1}: tuned job / untuned job, after the budget"] = {
+            "of_medians": after, "goal": f">= {GOAL_VS_DEFAULT}",
+            "met": after is not None and after >= GOAL_VS_DEFAULT,
+        }  # fmt: skip
+        ratios[f"tuner run {i + 1}: its choice / default (re-run, paired)"] = {
+            "of_medians": run["vs_default_rerun"], "goal": "(context)", "met": True,
+        }  # fmt: skip
         ratios[f"tuner run {i + 1}: end line one line and true"] = {
             "of_medians": None, "goal": "yes",
             "met": run["end_line"]["one_line"] and run["end_line"]["true"],
         }  # fmt: skip
-    moved = [r for r in tuner_runs if "interval_covers_rerun" in r]
-    if moved:
-        covered = sum(r["interval_covers_rerun"] for r in moved)
+    if tuner_runs:
+        covered = sum(
+            r.get("interval_covers_rerun", r["final"] == list(DEFAULT)) for r in tuner_runs
+        )
         ratios["predicted gain's 95% interval covers the re-run's gain"] = {
-            "of_medians": f"{covered}/{len(moved)}",
+            "of_medians": f"{covered}/{len(tuner_runs)}",
             "goal": f">= {GOAL_COVERAGE}/5",
-            "met": covered >= math.ceil(GOAL_COVERAGE / 5 * len(moved)),
+            "met": covered >= math.ceil(GOAL_COVERAGE / 5 * len(tuner_runs)),
         }
     tuner_finals = [r["final_ratio"] or 0.0 for r in tuner_runs]
     random_finals = [r["final_ratio"] or 0.0 for r in random_runs]
@@ -880,8 +894,8 @@ def _goal_ratios(
             "of_medians": round(
                 statistics.median(tuner_finals) / statistics.median(random_finals), 4
             ),
-            "goal": "> 1",
-            "met": statistics.median(tuner_finals) > statistics.median(random_finals),
+            "goal": ">= 1",
+            "met": statistics.median(tuner_finals) >= statistics.median(random_finals),
         }
     return ratios
 
@@ -923,96 +937,19 @@ def _print_job(
         print(f"  tuner {i + 1} said: {said[0] if said else '(nothing within the budget)'}")
 
 
-IMG_SEC = re.compile(r"Iter #(\d+): ([0-9.]+) img/sec")
-
-
-def synthetic_run(args: Any, tuned: bool, timeout: float) -> dict[str, Any]:
-    """One launch of Horovod's synthetic benchmark through ``hvdprof run``."""
+def synthetic(args: Any, timeout: float) -> None:
+    """Horovod's synthetic benchmark with and without ``--autotune``, interleaved: the
+    driver ``synthetic_autotune.py`` (hvdprof's equivalent of Horovod's
+    ``pytorch_synthetic_benchmark.py``), its medians of ``--rounds`` rounds and its JSON."""
     import subprocess
 
-    root = Path(__file__).resolve().parents[1]
-    workers = root / "tests" / "workers"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(workers / "torchvision_standin"), str(root), env.get("PYTHONPATH", "")) if p
-    )
-    with tempfile.TemporaryDirectory(prefix="hvdprof-autotune-synthetic-") as tmp:
-        launcher = ["--autotune", "--autotune-log", str(Path(tmp) / "log.csv")] if tuned else []
-        command = [
-            sys.executable, "-m", "hvdprof", "run", "-np", str(args.np), "--timeout",
-            str(int(timeout)), *launcher, "--", sys.executable,
-            str(workers / "horovod_pytorch_synthetic_benchmark.py"), "--model", "tiny_resnet",
-            "--batch-size", str(args.synthetic_batch), "--num-warmup-batches", "2",
-            "--num-batches-per-iter", str(args.synthetic_batches_per_iter),
-            "--num-iters", str(args.synthetic_iters),
-        ]  # fmt: skip
-        started = time.monotonic()
-        proc = subprocess.run(
-            command, capture_output=True, text=True, env=env, timeout=timeout + 60
-        )
-    text = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        raise SystemExit(f"synthetic benchmark failed ({proc.returncode}):\n{text[-3000:]}")
-    iters = [float(m[2]) for m in IMG_SEC.finditer(text)]
-    lines = [
-        ln.split("hvdprof autotune: ", 1)[1]
-        for ln in text.splitlines()
-        if "hvdprof autotune: " in ln
-    ]
-    return {"img_sec_iters": iters, "lines": lines, "wall_s": round(time.monotonic() - started, 1)}
-
-
-def synthetic(args: Any, timeout: float) -> None:
-    """Untuned and tuned runs of Horovod's synthetic benchmark, interleaved over rounds."""
-    runs: dict[str, list[dict[str, Any]]] = {"default": [], "autotune": []}
-    for rnd in range(args.rounds):
-        order = ("default", "autotune") if rnd % 2 == 0 else ("autotune", "default")
-        for variant in order:
-            print(f"{NAME} --synthetic: round {rnd + 1}/{args.rounds}, {variant}", flush=True)
-            runs[variant].append(synthetic_run(args, variant == "autotune", timeout))
-    tail = args.synthetic_iters * 2 // 3  # the last third: after a round of tuning
-
-    def tail_rate(r: dict[str, Any]) -> float:
-        iters = r["img_sec_iters"]
-        return statistics.median(iters[tail:] or iters)
-
-    per_round = [
-        tail_rate(t) / tail_rate(d) for t, d in zip(runs["autotune"], runs["default"], strict=True)
-    ]
-    whole = [
-        statistics.mean(t["img_sec_iters"]) / statistics.mean(d["img_sec_iters"])
-        for t, d in zip(runs["autotune"], runs["default"], strict=True)
-    ]
-    ratios = {
-        "autotune / default, img/sec after tuning (median of rounds)": {
-            "of_medians": round(statistics.median(per_round), 4), "goal": f">= {GOAL_VS_DEFAULT}",
-            "met": statistics.median(per_round) >= GOAL_VS_DEFAULT,
-        },
-        "autotune / default, img/sec over the whole run (median of rounds)": {
-            "of_medians": round(statistics.median(whole), 4), "goal": "(cost of tuning included)",
-            "met": True,
-        },
-    }  # fmt: skip
-    print(goal_table(ratios))
-    for r in runs["autotune"]:
-        print("  tuner said:", r["lines"][0] if r["lines"] else "(nothing)")
-    path = h.write_results(
-        f"{NAME}.synthetic",
-        {
-            "settings": {
-                "np": args.np, "rounds": args.rounds, "model": "tiny_resnet (torchvision stand-in)",
-                "batch_size": args.synthetic_batch,
-                "batches_per_iter": args.synthetic_batches_per_iter,
-                "iters": args.synthetic_iters, "threads": h.threads_setting(args),
-            },
-            "ratios": ratios,
-            "per_round_after_tuning": [round(x, 4) for x in per_round],
-            "runs": runs,
-        },
-        args.output,
-        args.quick,
-    )  # fmt: skip
-    print(f"wrote {path}")
+    command = [
+        sys.executable, str(Path(__file__).resolve().parent / "synthetic_autotune.py"),
+        "--np", str(args.np), "--rounds", str(args.rounds), "--timeout", str(int(timeout)),
+    ]  # fmt: skip
+    command += ["--quick"] if args.quick else []
+    command += ["--load"] if args.load else []
+    raise SystemExit(subprocess.run(command, timeout=timeout * 2 * args.rounds + 120).returncode)
 
 
 def main() -> None:
@@ -1024,10 +961,6 @@ def main() -> None:
         args.budget, args.margin = min(args.budget, 100), 5
         args.tune_runs, args.random_seeds, args.grid_rounds, args.eval_rounds = 1, 1, 1, 3
         args.grid_steps, args.eval_steps, args.top, args.rounds = 4, 4, 2, 1
-    # the full run: 600 steps, the last third after a round of tuning (about 300 steps)
-    args.synthetic_batch = 4 if args.quick else 8
-    args.synthetic_batches_per_iter = 2 if args.quick else 10
-    args.synthetic_iters = 4 if args.quick else 60
     timeout = args.timeout or (150 if args.quick else 1200)
     started = time.monotonic()
     if args.synthetic:
@@ -1042,14 +975,16 @@ def main() -> None:
         for job in jobs:
             explore(args, job, timeout)
         return
-    results = {job: bench_job(args, job, timeout) for job in jobs}
+    with h.spin_loops(args.load):
+        results = {job: bench_job(args, job, timeout) for job in jobs}
     ratios = {f"[{job}] {k}": v for job, r in results.items() for k, v in r["ratios"].items()}
     path = h.write_results(
-        NAME,
+        f"{NAME}.loaded" if args.load else NAME,
         {
             "settings": {
                 "np": args.np,
                 "quick": args.quick,
+                "load": "one spin loop per core" if args.load else "quiet",
                 "jobs": jobs,
                 "torch_threads_per_rank": h.threads_setting(args),
                 "budget_steps": args.budget,

@@ -75,7 +75,7 @@ POLL_S = 0.02
 #: the log's header as documented: units in the column names
 HEADER = (
     "fusion_threshold_bytes,cycle_time_ms,cache_enabled,score_bytes_per_s,"
-    "first_step,last_step,unix_time,is_best,phase,role,ratio_to_default"
+    "first_step,last_step,unix_time,is_best,phase,role,ratio_to_default,while_tuning_ratio"
 )
 
 
@@ -403,6 +403,18 @@ def test_shared_memory_holds_the_threshold_and_windows_alternate(
     assert all(r.role == "watch" for r in rows if r.phase == PHASE_WATCH)
 
 
+def test_throughput_while_tuning_is_logged_live(two_rank_run: dict[str, Any]) -> None:
+    """Every tuning row carries the round's throughput so far against the default (the
+    paired estimates of what its windows ran), written as the window is scored; watch rows,
+    outside a round, carry none."""
+    rows = read_autotune_log(two_rank_run["log"])
+    tune = [r for r in rows if r.phase == PHASE_TUNE]
+    assert tune and all(r.while_tuning_ratio is not None for r in tune), tune
+    assert tune[0].while_tuning_ratio == 1.0  # the first window ran the default
+    assert all(0 < (r.while_tuning_ratio or 0) < 10 for r in tune), tune
+    assert all(r.while_tuning_ratio is None for r in rows if r.phase == PHASE_WATCH)
+
+
 def test_log_well_formed_while_running_at_three_ranks(three_rank_run: dict[str, Any]) -> None:
     polls: LogPolls = three_rank_run["polls"]
     assert polls.polls >= 10 and polls.max_rows >= 5, polls
@@ -461,6 +473,8 @@ def test_stopped_mid_tuning_says_so_and_names_the_pinned_knob(
     assert line == tuner["best_line"]
     assert line.startswith("hvdprof autotune: the job ended while tuning (")
     assert "nothing to set" in line
+    # too short to tune at this budget, said with the steps it had used
+    assert re.search(r"too short to tune: the round had used \d+ of its \d+-step budget", line)
     # the user's HVDPROF_CYCLE_TIME=2 is named as pinned (and was never tuned)
     assert "pinned by you (not tuned): HVDPROF_CYCLE_TIME=2 (" in line, line
     rows = read_autotune_log(three_rank_run["log"])

@@ -19,6 +19,7 @@ BENCHMARKS = [
     "synthetic_training.py",
     "timeline_overhead.py",
     "autotune_bench.py",
+    "synthetic_autotune.py",
     "divergence_check.py",
     "dashboard_load.py",
     "answers_bench.py",

@@ -31,11 +31,16 @@ Lifecycle:
    that structure. Windows of at least ``HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE`` steps (more
    when steps are short: a window lasts at least ``MIN_WINDOW_S``) alternate between the
    incumbent and a candidate, as the tuner asks, until the round decides or
-   ``HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES`` windows are scored. Every window starts right
-   after a switch of parameters, so the step in which a switch lands (discarded) costs
-   both sides alike. The round's one line (``summary.end_line``) is printed, put on the
-   timeline and written to the log as a ``decision`` row, and the chosen configuration
-   (the default unless something passed the sequential test) is proposed.
+   the round's step budget (``HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES`` windows of the
+   configured size) is spent. Once the incumbent's own windows show the job's noise,
+   windows grow until the steps left can resolve an 8% gain, and a job too noisy to
+   resolve even 25% ends the round at once with the default (``_size_windows``). Every
+   window starts right after a switch of parameters, so the step in which a switch lands
+   (discarded) costs both sides alike. The round's one line (``summary.end_line``) is
+   printed, put on the timeline and written to the log as a ``decision`` row, and the
+   chosen configuration (the default unless something passed the sequential test) is
+   proposed. The round's steps are counted from the steps' own numbers, so a round whose
+   windows cost more than planned still ends within its budget (``out_of_budget``).
 3. Watching (``HVDPROF_AUTOTUNE_CONTINUOUS``, the default): the choice keeps being scored
    and logged (``phase=watch``). When its throughput leaves the band ``baseline * (1 +-
    band)`` for ``HVDPROF_AUTOTUNE_DRIFT_SAMPLES`` consecutive samples (see ``drift``),
@@ -85,9 +90,15 @@ from hvdprof.autotune.scoring import (
     score_steps,
 )
 from hvdprof.autotune.seeds import JobStructure
+from hvdprof.autotune.sizing import (
+    GIVE_UP_DIFFERENCES,
+    MIN_NOISE_DIFFERENCES,
+    WindowPlan,
+    plan_windows,
+)
 from hvdprof.autotune.space import SearchSpace, space_from_config
 from hvdprof.autotune.summary import end_line, stopped_line
-from hvdprof.autotune.tuner import Decision, Observation, PairedTuner
+from hvdprof.autotune.tuner import MIN_CONFIRM_ROUND, Decision, Observation, PairedTuner
 from hvdprof.common.records import CycleRecord, OpBatch, TunableParams
 from hvdprof.config import Config
 
@@ -107,8 +118,10 @@ _CLOSE_TIMEOUT_S = 30.0
 #: a window lasts at least this long: three 4 ms steps are at the mercy of one GC pause (a
 #: guess, not measured: long enough for a few steps, short enough for a round in ~300)
 MIN_WINDOW_S = 0.025
-#: ... but holds at most this many times HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE steps
+#: ... but holds at most this many times HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE steps; windows
+#: sized to the job's noise (``sizing``) grow up to twice that
 MAX_WINDOW_GROWTH = 4
+NOISE_WINDOW_GROWTH = 8
 #: the drift band is at least this many window noises wide
 DRIFT_NOISES = 3.0
 #: distinct tensors remembered while learning the job's structure
@@ -162,6 +175,20 @@ class AutotuneController:
         self._out = out
         self.reopened = 0
         self.samples_scored = 0
+        #: the round's budget in steps: HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES windows of
+        #: the configured size, each with its discarded partial and settle steps. Windows
+        #: that grow (short steps, or a noisy job: ``sizing``) leave fewer of them.
+        self.window_overhead = 1 + self.settle_steps
+        self.budget_steps = config.autotune_max_samples * (
+            config.autotune_steps_per_sample + self.window_overhead
+        )
+        self.steps_used = 0
+        self._measured_steps = 0  # of those, the windows' measured steps
+        self._round_start_step: int | None = None  # first step of the round's windows
+        #: the last window plan (None until the noise was measured)
+        self.plan: WindowPlan | None = None
+        #: how the window size changed: (windows scored, new steps per window, why)
+        self.resizes: list[tuple[int, int, str]] = []
         #: what the first steps showed (None until the first window is scored)
         self.structure: JobStructure | None = None
         #: the lines said so far (the end of each round, and at exit if tuning was cut)
@@ -183,6 +210,9 @@ class AutotuneController:
         self._last_end: int | None = None
         self._wait_ns = 0
         self._tensors: dict[str, int] | None = None
+        self._cycles_seen = 0  # while learning the structure: cycles per step
+        self._steps_seen = 0
+        self._last_step_seen: int | None = None
 
         # --- shared: the proposal slot and the work queue ---
         self._lock = threading.Lock()
@@ -241,6 +271,10 @@ class AutotuneController:
             return
         if self._tensors is not None:
             self._learn_tensors(record)
+            self._cycles_seen += record.bytes_reduced > 0  # cycles that reduced something
+            if record.step != self._last_step_seen:
+                self._steps_seen += 1
+                self._last_step_seen = record.step
         if record.params_changed and window.started:
             # the runtime (re-)applied the parameters mid-window: settle from here
             window = self._new_window(self.settle_steps + 1)
@@ -346,7 +380,12 @@ class AutotuneController:
                 _log.warning("autotune worker did not stop within %.0f s", _CLOSE_TIMEOUT_S)
         tuner = self._tuner
         if tuner is not None and not self._round_over:
-            self._emit(stopped_line(tuner.samples_told, self.config, self.structure))
+            self._emit(
+                stopped_line(
+                    tuner.samples_told, self.config, self.structure, self.steps_used,
+                    self.budget_steps,
+                )
+            )  # fmt: skip
         if self._trial_log is not None:
             self._trial_log.close()
 
@@ -377,13 +416,23 @@ class AutotuneController:
     ) -> PairedTuner:
         return PairedTuner(
             self.space,
-            max_samples=max_samples or self.config.autotune_max_samples,
+            max_samples=max_samples or self._round_windows(),
             default=default,
             noise=self.config.autotune_gp_noise,
             seed=self.seed + self.reopened,
             first_candidates=first_candidates,
             structure=self.structure,
             explore=explore,
+        )
+
+    def _round_windows(self) -> int:
+        """Windows the step budget holds at the current window size (the configured count
+        when the windows did not grow, or the round is too short to confirm anyway)."""
+        configured = self.config.autotune_max_samples
+        if configured < MIN_CONFIRM_ROUND:
+            return configured
+        return max(
+            MIN_CONFIRM_ROUND, self.budget_steps // (self.steps_per_sample + self.window_overhead)
         )
 
     def _job_exiting(self) -> bool:
@@ -419,11 +468,62 @@ class AutotuneController:
             bytes_per_step=int(statistics.median(s.bytes_reduced for s in steps)) if steps else 0,
             tensor_bytes=tensors,
             wait_fraction=min(1.0, sample.wait_ns / window_ns) if window_ns > 0 else 0.0,
+            cycles_per_step=self._cycles_seen / self._steps_seen if self._steps_seen else 0.0,
         )
         if step_ns > 0:
             wanted = math.ceil(MIN_WINDOW_S * 1e9 / step_ns)
             limit = self.config.autotune_steps_per_sample * MAX_WINDOW_GROWTH
-            self.steps_per_sample = max(self.steps_per_sample, min(wanted, limit))
+            grown = max(self.steps_per_sample, min(wanted, limit))
+            if grown != self.steps_per_sample:
+                self.resizes.append((0, grown, "short steps"))
+            self.steps_per_sample = grown
+
+    def _overhead_seen(self, tuner: PairedTuner) -> int:
+        """What a window has really cost beyond its measured steps: the switch's partial
+        and settle steps, and those that ran while the worker decided."""
+        told = max(1, tuner.samples_told)
+        return max(self.window_overhead, round((self.steps_used - self._measured_steps) / told))
+
+    def _size_windows(self, tuner: PairedTuner) -> None:
+        """Windows sized to the job's noise (``sizing``): grow them when the steps left
+        cannot resolve an 8% gain at the current size; end the round, keeping the default,
+        when no size can resolve even a large one."""
+        if tuner.confirming or tuner.converged or tuner.confirm == 0 or self.reopened:
+            return
+        # the windows the steps left really hold: the tuner shares them out between
+        # screening and confirmation
+        held = tuner.samples_told + (self.budget_steps - self.steps_used) // (
+            self.steps_per_sample + self._overhead_seen(tuner)
+        )
+        if held < tuner.max_samples:
+            tuner.resize(held, 1.0)
+        noise, differences = tuner.measured_window_noise()
+        if differences < MIN_NOISE_DIFFERENCES:
+            return
+        steps_left = self.budget_steps - self.steps_used
+        longest = max(
+            self.steps_per_sample, self.config.autotune_steps_per_sample * NOISE_WINDOW_GROWTH
+        )
+        overhead = self._overhead_seen(tuner)
+        plan = plan_windows(noise, self.steps_per_sample, overhead, steps_left, longest)
+        self.plan = plan
+        # too noisy: hopeless even had the whole budget been left (late in a round every
+        # plan looks hopeless; that is the budget ending, not the noise)
+        whole = plan_windows(noise, self.steps_per_sample, overhead, self.budget_steps, longest)
+        if plan.steps > self.steps_per_sample:
+            scale = math.sqrt(self.steps_per_sample / plan.steps)
+            self.steps_per_sample = plan.steps
+            tuner.resize(tuner.samples_told + plan.windows, scale)
+            self.resizes.append((tuner.samples_told, plan.steps, "noise"))
+        elif whole.hopeless and differences >= GIVE_UP_DIFFERENCES:
+            spread = math.expm1(2 * noise)
+            tuner.give_up(
+                "too noisy",
+                f"one window of {self.steps_per_sample} steps varies by about "
+                f"±{spread:.0%}; confirming even a 25% gain would take about "
+                f"{2 * whole.needed_large * (whole.steps + overhead)} paired steps, more than "
+                f"the budget's {self.budget_steps}",
+            )
 
     def _handle(self, sample: _Sample) -> None:
         if self._tuner is None:
@@ -445,6 +545,20 @@ class AutotuneController:
             return
         role = tuner.next_role
         tuner.tell(sample.params, score.bytes_per_s)
+        # the steps the round has taken, unmeasured ones included (a switch's partial and
+        # settle steps, and any that ran while the worker decided)
+        if self._round_start_step is None:
+            self._round_start_step = score.first_step
+        self.steps_used = score.last_step - self._round_start_step + 1
+        self._measured_steps += len(sample.steps)
+        self._size_windows(tuner)
+        if (
+            self.steps_used + self.steps_per_sample + self._overhead_seen(tuner) > self.budget_steps
+            and not tuner.converged
+            and tuner.confirm > 0
+            and not self.reopened
+        ):
+            tuner.out_of_budget()
         self._best = tuner.best
         # the next window first: every step until it is posted goes unmeasured, and the
         # log row's fsync can wait
@@ -474,6 +588,11 @@ class AutotuneController:
     def _reopen(self, old: PairedTuner) -> None:
         """Tune again, briefly: what runs is the reference, the old runner-ups the only
         candidates (no exploration)."""
+        if old.decision().reason == "too noisy":
+            # a job too noisy to tune drifts by noise alone: re-opening would explore at
+            # its expense for nothing (the round said so)
+            self._drift.reset()
+            return
         incumbent = self._best.params if self._best is not None else self.initial
         # the old estimates describe the old regime: the best of them are re-measured
         runner_ups = [o.params for o in old.ranked() if o.params != incumbent]
@@ -486,6 +605,9 @@ class AutotuneController:
         if not runner_ups:
             return
         self.reopened += 1
+        self.steps_used = 0
+        self._measured_steps = 0
+        self._round_start_step = None
         tuner = self._new_tuner(
             incumbent,
             first_candidates=runner_ups[:REOPEN_REMEASURE],
@@ -546,6 +668,9 @@ class AutotuneController:
             phase,
             role=role,
             ratio_to_default=None if estimate is None else estimate.ratio,
+            while_tuning_ratio=(
+                tuner.while_tuning_ratio() if tuner is not None and phase == PHASE_TUNE else None
+            ),
         )
         self._append(row)
 
@@ -573,6 +698,12 @@ class AutotuneController:
         out["incumbent"] = _params_dict(tuner.incumbent)
         out["comparison_noise"] = tuner.sigma
         out["comparisons"] = len(tuner.comparisons)
+        out["window_steps"] = self.steps_per_sample
+        # throughput while tuning, live: against the default, and against the best
+        # configuration measured so far (what exploring costs)
+        while_tuning = tuner.while_tuning_ratio()
+        out["while_tuning_ratio"] = while_tuning
+        out["while_tuning_of_best"] = while_tuning / tuner.best_ratio()
         best = self._best
         if best is not None:
             out["recommendation"] = {

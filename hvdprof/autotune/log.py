@@ -41,6 +41,7 @@ LOG_COLUMNS: tuple[str, ...] = (
     "phase",
     "role",
     "ratio_to_default",
+    "while_tuning_ratio",
 )
 
 #: ``phase`` values: a sample the optimizer asked for, a re-measurement of the best
@@ -78,6 +79,10 @@ class TrialRow:
     #: the tuner's paired estimate of this configuration's throughput relative to the
     #: default when the row was written (1.1 = 10% faster); None before any comparison
     ratio_to_default: float | None = None
+    #: the round's throughput so far against the default's, by the paired estimates of
+    #: what its windows ran (0.95: exploring has cost the job 5% so far); None outside a
+    #: round
+    while_tuning_ratio: float | None = None
 
     def to_line(self) -> str:
         """The CSV line for this row, newline included."""
@@ -94,6 +99,7 @@ class TrialRow:
             self.phase,
             self.role,
             "" if self.ratio_to_default is None else f"{self.ratio_to_default:.6g}",
+            "" if self.while_tuning_ratio is None else f"{self.while_tuning_ratio:.4g}",
         )
         return ",".join(fields) + "\n"
 
@@ -157,6 +163,7 @@ def make_row(
     unix_time: float | None = None,
     role: str = "",
     ratio_to_default: float | None = None,
+    while_tuning_ratio: float | None = None,
 ) -> TrialRow:
     """A row stamped with the current time (or ``unix_time``)."""
     return TrialRow(
@@ -169,6 +176,7 @@ def make_row(
         phase=phase,
         role=role,
         ratio_to_default=None if ratio_to_default is None else float(ratio_to_default),
+        while_tuning_ratio=None if while_tuning_ratio is None else float(while_tuning_ratio),
     )
 
 
@@ -241,6 +249,7 @@ def _read_rows(path: str | os.PathLike[str]) -> tuple[list[TrialRow], list[tuple
                     phase=get("phase", PHASE_TUNE).strip() or PHASE_TUNE,
                     role=get("role", "").strip(),
                     ratio_to_default=_parse_optional_float(get("ratio_to_default", "")),
+                    while_tuning_ratio=_parse_optional_float(get("while_tuning_ratio", "")),
                 )
             )
             if rows[-1].phase == PHASE_DECISION:

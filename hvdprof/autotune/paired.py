@@ -38,11 +38,17 @@ PRIOR_WEIGHT = 2.0
 
 @dataclass(frozen=True, slots=True)
 class Comparison:
-    """``log_ratio`` estimates ``f(candidate) - f(incumbent)`` from one interleaved window."""
+    """``log_ratio`` estimates ``f(candidate) - f(incumbent)`` from one interleaved window.
+
+    ``noise``: its noise relative to the round's first windows (windows that grew to four
+    times the steps have about half the noise: 0.5), so that comparisons from windows of
+    different lengths are weighted as they deserve.
+    """
 
     candidate: Hashable
     incumbent: Hashable
     log_ratio: float
+    noise: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,13 +119,18 @@ def comparison_noise(window_std: float) -> float:
 
 
 def estimate_relative(
-    comparisons: Sequence[Comparison], reference: Hashable, comparison_std: float
+    comparisons: Sequence[Comparison],
+    reference: Hashable,
+    comparison_std: float,
+    noise_unit: float = 1.0,
 ) -> dict[Hashable, RelativeEstimate]:
     """Least-squares ``f`` for every configuration in ``comparisons`` with ``f(reference) = 0``.
 
     Returns the estimates (the reference included, at 0 with no error), standard errors
-    for a comparison noise of ``comparison_std``. A configuration not connected to the
-    reference through the comparisons gets no estimate.
+    for a comparison noise of ``comparison_std`` at the comparisons whose ``noise`` is
+    ``noise_unit`` (the current windows); the others are weighted by their relative noise
+    (weighted least squares). A configuration not connected to the reference through the
+    comparisons gets no estimate.
     """
     nodes: list[Hashable] = []
     index: dict[Hashable, int] = {}
@@ -143,11 +154,12 @@ def estimate_relative(
     design = np.zeros((len(comparisons), len(nodes)))
     y = np.zeros(len(comparisons))
     for row, c in enumerate(comparisons):
+        weight = noise_unit / c.noise if c.noise > 0 else 1.0
         if c.candidate in index:
-            design[row, index[c.candidate]] += 1.0
+            design[row, index[c.candidate]] += weight
         if c.incumbent in index:
-            design[row, index[c.incumbent]] -= 1.0
-        y[row] = c.log_ratio
+            design[row, index[c.incumbent]] -= weight
+        y[row] = c.log_ratio * weight
     solution = np.linalg.lstsq(design, y, rcond=None)[0]
     sigma = comparison_std
     gram = design.T @ design

@@ -17,6 +17,17 @@ steps of the job already reveal:
   exploring it is what made tuning cost a tiny job 17%.
 * **The response cache** flipped, once.
 
+Candidates the structure says cannot help are never run (each costs the job a window):
+
+* a shorter cycle time saves at most the time the cycle thread waited between cycles, so
+  one that could save under ``MIN_GAIN`` of the step is left out (a cycle busy all the
+  time gains nothing from a shorter pause);
+* a longer cycle time helps only by fusing the tensors of several cycles into one, so
+  with about one cycle per step there is nothing to fuse and it can only add waits;
+* a threshold that behaves exactly as the default does: no tensor lies between the two
+  (each is reduced in place, or copied, under both), and the step's bytes fit in either
+  (no fusion buffer ever fills earlier).
+
 Each candidate changes one knob of the default; the tuner adds the combination of the best
 threshold and the best cycle time once both are measured. Pure functions.
 """
@@ -52,6 +63,11 @@ CYCLE_FACTORS = (0.2, 0.5, 2.0, 5.0)
 MAX_CYCLE_OF_STEP = 0.25
 #: threshold extremes, as multiples of the default
 THRESHOLD_FACTORS = (1 / 16, 16.0)
+#: a candidate whose best possible gain (from the structure) is under this share of the
+#: step is not worth its window
+MIN_GAIN = 0.02
+#: cycles per step at or under which a longer cycle has nothing to fuse
+MIN_CYCLES_TO_FUSE = 1.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +79,7 @@ class JobStructure:
     bytes_per_step: int
     tensor_bytes: tuple[int, ...] = ()  # one entry per distinct allreduced tensor
     wait_fraction: float = 0.0
+    cycles_per_step: float = 0.0  # 0: not known
 
 
 def _far_from(value: float, others: Sequence[float]) -> bool:
@@ -91,7 +108,26 @@ def threshold_candidates(default_bytes: int, structure: JobStructure | None) -> 
             add(2 ** math.ceil(math.log2(total)))
     for factor in THRESHOLD_FACTORS:
         add(default_bytes * factor)
+    if structure is not None and structure.tensor_bytes:
+        out = [t for t in out if not same_as_threshold(t, default_bytes, structure.tensor_bytes)]
     return out
+
+
+def same_as_threshold(threshold: int, other: int, tensor_bytes: Sequence[int]) -> bool:
+    """True when the two thresholds treat every tensor alike: none lies between them (a
+    tensor at least as large as the threshold is reduced in place, a smaller one copied
+    into a fusion buffer), and the tensors fused under either fit in the smaller buffer.
+
+    >>> same_as_threshold(64 << 20, 4 << 20, [4096] * 10)  # 40 KB a step: both fuse it all
+    True
+    >>> same_as_threshold(1 << 20, 4 << 20, [3 << 20])  # in place at 1 MiB, copied at 4
+    False
+    """
+    low, high = sorted((threshold, other))
+    if any(low <= size < high for size in tensor_bytes):
+        return False
+    fused = sum(size for size in tensor_bytes if size < low)
+    return fused <= low
 
 
 def cycle_candidates(default_ms: float, structure: JobStructure | None) -> list[float]:
@@ -103,9 +139,25 @@ def cycle_candidates(default_ms: float, structure: JobStructure | None) -> list[
     out: list[float] = []
     for factor in CYCLE_FACTORS:
         value = min(max(default_ms * factor, CYCLE_TIME_MIN_MS), CYCLE_TIME_MAX_MS)
-        if value <= limit and _far_from(value, [default_ms, *out]):
+        helps = structure is None or cycle_can_help(value, default_ms, structure)
+        if value <= limit and helps and _far_from(value, [default_ms, *out]):
             out.append(value)
     return out
+
+
+def cycle_can_help(value_ms: float, default_ms: float, structure: JobStructure) -> bool:
+    """Whether the structure leaves room for a cycle time of ``value_ms`` to gain (see the
+    module doc); an unmeasured structure (no step time) leaves room for anything.
+
+    >>> busy = JobStructure(0.01, 1 << 20, (1 << 20,), wait_fraction=0.01, cycles_per_step=1)
+    >>> cycle_can_help(0.2, 1.0, busy), cycle_can_help(5.0, 1.0, busy)
+    (False, False)
+    """
+    if structure.step_s <= 0:
+        return True
+    if value_ms < default_ms:
+        return structure.wait_fraction * (1 - value_ms / default_ms) >= MIN_GAIN
+    return not 0 < structure.cycles_per_step <= MIN_CYCLES_TO_FUSE
 
 
 def seed_candidates(

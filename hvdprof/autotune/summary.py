@@ -108,7 +108,10 @@ def end_line(
     else:
         text = f"{PREFIX}kept the default — nothing to set: {kept_reason(decision)}"
         best = decision.best_tried
-        if best is not None and math.isfinite(decision.std_error):
+        # too noisy: no measurement is worth naming; default best: the line said how the
+        # settings measured (an estimate of one dropped early would read as a contradiction)
+        named = decision.reason not in ("too noisy", "default best")
+        if named and best is not None and math.isfinite(decision.std_error):
             changed = changed_assignments(best, decision.default, capacity)
             change = decision.step_time_change()
             # "promising" only for a setting that measured faster: a slower best is the
@@ -123,13 +126,24 @@ def end_line(
 
 
 def stopped_line(
-    windows: int, config: Config | None = None, structure: JobStructure | None = None
+    windows: int,
+    config: Config | None = None,
+    structure: JobStructure | None = None,
+    steps_used: int = 0,
+    budget_steps: int = 0,
 ) -> str:
-    """Said at exit when the job ended before the round did: nothing is recommended."""
+    """Said at exit when the job ended before the round did: the job was too short to
+    tune at this budget, and nothing is recommended (no decision row is logged, so
+    ``--autotune-from`` has nothing to start from)."""
     text = (
         f"{PREFIX}the job ended while tuning ({windows} windows measured, no decision "
         "yet): nothing to set"
     )
+    if budget_steps > 0:
+        text += (
+            f" — too short to tune: the round had used {steps_used} of its "
+            f"{budget_steps}-step budget"
+        )
     return text + ("" if config is None else pinned_text(config, structure))
 
 

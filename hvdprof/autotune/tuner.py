@@ -25,7 +25,10 @@ score):
    incumbent at once: the job then runs the better configuration for the rest of the
    round, which bounds what exploring costs. After the first rung, the best threshold and
    the best cycle time, when each beat the default, are combined into one more candidate.
-   Screening ends when one candidate is left or its share of the windows is spent.
+   Screening ends when one candidate is left or its share of the windows is spent, or
+   early when the default is best: the first rung is over, the default is still the
+   incumbent, and every candidate left was compared at least twice and measured no
+   faster (``_default_is_best``). Exploring on would only cost the job windows.
 
 2. **Confirmation by a sequential test.** The finalist (the configuration with the best
    lower bound above the default) and the default alternate, ``F D F D F``, and only these
@@ -40,6 +43,10 @@ score):
    configuration that did not pass the test is never recommended, so a job is never left
    slower than the tuner found it on purpose. The ``Decision`` says how much the choice
    changed step time, with a 95% interval from the confirmation comparisons.
+
+The controller sizes the windows to the job's noise (``sizing``): ``resize`` tells the
+tuner that windows grew (fewer of them, each less noisy; comparisons keep their own
+weight), and ``give_up`` ends a round too noisy to decide anything, keeping the default.
 
 Rounds too short to confirm (under ``MIN_CONFIRM_ROUND`` windows, e.g. tests) recommend
 only a configuration whose screening lower bound against the default is above 0 by
@@ -157,7 +164,11 @@ class Decision:
     best_tried: TunableParams | None
     confirmed: bool
     tried: int  # configurations measured besides the default
-    reason: str  # why: "confirmed", "rejected", "undecided", "nothing better", "screening"
+    #: why: "confirmed", "rejected", "undecided", "nothing better", "screening", "default
+    #: best" (screening found nothing faster and stopped exploring early), "too noisy"
+    reason: str
+    #: the numbers behind a "too noisy" verdict, in words (see ``PairedTuner.give_up``)
+    detail: str = ""
 
     def step_time_change(self, z: float = 0.0) -> float:
         """Relative change of step time (-0.14 = 14% shorter), pessimistic by ``z``
@@ -240,6 +251,11 @@ class PairedTuner:
         self._reason = "screening"
         self.promotions = 0
         self.dropped_early = 0
+        #: noise of the current windows relative to the first ones (``resize``)
+        self.noise_unit = 1.0
+        self._detail = ""
+        #: every tuning window's configuration, in order (throughput while tuning)
+        self._told: list[TunableParams] = []
 
     # --- ask / tell -------------------------------------------------------------------
 
@@ -286,6 +302,7 @@ class PairedTuner:
         if expected is None:
             expected = self.incumbent if self._next_role == ROLE_INCUMBENT else self._candidate
         self.samples_told += 1
+        self._told.append(key)
         if key not in self._scores:
             self._scores[key] = []
             self._order.append(key)
@@ -320,14 +337,21 @@ class PairedTuner:
             return
         ratio = flanked_log_ratio(before, pending, score)
         candidate = self._candidate
-        self.comparisons.append(Comparison(candidate, self.incumbent, ratio))
-        self._estimates = estimate_relative(self.comparisons, self.default, self.sigma)
+        self.comparisons.append(Comparison(candidate, self.incumbent, ratio, self.noise_unit))
+        self._estimate()
         if self._confirming:
             self._decide_finalist(-ratio)  # the default sat between the finalist's windows
         else:
             self._counts[candidate] = self._counts.get(candidate, 0) + 1
             self._candidate = None
             self._race(candidate)
+            if self._default_is_best():
+                self._finish("default best")
+
+    def _estimate(self) -> None:
+        self._estimates = estimate_relative(
+            self.comparisons, self.default, self.sigma, self.noise_unit
+        )
 
     # --- screening ----------------------------------------------------------------------
 
@@ -352,6 +376,19 @@ class PairedTuner:
             self.incumbent = candidate
             self._last_incumbent_score = None  # the next window measures the new incumbent
             self._next_role = ROLE_INCUMBENT
+
+    def _default_is_best(self) -> bool:
+        """True when screening has seen enough to stop exploring: the default is still the
+        incumbent, the first rung is over (every candidate was compared once, the worse
+        half left) and every candidate still racing was compared at least twice and
+        measured no faster than the default. Exploring on would only cost the job the
+        candidates' windows: the round ends with the default."""
+        if self.incumbent != self.default or self._rung < 2 or self.confirm == 0:
+            return False
+        live = [p for p in self._pool if p != self.incumbent]
+        if any(self._counts.get(p, 0) < MIN_PROMOTE for p in live):
+            return False
+        return all(self._estimate_of(p) <= 0 for p in live)
 
     def _drop(self, params: TunableParams) -> None:
         if params in self._pool:
@@ -484,6 +521,68 @@ class PairedTuner:
         self.incumbent = self._winner() or self.default
         self._next_role = ROLE_INCUMBENT
 
+    # --- the round's size (the controller sizes windows to the noise: ``sizing``) ------
+
+    @property
+    def confirming(self) -> bool:
+        """True once screening is over and the sequential test runs."""
+        return self._confirming
+
+    def measured_window_noise(self) -> tuple[float, int]:
+        """(one window's log-score standard deviation from the incumbent's own windows
+        alone, no prior; the differences behind it). ``(nan, 0)`` before any."""
+        steps = self._incumbent_steps
+        if not steps:
+            return math.nan, 0
+        return math.sqrt(sum(d * d for d in steps) / 2 / len(steps)), len(steps)
+
+    def resize(self, max_samples: int, noise_scale: float) -> None:
+        """Windows from now on are longer, their noise ``noise_scale`` times the current
+        windows': the noise measured so far is rescaled to the new windows, comparisons
+        already made keep their own weight, and the round holds ``max_samples`` windows in
+        all (the same steps, fewer windows)."""
+        if noise_scale <= 0:
+            raise ValueError("noise_scale must be > 0")
+        self.noise_unit *= noise_scale
+        self.prior_std *= noise_scale
+        if noise_scale != 1.0:
+            self._incumbent_steps = [d * noise_scale for d in self._incumbent_steps]
+            self._incumbent_chain = []  # differences of windows of one length only
+        self.sigma = comparison_noise(window_noise(self._incumbent_steps, self.prior_std))
+        self.max_samples = max(self.samples_told + 1, max_samples)
+        if self.confirm > 0:
+            self.confirm = confirm_windows(max(self.max_samples, MIN_CONFIRM_ROUND))
+        self._estimate()
+
+    def out_of_budget(self) -> None:
+        """The round's steps are spent (windows cost more steps than planned): it ends
+        now, undecided unless a finalist was confirmed, keeping the default then."""
+        if not self._done:
+            self._finish("undecided")
+
+    def give_up(self, reason: str, detail: str = "") -> None:
+        """End the round now with the default (e.g. "too noisy": ``detail`` says why)."""
+        self._detail = detail
+        self._winner_params = None
+        self._finish(reason)
+
+    def while_tuning_ratio(self) -> float:
+        """The job's throughput over the round's windows so far against the default's, by
+        the paired estimates of the configurations they ran (1.0: exploring cost nothing;
+        0.9: the job ran 10% slower than it would have untuned)."""
+        if not self._told:
+            return 1.0
+        total = 0.0
+        for params in self._told:
+            est = self._estimates.get(params)
+            total += 1.0 if est is None else est.ratio
+        return total / len(self._told)
+
+    def best_ratio(self) -> float:
+        """The largest paired estimate of a throughput ratio to the default (at least 1)."""
+        ratios = [e.ratio for p, e in self._estimates.items() if p in self._scores]
+        return max([1.0, *ratios])
+
     # --- what has been learned ------------------------------------------------------
 
     def estimate(self, params: TunableParams) -> RelativeEstimate | None:
@@ -575,7 +674,7 @@ class PairedTuner:
                 windows = 2 * est.comparisons + 1
             return Decision(
                 winner, False, self.default, mean, se, windows, winner,
-                winner in self._confirmed, tried, self._reason,
+                winner in self._confirmed, tried, self._reason, self._detail,
             )  # fmt: skip
         best_tried, mean, se, windows = None, 0.0, math.inf, 0
         fresh = [p for p in self._confirmed if self._confirmed[p]]
@@ -594,7 +693,7 @@ class PairedTuner:
                 mean, se, windows = est.log_ratio, est.std_error, 2 * est.comparisons + 1
         return Decision(
             self.default, True, self.default, mean, se, windows, best_tried, False, tried,
-            self._reason,
+            self._reason, self._detail,
         )  # fmt: skip
 
     def verdict(self) -> str:
@@ -636,13 +735,25 @@ def interval_text(d: Decision) -> str:
 
 def kept_reason(d: Decision) -> str:
     """Why the default was kept, in words that are true of the measurements."""
+    if d.reason == "too noisy":
+        return "too noisy to tune" + (f": {d.detail}" if d.detail else "")
+    if d.reason == "default best":
+        return (
+            f"the default is the best measured: of the {d.tried} settings tried, those still "
+            "in the race measured no faster in two comparisons each, so exploring stopped early"
+        )
     if d.tried == 0:
         return "nothing else was measured"
     if d.best_tried is None or not math.isfinite(d.std_error):
         return f"none of the {d.tried} settings tried beat it"
     head = f"none of the {d.tried} settings tried beat it with 95% confidence"
-    if d.reason in ("rejected", "undecided"):
+    if d.reason == "rejected":
         head = f"no finalist passed the sequential test (error rate {ALPHA:g}); {head}"
+    elif d.reason == "undecided":  # the budget ended, sizing could not make it decide
+        head = (
+            f"the budget ended before a finalist passed the sequential test (error rate "
+            f"{ALPHA:g}); {head}"
+        )
     return head
 
 
