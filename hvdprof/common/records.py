@@ -86,7 +86,7 @@ class OpBatch:
     t_negotiated: list[int]
     #: (ops, ranks) int64: when this rank learned each rank was ready; NO_TIME if unknown
     ready: np.ndarray
-    cached: np.ndarray  # (ops,) bool
+    cached: bytes  # one byte per op: 1 when it came through the response cache
     group_ids: list[int]
     t_done: list[int]
     errors: dict[int, str] = field(default_factory=dict)  # position -> message
@@ -101,7 +101,7 @@ class OpBatch:
         out = []
         errors = self.errors
         ready_rows = self.ready.tolist()
-        cached = self.cached.tolist()
+        cached = self.cached
         for i, name in enumerate(self.names):
             kind = self.kinds[i]
             op, dtype, shape, nbytes = kind[:4]
@@ -115,7 +115,7 @@ class OpBatch:
                     self.t_submit[i],
                     self.t_negotiated[i],
                     {r: t for r, t in enumerate(ready_rows[i]) if t != NO_TIME},
-                    cached[i],
+                    bool(cached[i]),
                     self.group_ids[i],
                     self.t_done[i],
                     errors.get(i),
@@ -141,7 +141,7 @@ class OpBatch:
             t_submit=[r.t_submit for r in records],
             t_negotiated=[r.t_negotiated for r in records],
             ready=ready,
-            cached=np.array([r.cached for r in records], dtype=bool),
+            cached=bytes(bool(r.cached) for r in records),
             group_ids=[r.group_id for r in records],
             t_done=[r.t_done for r in records],
             errors={i: r.error for i, r in enumerate(records) if r.error is not None},

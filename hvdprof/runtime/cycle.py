@@ -139,8 +139,14 @@ class CycleLoop:
         self._outbox: list[Request] = []
         self._sent: dict[str, Request] = {}
         self._bits = np.zeros(0, dtype=np.uint8)
-        self._first_ready = np.full((size, 0), -1, dtype=np.int64)
+        #: (ranks, cache bits): the start of the cycle in which each rank's bit first
+        #: showed, on this rank's clock (NO_TIME: not seen since the op last ran). Times,
+        #: not cycle indices: the op's record then takes them as they are.
+        self._first_ready = np.full((size, 0), NO_TIME, dtype=np.int64)
         self._ready_bits = np.zeros(0, dtype=np.int64)  # this cycle's fast-path bits
+        #: (ranks, len(_ready_bits)): their first-ready times, when a sink records them
+        self._ready_first: np.ndarray | None = None
+        self._t_cycle = 0  # this cycle's start (timebase.now_ns())
         self._last_matrix = np.zeros((size, 0), dtype=np.uint8)
         self._last_ran_nothing = False
         self._partial_since: dict[int, float] = {}
@@ -299,6 +305,7 @@ class CycleLoop:
         cycle = self.cycle
         t_start = timebase.now_ns()
         self._cycle_start[cycle % _RING] = t_start
+        self._t_cycle = t_start
         cpu0 = time.thread_time_ns()
         # Before draining: a thread submits, then waits, so what a blocked thread waits on
         # is always in this cycle's messages (rank 0 never sees the flag before the name).
@@ -306,7 +313,7 @@ class CycleLoop:
         self._drain_queue()
         detailed = any(o.detailed for o in self.observers)
         if detailed and not self._was_detailed:
-            self._first_ready.fill(-1)  # forget readiness seen while nobody recorded it
+            self._first_ready.fill(NO_TIME)  # forget readiness seen while nobody recorded it
         self._was_detailed = detailed
         payload = self._outbox_payload()
         matrix = self._exchange(payload, blocked, detailed)
@@ -415,8 +422,9 @@ class CycleLoop:
             self._join_cycle.setdefault(r, cycle)
         bits = said.bits
         if detailed and bits.shape[1]:
-            self._track_readiness(bits, cycle)
+            self._track_readiness(bits, self._t_cycle)
         agreed = _Agreed()
+        self._ready_first = None
         active = ~said.joined_mask
         if bits.shape[1] and active.any():
             ready_bits = np.flatnonzero(bits[active].min(axis=0))
@@ -426,6 +434,13 @@ class CycleLoop:
                 waiting = self._cached_waiting
                 bit_list = ready_bits.tolist()
                 self._ready_bits = ready_bits
+                if detailed and bit_list[-1] < self._first_ready.shape[1]:
+                    # Taken here, beside the numpy calls that found the bits: the same
+                    # gather in the accounting, after the reduction, costs several times
+                    # as much (its code and data no longer in the core's caches).
+                    first = self._first_ready
+                    self._ready_first = first[:, ready_bits]
+                    first[:, ready_bits] = NO_TIME
                 agreed.ops = [entries[bit] for bit in bit_list]
                 agreed.reqs = [waiting.pop(bit, None) for bit in bit_list]
                 self.counters["cache_hits"] += ready_bits.size
@@ -656,14 +671,14 @@ class CycleLoop:
             grown = np.zeros(width, dtype=np.uint8)
             grown[: self._bits.shape[0]] = self._bits
             self._bits = grown
-            first = np.full((self.size, width), -1, dtype=np.int64)
+            first = np.full((self.size, width), NO_TIME, dtype=np.int64)
             first[:, : self._first_ready.shape[1]] = self._first_ready
             self._first_ready = first
 
-    def _track_readiness(self, bits: np.ndarray, cycle: int) -> None:
+    def _track_readiness(self, bits: np.ndarray, t_cycle: int) -> None:
         first = self._first_ready[:, : bits.shape[1]]
-        newly = (bits == 1) & (first < 0)
-        first[newly] = cycle
+        newly = (bits == 1) & (first == NO_TIME)
+        first[newly] = t_cycle
 
     def _watch_partial_bits(self, bits: np.ndarray, active: np.ndarray) -> None:
         if not bits.shape[1]:
@@ -856,19 +871,30 @@ class CycleLoop:
         op_group, op_done = self.executor.op_group, self.executor.op_done
         if len(op_group) != n:  # nothing ran (every op failed before running)
             op_group, op_done = [-1] * n, [0] * n
-        # Readiness on the cached path, for all ops at once: the cycle in which each
-        # rank's bit first showed, mapped to this rank's clock.
+        # Readiness on the cached path, gathered by _negotiate: when each rank's bit first
+        # showed. A numpy call here costs several µs (its code has left the core's caches
+        # during the reduction), so the common cycle, every op cached, makes none but the
+        # one that writes this rank's own column.
+        first = self._ready_first if n_cached else None
+        if first is not None and n_cached == n and reply is None and None not in ready_reqs:
+            ready = first.T
+            t_submit = [req.t_submit for req in ready_reqs]
+            ready[:, self.rank] = t_submit
+            return OpBatch(
+                names=[op.name for op in ready_ops],
+                kinds=[op.description for op in ready_ops],
+                t_submit=t_submit,
+                t_negotiated=[t_negotiated] * n,
+                ready=ready,
+                cached=b"\x01" * n,
+                group_ids=op_group,
+                t_done=[d or t_end for d in op_done] if 0 in op_done else op_done,
+                errors=self._op_errors(op_group, ready_reqs),
+            )
         ready = np.full((n, self.size), NO_TIME, dtype=np.int64)
-        cached = np.zeros(n, dtype=bool)
-        cached[:n_cached] = True
-        idx = self._ready_bits
-        if n_cached and int(idx.max()) < self._first_ready.shape[1]:
-            first = self._first_ready[:, idx]
-            self._first_ready[:, idx] = -1
-            oldest = max(0, self.cycle - _RING + 1)
-            times = self._cycle_start[np.maximum(first, oldest) % _RING]
-            times[first < 0] = NO_TIME
-            ready[:n_cached] = times.T
+        cached = b"\x01" * n_cached + bytes(n - n_cached)
+        if first is not None:
+            ready[:n_cached] = first.T
         if reply is not None:  # the coordinator's path: readiness by cycle, per op
             for i, response in enumerate(self._taken, start=n_cached):
                 row = ready[i]
@@ -880,12 +906,10 @@ class CycleLoop:
             ready_reqs = [ready_reqs[i] for i in mine]
             op_group = [op_group[i] for i in mine]
             op_done = [op_done[i] for i in mine]
-            ready, cached = ready[mine], cached[mine]
+            ready, cached = ready[mine], bytes(cached[i] for i in mine)
         t_submit = [req.t_submit for req in ready_reqs]
         ready[:, self.rank] = t_submit
-        errors = {}
-        if -1 in op_group or self.executor.failed:  # only a failed op can carry an error
-            errors = {i: str(req.error) for i, req in enumerate(ready_reqs) if req.error}
+        errors = self._op_errors(op_group, ready_reqs)
         return OpBatch(
             names=[op.name for op in ready_ops],
             kinds=[op.description for op in ready_ops],
@@ -897,6 +921,11 @@ class CycleLoop:
             t_done=[d or t_end for d in op_done] if 0 in op_done else op_done,
             errors=errors,
         )
+
+    def _op_errors(self, op_group: list[int], reqs: list[Request]) -> dict[int, str]:
+        if -1 in op_group or self.executor.failed:  # only a failed op can carry an error
+            return {i: str(req.error) for i, req in enumerate(reqs) if req.error}
+        return {}
 
     def _time_of(self, cycle: int) -> int:
         if self.cycle - cycle >= _RING:

@@ -663,7 +663,7 @@ def cycle_columns(record: CycleRecord) -> tuple[CycleHead, list[GroupRow], OpCol
             ops.t_negotiated,
             ops.ready.ravel().tolist(),
             int(ops.ready.shape[1]),
-            ops.cached.tolist(),
+            list(ops.cached),
             ops.group_ids,
             ops.t_done,
             ops.errors,

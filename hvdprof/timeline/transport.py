@@ -91,6 +91,7 @@ from hvdprof.timeline.render import (
 from hvdprof.timeline.render_process import set_autogroup_nice
 from hvdprof.timeline.wire import (  # noqa: F401  (the stream's names, for this side's users)
     FRAME_HEADER,
+    MSG_BATCH,
     MSG_CYCLE,
     MSG_END,
     MSG_ITEM,
@@ -106,6 +107,11 @@ log = logging.getLogger("hvdprof.timeline")
 
 #: ops per frame: well under 0.2 ms of encoding under the GIL, then a write that releases it
 OPS_PER_FRAME = 1024
+#: small messages (cycles of at most :data:`OPS_PER_FRAME` ops, instants, counters) wait
+#: as plain tuples and are pickled together, this many at most per pickle: one pickle
+#: call per batch instead of one per cycle, and names and signatures repeated from cycle
+#: to cycle are written once per batch (pickle's memo)
+BATCH_MESSAGES = 256
 #: seconds the renderer sleeps between reads of the spool while the rank records
 RENDER_INTERVAL_S = 1.0
 #: the rank writes what it recorded to the spool at least this often (seconds; a SIGKILL
@@ -206,7 +212,7 @@ def _columns(batch: OpBatch, start: int, stop: int) -> tuple[Any, ...]:
         t_neg,
         batch.ready[start:stop].tobytes(),
         batch.ready.shape[1],
-        batch.cached[start:stop].tobytes(),
+        batch.cached if whole else batch.cached[start:stop],
         batch.group_ids if whole else batch.group_ids[start:stop],
         batch.t_done if whole else batch.t_done[start:stop],
         errors,
@@ -228,6 +234,25 @@ def encode_cycle(record: CycleRecord, shift: int, weight: int) -> Iterator[bytes
         start += OPS_PER_FRAME
     head, groups = head_tuple(record), group_tuples(record)
     yield _dumps((MSG_CYCLE, head, groups, _columns(batch, start, n), n, shift, weight))
+
+
+def small_message(item: tuple[Any, ...], weight: int) -> tuple[Any, ...] | None:
+    """``item`` as one plain message that can wait in a batch, or None for a cycle too
+    large for one frame (:func:`encode_cycle` then cuts it).
+
+    Everything in it is a snapshot taken now (plain tuples, lists the cycle made for this
+    record, bytes), so pickling it later gives what pickling it now would.
+    """
+    if item[0] != ITEM_CYCLE:
+        return (MSG_ITEM, portable_item(item), weight)
+    record, shift = item[1], item[2]
+    ops = record.ops
+    batch = ops if isinstance(ops, OpBatch) else OpBatch.from_records(list(ops))
+    n = len(batch.names)
+    if n > OPS_PER_FRAME:
+        return None
+    return (MSG_CYCLE, head_tuple(record), group_tuples(record), _columns(batch, 0, n), n,
+            shift, weight)  # fmt: skip
 
 
 def encode_item(item: tuple[Any, ...], weight: int) -> Iterator[bytes]:
@@ -353,6 +378,8 @@ class RenderProcess:
         #: frames recorded but not yet written to the spool, and the events and items
         #: they complete (what a failed write drops)
         self._pending = bytearray()
+        #: small messages not pickled yet (see :data:`BATCH_MESSAGES`)
+        self._batch: list[tuple[Any, ...]] = []
         self._pending_events = 0
         self._pending_items = 0
         self._write_error: str | None = None
@@ -414,7 +441,7 @@ class RenderProcess:
 
     def _flush_periodically(self) -> None:
         while not self._tick.wait(FLUSH_INTERVAL_S):
-            if self._pending:
+            if self._pending or self._batch:
                 with self._lock:
                     self._flush_locked()
 
@@ -428,7 +455,8 @@ class RenderProcess:
             self._count_dropped(weight)
             return False
         try:
-            payloads = list(encode_item(item, weight))
+            msg = small_message(item, weight)
+            payloads = list(encode_item(item, weight)) if msg is None else None
         except Exception:
             self._count_dropped(weight)
             self._encode_failures += 1
@@ -444,15 +472,52 @@ class RenderProcess:
                 self._sent_state is None or self._sent_state[0] != self._manifest_version()
             ):
                 self._send_state_locked()
-            self._pending += frames(payloads)
+            if payloads is None:
+                self._batch.append(msg)
+                if len(self._batch) >= BATCH_MESSAGES:
+                    self._seal_batch_locked()
+            else:
+                self._seal_batch_locked()  # the stream keeps the order of the puts
+                self._pending += frames(payloads)
             self._pending_events += weight
             self._pending_items += 1
             if len(self._pending) >= FLUSH_BYTES:
                 self._flush_locked()
             return True
 
+    def _seal_batch_locked(self) -> None:
+        """The small messages waiting, pickled as one frame. A message that cannot be
+        pickled (never expected: they are plain data) is dropped alone, counted."""
+        batch = self._batch
+        if not batch:
+            return
+        self._batch = []
+        try:
+            self._pending += frames([_dumps((MSG_BATCH, batch))])
+            return
+        except Exception:
+            pass
+        keep = []
+        for msg in batch:
+            try:
+                _dumps(msg)
+            except Exception:
+                weight = msg[6] if msg[0] == MSG_CYCLE else msg[2]
+                self._pending_events -= weight
+                self._pending_items -= 1
+                self._dropped_events += weight
+                self._dropped_items += 1
+                self._encode_failures += 1
+                if self._encode_failures <= 3:
+                    log.exception("timeline: could not encode an item; it is dropped")
+            else:
+                keep.append(msg)
+        if keep:
+            self._pending += frames([_dumps((MSG_BATCH, keep))])
+
     def _flush_locked(self) -> None:
         """Write what waits to the spool in one call; a failed write drops it, counted."""
+        self._seal_batch_locked()
         if not self._pending:
             return
         if self._append_locked(bytes(self._pending)):
@@ -496,6 +561,7 @@ class RenderProcess:
 
     def _send_state_locked(self) -> None:
         """The rank's manifest (when its version changed) and drop counts, to the child."""
+        self._seal_batch_locked()  # what was put before the state goes before it
         version = self._manifest_version() if self._manifest_version else 0
         drops = (self._dropped_events, self._dropped_items)
         sent = self._sent_state
@@ -642,6 +708,7 @@ class RenderProcess:
         self._lock = threading.Lock()  # another thread may have held it at the fork
         self._closed = True
         self._pending.clear()
+        self._batch = []
         for fd in (self._spool, self._doorbell):
             if fd >= 0:
                 with contextlib.suppress(OSError):

@@ -16,7 +16,9 @@ Frames are ``<u32 little-endian length><pickle>``; each pickle is a tuple tagged
   run, so it travels with each cycle);
 * ``(MSG_ITEM, item, weight)``: any other renderer item (instant, counter, lines);
 * ``(MSG_END, manifest, rank_dropped_events, rank_dropped_items)``: the rank closed the
-  sink; the child writes the final event and ``]``, and the final manifest.
+  sink; the child writes the final event and ``]``, and the final manifest;
+* ``(MSG_BATCH, [message, ...])``: ``MSG_CYCLE`` and ``MSG_ITEM`` messages pickled
+  together (the rank batches the small ones: one pickle call per batch, not per cycle).
 
 ``head`` and ``groups`` are as in :func:`hvdprof.timeline.render.cycle_columns`. Op
 columns on the wire: ``(names, kinds, t_submit, t_negotiated, ready, ranks, cached,
@@ -37,13 +39,14 @@ from typing import Any
 from hvdprof.timeline.render import ITEM_COLUMNS, OpColumns, as_groups, as_head
 
 #: Bumped when the wire format changes; the child refuses a stream of another version.
-PROTOCOL = 4
+PROTOCOL = 5
 
 MSG_STATE = 0
 MSG_OPS = 1
 MSG_CYCLE = 2
 MSG_ITEM = 3
 MSG_END = 4
+MSG_BATCH = 5
 
 FRAME_HEADER = struct.Struct("<I")
 MAX_FRAME_BYTES = 1 << 30
@@ -238,6 +241,15 @@ def join_columns(chunks: list[tuple[Any, ...]]) -> OpColumns:
                      group_ids, t_done, errors)  # fmt: skip
 
 
+def _weight_of(msg: Any) -> int:
+    """The events a damaged message of a batch stood for, where it still says (1 else)."""
+    try:
+        weight = msg[6] if msg[0] == MSG_CYCLE else msg[2]
+        return weight if type(weight) is int and weight > 0 else 1
+    except Exception:
+        return 1
+
+
 class Decoder:
     """Turns messages back into renderer items: ``(item, weight)`` or None."""
 
@@ -246,6 +258,24 @@ class Decoder:
         self._chunks_cycle: int | None = None
         self.lost_items = 0
         self.lost_events = 0
+
+    def decode_all(self, msg: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], int]]:
+        """Every ``(item, weight)`` in ``msg`` (a batch holds several). A message of a
+        batch that cannot be decoded is lost alone, counted in ``lost_items``."""
+        if msg[0] != MSG_BATCH:
+            got = self.decode(msg)
+            return [] if got is None else [got]
+        out = []
+        for inner in msg[1]:
+            try:
+                got = self.decode(inner)
+            except Exception:
+                self.lost_items += 1
+                self.lost_events += _weight_of(inner)
+                continue
+            if got is not None:
+                out.append(got)
+        return out
 
     def decode(self, msg: tuple[Any, ...]) -> tuple[tuple[Any, ...], int] | None:
         tag = msg[0]
