@@ -68,6 +68,20 @@ class OpRecord:
     process_set: int = 0  # the op's process set (0: every rank)
 
 
+@dataclass(frozen=True, slots=True)
+class CacheTable:
+    """The response cache's names and signatures by bit, as of one version of it.
+
+    A cycle whose ops all came through the cache sends their bits and this table instead
+    of a name and a signature per op; the timeline's stream carries the table once per
+    version (the cache changes only on the slow path), not once per op and cycle.
+    """
+
+    version: int
+    names: list[str | None]  # None: a free bit
+    kinds: list[tuple[Any, ...] | None]
+
+
 @dataclass(slots=True)
 class OpBatch:
     """One cycle's completed ops on this rank, by column.
@@ -78,10 +92,12 @@ class OpBatch:
     critical path. ``to_records`` (run by the renderer, off that path) gives the records.
     """
 
-    names: list[str]
+    #: None when ``bits`` names the ops instead
+    names: list[str] | None
     #: per op, (op, dtype, shape, nbytes): one shared tuple per distinct signature, with
-    #: the process set's id as a fifth item for an op of a set other than the global one
-    kinds: list[tuple[Any, ...]]
+    #: the process set's id as a fifth item for an op of a set other than the global one;
+    #: None with ``bits``
+    kinds: list[tuple[Any, ...]] | None
     t_submit: list[int]
     t_negotiated: list[int]
     #: (ops, ranks) int64: when this rank learned each rank was ready; NO_TIME if unknown
@@ -90,14 +106,39 @@ class OpBatch:
     group_ids: list[int]
     t_done: list[int]
     errors: dict[int, str] = field(default_factory=dict)  # position -> message
+    #: the ops' response-cache bits (native int64 bytes) when every op came through the
+    #: cache, and the table that names them
+    bits: bytes | None = None
+    table: CacheTable | None = None
 
     def __len__(self) -> int:
-        return len(self.names)
+        return len(self.t_submit)
+
+    def resolved(self) -> OpBatch:
+        """This batch with ``names`` and ``kinds`` filled in from its table."""
+        if self.names is not None and self.kinds is not None:
+            return self
+        assert self.bits is not None and self.table is not None
+        bits = np.frombuffer(self.bits, dtype=np.int64).tolist()
+        names, kinds = self.table.names, self.table.kinds
+        return OpBatch(
+            names=[names[b] for b in bits],  # type: ignore[misc]
+            kinds=[kinds[b] for b in bits],  # type: ignore[misc]
+            t_submit=self.t_submit,
+            t_negotiated=self.t_negotiated,
+            ready=self.ready,
+            cached=self.cached,
+            group_ids=self.group_ids,
+            t_done=self.t_done,
+            errors=self.errors,
+        )
 
     def __iter__(self) -> Iterator[OpRecord]:
         return iter(self.to_records())
 
     def to_records(self) -> list[OpRecord]:
+        if self.names is None or self.kinds is None:
+            return self.resolved().to_records()
         out = []
         errors = self.errors
         ready_rows = self.ready.tolist()

@@ -28,7 +28,14 @@ import numpy as np
 
 from hvdprof.common import timebase
 from hvdprof.common.activities import NVTX_NEGOTIATE, STALL
-from hvdprof.common.records import NO_TIME, CycleObserver, CycleRecord, OpBatch, TunableParams
+from hvdprof.common.records import (
+    NO_TIME,
+    CacheTable,
+    CycleObserver,
+    CycleRecord,
+    OpBatch,
+    TunableParams,
+)
 from hvdprof.config import Config
 from hvdprof.errors import HvdprofInternalError, StallAbortError, TensorMismatchError
 from hvdprof.runtime import stacks
@@ -146,6 +153,11 @@ class CycleLoop:
         self._ready_bits = np.zeros(0, dtype=np.int64)  # this cycle's fast-path bits
         #: (ranks, len(_ready_bits)): their first-ready times, when a sink records them
         self._ready_first: np.ndarray | None = None
+        self._ready_bits_bytes = b""  # _ready_bits as bytes, when a sink records them
+        #: bumped whenever the response cache may have changed (a reply, a clear), and
+        #: the cache's names as of a version, built when a record first needs them
+        self._table_version = 0
+        self._table: CacheTable | None = None
         self._t_cycle = 0  # this cycle's start (timebase.now_ns())
         self._last_matrix = np.zeros((size, 0), dtype=np.uint8)
         self._last_ran_nothing = False
@@ -441,6 +453,7 @@ class CycleLoop:
                     first = self._first_ready
                     self._ready_first = first[:, ready_bits]
                     first[:, ready_bits] = NO_TIME
+                    self._ready_bits_bytes = ready_bits.tobytes()
                 agreed.ops = [entries[bit] for bit in bit_list]
                 agreed.reqs = [waiting.pop(bit, None) for bit in bit_list]
                 self.counters["cache_hits"] += ready_bits.size
@@ -462,6 +475,7 @@ class CycleLoop:
         ops (another process set's responses go to that set's members)."""
         reply = agreed.reply
         if reply is not None:
+            self._table_version += 1
             self.cache.apply(reply, self.params.cache_enabled)
             for name in reply.evicted:
                 self._reroute_evicted(name)
@@ -881,8 +895,8 @@ class CycleLoop:
             t_submit = [req.t_submit for req in ready_reqs]
             ready[:, self.rank] = t_submit
             return OpBatch(
-                names=[op.name for op in ready_ops],
-                kinds=[op.description for op in ready_ops],
+                names=None,  # the cache's bits name them: no list per op
+                kinds=None,
                 t_submit=t_submit,
                 t_negotiated=[t_negotiated] * n,
                 ready=ready,
@@ -890,6 +904,8 @@ class CycleLoop:
                 group_ids=op_group,
                 t_done=[d or t_end for d in op_done] if 0 in op_done else op_done,
                 errors=self._op_errors(op_group, ready_reqs),
+                bits=self._ready_bits_bytes,
+                table=self._cache_table(),
             )
         ready = np.full((n, self.size), NO_TIME, dtype=np.int64)
         cached = b"\x01" * n_cached + bytes(n - n_cached)
@@ -921,6 +937,17 @@ class CycleLoop:
             t_done=[d or t_end for d in op_done] if 0 in op_done else op_done,
             errors=errors,
         )
+
+    def _cache_table(self) -> CacheTable:
+        table = self._table
+        if table is None or table.version != self._table_version:
+            entries = self.cache.entries()
+            table = self._table = CacheTable(
+                self._table_version,
+                [None if e is None else e.name for e in entries],
+                [None if e is None else e.description for e in entries],
+            )
+        return table
 
     def _op_errors(self, op_group: list[int], reqs: list[Request]) -> dict[int, str]:
         if -1 in op_group or self.executor.failed:  # only a failed op can carry an error
@@ -955,6 +982,7 @@ class CycleLoop:
         if params == self.params:
             return False
         if params.cache_enabled != self.params.cache_enabled:
+            self._table_version += 1
             for name in self.cache.clear():
                 self._reroute_evicted(name)
             self.cache.capacity = self.config.cache_capacity if params.cache_enabled else 0

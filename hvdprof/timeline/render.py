@@ -656,6 +656,7 @@ def cycle_columns(record: CycleRecord) -> tuple[CycleHead, list[GroupRow], OpCol
     head, groups = as_head(head_tuple(record)), as_groups(group_tuples(record))
     ops = record.ops
     if hasattr(ops, "ready"):  # an OpBatch: its columns, flattened
+        ops = ops.resolved()
         columns = OpColumns(
             ops.names,
             ops.kinds,

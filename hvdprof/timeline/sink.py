@@ -162,6 +162,7 @@ class TimelineSink:
         #: (t_ns, blocked_ns, shift_ns) the training thread noted; the cycle thread
         #: turns them into counter samples (see :meth:`add_waited`)
         self._waited: list[tuple[int, int, int]] = []
+        self._table_sent = -1  # the version of the cache table the renderer has
         self._manifest_lock = threading.Lock()
         self._drops_said = False
         self._manifest_failed = False
@@ -250,6 +251,13 @@ class TimelineSink:
             return  # an idle cycle adds nothing to the trace
         self._last_bytes = record.bytes_reduced
         self._last_params = record.params
+        table = getattr(ops, "table", None)
+        if table is not None:  # ops named by cache bit
+            if self._process is None:  # the writer thread renders later: names now
+                record = dataclasses.replace(record, ops=ops.resolved())
+            elif table.version != self._table_sent:
+                self._process.put_table(table)
+                self._table_sent = table.version
         self._put((ITEM_CYCLE, record, self.clock.shift_ns), len(ops) * self._per_op + 6)
 
     # --- other producers -----------------------------------------------------------------

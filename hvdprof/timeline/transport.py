@@ -74,7 +74,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from hvdprof.common.records import NO_TIME as RECORDS_NO_TIME
-from hvdprof.common.records import CycleRecord, GroupRecord, OpBatch, TunableParams
+from hvdprof.common.records import CacheTable, CycleRecord, GroupRecord, OpBatch, TunableParams
 from hvdprof.shadowing import PACKAGE_DIR
 from hvdprof.timeline.render import (
     GROUP_FIELDS,
@@ -97,6 +97,7 @@ from hvdprof.timeline.wire import (  # noqa: F401  (the stream's names, for this
     MSG_ITEM,
     MSG_OPS,
     MSG_STATE,
+    MSG_TABLE,
     PROTOCOL,
     Decoder,
     FrameReader,
@@ -197,8 +198,15 @@ def portable_item(item: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def _columns(batch: OpBatch, start: int, stop: int) -> tuple[Any, ...]:
     """Op rows ``start:stop`` in wire form (see :mod:`hvdprof.timeline.wire`)."""
-    whole = start == 0 and stop == len(batch.names)
-    names = batch.names if whole else batch.names[start:stop]
+    whole = start == 0 and stop == len(batch)
+    if batch.names is None:  # by response-cache bit: the stream has the table (MSG_TABLE)
+        bits = batch.bits
+        assert bits is not None
+        names: Any = bits if whole else bits[start * 8 : stop * 8]
+        kinds = None
+    else:
+        names = batch.names if whole else batch.names[start:stop]
+        kinds = batch.kinds if whole else batch.kinds[start:stop]  # type: ignore[index]
     t_neg: Any = batch.t_negotiated if whole else batch.t_negotiated[start:stop]
     if t_neg and t_neg.count(t_neg[0]) == len(t_neg):
         t_neg = t_neg[0]  # one int for the whole frame
@@ -207,7 +215,7 @@ def _columns(batch: OpBatch, start: int, stop: int) -> tuple[Any, ...]:
         errors = {i - start: e for i, e in errors.items() if start <= i < stop}
     return (  # an OpColumns, plain on the wire (see render.head_tuple)
         names,
-        batch.kinds if whole else batch.kinds[start:stop],
+        kinds,
         batch.t_submit if whole else batch.t_submit[start:stop],
         t_neg,
         batch.ready[start:stop].tobytes(),
@@ -227,7 +235,7 @@ def encode_cycle(record: CycleRecord, shift: int, weight: int) -> Iterator[bytes
     """
     ops = record.ops
     batch = ops if isinstance(ops, OpBatch) else OpBatch.from_records(list(ops))
-    n = len(batch.names)
+    n = len(batch)
     start = 0
     while n - start > OPS_PER_FRAME:
         yield _dumps((MSG_OPS, record.cycle, _columns(batch, start, start + OPS_PER_FRAME)))
@@ -248,7 +256,7 @@ def small_message(item: tuple[Any, ...], weight: int) -> tuple[Any, ...] | None:
     record, shift = item[1], item[2]
     ops = record.ops
     batch = ops if isinstance(ops, OpBatch) else OpBatch.from_records(list(ops))
-    n = len(batch.names)
+    n = len(batch)
     if n > OPS_PER_FRAME:
         return None
     return (MSG_CYCLE, head_tuple(record), group_tuples(record), _columns(batch, 0, n), n,
@@ -485,6 +493,14 @@ class RenderProcess:
                 self._flush_locked()
             return True
 
+    def put_table(self, table: CacheTable) -> None:
+        """Send the response cache's names by bit, for the cycles that follow (which name
+        their ops by bit). Plain data; stays in order with the puts."""
+        msg = (MSG_TABLE, table.version, list(table.names), list(table.kinds))
+        with self._lock:
+            if not self._closed:
+                self._batch.append(msg)
+
     def _seal_batch_locked(self) -> None:
         """The small messages waiting, pickled as one frame. A message that cannot be
         pickled (never expected: they are plain data) is dropped alone, counted."""
@@ -502,7 +518,7 @@ class RenderProcess:
             try:
                 _dumps(msg)
             except Exception:
-                weight = msg[6] if msg[0] == MSG_CYCLE else msg[2]
+                weight = msg[6] if msg[0] == MSG_CYCLE else 0 if msg[0] == MSG_TABLE else msg[2]
                 self._pending_events -= weight
                 self._pending_items -= 1
                 self._dropped_events += weight
