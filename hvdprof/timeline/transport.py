@@ -244,6 +244,14 @@ def encode_cycle(record: CycleRecord, shift: int, weight: int) -> Iterator[bytes
     yield _dumps((MSG_CYCLE, head, groups, _columns(batch, start, n), n, shift, weight))
 
 
+#: marks a batch entry that is a cycle not encoded yet (see :meth:`RenderProcess.put`)
+_DEFERRED = "cycle"
+
+
+def _message_weight(msg: tuple[Any, ...]) -> int:
+    return msg[6] if msg[0] == MSG_CYCLE else 0 if msg[0] == MSG_TABLE else msg[2]
+
+
 def small_message(item: tuple[Any, ...], weight: int) -> tuple[Any, ...] | None:
     """``item`` as one plain message that can wait in a batch, or None for a cycle too
     large for one frame (:func:`encode_cycle` then cuts it).
@@ -456,21 +464,27 @@ class RenderProcess:
     # --- producers ------------------------------------------------------------------
 
     def put(self, item: Any, weight: int = 1) -> bool:
-        """Encode ``item`` (``weight`` events) and add it to the batch the spool gets next
-        (within :data:`FLUSH_INTERVAL_S`); False when it was dropped. Never waits for the
-        child."""
+        """Add ``item`` (``weight`` events) to the batch the spool gets next (within
+        :data:`FLUSH_INTERVAL_S`); False when it was dropped. Never waits for the child.
+
+        A cycle is kept as it is and encoded with the whole batch, mostly on the
+        flusher's thread: encoding one cycle at a time on the cycle thread, between the
+        training's kernels, cost it 30-70 µs per cycle of code fetched again each time
+        (the sink's contract already says a record is not changed once handed over).
+        Other items are reduced to plain values now (their arguments may be the caller's).
+        """
         if self._closed:
             self._count_dropped(weight)
             return False
-        try:
-            msg = small_message(item, weight)
-            payloads = list(encode_item(item, weight)) if msg is None else None
-        except Exception:
-            self._count_dropped(weight)
-            self._encode_failures += 1
-            if self._encode_failures <= 3:
-                log.exception("timeline: could not encode an item; it is dropped")
-            return False
+        if item[0] == ITEM_CYCLE:
+            entry: tuple[Any, ...] = (_DEFERRED, item, weight)
+        else:
+            try:
+                entry = (MSG_ITEM, portable_item(item), weight)
+            except Exception:
+                self._count_dropped(weight)
+                self._said_encode_failure()
+                return False
         with self._lock:
             if self._closed:
                 self._dropped_events += weight
@@ -480,15 +494,11 @@ class RenderProcess:
                 self._sent_state is None or self._sent_state[0] != self._manifest_version()
             ):
                 self._send_state_locked()
-            if payloads is None:
-                self._batch.append(msg)
-                if len(self._batch) >= BATCH_MESSAGES:
-                    self._seal_batch_locked()
-            else:
-                self._seal_batch_locked()  # the stream keeps the order of the puts
-                self._pending += frames(payloads)
+            self._batch.append(entry)
             self._pending_events += weight
             self._pending_items += 1
+            if len(self._batch) >= BATCH_MESSAGES:
+                self._seal_batch_locked()
             if len(self._pending) >= FLUSH_BYTES:
                 self._flush_locked()
             return True
@@ -501,31 +511,60 @@ class RenderProcess:
             if not self._closed:
                 self._batch.append(msg)
 
+    def _said_encode_failure(self) -> None:
+        self._encode_failures += 1
+        if self._encode_failures <= 3:
+            log.exception("timeline: could not encode an item; it is dropped")
+
+    def _drop_pending_locked(self, weight: int) -> None:
+        self._pending_events -= weight
+        self._pending_items -= 1
+        self._dropped_events += weight
+        self._dropped_items += 1
+        self._said_encode_failure()
+
     def _seal_batch_locked(self) -> None:
-        """The small messages waiting, pickled as one frame. A message that cannot be
-        pickled (never expected: they are plain data) is dropped alone, counted."""
+        """What waits in the batch, encoded, in order: the small messages pickled together
+        as one frame, a cycle too large for one frame as its own frames. An item that
+        cannot be encoded (never expected: plain data) is dropped alone, counted."""
         batch = self._batch
         if not batch:
             return
         self._batch = []
+        msgs: list[tuple[Any, ...]] = []
+        for entry in batch:
+            if entry[0] is not _DEFERRED:
+                msgs.append(entry)
+                continue
+            _, item, weight = entry
+            try:
+                msg = small_message(item, weight)
+                payloads = list(encode_item(item, weight)) if msg is None else None
+            except Exception:
+                self._drop_pending_locked(weight)
+                continue
+            if payloads is None:
+                msgs.append(msg)  # type: ignore[arg-type]
+            else:
+                self._append_batch_locked(msgs)
+                msgs = []
+                self._pending += frames(payloads)
+        self._append_batch_locked(msgs)
+
+    def _append_batch_locked(self, msgs: list[tuple[Any, ...]]) -> None:
+        if not msgs:
+            return
         try:
-            self._pending += frames([_dumps((MSG_BATCH, batch))])
+            self._pending += frames([_dumps((MSG_BATCH, msgs))])
             return
         except Exception:
             pass
         keep = []
-        for msg in batch:
+        for msg in msgs:
             try:
                 _dumps(msg)
             except Exception:
-                weight = msg[6] if msg[0] == MSG_CYCLE else 0 if msg[0] == MSG_TABLE else msg[2]
-                self._pending_events -= weight
-                self._pending_items -= 1
-                self._dropped_events += weight
-                self._dropped_items += 1
-                self._encode_failures += 1
-                if self._encode_failures <= 3:
-                    log.exception("timeline: could not encode an item; it is dropped")
+                self._drop_pending_locked(_message_weight(msg))
             else:
                 keep.append(msg)
         if keep:
