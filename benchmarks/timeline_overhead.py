@@ -345,7 +345,7 @@ def offline_cycle(cycle: int, n_ops: int, ranks: int, ops_per_group: int = 500) 
         t_submit=[t0 + i * 1_000 for i in range(n_ops)],
         t_negotiated=[t0 + 5_500_000] * n_ops,
         ready=ready,
-        cached=np.ones(n_ops, dtype=bool),
+        cached=b"\x01" * n_ops,
         group_ids=[cycle * 100 + i // ops_per_group for i in range(n_ops)],
         t_done=[t0 + 7_000_000 + i for i in range(n_ops)],
         errors={},

@@ -49,6 +49,7 @@ from hvdprof.timeline import (
 from hvdprof.timeline.manifest import request_live
 from hvdprof.timeline.render import (
     ITEM_COLUMNS,
+    ITEM_COUNTER,
     ITEM_CYCLE,
     ITEM_INSTANT,
     CycleRenderer,
@@ -886,9 +887,7 @@ def decode_stream(data: bytes, tmp: Path, chunk: int = 997) -> tuple[list[Any], 
                 if not reader.fill():
                     break
                 continue
-            got = decoder.decode(pickle.loads(payload))
-            if got is not None:
-                items.append(got)
+            items += decoder.decode_all(pickle.loads(payload))
     finally:
         os.close(fd)
     return items, reader, decoder
@@ -928,6 +927,33 @@ def test_transport_round_trips_cycle_records(tmp_path: Path) -> None:
     bad = pickle.dumps((odd[0], odd[1], odd[2], odd[3], odd[4] + 1, *odd[5:]))
     items, _, decoder = decode_stream(frames_of([*payloads[-3:-1], bad]), tmp_path)
     assert items == [] and decoder.lost_items == 1 and decoder.lost_events == 9
+
+
+def test_small_cycles_travel_in_one_batch_and_a_damaged_one_is_lost_alone(
+    tmp_path: Path,
+) -> None:
+    records = [many_ops_cycle(c, n) for c, n in enumerate((1, 3, 6))]
+    counter = (ITEM_COUNTER, "waited", 5_000, 7, {"value": 1.5})
+    messages = [transport.small_message((ITEM_CYCLE, r, 77), 9) for r in records]
+    messages.append(transport.small_message(counter, 1))
+    batch = pickle.dumps((transport.MSG_BATCH, messages))
+    items, _, decoder = decode_stream(frames_of([batch]), tmp_path)
+    assert [item[1:4] for item, _ in items[:3]] == [plain(r) for r in records]
+    assert items[3] == (counter, 1) and decoder.lost_items == 0
+    # one bad cycle in the batch (its op count disagrees with its columns): only it is lost
+    bad = list(messages[1])
+    bad[4] += 1
+    damaged = pickle.dumps((transport.MSG_BATCH, [messages[0], tuple(bad), messages[2]]))
+    items, _, decoder = decode_stream(frames_of([damaged]), tmp_path)
+    assert [item[1:4] for item, _ in items] == [plain(records[0]), plain(records[2])]
+    assert decoder.lost_items == 1 and decoder.lost_events == 9
+    # a message that is not one at all: lost alone, counted as one event
+    odd = pickle.dumps((transport.MSG_BATCH, [messages[0], ("nonsense",), messages[2]]))
+    items, _, decoder = decode_stream(frames_of([odd]), tmp_path)
+    assert len(items) == 2 and decoder.lost_items == 1 and decoder.lost_events == 1
+    # a cycle too large for one frame is not batched
+    big = many_ops_cycle(9, transport.OPS_PER_FRAME + 1)
+    assert transport.small_message((ITEM_CYCLE, big, 0), 1) is None
 
 
 def test_portable_items_carry_no_objects_and_render_the_same() -> None:
@@ -1173,7 +1199,10 @@ def test_renderer_ignores_sigint_and_a_killed_renderer_does_not_hang_close(
         (n,) = transport.FRAME_HEADER.unpack_from(data)
         payloads.append(data[transport.FRAME_HEADER.size : transport.FRAME_HEADER.size + n])
         data = data[transport.FRAME_HEADER.size + n :]
-    cycles = [m[1][0] for m in map(pickle.loads, payloads) if m[0] == transport.MSG_CYCLE]
+    messages = []
+    for m in map(pickle.loads, payloads):  # small cycles travel in batches
+        messages += m[1] if m[0] == transport.MSG_BATCH else [m]
+    cycles = [m[1][0] for m in messages if m[0] == transport.MSG_CYCLE]
     assert cycles[-4:] == [1, 2, 3, 4]
 
 

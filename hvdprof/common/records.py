@@ -68,6 +68,20 @@ class OpRecord:
     process_set: int = 0  # the op's process set (0: every rank)
 
 
+@dataclass(frozen=True, slots=True)
+class CacheTable:
+    """The response cache's names and signatures by bit, as of one version of it.
+
+    A cycle whose ops all came through the cache sends their bits and this table instead
+    of a name and a signature per op; the timeline's stream carries the table once per
+    version (the cache changes only on the slow path), not once per op and cycle.
+    """
+
+    version: int
+    names: list[str | None]  # None: a free bit
+    kinds: list[tuple[Any, ...] | None]
+
+
 @dataclass(slots=True)
 class OpBatch:
     """One cycle's completed ops on this rank, by column.
@@ -78,30 +92,57 @@ class OpBatch:
     critical path. ``to_records`` (run by the renderer, off that path) gives the records.
     """
 
-    names: list[str]
+    #: None when ``bits`` names the ops instead
+    names: list[str] | None
     #: per op, (op, dtype, shape, nbytes): one shared tuple per distinct signature, with
-    #: the process set's id as a fifth item for an op of a set other than the global one
-    kinds: list[tuple[Any, ...]]
+    #: the process set's id as a fifth item for an op of a set other than the global one;
+    #: None with ``bits``
+    kinds: list[tuple[Any, ...]] | None
     t_submit: list[int]
     t_negotiated: list[int]
     #: (ops, ranks) int64: when this rank learned each rank was ready; NO_TIME if unknown
     ready: np.ndarray
-    cached: np.ndarray  # (ops,) bool
+    cached: bytes  # one byte per op: 1 when it came through the response cache
     group_ids: list[int]
     t_done: list[int]
     errors: dict[int, str] = field(default_factory=dict)  # position -> message
+    #: the ops' response-cache bits (native int64 bytes) when every op came through the
+    #: cache, and the table that names them
+    bits: bytes | None = None
+    table: CacheTable | None = None
 
     def __len__(self) -> int:
-        return len(self.names)
+        return len(self.t_submit)
+
+    def resolved(self) -> OpBatch:
+        """This batch with ``names`` and ``kinds`` filled in from its table."""
+        if self.names is not None and self.kinds is not None:
+            return self
+        assert self.bits is not None and self.table is not None
+        bits = np.frombuffer(self.bits, dtype=np.int64).tolist()
+        names, kinds = self.table.names, self.table.kinds
+        return OpBatch(
+            names=[names[b] for b in bits],  # type: ignore[misc]
+            kinds=[kinds[b] for b in bits],  # type: ignore[misc]
+            t_submit=self.t_submit,
+            t_negotiated=self.t_negotiated,
+            ready=self.ready,
+            cached=self.cached,
+            group_ids=self.group_ids,
+            t_done=self.t_done,
+            errors=self.errors,
+        )
 
     def __iter__(self) -> Iterator[OpRecord]:
         return iter(self.to_records())
 
     def to_records(self) -> list[OpRecord]:
+        if self.names is None or self.kinds is None:
+            return self.resolved().to_records()
         out = []
         errors = self.errors
         ready_rows = self.ready.tolist()
-        cached = self.cached.tolist()
+        cached = self.cached
         for i, name in enumerate(self.names):
             kind = self.kinds[i]
             op, dtype, shape, nbytes = kind[:4]
@@ -115,7 +156,7 @@ class OpBatch:
                     self.t_submit[i],
                     self.t_negotiated[i],
                     {r: t for r, t in enumerate(ready_rows[i]) if t != NO_TIME},
-                    cached[i],
+                    bool(cached[i]),
                     self.group_ids[i],
                     self.t_done[i],
                     errors.get(i),
@@ -141,7 +182,7 @@ class OpBatch:
             t_submit=[r.t_submit for r in records],
             t_negotiated=[r.t_negotiated for r in records],
             ready=ready,
-            cached=np.array([r.cached for r in records], dtype=bool),
+            cached=bytes(bool(r.cached) for r in records),
             group_ids=[r.group_id for r in records],
             t_done=[r.t_done for r in records],
             errors={i: r.error for i, r in enumerate(records) if r.error is not None},

@@ -31,7 +31,14 @@ import numpy as np
 
 from hvdprof.common import timebase
 from hvdprof.common.activities import NVTX_NEGOTIATE, STALL
-from hvdprof.common.records import NO_TIME, CycleObserver, CycleRecord, OpBatch, TunableParams
+from hvdprof.common.records import (
+    NO_TIME,
+    CacheTable,
+    CycleObserver,
+    CycleRecord,
+    OpBatch,
+    TunableParams,
+)
 from hvdprof.config import Config
 from hvdprof.errors import HvdprofInternalError, StallAbortError, TensorMismatchError
 from hvdprof.runtime import stacks
@@ -153,8 +160,19 @@ class CycleLoop:
         self._outbox: list[Request] = []
         self._sent: dict[str, Request] = {}
         self._bits = np.zeros(0, dtype=np.uint8)
-        self._first_ready = np.full((size, 0), -1, dtype=np.int64)
+        #: (ranks, cache bits): the start of the cycle in which each rank's bit first
+        #: showed, on this rank's clock (NO_TIME: not seen since the op last ran). Times,
+        #: not cycle indices: the op's record then takes them as they are.
+        self._first_ready = np.full((size, 0), NO_TIME, dtype=np.int64)
         self._ready_bits = np.zeros(0, dtype=np.int64)  # this cycle's fast-path bits
+        #: (ranks, len(_ready_bits)): their first-ready times, when a sink records them
+        self._ready_first: np.ndarray | None = None
+        self._ready_bits_bytes = b""  # _ready_bits as bytes, when a sink records them
+        #: bumped whenever the response cache may have changed (a reply, a clear), and
+        #: the cache's names as of a version, built when a record first needs them
+        self._table_version = 0
+        self._table: CacheTable | None = None
+        self._t_cycle = 0  # this cycle's start (timebase.now_ns())
         self._last_matrix = np.zeros((size, 0), dtype=np.uint8)
         self._last_ran_nothing = False
         self._partial_since: dict[int, float] = {}
@@ -313,6 +331,7 @@ class CycleLoop:
         cycle = self.cycle
         t_start = timebase.now_ns()
         self._cycle_start[cycle % _RING] = t_start
+        self._t_cycle = t_start
         cpu0 = time.thread_time_ns()
         # Before draining: a thread submits, then waits, so what a blocked thread waits on
         # is always in this cycle's messages (rank 0 never sees the flag before the name).
@@ -320,7 +339,7 @@ class CycleLoop:
         self._drain_queue()
         detailed = any(o.detailed for o in self.observers)
         if detailed and not self._was_detailed:
-            self._first_ready.fill(-1)  # forget readiness seen while nobody recorded it
+            self._first_ready.fill(NO_TIME)  # forget readiness seen while nobody recorded it
         self._was_detailed = detailed
         payload = self._outbox_payload()
         said = self._exchange(payload, blocked, detailed)
@@ -439,8 +458,9 @@ class CycleLoop:
             self._join_cycle.setdefault(r, cycle)
         matrix = said.matrix
         if detailed and said.ready.shape[0] and matrix is not None:
-            self._track_readiness(matrix[:, HEADER:], cycle)
+            self._track_readiness(matrix[:, HEADER:], self._t_cycle)
         agreed = _Agreed()
+        self._ready_first = None
         if said.ready.shape[0] and said.any_active:
             ready_bits = np.flatnonzero(said.ready)
             if ready_bits.size:
@@ -449,6 +469,14 @@ class CycleLoop:
                 waiting = self._cached_waiting
                 bit_list = ready_bits.tolist()
                 self._ready_bits = ready_bits
+                if detailed and bit_list[-1] < self._first_ready.shape[1]:
+                    # Taken here, beside the numpy calls that found the bits: the same
+                    # gather in the accounting, after the reduction, costs several times
+                    # as much (its code and data no longer in the core's caches).
+                    first = self._first_ready
+                    self._ready_first = first[:, ready_bits]
+                    first[:, ready_bits] = NO_TIME
+                    self._ready_bits_bytes = ready_bits.tobytes()
                 agreed.ops = [entries[bit] for bit in bit_list]
                 agreed.reqs = [waiting.pop(bit, None) for bit in bit_list]
                 self.counters["cache_hits"] += ready_bits.size
@@ -470,6 +498,7 @@ class CycleLoop:
         ops (another process set's responses go to that set's members)."""
         reply = agreed.reply
         if reply is not None:
+            self._table_version += 1
             self.cache.apply(reply, self.params.cache_enabled)
             for name in reply.evicted:
                 self._reroute_evicted(name)
@@ -679,14 +708,14 @@ class CycleLoop:
             grown = np.zeros(width, dtype=np.uint8)
             grown[: self._bits.shape[0]] = self._bits
             self._bits = grown
-            first = np.full((self.size, width), -1, dtype=np.int64)
+            first = np.full((self.size, width), NO_TIME, dtype=np.int64)
             first[:, : self._first_ready.shape[1]] = self._first_ready
             self._first_ready = first
 
-    def _track_readiness(self, bits: np.ndarray, cycle: int) -> None:
+    def _track_readiness(self, bits: np.ndarray, t_cycle: int) -> None:
         first = self._first_ready[:, : bits.shape[1]]
-        newly = (bits == 1) & (first < 0)
-        first[newly] = cycle
+        newly = (bits == 1) & (first == NO_TIME)
+        first[newly] = t_cycle
 
     def _watch_partial_bits(self, bits: np.ndarray, active: np.ndarray) -> None:
         if not bits.shape[1]:
@@ -879,19 +908,32 @@ class CycleLoop:
         op_group, op_done = self.executor.op_group, self.executor.op_done
         if len(op_group) != n:  # nothing ran (every op failed before running)
             op_group, op_done = [-1] * n, [0] * n
-        # Readiness on the cached path, for all ops at once: the cycle in which each
-        # rank's bit first showed, mapped to this rank's clock.
+        # Readiness on the cached path, gathered by _negotiate: when each rank's bit first
+        # showed. A numpy call here costs several µs (its code has left the core's caches
+        # during the reduction), so the common cycle, every op cached, makes none but the
+        # one that writes this rank's own column.
+        first = self._ready_first if n_cached else None
+        if first is not None and n_cached == n and reply is None and None not in ready_reqs:
+            ready = first.T
+            t_submit = [req.t_submit for req in ready_reqs]
+            ready[:, self.rank] = t_submit
+            return OpBatch(
+                names=None,  # the cache's bits name them: no list per op
+                kinds=None,
+                t_submit=t_submit,
+                t_negotiated=[t_negotiated] * n,
+                ready=ready,
+                cached=b"\x01" * n,
+                group_ids=op_group,
+                t_done=[d or t_end for d in op_done] if 0 in op_done else op_done,
+                errors=self._op_errors(op_group, ready_reqs),
+                bits=self._ready_bits_bytes,
+                table=self._cache_table(),
+            )
         ready = np.full((n, self.size), NO_TIME, dtype=np.int64)
-        cached = np.zeros(n, dtype=bool)
-        cached[:n_cached] = True
-        idx = self._ready_bits
-        if n_cached and int(idx.max()) < self._first_ready.shape[1]:
-            first = self._first_ready[:, idx]
-            self._first_ready[:, idx] = -1
-            oldest = max(0, self.cycle - _RING + 1)
-            times = self._cycle_start[np.maximum(first, oldest) % _RING]
-            times[first < 0] = NO_TIME
-            ready[:n_cached] = times.T
+        cached = b"\x01" * n_cached + bytes(n - n_cached)
+        if first is not None:
+            ready[:n_cached] = first.T
         if reply is not None:  # the coordinator's path: readiness by cycle, per op
             for i, response in enumerate(self._taken, start=n_cached):
                 row = ready[i]
@@ -903,12 +945,10 @@ class CycleLoop:
             ready_reqs = [ready_reqs[i] for i in mine]
             op_group = [op_group[i] for i in mine]
             op_done = [op_done[i] for i in mine]
-            ready, cached = ready[mine], cached[mine]
+            ready, cached = ready[mine], bytes(cached[i] for i in mine)
         t_submit = [req.t_submit for req in ready_reqs]
         ready[:, self.rank] = t_submit
-        errors = {}
-        if -1 in op_group or self.executor.failed:  # only a failed op can carry an error
-            errors = {i: str(req.error) for i, req in enumerate(ready_reqs) if req.error}
+        errors = self._op_errors(op_group, ready_reqs)
         return OpBatch(
             names=[op.name for op in ready_ops],
             kinds=[op.description for op in ready_ops],
@@ -920,6 +960,22 @@ class CycleLoop:
             t_done=[d or t_end for d in op_done] if 0 in op_done else op_done,
             errors=errors,
         )
+
+    def _cache_table(self) -> CacheTable:
+        table = self._table
+        if table is None or table.version != self._table_version:
+            entries = self.cache.entries()
+            table = self._table = CacheTable(
+                self._table_version,
+                [None if e is None else e.name for e in entries],
+                [None if e is None else e.description for e in entries],
+            )
+        return table
+
+    def _op_errors(self, op_group: list[int], reqs: list[Request]) -> dict[int, str]:
+        if -1 in op_group or self.executor.failed:  # only a failed op can carry an error
+            return {i: str(req.error) for i, req in enumerate(reqs) if req.error}
+        return {}
 
     def _time_of(self, cycle: int) -> int:
         if self.cycle - cycle >= _RING:
@@ -949,6 +1005,7 @@ class CycleLoop:
         if params == self.params:
             return False
         if params.cache_enabled != self.params.cache_enabled:
+            self._table_version += 1
             for name in self.cache.clear():
                 self._reroute_evicted(name)
             self.cache.capacity = self.config.cache_capacity if params.cache_enabled else 0

@@ -656,6 +656,7 @@ def cycle_columns(record: CycleRecord) -> tuple[CycleHead, list[GroupRow], OpCol
     head, groups = as_head(head_tuple(record)), as_groups(group_tuples(record))
     ops = record.ops
     if hasattr(ops, "ready"):  # an OpBatch: its columns, flattened
+        ops = ops.resolved()
         columns = OpColumns(
             ops.names,
             ops.kinds,
@@ -663,7 +664,7 @@ def cycle_columns(record: CycleRecord) -> tuple[CycleHead, list[GroupRow], OpCol
             ops.t_negotiated,
             ops.ready.ravel().tolist(),
             int(ops.ready.shape[1]),
-            ops.cached.tolist(),
+            list(ops.cached),
             ops.group_ids,
             ops.t_done,
             ops.errors,

@@ -140,14 +140,14 @@ class RenderChild:
                 if tag == t.MSG_END:
                     self.ended = True
                 return
-            got = self.decoder.decode(msg)
+            got = self.decoder.decode_all(msg)
         except Exception:
             self.undecodable += 1
             if self.undecodable <= 3:
                 log.exception("could not decode a message from the rank; it is dropped")
             return
-        if got is not None:
-            self.writer.put(*got)
+        for item in got:
+            self.writer.put(*item)
 
     def run(self, reader: Any) -> None:
         """Consume the stream until the end mark or end of input."""

@@ -13,7 +13,6 @@ import socket
 import sys
 from typing import Any
 
-from hvdprof.common import activities as act
 from hvdprof.common import timebase
 from hvdprof.config import timeline_path_problem
 from hvdprof.errors import HvdprofError
@@ -103,7 +102,7 @@ class TimelineSession:
         and how long it was blocked since it last submitted (any thread)."""
         sink = self.sink
         if sink is not None:
-            sink.add_counter(act.COUNTER_WAITED, {"value": blocked_ns / 1e6}, t_ns=t_ns)
+            sink.add_waited(t_ns, blocked_ns)
 
     def close(self) -> None:
         sink, self.sink = self.sink, None

@@ -74,7 +74,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from hvdprof.common.records import NO_TIME as RECORDS_NO_TIME
-from hvdprof.common.records import CycleRecord, GroupRecord, OpBatch, TunableParams
+from hvdprof.common.records import CacheTable, CycleRecord, GroupRecord, OpBatch, TunableParams
 from hvdprof.shadowing import PACKAGE_DIR
 from hvdprof.timeline.render import (
     GROUP_FIELDS,
@@ -91,11 +91,13 @@ from hvdprof.timeline.render import (
 from hvdprof.timeline.render_process import set_autogroup_nice
 from hvdprof.timeline.wire import (  # noqa: F401  (the stream's names, for this side's users)
     FRAME_HEADER,
+    MSG_BATCH,
     MSG_CYCLE,
     MSG_END,
     MSG_ITEM,
     MSG_OPS,
     MSG_STATE,
+    MSG_TABLE,
     PROTOCOL,
     Decoder,
     FrameReader,
@@ -106,6 +108,11 @@ log = logging.getLogger("hvdprof.timeline")
 
 #: ops per frame: well under 0.2 ms of encoding under the GIL, then a write that releases it
 OPS_PER_FRAME = 1024
+#: small messages (cycles of at most :data:`OPS_PER_FRAME` ops, instants, counters) wait
+#: as plain tuples and are pickled together, this many at most per pickle: one pickle
+#: call per batch instead of one per cycle, and names and signatures repeated from cycle
+#: to cycle are written once per batch (pickle's memo)
+BATCH_MESSAGES = 256
 #: seconds the renderer sleeps between reads of the spool while the rank records
 RENDER_INTERVAL_S = 1.0
 #: the rank writes what it recorded to the spool at least this often (seconds; a SIGKILL
@@ -191,8 +198,15 @@ def portable_item(item: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def _columns(batch: OpBatch, start: int, stop: int) -> tuple[Any, ...]:
     """Op rows ``start:stop`` in wire form (see :mod:`hvdprof.timeline.wire`)."""
-    whole = start == 0 and stop == len(batch.names)
-    names = batch.names if whole else batch.names[start:stop]
+    whole = start == 0 and stop == len(batch)
+    if batch.names is None:  # by response-cache bit: the stream has the table (MSG_TABLE)
+        bits = batch.bits
+        assert bits is not None
+        names: Any = bits if whole else bits[start * 8 : stop * 8]
+        kinds = None
+    else:
+        names = batch.names if whole else batch.names[start:stop]
+        kinds = batch.kinds if whole else batch.kinds[start:stop]  # type: ignore[index]
     t_neg: Any = batch.t_negotiated if whole else batch.t_negotiated[start:stop]
     if t_neg and t_neg.count(t_neg[0]) == len(t_neg):
         t_neg = t_neg[0]  # one int for the whole frame
@@ -201,12 +215,12 @@ def _columns(batch: OpBatch, start: int, stop: int) -> tuple[Any, ...]:
         errors = {i - start: e for i, e in errors.items() if start <= i < stop}
     return (  # an OpColumns, plain on the wire (see render.head_tuple)
         names,
-        batch.kinds if whole else batch.kinds[start:stop],
+        kinds,
         batch.t_submit if whole else batch.t_submit[start:stop],
         t_neg,
         batch.ready[start:stop].tobytes(),
         batch.ready.shape[1],
-        batch.cached[start:stop].tobytes(),
+        batch.cached if whole else batch.cached[start:stop],
         batch.group_ids if whole else batch.group_ids[start:stop],
         batch.t_done if whole else batch.t_done[start:stop],
         errors,
@@ -221,13 +235,40 @@ def encode_cycle(record: CycleRecord, shift: int, weight: int) -> Iterator[bytes
     """
     ops = record.ops
     batch = ops if isinstance(ops, OpBatch) else OpBatch.from_records(list(ops))
-    n = len(batch.names)
+    n = len(batch)
     start = 0
     while n - start > OPS_PER_FRAME:
         yield _dumps((MSG_OPS, record.cycle, _columns(batch, start, start + OPS_PER_FRAME)))
         start += OPS_PER_FRAME
     head, groups = head_tuple(record), group_tuples(record)
     yield _dumps((MSG_CYCLE, head, groups, _columns(batch, start, n), n, shift, weight))
+
+
+#: marks a batch entry that is a cycle not encoded yet (see :meth:`RenderProcess.put`)
+_DEFERRED = "cycle"
+
+
+def _message_weight(msg: tuple[Any, ...]) -> int:
+    return msg[6] if msg[0] == MSG_CYCLE else 0 if msg[0] == MSG_TABLE else msg[2]
+
+
+def small_message(item: tuple[Any, ...], weight: int) -> tuple[Any, ...] | None:
+    """``item`` as one plain message that can wait in a batch, or None for a cycle too
+    large for one frame (:func:`encode_cycle` then cuts it).
+
+    Everything in it is a snapshot taken now (plain tuples, lists the cycle made for this
+    record, bytes), so pickling it later gives what pickling it now would.
+    """
+    if item[0] != ITEM_CYCLE:
+        return (MSG_ITEM, portable_item(item), weight)
+    record, shift = item[1], item[2]
+    ops = record.ops
+    batch = ops if isinstance(ops, OpBatch) else OpBatch.from_records(list(ops))
+    n = len(batch)
+    if n > OPS_PER_FRAME:
+        return None
+    return (MSG_CYCLE, head_tuple(record), group_tuples(record), _columns(batch, 0, n), n,
+            shift, weight)  # fmt: skip
 
 
 def encode_item(item: tuple[Any, ...], weight: int) -> Iterator[bytes]:
@@ -353,6 +394,8 @@ class RenderProcess:
         #: frames recorded but not yet written to the spool, and the events and items
         #: they complete (what a failed write drops)
         self._pending = bytearray()
+        #: small messages not pickled yet (see :data:`BATCH_MESSAGES`)
+        self._batch: list[tuple[Any, ...]] = []
         self._pending_events = 0
         self._pending_items = 0
         self._write_error: str | None = None
@@ -414,27 +457,34 @@ class RenderProcess:
 
     def _flush_periodically(self) -> None:
         while not self._tick.wait(FLUSH_INTERVAL_S):
-            if self._pending:
+            if self._pending or self._batch:
                 with self._lock:
                     self._flush_locked()
 
     # --- producers ------------------------------------------------------------------
 
     def put(self, item: Any, weight: int = 1) -> bool:
-        """Encode ``item`` (``weight`` events) and add it to the batch the spool gets next
-        (within :data:`FLUSH_INTERVAL_S`); False when it was dropped. Never waits for the
-        child."""
+        """Add ``item`` (``weight`` events) to the batch the spool gets next (within
+        :data:`FLUSH_INTERVAL_S`); False when it was dropped. Never waits for the child.
+
+        A cycle is kept as it is and encoded with the whole batch, mostly on the
+        flusher's thread: encoding one cycle at a time on the cycle thread, between the
+        training's kernels, cost it 30-70 µs per cycle of code fetched again each time
+        (the sink's contract already says a record is not changed once handed over).
+        Other items are reduced to plain values now (their arguments may be the caller's).
+        """
         if self._closed:
             self._count_dropped(weight)
             return False
-        try:
-            payloads = list(encode_item(item, weight))
-        except Exception:
-            self._count_dropped(weight)
-            self._encode_failures += 1
-            if self._encode_failures <= 3:
-                log.exception("timeline: could not encode an item; it is dropped")
-            return False
+        if item[0] == ITEM_CYCLE:
+            entry: tuple[Any, ...] = (_DEFERRED, item, weight)
+        else:
+            try:
+                entry = (MSG_ITEM, portable_item(item), weight)
+            except Exception:
+                self._count_dropped(weight)
+                self._said_encode_failure()
+                return False
         with self._lock:
             if self._closed:
                 self._dropped_events += weight
@@ -444,15 +494,85 @@ class RenderProcess:
                 self._sent_state is None or self._sent_state[0] != self._manifest_version()
             ):
                 self._send_state_locked()
-            self._pending += frames(payloads)
+            self._batch.append(entry)
             self._pending_events += weight
             self._pending_items += 1
+            if len(self._batch) >= BATCH_MESSAGES:
+                self._seal_batch_locked()
             if len(self._pending) >= FLUSH_BYTES:
                 self._flush_locked()
             return True
 
+    def put_table(self, table: CacheTable) -> None:
+        """Send the response cache's names by bit, for the cycles that follow (which name
+        their ops by bit). Plain data; stays in order with the puts."""
+        msg = (MSG_TABLE, table.version, list(table.names), list(table.kinds))
+        with self._lock:
+            if not self._closed:
+                self._batch.append(msg)
+
+    def _said_encode_failure(self) -> None:
+        self._encode_failures += 1
+        if self._encode_failures <= 3:
+            log.exception("timeline: could not encode an item; it is dropped")
+
+    def _drop_pending_locked(self, weight: int) -> None:
+        self._pending_events -= weight
+        self._pending_items -= 1
+        self._dropped_events += weight
+        self._dropped_items += 1
+        self._said_encode_failure()
+
+    def _seal_batch_locked(self) -> None:
+        """What waits in the batch, encoded, in order: the small messages pickled together
+        as one frame, a cycle too large for one frame as its own frames. An item that
+        cannot be encoded (never expected: plain data) is dropped alone, counted."""
+        batch = self._batch
+        if not batch:
+            return
+        self._batch = []
+        msgs: list[tuple[Any, ...]] = []
+        for entry in batch:
+            if entry[0] is not _DEFERRED:
+                msgs.append(entry)
+                continue
+            _, item, weight = entry
+            try:
+                msg = small_message(item, weight)
+                payloads = list(encode_item(item, weight)) if msg is None else None
+            except Exception:
+                self._drop_pending_locked(weight)
+                continue
+            if payloads is None:
+                msgs.append(msg)  # type: ignore[arg-type]
+            else:
+                self._append_batch_locked(msgs)
+                msgs = []
+                self._pending += frames(payloads)
+        self._append_batch_locked(msgs)
+
+    def _append_batch_locked(self, msgs: list[tuple[Any, ...]]) -> None:
+        if not msgs:
+            return
+        try:
+            self._pending += frames([_dumps((MSG_BATCH, msgs))])
+            return
+        except Exception:
+            pass
+        keep = []
+        for msg in msgs:
+            try:
+                _dumps(msg)
+            except Exception:
+                self._drop_pending_locked(_message_weight(msg))
+            else:
+                keep.append(msg)
+        if keep:
+            self._pending += frames([_dumps((MSG_BATCH, keep))])
+
     def _flush_locked(self) -> None:
         """Write what waits to the spool in one call; a failed write drops it, counted."""
+        self._seal_batch_locked()
         if not self._pending:
             return
         if self._append_locked(bytes(self._pending)):
@@ -496,6 +616,7 @@ class RenderProcess:
 
     def _send_state_locked(self) -> None:
         """The rank's manifest (when its version changed) and drop counts, to the child."""
+        self._seal_batch_locked()  # what was put before the state goes before it
         version = self._manifest_version() if self._manifest_version else 0
         drops = (self._dropped_events, self._dropped_items)
         sent = self._sent_state
@@ -642,6 +763,7 @@ class RenderProcess:
         self._lock = threading.Lock()  # another thread may have held it at the fork
         self._closed = True
         self._pending.clear()
+        self._batch = []
         for fd in (self._spool, self._doorbell):
             if fd >= 0:
                 with contextlib.suppress(OSError):

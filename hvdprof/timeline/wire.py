@@ -16,7 +16,13 @@ Frames are ``<u32 little-endian length><pickle>``; each pickle is a tuple tagged
   run, so it travels with each cycle);
 * ``(MSG_ITEM, item, weight)``: any other renderer item (instant, counter, lines);
 * ``(MSG_END, manifest, rank_dropped_events, rank_dropped_items)``: the rank closed the
-  sink; the child writes the final event and ``]``, and the final manifest.
+  sink; the child writes the final event and ``]``, and the final manifest;
+* ``(MSG_BATCH, [message, ...])``: ``MSG_CYCLE``, ``MSG_ITEM`` and ``MSG_TABLE``
+  messages pickled together (the rank batches the small ones: one pickle call per batch,
+  not per cycle);
+* ``(MSG_TABLE, version, names, kinds)``: the response cache's names and signatures by
+  bit. Op columns whose ``names`` is bytes (native int64 cache bits) and ``kinds`` None
+  are named by the last table sent: a cycle of cached ops carries no string per op.
 
 ``head`` and ``groups`` are as in :func:`hvdprof.timeline.render.cycle_columns`. Op
 columns on the wire: ``(names, kinds, t_submit, t_negotiated, ready, ranks, cached,
@@ -37,13 +43,15 @@ from typing import Any
 from hvdprof.timeline.render import ITEM_COLUMNS, OpColumns, as_groups, as_head
 
 #: Bumped when the wire format changes; the child refuses a stream of another version.
-PROTOCOL = 4
+PROTOCOL = 5
 
 MSG_STATE = 0
 MSG_OPS = 1
 MSG_CYCLE = 2
 MSG_ITEM = 3
 MSG_END = 4
+MSG_BATCH = 5
+MSG_TABLE = 6
 
 FRAME_HEADER = struct.Struct("<I")
 MAX_FRAME_BYTES = 1 << 30
@@ -207,6 +215,29 @@ def punch_hole(fd: int, offset: int, length: int) -> bool:
     return _FALLOCATE(fd, _PUNCH_HOLE, offset, length) == 0
 
 
+def name_by_table(
+    chunk: tuple[Any, ...], table: tuple[list[Any], list[Any]] | None
+) -> tuple[Any, ...]:
+    """A wire chunk whose ops are named by cache bit, with names and kinds filled in
+    (``ValueError`` without a table, or for a bit the table does not name)."""
+    bits = chunk[0]
+    if type(bits) is not bytes:
+        return chunk
+    if table is None:
+        raise ValueError("ops named by cache bit before any table")
+    names, kinds = table
+    flat = array("q")
+    flat.frombytes(bits)
+    try:
+        op_names = [names[b] for b in flat]
+        op_kinds = [kinds[b] for b in flat]
+    except IndexError:
+        raise ValueError("a cache bit outside the table") from None
+    if None in op_names:
+        raise ValueError("a cache bit the table leaves free")
+    return (op_names, op_kinds, *chunk[2:])
+
+
 def join_columns(chunks: list[tuple[Any, ...]]) -> OpColumns:
     """Wire op columns (one or more consecutive chunks, plain :class:`OpColumns` tuples)
     as the renderer's columns."""
@@ -238,6 +269,17 @@ def join_columns(chunks: list[tuple[Any, ...]]) -> OpColumns:
                      group_ids, t_done, errors)  # fmt: skip
 
 
+def _weight_of(msg: Any) -> int:
+    """The events a damaged message of a batch stood for, where it still says (1 else)."""
+    try:
+        if msg[0] == MSG_TABLE:
+            return 0
+        weight = msg[6] if msg[0] == MSG_CYCLE else msg[2]
+        return weight if type(weight) is int and weight > 0 else 1
+    except Exception:
+        return 1
+
+
 class Decoder:
     """Turns messages back into renderer items: ``(item, weight)`` or None."""
 
@@ -246,6 +288,25 @@ class Decoder:
         self._chunks_cycle: int | None = None
         self.lost_items = 0
         self.lost_events = 0
+        self.table: tuple[list[Any], list[Any]] | None = None
+
+    def decode_all(self, msg: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], int]]:
+        """Every ``(item, weight)`` in ``msg`` (a batch holds several). A message of a
+        batch that cannot be decoded is lost alone, counted in ``lost_items``."""
+        if msg[0] != MSG_BATCH:
+            got = self.decode(msg)
+            return [] if got is None else [got]
+        out = []
+        for inner in msg[1]:
+            try:
+                got = self.decode(inner)
+            except Exception:
+                self.lost_items += 1
+                self.lost_events += _weight_of(inner)
+                continue
+            if got is not None:
+                out.append(got)
+        return out
 
     def decode(self, msg: tuple[Any, ...]) -> tuple[tuple[Any, ...], int] | None:
         tag = msg[0]
@@ -255,12 +316,22 @@ class Decoder:
                 self._chunks, self._chunks_cycle = [], cycle  # a cycle cut short: drop it
             self._chunks.append(columns)
             return None
+        if tag == MSG_TABLE:
+            _, _version, names, kinds = msg
+            self.table = (names, kinds)
+            return None
         if tag == MSG_CYCLE:
             _, plain_head, plain_groups, columns, n, shift, weight = msg
             head, groups = as_head(plain_head), as_groups(plain_groups)
             chunks = self._chunks if self._chunks_cycle == head.cycle else []
             self._chunks, self._chunks_cycle = [], None
-            joined = join_columns([*chunks, columns])
+            try:
+                named = [name_by_table(c, self.table) for c in (*chunks, columns)]
+            except ValueError:
+                self.lost_items += 1
+                self.lost_events += weight
+                return None
+            joined = join_columns(named)
             if len(joined.names) != n:
                 self.lost_items += 1
                 self.lost_events += weight
