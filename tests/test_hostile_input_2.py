@@ -652,7 +652,7 @@ def test_autotune_from_a_decision_out_of_range_is_refused(tmp_path: Path) -> Non
     from hvdprof.autotune.log import LOG_COLUMNS
 
     log = tmp_path / "autotune.csv"
-    row = f"{10**30},5.0,1,1e9,0,10,0,1,decision,recommended,1.2"
+    row = f"{10**30},5.0,1,1e9,0,10,0,1,decision,recommended,1.2,"  # no while-tuning ratio
     log.write_text(",".join(LOG_COLUMNS) + "\n" + row + "\n")
     job = tmp_path / "job.py"
     job.write_text(_JOB)
