@@ -302,7 +302,8 @@ class AutotuneController:
         if tensors is None or len(tensors) >= _MAX_TENSORS:
             return
         if isinstance(ops, OpBatch):
-            for name, kind in zip(ops.names, ops.kinds, strict=False):
+            ops = ops.resolved()  # cached ops come named by cache bit
+            for name, kind in zip(ops.names or (), ops.kinds or (), strict=False):
                 if kind[0] == "ALLREDUCE":
                     tensors[name] = kind[3]
         else:
