@@ -102,6 +102,7 @@ from hvdprof.timeline.wire import (  # noqa: F401  (the stream's names, for this
     Decoder,
     FrameReader,
     frames,
+    message_weight,
 )
 
 log = logging.getLogger("hvdprof.timeline")
@@ -246,10 +247,6 @@ def encode_cycle(record: CycleRecord, shift: int, weight: int) -> Iterator[bytes
 
 #: marks a batch entry that is a cycle not encoded yet (see :meth:`RenderProcess.put`)
 _DEFERRED = "cycle"
-
-
-def _message_weight(msg: tuple[Any, ...]) -> int:
-    return msg[6] if msg[0] == MSG_CYCLE else 0 if msg[0] == MSG_TABLE else msg[2]
 
 
 def small_message(item: tuple[Any, ...], weight: int) -> tuple[Any, ...] | None:
@@ -564,7 +561,7 @@ class RenderProcess:
             try:
                 _dumps(msg)
             except Exception:
-                self._drop_pending_locked(_message_weight(msg))
+                self._drop_pending_locked(message_weight(msg))
             else:
                 keep.append(msg)
         if keep:

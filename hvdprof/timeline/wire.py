@@ -269,7 +269,7 @@ def join_columns(chunks: list[tuple[Any, ...]]) -> OpColumns:
                      group_ids, t_done, errors)  # fmt: skip
 
 
-def _weight_of(msg: Any) -> int:
+def message_weight(msg: Any) -> int:
     """The events a damaged message of a batch stood for, where it still says (1 else)."""
     try:
         if msg[0] == MSG_TABLE:
@@ -302,7 +302,7 @@ class Decoder:
                 got = self.decode(inner)
             except Exception:
                 self.lost_items += 1
-                self.lost_events += _weight_of(inner)
+                self.lost_events += message_weight(inner)
                 continue
             if got is not None:
                 out.append(got)

@@ -1276,6 +1276,17 @@ def _marks(
     return MarkTable(**{k: np.asarray(v, MARK_COLUMNS[k]) for k, v in cols.items()})
 
 
+def _mark_negotiate(neg: Any, tables: Any) -> None:
+    """Slices taken as negotiation waits: their phase, and their name from the op's."""
+    neg.phase[:] = PHASE_NEGOTIATE
+    codes = {
+        int(op): tables.names.code(NEGOTIATE_PREFIX + OPS[int(op)])
+        for op in np.unique(neg.op).tolist()
+        if op >= 0
+    }
+    neg.name[:] = [codes.get(int(op), -1) for op in neg.op.tolist()]
+
+
 def _split_waiting(
     run: Run, tables: Any, kernels: tuple[np.ndarray, np.ndarray] | None = None
 ) -> None:
@@ -1320,13 +1331,7 @@ def _split_waiting(
         s.dur_us[c_rows] = c_end - c_start
     rows = ops[waits]
     neg = s.take(rows)
-    neg.phase[:] = PHASE_NEGOTIATE
-    codes = {
-        int(op): tables.names.code(NEGOTIATE_PREFIX + OPS[int(op)])
-        for op in np.unique(neg.op).tolist()
-        if op >= 0
-    }
-    neg.name[:] = [codes.get(int(op), -1) for op in neg.op.tolist()]
+    _mark_negotiate(neg, tables)
     neg.dur_us[:] = (ready - launch)[waits]
     s.start_us[ops] = ready
     s.dur_us[ops] = end - ready
@@ -1541,13 +1546,7 @@ def _split_kernel_waiting(run: Run, tables: Any, kernels: tuple[np.ndarray, np.n
         s.start_us[c_rows] = ready[hit]
         s.dur_us[c_rows] = k_end[hit] - ready[hit]
     neg = s.take(rows[waits])
-    neg.phase[:] = PHASE_NEGOTIATE
-    codes = {
-        int(op): tables.names.code(NEGOTIATE_PREFIX + OPS[int(op)])
-        for op in np.unique(neg.op).tolist()
-        if op >= 0
-    }
-    neg.name[:] = [codes.get(int(op), -1) for op in neg.op.tolist()]
+    _mark_negotiate(neg, tables)
     neg.start_us[:] = k_start[waits]
     neg.dur_us[:] = (ready - k_start)[waits]
     run.slices = SliceTable.concat([s, neg])  # type: ignore[assignment]
