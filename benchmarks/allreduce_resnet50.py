@@ -6,10 +6,11 @@
 * ``flat_cat``: ``dist.all_reduce(torch.cat(grads))``, the naive flat of ANCHORS.md
   (a fresh concatenation every step, never copied back), for context only;
 * ``per_tensor_async``: ``dist.all_reduce(t, async_op=True)`` for every tensor, then wait;
-* ``ddp_buckets``: what DDP does: buckets in reverse (backward) order, 1 MB for the
-  first and 25 MB for the rest (DDP's defaults), each packed
-  with ``torch.cat`` into its bucket buffer, reduced asynchronously as soon as it is
-  packed, then, once all are done, copied back into the gradients;
+* ``hand_buckets``: DDP's bucket sizes packed by this script (not DDP): buckets in reverse
+  (backward) order, 1 MB for the first and 25 MB for the rest, each packed with
+  ``torch.cat`` into its bucket buffer, reduced asynchronously as soon as it is packed,
+  then, once all are done, copied back into the gradients: communication alone, like the
+  rows above;
 * ``hvdprof``: ``hvd.allreduce_async_(t, name=..., op=hvd.Sum)`` for every tensor, then
   ``hvd.synchronize`` on every handle;
 * ``hvdprof_flat``: ``hvd.allreduce_`` of the preallocated flat tensor: hvdprof's own
@@ -17,7 +18,17 @@
   (``hvdprof / flat`` also includes the engine: on one host hvdprof reduces through
   shared memory, where ``flat`` goes through Gloo's TCP loopback).
 
-The baselines use the default torch.distributed group; hvdprof uses its own. All six run
+And a training step's backward, the same in each of three (a module holding parameters of
+ResNet-50's shapes, ``loss = (rank + 1) * sum(p.sum())``, ``zero_grad``, forward,
+backward): the gradients averaged as a user gets them from each library:
+
+* ``ddp``: the module wrapped in real ``torch.nn.parallel.DistributedDataParallel``
+  (its defaults: 25 MB buckets, reduced from autograd hooks while backward runs);
+* ``hvdprof_optimizer``: ``hvd.DistributedOptimizer`` (Horovod's hooks, one
+  ``allreduce_async_`` per gradient) and ``synchronize()``;
+* ``backward``: no communication, for context (what the step costs without it).
+
+The baselines use the default torch.distributed group; hvdprof uses its own. All nine run
 interleaved in the same processes. Then, unless ``--no-sweep``, separate launches vary
 HVDPROF_FUSION_THRESHOLD, HVDPROF_MAX_INFLIGHT and HVDPROF_BACKEND, timing ``flat`` and
 ``hvdprof`` interleaved within each launch (comparisons between launches are not
@@ -40,7 +51,19 @@ EXPECTED_NUMEL = 25_557_032
 EXPECTED_TENSORS = 161
 BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket_cap_mb
 FIRST_BUCKET_BYTES = 1024 * 1024  # DDP's first bucket is small, so the first reduce starts early
-VARIANTS = ("flat", "flat_cat", "per_tensor_async", "ddp_buckets", "hvdprof", "hvdprof_flat")
+VARIANTS = (
+    "flat",
+    "flat_cat",
+    "per_tensor_async",
+    "hand_buckets",
+    "hvdprof",
+    "hvdprof_flat",
+    "ddp",
+    "hvdprof_optimizer",
+    "backward",
+)
+#: the variants that run a backward pass (their modules are built only when asked for)
+BACKWARD_VARIANTS = ("ddp", "hvdprof_optimizer", "backward")
 MiB = 1024 * 1024
 
 #: (HVDPROF_FUSION_THRESHOLD, HVDPROF_MAX_INFLIGHT, HVDPROF_BACKEND) for the sweep; the
@@ -121,8 +144,9 @@ def check_shapes(shapes: list[tuple[str, tuple[int, ...]]]) -> int:
 # --------------------------------------------------------------------------- worker
 
 
-class DDPBuckets:
-    """DDP's reducer, minus autograd: pack buckets, reduce each async, wait, unpack."""
+class HandBuckets:
+    """DDP's bucket sizes packed by hand, minus autograd: pack buckets, reduce each async,
+    wait, unpack. Not DDP (the ``ddp`` variant is): communication alone."""
 
     def __init__(self, grads: list[Any], cap_bytes: int, first_cap_bytes: int) -> None:
         import torch
@@ -155,6 +179,73 @@ class DDPBuckets:
             work.wait()
             for g, chunk in zip(members, buf.split([g.numel() for g in members]), strict=True):
                 g.view(-1).copy_(chunk)
+
+
+def parameters_module(shapes: list[tuple[str, tuple[int, ...]]]) -> Any:
+    """A module holding zero parameters of ``shapes`` (in that order) whose forward is the
+    sum of all of them: backward then gives every gradient, last parameter first."""
+    import torch
+
+    class Parameters(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weights = torch.nn.ParameterList(
+                torch.nn.Parameter(torch.zeros(shape)) for _, shape in shapes
+            )
+
+        def forward(self) -> Any:
+            return sum(p.sum() for p in self.weights)
+
+    return Parameters()
+
+
+class BackwardSteps:
+    """The training-step variants: one module per variant, built only for the variants
+    asked for (each is 102 MB of parameters and as much again of gradients); a step is
+    ``zero_grad``, forward, backward of ``(rank + 1) * sum(p.sum())``."""
+
+    def __init__(
+        self, shapes: list[tuple[str, tuple[int, ...]]], rank: int, which: list[str]
+    ) -> None:
+        import torch
+
+        import hvdprof.torch as hvd
+
+        self.scale = float(rank + 1)
+        self.modules: dict[str, Any] = {}
+        self.fns: dict[str, Callable[[], None]] = {}
+        for name in which:
+            module = parameters_module(shapes)
+            self.modules[name] = module
+            opt = None
+            called = module
+            if name == "ddp":  # the real thing, with its defaults, on the default group
+                called = torch.nn.parallel.DistributedDataParallel(module)
+            elif name == "hvdprof_optimizer":
+                opt = hvd.DistributedOptimizer(
+                    torch.optim.SGD(module.parameters(), lr=0.0),
+                    named_parameters=module.named_parameters(),
+                )
+            self.fns[name] = self._step(called, module, opt)
+
+    def _step(self, called: Any, module: Any, opt: Any) -> Callable[[], None]:
+        def step() -> None:
+            module.zero_grad(set_to_none=True)
+            (called() * self.scale).backward()
+            if opt is not None:
+                opt.synchronize()  # what step() waits for (the update itself is not timed)
+
+        return step
+
+    def verify(self, size: int) -> None:
+        """Each variant's gradients: the mean of the ranks' (rank + 1), or this rank's own
+        without communication (exits if not)."""
+        for name, module in self.modules.items():
+            self.fns[name]()
+            want = self.scale if name == "backward" else (size + 1) / 2
+            bad = [n for n, p in module.named_parameters() if not bool((p.grad == want).all())]
+            if bad:
+                raise SystemExit(f"variant {name}: gradients of {bad[:3]} are not {want}")
 
 
 class ContextSwitches:
@@ -208,12 +299,15 @@ def worker(args: Any) -> None:
     names = [f"grad.{name}" for name, _ in shapes]
     flat = torch.zeros(numel)
     flat_hv = torch.zeros(numel)
-    ddp = DDPBuckets(grads, BUCKET_BYTES, FIRST_BUCKET_BYTES)
+    ddp = HandBuckets(grads, BUCKET_BYTES, FIRST_BUCKET_BYTES)
     fns = variant_steps(grads, names, flat, flat_hv, ddp)
+    steps = BackwardSteps(shapes, rank, [v for v in variants if v in BACKWARD_VARIANTS])
+    fns.update(steps.fns)
     verify_sums(fns, variants, grads, flat, flat_hv, rank, size)
+    steps.verify(size)
     h.log(
         f"{NAME}: {len(grads)} tensors, {numel:,} float32, {numel * 4 / 1e6:.1f} MB; "
-        f"{len(ddp.buckets)} DDP buckets; sums verified for {', '.join(variants)}"
+        f"{len(ddp.buckets)} hand buckets; sums verified for {', '.join(variants)}"
     )
 
     meter = h.StatsMeter()
@@ -241,7 +335,7 @@ def worker(args: Any) -> None:
             {
                 "samples": samples,
                 "hvdprof_per_step": meter.per_call(),
-                "ddp_buckets": [len(m) for m, _ in ddp.buckets],
+                "hand_buckets": [len(m) for m, _ in ddp.buckets],
                 "hvdprof_backend": h.hvdprof_backend(),
                 "context_switches": every_rank,
             }
@@ -250,7 +344,7 @@ def worker(args: Any) -> None:
 
 
 def variant_steps(
-    grads: list[Any], names: list[str], flat: Any, flat_hv: Any, ddp: DDPBuckets
+    grads: list[Any], names: list[str], flat: Any, flat_hv: Any, ddp: HandBuckets
 ) -> dict[str, Callable[[], None]]:
     """One step of each variant: reducing every gradient (or the flat buffer) once."""
     import torch
@@ -307,7 +401,7 @@ def variant_steps(
         "flat": run_flat,
         "flat_cat": run_flat_cat,
         "per_tensor_async": run_per_tensor,
-        "ddp_buckets": ddp.step,
+        "hand_buckets": ddp.step,
         "hvdprof": run_hvdprof,
     }
 
@@ -332,6 +426,8 @@ def verify_sums(
         flat.fill_(rank + 1)
         flat_hv.fill_(rank + 1)
         fns[name]()
+        if name in BACKWARD_VARIANTS:
+            continue  # BackwardSteps.verify
         if name == "flat":
             ok = bool(torch.all(flat == expected_scale))
         elif name == "hvdprof_flat":
@@ -385,24 +481,7 @@ def main() -> None:
     data = h.run_job(__file__, argv, args.np, timeout=timeout)
     samples = data["samples"]
     summary = h.summarise(samples)
-    ratios: dict[str, Any] = {}
-    if "hvdprof" in samples:
-        goals = {
-            "flat": ("<= 1.05", 1.05),
-            "flat_cat": ("", None),
-            "per_tensor_async": ("", None),
-            "ddp_buckets": ("", None),
-            "hvdprof_flat": ("<= 1.05", 1.05),
-        }
-        for base, (goal, bound) in goals.items():
-            if base in samples:
-                r = h.ratio(samples, "hvdprof", base)
-                r["goal"] = goal
-                r["met"] = None if bound is None else r["of_medians"] <= bound
-                ratios[f"hvdprof / {base}"] = r
-    for base in ("flat_cat", "per_tensor_async", "ddp_buckets"):
-        if base in samples and "flat" in samples:
-            ratios[f"{base} / flat"] = h.ratio(samples, base, "flat")
+    ratios = main_ratios(samples)
     hv_stats = data["hvdprof_per_step"]
 
     print()
@@ -416,7 +495,7 @@ def main() -> None:
     print(h.ratio_table(ratios))
     if hv_stats:
         print(f"hvdprof per step: {hv_stats}")
-    print(f"DDP buckets (tensors per bucket): {data['ddp_buckets']}")
+    print(f"hand buckets (tensors per bucket): {data['hand_buckets']}")
 
     thread_result = {} if args.no_threads else run_threads(args, timeout)
     sweep_rows = [] if args.no_sweep else run_sweep(args, timeout)
@@ -435,9 +514,12 @@ def main() -> None:
                 "dtype": "float32",
                 "reduce_op": "sum (hvd.Sum for hvdprof, ReduceOp.SUM for the baselines)",
                 "submission_order": "reverse of named_parameters (backward order)",
-                "ddp_bucket_bytes": BUCKET_BYTES,
-                "ddp_first_bucket_bytes": FIRST_BUCKET_BYTES,
-                "ddp_bucket_sizes": data["ddp_buckets"],
+                "hand_bucket_bytes": BUCKET_BYTES,
+                "hand_first_bucket_bytes": FIRST_BUCKET_BYTES,
+                "hand_bucket_sizes": data["hand_buckets"],
+                "ddp": "torch.nn.parallel.DistributedDataParallel, default options "
+                "(bucket_cap_mb 25), default group; the step is zero_grad, forward, backward "
+                "of loss = (rank + 1) * sum(p.sum()) over parameters of ResNet-50's shapes",
                 "baseline_group": "torch.distributed default group, gloo, default options",
                 "hvdprof_env": h.knob_env(),
                 "timing": "per step: barrier, then wall time; slowest rank per round; medians",
@@ -470,6 +552,39 @@ def main() -> None:
         args.quick,
     )
     print(f"\nwrote {path}")
+
+
+def main_ratios(samples: Any) -> dict[str, Any]:
+    """The main launch's ratios: hvdprof against each baseline (goals where there are
+    some), the baselines against ``flat``, and the training step's averaging by
+    hvdprof's optimizer against real DDP, each over the bare backward."""
+    ratios: dict[str, Any] = {}
+    if "hvdprof" in samples:
+        goals = {
+            "flat": ("<= 1.05", 1.05),
+            "flat_cat": ("", None),
+            "per_tensor_async": ("", None),
+            "hand_buckets": ("", None),
+            "hvdprof_flat": ("<= 1.05", 1.05),
+        }
+        for base, (goal, bound) in goals.items():
+            if base in samples:
+                r = h.ratio(samples, "hvdprof", base)
+                r["goal"] = goal
+                r["met"] = None if bound is None else r["of_medians"] <= bound
+                ratios[f"hvdprof / {base}"] = r
+    for base in ("flat_cat", "per_tensor_async", "hand_buckets"):
+        if base in samples and "flat" in samples:
+            ratios[f"{base} / flat"] = h.ratio(samples, base, "flat")
+    # the training step: hvdprof's optimizer against real DDP, each over the bare backward
+    for num, den in (
+        ("hvdprof_optimizer", "ddp"),
+        ("ddp", "backward"),
+        ("hvdprof_optimizer", "backward"),
+    ):
+        if num in samples and den in samples:
+            ratios[f"{num} / {den}"] = h.ratio(samples, num, den)
+    return ratios
 
 
 def run_threads(args: Any, timeout: float) -> dict[str, Any]:

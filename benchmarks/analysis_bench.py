@@ -1,6 +1,6 @@
 """End-to-end cost of ``hvdprof analyze`` on synthetic runs of 2-3 sizes (1M events max).
 
-The run is generated here (``hvdprof.analysis.synthetic``, the generator the tests use:
+The run is generated here (``tests/synthetic_runs.py``, the generator the tests use:
 4 ranks, 100 tensors per step, a straggler), in a temporary directory. For each size it
 runs ``python -m hvdprof analyze DIR --json`` as a subprocess, four ways, interleaved
 per repeat:
@@ -43,11 +43,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' synthetic runs
 
 import _harness  # noqa: E402
+from synthetic_runs import SyntheticSpec, write_synthetic_run  # noqa: E402
 
 from hvdprof.analysis import load_run, timeline_window  # noqa: E402
-from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run  # noqa: E402
 
 TENSORS = 100
 #: cold: --no-cache; write: no cache yet, written; cached: cache current; grown: the cache

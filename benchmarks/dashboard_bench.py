@@ -1,6 +1,6 @@
 """The dashboard on a synthetic 1M-event, 4-rank run: start-up, zoom, live update, memory.
 
-The run is written by the analysis library's generator (``hvdprof.analysis.synthetic``);
+The run is written by the tests' generator (``tests/synthetic_runs.py``);
 for the live part its files are then left open (no closing ``]``) like a job still
 writing. Then, against a real
 ``hvdprof dashboard`` process on a free loopback port:
@@ -45,8 +45,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' synthetic runs
 
-from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run  # noqa: E402
+from synthetic_runs import SyntheticSpec, write_synthetic_run  # noqa: E402
 
 NAME = "dashboard_bench"
 RESULTS = Path(__file__).resolve().parent / "results"

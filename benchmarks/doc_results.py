@@ -91,6 +91,44 @@ def _analysis(d: dict[str, Any]) -> Iterator[Row]:
         )
 
 
+def _kineto(d: dict[str, Any]) -> Iterator[Row]:
+    """Per data set: both tools' medians, then each ratio's median with its range over
+    the repeats (one run's ratio is not a result: the range says how far to trust it)."""
+    repeats = (d.get("settings") or {}).get("repeats")
+    ratios = d.get("ratios") or {}
+    for name, ds in (d.get("datasets") or {}).items():
+        v = ds.get("variants") or {}
+        what = f"{name} ({_num(ds['events'])} events)" if "events" in ds else name
+        tools = [t for t in ("hvdprof", "hta") if t in v]
+        for key, label, digits in (("wall_s", "wall s", 2), ("peak_mib", "peak memory MiB", 0)):
+            yield (
+                f"{what}: {label}, {' / '.join(tools)} (median of {repeats})",
+                " / ".join(_num(v[t][key]["median"], digits) for t in tools),
+                "",
+                None,
+            )
+        for rname, r in ratios.items():
+            if not rname.startswith(f"{name}: "):
+                continue
+            if "of_medians" in r:
+                value = (
+                    f"{_num(r['of_medians'], 2)} (range {_num(r['min'], 2)}-{_num(r['max'], 2)})"
+                )
+            else:
+                value = _num(r.get("value"))
+            goal = r.get("goal") or ""
+            yield rname, value, goal, r.get("met") if goal else None
+    lanes = d.get("stream_lanes")
+    if isinstance(lanes, dict):
+        yield (
+            f"GPU stream lanes, rank {lanes['rank']} ({_num(lanes['gpu_events'])} GPU events): "
+            "first view / 1% zoom ms",
+            f"{_num(lanes['first_view_ms'], 1)} / {_num(lanes['zoom_1pct_ms'], 1)}",
+            "<= 1500 (first view)",
+            lanes["first_view_ms"] <= 1500,
+        )
+
+
 def _dashboard(d: dict[str, Any]) -> Iterator[Row]:
     goals, met = d.get("goals", {}), d.get("met", {})
     values = {
@@ -191,6 +229,7 @@ EXTRACTORS: dict[str, Callable[[dict[str, Any]], Iterator[Row]]] = {
     "gate_calibration": _gate,
     "allreduce_mpi": _mpi,
     "scale_bench": _scale,
+    "kineto_bench": _kineto,
 }
 #: docs/autotune.md also shows what each tuning run said
 AUTOTUNE_EXTRACTORS = {**EXTRACTORS, "autotune_bench": _autotune}

@@ -1,42 +1,50 @@
-"""hvdprof against HTA on the same torch.profiler (Kineto) traces: cold wall time and peak RSS.
+"""hvdprof against HTA on the same torch.profiler (Kineto) traces: cold wall time and peak
+memory (PSS of the whole process tree), on a synthetic run and on HTA's own real traces.
 
 Writes a synthetic 8-rank NCCL training run as Kineto traces (``worker<r>.<id>.pt.trace.json``,
 ``distributedInfo``, ``baseTimeNanoseconds``), at least 2 million events in all by default:
 per step a ``ProfilerStep#N``, hundreds of ``aten::`` ops each launching a compute kernel
 through ``cudaLaunchKernel`` (correlation ids), memcpys, and DDP's bucketed allreduces
 (``c10d::allreduce_`` > ``record_param_comms`` > ``nccl:all_reduce`` launching an
-``ncclDevKernel_AllReduce`` on its own stream); one rank runs late.
+``ncclDevKernel_AllReduce`` on its own stream); one rank runs late. The second data set is
+real: the two ranks of a 128-rank NCCL job in ``tests/data/kineto-hta`` (HTA's test data),
+which our generator did not write.
 
-Then, each in a fresh process (cold: no cache, nothing imported before):
+Then, on each data set, each tool in a fresh process (cold: no cache, nothing imported
+before), ``--repeats`` times (default 5) interleaved, the order alternating per repeat:
 
 * hvdprof: ``load_run`` + ``analyze`` (every question, HTA's GPU numbers included); then,
-  timed apart, the dashboard's GPU stream lanes of the rank with most GPU events (first
-  view and a zoom, ``stream_lanes`` in the result);
+  timed apart inside it but within its wall time, the dashboard's GPU stream lanes of the
+  rank with most GPU events (first view and a zoom, ``stream_lanes`` in the result);
 * HTA (HolisticTraceAnalysis): ``TraceAnalysis(trace_dir)`` + ``get_temporal_breakdown`` +
   ``get_comm_comp_overlap``, with its defaults (it parses ranks in worker processes).
 
-Wall time is the child's whole life; peak RSS is the largest sum over the child and all
-its descendants, sampled from /proc every 20 ms (HTA's parse workers count). The two answers are
-compared too: the GPU shares must agree.
+Wall time is the child's whole life (imports included). Memory is the peak over the run
+of the child's whole process tree counted once: every process's private pages plus the
+largest set of shared ones (HTA's forked parse workers share their parent's pages, which
+summed RSS counted once per worker), read from /proc every 10-100 ms; the tree's summed
+PSS is kept beside it (see :func:`tree_memory` for why it is not the one compared).
+Reported: the median and range of each, and of the ratios of each repeat's back-to-back
+pair. The two answers are compared too: the GPU shares must agree.
 
 HTA is not a dependency of hvdprof: ``--hta-python`` names an interpreter that has it,
 else the benchmark uses this one when ``import hta`` works, else it creates a virtual
 environment under ``~/.cache/hvdprof-bench/hta-venv`` and pip-installs
-``HolisticTraceAnalysis==0.5.0`` there (the registry must be reachable).
+``HolisticTraceAnalysis==0.5.0`` there with ``pandas<3`` (HTA 0.5.0 fails on pandas 3; the
+registry must be reachable).
 
-    flock /tmp/hvdprof-timing.lock .venv/bin/python benchmarks/kineto_bench.py
+    flock -x /tmp/hvdprof-timing.lock .venv/bin/python benchmarks/kineto_bench.py [--events N]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
 import json
 import os
-import platform
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,10 +53,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _harness as h
 import orjson
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results" / "kineto_bench.json"
+#: HTA's own test traces (two ranks of a real 128-rank NCCL job; see its README.md)
+REAL = ROOT / "tests" / "data" / "kineto-hta"
+#: the children's memory is sampled every 10 ms, less often where a sample takes longer
+#: (reading smaps_rollup walks the page tables: see ``measure``)
+SAMPLE_MIN_S, SAMPLE_MAX_S = 0.01, 0.1
 HTA_VERSION = "0.5.0"
 HTA_VENV = Path.home() / ".cache" / "hvdprof-bench" / "hta-venv"
 #: events per step of one rank in the generator (see ``rank_events``)
@@ -231,11 +244,9 @@ print("RESULT " + json.dumps(out))
 """
 
 
-def _tree_rss(root: int) -> int:
-    """Resident bytes of ``root`` and all its descendants, from /proc (Linux)."""
+def _tree(root: int) -> list[int]:
+    """``root`` and all its descendants, from /proc (Linux)."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    page = os.sysconf("SC_PAGE_SIZE")
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -244,19 +255,52 @@ def _tree_rss(root: int) -> int:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except OSError:
             continue
-        pid = int(name)
-        children.setdefault(int(fields[1]), []).append(pid)  # ppid
-        rss[pid] = int(fields[21]) * page
-    total, todo = 0, [root]
+        children.setdefault(int(fields[1]), []).append(int(name))  # ppid
+    found, todo = [], [root]
     while todo:
         pid = todo.pop()
-        total += rss.get(pid, 0)
+        found.append(pid)
         todo += children.get(pid, [])
-    return total
+    return found
+
+
+def _rollup(pid: int) -> dict[bytes, int]:
+    """The memory counters of one process in bytes (none once it is gone)."""
+    out: dict[bytes, int] = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                key, _, rest = line.partition(b":")
+                if rest.endswith(b"kB\n"):
+                    out[key] = int(rest.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def tree_memory(root: int) -> tuple[int, int]:
+    """The tree's memory two ways, in bytes: its processes' summed PSS, and the tree
+    counted once (each process's private pages, plus the largest set of shared ones).
+
+    PSS splits a page between the processes that map it, so a forked worker's inherited
+    pages count once over the tree (summed RSS counted them once per worker); but it also
+    splits the pages the tree shares with processes outside it (numpy's libraries with
+    another Python running beside the benchmark), which flatters whichever tool shares
+    more with them. Counted once, a shared page counts in full: the workers' shared pages
+    are (at most) their parent's, so the largest process's shared set stands for them all.
+    """
+    counters = [_rollup(pid) for pid in _tree(root)]
+    pss = sum(c.get(b"Pss", 0) for c in counters)
+    private = sum(c.get(b"Private_Clean", 0) + c.get(b"Private_Dirty", 0) for c in counters)
+    shared = max(
+        (c.get(b"Shared_Clean", 0) + c.get(b"Shared_Dirty", 0) for c in counters), default=0
+    )
+    return pss, private + shared
 
 
 def measure(python: str, code: str, directory: Path, timeout: float) -> dict[str, Any]:
-    """Run ``code`` in a fresh ``python``; wall time, peak RSS of its process tree."""
+    """Run ``code`` in a fresh ``python``: its wall time and the peak of its process
+    tree (:func:`tree_memory`, sampled every 10 to 100 ms)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
     started = time.perf_counter()
     proc = subprocess.Popen(
@@ -267,14 +311,16 @@ def measure(python: str, code: str, directory: Path, timeout: float) -> dict[str
         env=env,
         cwd=str(ROOT),
     )
-    peak = 0
+    peak = [0, 0]  # PSS, counted once
     done = threading.Event()
 
     def sample() -> None:
-        nonlocal peak
         while not done.is_set():
-            peak = max(peak, _tree_rss(proc.pid))
-            done.wait(0.02)
+            t = time.perf_counter()
+            peak[:] = map(max, peak, tree_memory(proc.pid))
+            # as often as costs a fifth of the sampler's core: a short run gets samples
+            # every 10 ms, a tree of gigabytes (whose page tables take long to walk) fewer
+            done.wait(min(SAMPLE_MAX_S, max(SAMPLE_MIN_S, 4 * (time.perf_counter() - t))))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -292,7 +338,7 @@ def measure(python: str, code: str, directory: Path, timeout: float) -> dict[str
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"{python} failed ({proc.returncode}):\n{out[-2000:]}\n{err[-4000:]}")
     result = json.loads(lines[-1][len("RESULT ") :])
-    result.update(wall_s=wall, peak_rss_mib=peak / (1 << 20))
+    result.update(wall_s=wall, peak_pss_mib=peak[0] / (1 << 20), peak_mib=peak[1] / (1 << 20))
     return result
 
 
@@ -312,81 +358,177 @@ def hta_python(explicit: str | None, install: bool) -> str | None:
     print(f"installing HolisticTraceAnalysis=={HTA_VERSION} into {HTA_VENV} ...", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(HTA_VENV)], check=True)
     subprocess.run(
-        [str(venv_python), "-m", "pip", "install", "-q", f"HolisticTraceAnalysis=={HTA_VERSION}"],
+        [
+            str(venv_python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            f"HolisticTraceAnalysis=={HTA_VERSION}",
+            # HTA 0.5.0's parser stores ints wider than its int16 columns, which pandas 3
+            # refuses ("Invalid value ... for dtype 'int16'") where pandas 2 widened them
+            "pandas<3",
+        ],
         check=True,
     )
     return str(venv_python)
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def compare(
+    name: str, directory: Path, python: str | None, repeats: int, timeout: float
+) -> dict[str, Any]:
+    """Both tools on ``directory``, ``repeats`` times interleaved (the order alternating
+    per repeat, so neither always runs on a machine the other just warmed or cooled):
+    per tool, every run and the median and range of wall time and peak PSS; per repeat,
+    the ratios of the pair that ran back to back."""
+    tools = {"hvdprof": (sys.executable, OURS)}
+    if python:
+        tools["hta"] = (python, THEIRS)
+    runs: dict[str, list[dict[str, Any]]] = {t: [] for t in tools}
+    for rep in range(repeats):
+        order = list(tools) if rep % 2 == 0 else list(tools)[::-1]
+        for tool in order:
+            r = measure(*tools[tool], directory, timeout)
+            runs[tool].append(r)
+            print(
+                f"  [{name} {rep + 1}/{repeats}] {tool}: {r['wall_s']:.2f} s, "
+                f"peak {r['peak_mib']:.0f} MiB (PSS {r['peak_pss_mib']:.0f})",
+                flush=True,
+            )
+    out: dict[str, Any] = {"variants": {}}
+    for tool, rs in runs.items():
+        out["variants"][tool] = {
+            "wall_s": _spread([r["wall_s"] for r in rs]),
+            "peak_mib": _spread([r["peak_mib"] for r in rs]),
+            "peak_pss_mib": _spread([r["peak_pss_mib"] for r in rs]),
+            "runs": [{k: v for k, v in r.items() if k != "gpu"} for r in rs],
+            "gpu": rs[-1].get("gpu"),
+        }
+    if "hta" in runs:
+        ours, theirs = runs["hvdprof"], runs["hta"]
+        out["speedup"] = _spread(
+            [t["wall_s"] / o["wall_s"] for o, t in zip(ours, theirs, strict=True)]
+        )
+        out["memory_fraction"] = _spread(
+            [o["peak_mib"] / t["peak_mib"] for o, t in zip(ours, theirs, strict=True)]
+        )
+        diffs = [
+            abs(a - b)
+            for rank, mine in ours[-1]["gpu"].items()
+            for a, b in zip(mine, theirs[-1]["gpu"].get(rank, []), strict=False)
+        ]
+        out["max_share_difference_points"] = max(diffs) if diffs else None
+    return out
+
+
+def _ratio(spread: dict[str, float], goal: str, met: bool | None) -> dict[str, Any]:
+    """A harness-style ratio (``of_medians``, goal, met) with the per-repeat range."""
+    return {"of_medians": spread["median"], "min": spread["min"], "max": spread["max"],
+            "goal": goal, "met": met}  # fmt: skip
+
+
+def ratios_of(datasets: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The comparisons docs quote, goals on the synthetic run (what the goals were set
+    on); the real traces are context."""
+    ratios: dict[str, Any] = {}
+    for name, d in datasets.items():
+        if "speedup" not in d:
+            continue
+        synthetic = name == "synthetic"
+        s, m = d["speedup"], d["memory_fraction"]
+        ratios[f"{name}: HTA wall / hvdprof wall"] = _ratio(
+            s, ">= 5" if synthetic else "", s["median"] >= 5 if synthetic else None
+        )
+        ratios[f"{name}: hvdprof peak memory / HTA's"] = _ratio(
+            m, "<= 0.33" if synthetic else "", m["median"] <= 0.33 if synthetic else None
+        )
+        ratios[f"{name}: largest GPU share difference (points)"] = {
+            "value": d["max_share_difference_points"]
+        }
+    return ratios
+
+
+def _real_traces(into: Path) -> Path:
+    """HTA's own test traces (tests/data/kineto-hta), the trace files alone in a folder."""
+    into.mkdir(parents=True, exist_ok=True)
+    for path in sorted(REAL.glob("*.json.gz")):
+        shutil.copy(path, into / path.name)
+    return into
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--events", type=int, default=2_100_000, help="events in all (at least)")
-    ap.add_argument("--quick", action="store_true", help="40,000 events, no HTA unless present")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved runs of each tool")
+    ap.add_argument(
+        "--quick", action="store_true", help="40,000 events, 2 repeats, no HTA unless present"
+    )
     ap.add_argument("--hta-python", help="an interpreter with HolisticTraceAnalysis installed")
     ap.add_argument("--no-hta", action="store_true", help="time hvdprof alone")
     ap.add_argument("--keep", help="write the traces here and keep them")
-    ap.add_argument("--output", default=str(RESULTS))
+    ap.add_argument("--output", type=Path, default=None)
     ap.add_argument("--timeout", type=float, default=600.0)
     args = ap.parse_args()
     events = 40_000 if args.quick else args.events
+    repeats = 2 if args.quick else args.repeats
     steps = max(1, -(-events // (args.ranks * EVENTS_PER_STEP)))
     python = None if args.no_hta else hta_python(args.hta_python, install=not args.quick)
     tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="kineto-bench-"))
     try:
         t0 = time.perf_counter()
-        written = write_run(tmp, args.ranks, steps, late_rank=args.ranks - 1)
-        size = sum(p.stat().st_size for p in tmp.iterdir())
+        synthetic = tmp / "synthetic"
+        written = write_run(synthetic, args.ranks, steps, late_rank=args.ranks - 1)
+        size = sum(p.stat().st_size for p in synthetic.iterdir())
         print(
             f"{args.ranks} ranks, {written:,} events, {size / (1 << 20):.0f} MiB "
-            f"(written in {time.perf_counter() - t0:.1f} s)",
+            f"(written in {time.perf_counter() - t0:.1f} s); {repeats} interleaved repeats",
             flush=True,
         )
-        ours = measure(sys.executable, OURS, tmp, args.timeout)
-        print(
-            f"hvdprof: {ours['wall_s']:.1f} s, peak RSS {ours['peak_rss_mib']:.0f} MiB", flush=True
+        datasets = {
+            "synthetic": {"ranks": args.ranks, "events": written, "bytes": size,
+                          **compare("synthetic", synthetic, python, repeats, args.timeout)},
+            "hta_tests": {"files": sorted(p.name for p in REAL.glob("*.json.gz")),
+                          **compare("hta_tests", _real_traces(tmp / "real"), python, repeats,
+                                    args.timeout)},
+        }  # fmt: skip
+        ratios = ratios_of(datasets)
+        lanes = datasets["synthetic"]["variants"]["hvdprof"]["runs"][-1].get("stream_lanes")
+        for what, r in ratios.items():
+            shown = r.get("of_medians", r.get("value"))
+            spread = f" (range {r['min']:.2f}-{r['max']:.2f})" if "min" in r else ""
+            print(f"{what}: {shown:.3f}{spread} {r.get('goal', '')}")
+        path = h.write_results(
+            "kineto_bench",
+            {
+                "settings": {
+                    "quick": args.quick,
+                    "repeats": repeats,
+                    "interleaved": "per repeat both tools, order alternating by repeat",
+                    "memory": "peak_mib: the child's process tree counted once (private "
+                    "pages of each process + the largest shared set), the ratios' measure; "
+                    "peak_pss_mib: the tree's summed PSS; both from /proc/<pid>/smaps_rollup "
+                    f"sampled every {SAMPLE_MIN_S}-{SAMPLE_MAX_S} s",
+                    "hta_version": HTA_VERSION if python else None,
+                },
+                "datasets": datasets,
+                # each tool's medians per data set (the runs are in datasets)
+                "variants": {
+                    f"{name}: {tool}": {k: v[k]["median"] for k in ("wall_s", "peak_mib")}
+                    for name, d in datasets.items()
+                    for tool, v in d["variants"].items()
+                },
+                "ratios": ratios,
+                "stream_lanes": lanes,
+            },
+            args.output,
+            args.quick,
         )
-        lanes = ours.get("stream_lanes")
-        if lanes:
-            print(
-                f"GPU stream lanes of rank {lanes['rank']} ({lanes['gpu_events']:,} GPU events): "
-                f"first view {lanes['first_view_ms']:.0f} ms, zoomed to 1% "
-                f"{lanes['zoom_1pct_ms']:.1f} ms",
-                flush=True,
-            )
-        result: dict[str, Any] = {
-            "benchmark": "kineto_bench",
-            "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "host": platform.node(),
-            "cpus": os.cpu_count(),
-            "ranks": args.ranks,
-            "events": written,
-            "bytes": size,
-            "variants": {"hvdprof": ours},
-        }
-        if python:
-            theirs = measure(python, THEIRS, tmp, args.timeout)
-            print(f"HTA:     {theirs['wall_s']:.1f} s, peak RSS {theirs['peak_rss_mib']:.0f} MiB")
-            result["variants"]["hta"] = theirs
-            speed = theirs["wall_s"] / ours["wall_s"]
-            rss = ours["peak_rss_mib"] / theirs["peak_rss_mib"]
-            diffs = [
-                abs(a - b)
-                for rank, mine in ours["gpu"].items()
-                for a, b in zip(mine, theirs["gpu"].get(rank, []), strict=False)
-            ]
-            result["ratios"] = {
-                "speedup": speed,
-                "rss_fraction": rss,
-                "max_share_difference_points": max(diffs) if diffs else None,
-            }
-            print(
-                f"hvdprof is {speed:.1f}x faster (goal >= 5x) with {rss:.2f} of HTA's peak RSS "
-                f"(goal <= 0.33); GPU shares differ by at most "
-                f"{max(diffs) if diffs else float('nan'):.3f} points"
-            )
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {path}")
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -15,6 +15,11 @@ negotiate stage is waiting: for peers, and on this 2-core machine, for a core. W
 ranks than cores the machine is oversubscribed: wall times then measure the scheduler as
 much as hvdprof, and only the CPU columns carry over to a machine with a core per rank.
 
+Each job also accounts for the whole machine over its timed phase
+(``scale_accounting.py``: the ranks' threads by clock, the other processes, interrupts,
+idle and steal from the kernel's counters, and the residue nothing accounts for): the
+step's cost term by term on a machine with fewer cores than ranks.
+
 Allreduces go to the engine (``HVDPROF_SMALL_ALLREDUCE_BYTES=0``), so the perform stage
 is the engine's. ``--fanouts 0,8`` runs each rank count once per topology of the control
 messages (``HVDPROF_CONTROL_FANOUT``: 0 the star, k a tree), the jobs alternating, and
@@ -40,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import _harness as h
+import scale_accounting as acct
 import scale_model as m
 
 NAME = "scale_bench"
@@ -153,23 +159,34 @@ def worker(args: Any) -> None:
         "hit": _meter(run_hit, clock, k, totals["hit"]),
         "miss": _meter(run_miss, clock, k, totals["miss"]),
     }
-    samples = h.interleave(
-        fns,
-        args.steps,
-        args.warmup,
-        progress=h.log,
-        after_warmup=lambda: [t.clear() for t in totals.values()],
-    )
+    cycle = runtime.get().cycle
+    phase: dict[str, Any] = {}
+
+    def start_timed() -> None:
+        for t in totals.values():
+            t.clear()
+        h.barrier()  # every rank's snapshot at the same instant, give or take a barrier
+        phase["start"] = acct.snapshot(cycle, rank == 0)
+
+    samples = h.interleave(fns, args.steps, args.warmup, progress=h.log, after_warmup=start_timed)
+    h.barrier()
+    phase["end"] = acct.snapshot(cycle, rank == 0)
     samples = h.gather_slowest(samples)
     everyone: list[Any] = [None] * size
-    dist.all_gather_object(everyone, totals)
+    dist.all_gather_object(everyone, (totals, phase["start"], phase["end"]))
     if rank == 0:
         h.save_raw(
             {
                 "samples": samples,
-                "per_rank": everyone,
+                "per_rank": [t for t, _, _ in everyone],
+                "accounting": acct.account(
+                    [s for _, s, _ in everyone],
+                    [e for _, _, e in everyone],
+                    os.cpu_count() or 1,
+                    args.steps * len(VARIANTS),
+                ),
                 "backend": h.hvdprof_backend(),
-                "cache_width": runtime.get().cycle.cache.width,
+                "cache_width": cycle.cache.width,
             }
         )
     h.finish_worker()
@@ -246,6 +263,8 @@ def measure(args: Any, ranks: int, engine: str, fanout: int = 0) -> list[dict[st
     data = h.run_job(__file__, argv, ranks, env=env, timeout=args.timeout or 480)
     pts = [point(data, v, args, ranks, engine) for v in VARIANTS]
     for p in pts:
+        # the timed phase's machine time by term (hit and miss steps together)
+        p["accounting"] = data.get("accounting") or {}
         p["backend_seen"] = data["backend"]
         p["job_wall_s"] = round(time.monotonic() - started, 1)
         p["load"] = args.load
@@ -508,6 +527,15 @@ def main() -> None:
     print_tables(points, model)
     for s in sims:
         print(f"simulated: {s}")
+    for q in new:
+        if q["mode"] == "hit" and q.get("accounting"):
+            a = q["accounting"]
+            print(
+                f"\nmachine time per timed step, {q['ranks']} ranks, {topology(q)} (ms over "
+                f"{a['cores']} cores; hit and miss steps): {a['per_step_ms']}; residue "
+                f"{a['residue_ms_per_step']} ms ({a['residue_share']:.1%} of the capacity); "
+                f"other processes by command: {a['others_by_command_ms']}"
+            )
     if comparison:
         print("\ntopologies against the star's reduced reply (measured, per cycle):")
         for c in comparison:

@@ -181,8 +181,11 @@ def topology_cycle(
     the reply's bytes (``reply_size``: 2 + K + 3N/8 instead of the N (10 + K) matrix) and,
     in a tree of ``fanout`` (0: the star), rank 0's calls to its k children only. A rank
     that relays makes 2k + 2 calls a cycle (5k + 5 on a slow-path cycle) and sends
-    its subtree's rows up."""
+    its subtree's rows up. In a tree the new names are merged on the way up, so rank 0
+    reads k lists of the names (items: names x k, not names x N) and a relaying rank
+    merges its own and its k children's (names x (k + 1))."""
     k = ranks - 1 if fanout <= 0 or fanout >= ranks - 1 else fanout
+    tree = k < ranks - 1
     width = HEADER + tensors
     reply = 2 + tensors + 3 * ((ranks + 7) // 8)
     slow_reply = reply_bytes(ranks, tensors) if slow else 0
@@ -190,16 +193,17 @@ def topology_cycle(
     base = {"cycle": 1.0, "step": 1.0, "name": names, "item": names * ranks, "msg_x_load": 0.0}
     rank0 = {
         **base,
+        "item": names * (k if tree else ranks),
         "msg": 2 * k + (3 * k if slow else 0),
         "kb": k * (reply + slow_reply) / 1024,
     }
     out = {"rank0": predict(params, rank0)}
-    if k < ranks - 1:  # the first child of rank 0 relays for the largest subtree
+    if tree:  # the first child of rank 0 relays for the largest subtree
         subtree = -(-(ranks - 1) // k)
         relay = {
             **base,
-            "name": 0.0,
-            "item": 0.0,
+            "name": names,
+            "item": names * (k + 1),
             "msg": 2 * k + 2 + (3 * k + 3 if slow else 0),
             "kb": (subtree * width + k * (reply + slow_reply)) / 1024,
         }

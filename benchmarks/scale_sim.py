@@ -5,7 +5,8 @@ the control plane needs none of torch: every rank here is a thread holding a rea
 :class:`~hvdprof.runtime.control.ControlChannel` (built by its own ``connect``, on
 loopback), writing the real cycle header (``OwnHeader``) and bits, and calling the real
 ``allgather_sent``; on a miss cycle, ``gather_bytes`` of pickled ``RequestMeta``, rank 0's
-real ``Coordinator.handle`` and ``broadcast_bytes`` of its pickled reply. Rank 0 is a
+real ``Coordinator.handle`` and ``broadcast_bytes`` of its pickled reply (in the tree,
+``gather_merged`` with the relaying ranks merging, and ``Coordinator.handle_merged``). Rank 0 is a
 thread of the calling process; the other ranks are threads of a few worker processes.
 
 Three topologies side by side, cycle by cycle interleaved (every rank holds a channel of
@@ -35,7 +36,13 @@ import numpy as np
 
 from hvdprof.runtime.control import ControlChannel
 from hvdprof.runtime.cycle_header import HEADER, WORK, OwnHeader, Said, reduce
-from hvdprof.runtime.negotiation import Coordinator, RequestMeta, ResponseCache
+from hvdprof.runtime.negotiation import (
+    Coordinator,
+    RequestMeta,
+    ResponseCache,
+    merge_requests,
+    read_merged,
+)
 from hvdprof.runtime.requests import OpType, ReduceOp, Signature
 
 _SIG = Signature(OpType.ALLREDUCE, "float32", (64,), ReduceOp.SUM, -1, 1.0, 1.0, "cpu")
@@ -96,8 +103,17 @@ def _cycle(
         np.flatnonzero(said.ready)  # the names every rank runs
         return
     lengths = said.lengths(ch.size)
-    gathered = ch.gather_bytes(payload, lengths)
     blob = None
+    if topology == "tree":  # relaying ranks merge their subtree's requests, as the cycle
+        merged = ch.gather_merged(payload, lengths, merge_requests)
+        if ch.rank == 0:
+            assert merged is not None
+            groups = read_merged(merged)
+            reply = coordinator.handle_merged(c, groups, frozenset(), ResponseCache(0), False, 0.0)
+            blob = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.loads(ch.broadcast_bytes(blob))
+        return
+    gathered = ch.gather_bytes(payload, lengths)
     if ch.rank == 0:
         assert gathered is not None
         messages = [(r, pickle.loads(b)) for r, b in enumerate(gathered) if b]

@@ -1,5 +1,5 @@
 """The analysis library on runs with known answers (synthetic hvdprof runs written by
-``hvdprof.analysis.synthetic``, real Horovod timelines) and on broken inputs."""
+``tests/synthetic_runs.py``, real Horovod timelines) and on broken inputs."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from synthetic_runs import SyntheticSpec, write_synthetic_run
 
 from hvdprof.analysis import (
     LoadError,
@@ -29,7 +30,6 @@ from hvdprof.analysis import (
 )
 from hvdprof.analysis.breakdown import RankBreakdown
 from hvdprof.analysis.stragglers import held_cut
-from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
 from hvdprof.common import activities as act
 from hvdprof.trace.loader import RunLoader
 from hvdprof.trace.model import PHASE_NEGOTIATE, PHASE_OP

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from synthetic_runs import SyntheticSpec, write_synthetic_run
 
 from hvdprof.analysis import find_stragglers, load_run
-from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
 from hvdprof.trace import loader as loader_mod
 from hvdprof.trace.loader import RunLoader
 from hvdprof.trace.model import Run

@@ -2,7 +2,10 @@
 alone is in ``analyze()``'s report and JSON, ``hvdprof analyze --json``, the dashboard's
 API and its OpenAPI schema, the verdicts at its declared place, and the terminal's tables,
 numbered by its place. The built-in entries name real functions and types, and every list
-that used to be kept by hand (exports, routes, the docs' table) covers them."""
+that used to be kept by hand (exports, routes, the docs' table) covers them. Its result
+type is its schema: in ``/openapi.json`` and the published JSON schema
+(``hvdprof.analysis.schema``, ``docs/analysis-schema.json``), with no hand-written
+``to_dict()``."""
 
 from __future__ import annotations
 
@@ -16,25 +19,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from synthetic_runs import SyntheticSpec, write_synthetic_run
 
-from hvdprof.analysis import analyze, load_run, registry
+from hvdprof.analysis import analyze, load_run, registry, schema
 from hvdprof.analysis.cli import print_report
-from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
+from hvdprof.analysis.report import SCHEMA_VERSION
+from hvdprof.analysis.result import Result
 
 REPO = Path(__file__).resolve().parent.parent
 #: TestClient must address the app by a loopback name (the DNS-rebinding guard)
 LOOPBACK = "http://127.0.0.1"
 
 
-@dataclass
-class ToyCount:
+class ToyCount(Result):
     """The toy analysis's answer: how many slices the run holds."""
 
     slices: int
     verdict: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"slices": self.slices, "verdict": self.verdict}
 
 
 def toy_count(run: Any) -> ToyCount:
@@ -118,8 +119,18 @@ def test_a_registered_analysis_has_its_route_and_openapi_entry(
         assert body["data"] == expected, body
         report = c.get("/api/analysis/report", params={"run": "run"}).json()
         assert report["data"]["toy"] == expected
-        paths = c.get("/openapi.json").json()["paths"]
+        openapi = c.get("/openapi.json").json()
+        paths = openapi["paths"]
         assert paths["/api/analysis/toy"]["get"]["summary"] == toy.summary
+        # its response model is typed by the result's own fields, in the report's too
+        ok = paths["/api/analysis/toy"]["get"]["responses"]["200"]["content"]
+        model = ok["application/json"]["schema"]["$ref"].rpartition("/")[2]
+        components = openapi["components"]["schemas"]
+        assert model == "ToySection"
+        data = components[model]["properties"]["data"]["anyOf"][0]
+        assert _toy_typed(data)
+        report_model = components["ReportSection"]["properties"]["data"]["anyOf"][0]
+        assert _toy_typed(report_model["properties"]["toy"]["anyOf"][0])
         listed = c.get("/api/analysis").json()  # what a page loops over
         assert listed[-1] == {
             "name": "toy", "path": "/api/analysis/toy", "summary": toy.summary, "in_report": True,
@@ -133,6 +144,131 @@ def test_a_registered_analysis_has_its_route_and_openapi_entry(
     ) as c:
         assert c.get("/api/analysis/toy", params={"run": "run"}).status_code == 404
         assert "/api/analysis/toy" not in c.get("/openapi.json").json()["paths"]
+
+
+def _toy_typed(data: dict[str, Any]) -> bool:
+    """``data`` is ToyCount's schema: its two fields, typed, always written, nothing else."""
+    return (
+        data["title"] == "ToyCount"
+        and data["properties"] == {"slices": {"type": "integer"}, "verdict": {"type": "string"}}
+        and sorted(data["required"]) == ["slices", "verdict"]
+        and data["additionalProperties"] is False
+    )
+
+
+def test_a_registered_analysis_is_in_the_published_schema(
+    toy: registry.Analysis, run_dir: Path
+) -> None:
+    published = schema.json_schema()
+    data = analyze(load_run(str(run_dir), cache=False)).to_dict()
+    assert published["version"] == SCHEMA_VERSION == data["schema"]
+    defs = published["$defs"]
+    assert published["x-analyses"]["toy"] == {"$ref": "#/$defs/ToyCount"}
+    assert _toy_typed(defs["ToyCount"])
+    report = defs["Report"]
+    assert report["properties"]["toy"] == {
+        "anyOf": [{"$ref": "#/$defs/ToyCount"}, {"type": "null"}]
+    }  # fmt: skip
+    assert "toy" in report["required"]
+    # printed by the documented command, the toy included while it is registered
+    from hvdprof.analysis.schema import main
+
+    assert main([]) == 0
+
+
+def test_the_published_schema_is_the_generated_one() -> None:
+    # docs/analysis-schema.json is `python -m hvdprof.analysis.schema`: regenerate it with
+    # that command when a result type changes
+    out = subprocess.run(
+        [sys.executable, "-m", "hvdprof.analysis.schema"],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    published = (REPO / "docs" / "analysis-schema.json").read_text()
+    assert json.loads(out.stdout) == json.loads(published), (
+        "docs/analysis-schema.json is stale: python -m hvdprof.analysis.schema > "
+        "docs/analysis-schema.json"
+    )
+
+
+def test_every_golden_report_is_valid_under_the_published_schema() -> None:
+    # the JSON the golden files pin (every fixture in tests/data) against the schema: all
+    # keys present, typed as declared, and none that the result types do not declare
+    import jsonschema  # a dev dependency (pyproject.toml)
+
+    validator = jsonschema.Draft202012Validator(schema.json_schema())
+    goldens = sorted((REPO / "tests" / "data" / "golden").glob("*.json"))
+    assert len(goldens) >= 5
+    for path in goldens:
+        report = json.loads(path.read_text())["json"]
+        errors = [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(report)]
+        assert not errors, (path.name, errors[:5])
+    # and the schema is strict: a key no result declares is refused
+    report = json.loads((REPO / "tests" / "data" / "golden" / "hvdprof-demo.json").read_text())
+    report = report["json"]
+    assert validator.is_valid(report)
+    report["breakdown"]["ranks"][0]["invented"] = 1
+    assert not validator.is_valid(report)
+
+
+def test_every_route_answers_what_its_openapi_model_declares(run_dir: Path) -> None:
+    # /docs is right by construction: each route's data, from a real run, is valid under
+    # the schema its response model declares (generated from the result type)
+    pytest.importorskip("fastapi")
+    import jsonschema  # a dev dependency (pyproject.toml)
+    from fastapi.testclient import TestClient
+
+    from hvdprof.dashboard.app import create_app
+    from hvdprof.dashboard.settings import DashboardSettings
+
+    app = create_app(DashboardSettings(run_dir.parent))
+    with TestClient(app, raise_server_exceptions=False, base_url=LOOPBACK) as c:
+        openapi = c.get("/openapi.json").json()
+        components = openapi["components"]["schemas"]
+        names = ["report", *(a["name"] for a in c.get("/api/analysis").json())]
+        for name in names:
+            ok = openapi["paths"][f"/api/analysis/{name}"]["get"]["responses"]["200"]
+            model = ok["content"]["application/json"]["schema"]["$ref"].rpartition("/")[2]
+            declared = components[model]["properties"]["data"]["anyOf"][0]
+            assert declared["additionalProperties"] is False, name  # typed, not a dict
+            body = c.get(f"/api/analysis/{name}", params={"run": "run"}).json()
+            assert body["data"] is not None, (name, body["notices"])
+            errors = list(jsonschema.Draft202012Validator(declared).iter_errors(body["data"]))
+            assert not errors, (name, [e.message for e in errors[:3]])
+        assert "stragglers" in names and "surrogate" in names
+        # the comparison and the timeline window: their result types too
+        for model, title in (
+            ("CompareResponse", "RunDiff"),
+            ("TimelineWindowResponse", "TimelineWindow"),
+        ):
+            declared = components[model]["properties"]["data"]["anyOf"][0]
+            assert declared["title"] == title and declared["additionalProperties"] is False
+
+
+def test_a_plugin_result_with_its_own_to_dict_is_reported_as_it_writes_it(
+    run_dir: Path,
+) -> None:
+    # a plugin written before the typed results: a dataclass with a to_dict() of its own
+    # keeps its JSON, and the schema declares only an object (its fields are not its keys)
+    @dataclass
+    class Legacy:
+        slices: int
+
+        def to_dict(self) -> dict[str, Any]:
+            return {"n": self.slices}
+
+    registry.register(
+        registry.Analysis("legacy", lambda run: Legacy(len(run.slices)), Legacy, "Legacy",
+                          verdict_order=90)
+    )  # fmt: skip
+    try:
+        run = load_run(str(run_dir), cache=False)
+        assert analyze(run).to_dict()["legacy"] == {"n": len(run.slices)}
+        published = schema.json_schema()
+        assert published["x-analyses"]["legacy"] == {"type": "object"}
+        assert "Legacy" not in published["$defs"]
+    finally:
+        registry.unregister("legacy")
 
 
 def test_a_registered_analysis_prints_its_table_numbered_by_its_place(

@@ -16,10 +16,10 @@ import json
 from pathlib import Path
 
 import pytest
+from synthetic_runs import SyntheticSpec, write_synthetic_run
 
 from hvdprof.analysis import autotune_report, load_run
 from hvdprof.analysis.surrogate import FLAT_NOISE_MULTIPLE, RANGE_PAD, autotune_surface
-from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
 
 DEFAULT = {"fusion_threshold_bytes": 1 << 20, "cycle_time_ms": 1.0, "cache_enabled": True}
 

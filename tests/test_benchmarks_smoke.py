@@ -24,6 +24,7 @@ BENCHMARKS = [
     "dashboard_load.py",
     "answers_bench.py",
     "gate_calibration.py",
+    "kineto_bench.py",
 ]
 
 

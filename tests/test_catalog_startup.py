@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+from synthetic_runs import SyntheticSpec, write_synthetic_run
 
 from hvdprof.analysis import load_run
-from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
 from hvdprof.trace import loader as loader_mod
 
 pytest.importorskip("fastapi")

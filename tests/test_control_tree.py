@@ -10,6 +10,11 @@ rank, and every rank's timeline carrying the other ranks' readiness marks.
 
 from __future__ import annotations
 
+import json
+import pickle
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -17,9 +22,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import run_job
+from conftest import REPO, WORKERS, child_env, run_job
 from test_control_channel import DictStore
+from test_failures import SURVIVOR_EXIT, collect
 
+from hvdprof.launch.processes import find_free_port
 from hvdprof.runtime.control import ControlChannel, ControlError, tree_links
 from hvdprof.runtime.cycle_header import (
     COMMAND,
@@ -35,6 +42,16 @@ from hvdprof.runtime.cycle_header import (
     reduce,
     reply_size,
 )
+from hvdprof.runtime.negotiation import (
+    MERGED_REQUESTS_VERSION,
+    Coordinator,
+    MergedRequestsError,
+    RequestMeta,
+    ResponseCache,
+    merge_requests,
+    read_merged,
+)
+from hvdprof.runtime.requests import OpType, ReduceOp, Signature
 
 TREE = {"HVDPROF_CONTROL_FANOUT": "2"}
 
@@ -172,6 +189,85 @@ def test_tree_exchange_gather_and_broadcast_match_the_star(size: int, fanout: in
         assert out["broadcast"] == b"x" * 70000
 
 
+def _requests_of(rank: int, size: int) -> list[RequestMeta]:
+    """Rank ``rank``'s new names in one cycle: shared names, an allgather whose first
+    dimension is the rank's, a name only the even ranks send, and a name whose shape
+    rank 5 (under an inner rank) disagrees on."""
+    sig = Signature(OpType.ALLREDUCE, "float32", (4,), ReduceOp.SUM, 0, 1.0, 1.0, "cpu", 0)
+    out = [RequestMeta(f"grad.{i}", sig) for i in range(3)]
+    out.append(RequestMeta("gathered", sig._replace(op=OpType.ALLGATHER, shape=(rank + 1, 2))))
+    if rank % 2 == 0:
+        out.append(RequestMeta("even", sig))
+    bad = sig._replace(shape=(5,)) if rank == 5 else sig
+    out.append(RequestMeta("shape", bad))
+    return out
+
+
+@pytest.mark.parametrize(("size", "fanout"), [(7, 2), (10, 3), (3, 1)])
+def test_merged_requests_give_the_stars_verdicts(size: int, fanout: int) -> None:
+    """Two cycles of new names (the odd ranks send "even" in neither): merged up the
+    tree, rank 0's coordinator gives the same responses, in the same order, with the
+    same errors, first dimensions and per-rank cycles as from every rank's own list
+    through the star."""
+
+    def run(ch: ControlChannel) -> Any:
+        coordinator = Coordinator(ch.size) if ch.rank == 0 else None
+        replies = []
+        for cycle in (4, 5):
+            metas = _requests_of(ch.rank, ch.size) if cycle == 4 else []
+            if cycle == 5 and ch.rank % 2:
+                metas = [RequestMeta("even", _requests_of(0, ch.size)[0].signature)]
+            payload = pickle.dumps(metas) if metas else b""
+            lengths = [1 if r % 2 or cycle == 4 else 0 for r in range(ch.size)]
+            merged = ch.gather_merged(payload, lengths, merge_requests)
+            if coordinator is not None:
+                assert merged is not None and merged[0] == MERGED_REQUESTS_VERSION
+                groups = read_merged(merged)
+                reply = coordinator.handle_merged(
+                    cycle, groups, frozenset(), ResponseCache(8), True, 0.0
+                )
+                replies.append((len(groups), reply))
+            else:
+                assert merged is None
+        return replies
+
+    results = on_every_rank(size, fanout, run)
+    assert all(not isinstance(r, BaseException) for r in results), results
+    star = Coordinator(size)
+    expected = []
+    for cycle in (4, 5):
+        messages = []
+        for r in range(size):
+            if cycle == 4:
+                messages.append((r, _requests_of(r, size)))
+            elif r % 2:
+                messages.append((r, [RequestMeta("even", _requests_of(0, size)[0].signature)]))
+        expected.append(star.handle(cycle, messages, frozenset(), ResponseCache(8), True, 0.0))
+    for (_, got), want in zip(results[0], expected, strict=True):
+        assert [x.name for x in got.responses] == [x.name for x in want.responses]
+        for a, b in zip(got.responses, want.responses, strict=True):
+            assert (a.error, a.first_dims, a.cacheable) == (b.error, b.first_dims, b.cacheable)
+            assert a.ready_cycles == b.ready_cycles
+    first, second = expected
+    names = ["grad.0", "grad.1", "grad.2", "gathered", "shape"]
+    assert [x.name for x in first.responses] == names
+    assert first.responses[3].first_dims == tuple(range(1, size + 1))
+    assert (first.responses[4].error is not None) == (size > 5)
+    if size > 5:
+        assert "shape: rank 0 has [4], rank 5 has [5]" in str(first.responses[4].error)
+    assert [x.name for x in second.responses] == ["even"]
+    assert second.responses[0].ready_cycles[0] == 4 and second.responses[0].ready_cycles[1] == 5
+    # rank 0 read one entry per distinct request: 3 grads, one allgather per first
+    # dimension, "even", and "shape" once per shape
+    assert results[0][0][0] == 3 + size + 1 + 1 + (size > 5)
+
+
+def test_a_merged_block_of_another_version_is_refused() -> None:
+    block = merge_requests([(0, pickle.dumps(_requests_of(0, 2)))])
+    with pytest.raises(MergedRequestsError, match=r"wire version 1, .* reads version 2"):
+        read_merged(b"\x01" + block[1:])
+
+
 def test_without_a_request_workers_get_only_the_reply() -> None:
     def run(ch: ControlChannel) -> tuple[list[int], bool]:
         send = ch.send_buffer(HEADER + 2)
@@ -255,29 +351,38 @@ def test_the_stall_inspector_names_a_rank_below_an_inner_rank() -> None:
         assert any(wanted in w for w in warnings), (wanted, result.text(0, "stderr"))
 
 
-def test_every_rank_records_the_late_rank_through_a_tree(tmp_path: Path) -> None:
+def test_the_tree_gives_the_stars_results_and_readiness(tmp_path: Path) -> None:
     """The timeline's readiness marks need every rank's bits: a recording rank asks for
-    the matrix and gets it down the tree. Rank 1 (an inner rank at 5 ranks and fan-out 2)
-    submits 0.3 s late in two steps; on the cache's path too, every rank's trace names it
-    as the last rank ready, which only the per-rank bits can tell."""
+    the matrix and gets it down the tree; new names are merged on the way up. Rank 1 (an
+    inner rank at 5 ranks and fan-out 2) submits 0.3 s late in two steps (step 0 on the
+    coordinator's path, step 3 on the cache's). The same job through the star and the
+    tree: every sum checks (the worker's sections), and every rank's trace has the same
+    ops, each cached or not alike, naming rank 1 as the last rank ready where it was
+    late, which only the per-rank bits and cycles can tell."""
     from test_timeline_e2e import GRAD_NAMES, STRAGGLE_STEPS, STRAGGLER, load_strict, op_units
 
-    env = {**TREE, "HVDPROF_TIMELINE": str(tmp_path / "init")}
-    result = run_job("timeline_worker.py", 5, "main", str(tmp_path), env=env, timeout=300)
-    assert result.returncode == 0, result.describe()
-    for rank in range(5):
-        units = op_units(load_strict(tmp_path / "init" / f"rank.{rank}.json"))
-        negs = [
-            u["negotiate"]["args"] for u in units if u["negotiate"]["args"]["tensor"] in GRAD_NAMES
-        ]
-        by_name: dict[str, list[dict[str, Any]]] = {}
-        for args in negs:
-            by_name.setdefault(args["tensor"], []).append(args)
-        for name in GRAD_NAMES:
-            for k in STRAGGLE_STEPS:
-                args = by_name[name][k]
-                assert args["last_ready_rank"] == STRAGGLER, (rank, name, k, args)
-        assert any(a["cached"] for a in negs), f"rank {rank}: no cached op"
+    seen: dict[str, list[dict[str, list[tuple[bool, int | None]]]]] = {}
+    for topology, fanout in (("star", "0"), ("tree", "2")):
+        out = tmp_path / topology
+        env = {"HVDPROF_CONTROL_FANOUT": fanout, "HVDPROF_TIMELINE": str(out / "init")}
+        result = run_job("timeline_worker.py", 5, "main", str(out), env=env, timeout=300)
+        assert result.returncode == 0, result.describe()
+        seen[topology] = []
+        for rank in range(5):
+            units = op_units(load_strict(out / "init" / f"rank.{rank}.json"))
+            by_name: dict[str, list[tuple[bool, int | None]]] = {n: [] for n in GRAD_NAMES}
+            for u in units:
+                args = u["negotiate"]["args"]
+                if args["tensor"] in by_name:
+                    k = len(by_name[args["tensor"]])
+                    late = args["last_ready_rank"] if k in STRAGGLE_STEPS else None
+                    by_name[args["tensor"]].append((bool(args["cached"]), late))
+            for name in GRAD_NAMES:
+                for k in STRAGGLE_STEPS:
+                    assert by_name[name][k][1] == STRAGGLER, (topology, rank, name, k)
+            assert any(c for ops in by_name.values() for c, _ in ops), f"rank {rank}: none cached"
+            seen[topology].append(by_name)
+    assert seen["tree"] == seen["star"]
 
 
 def test_a_rank_with_another_fanout_is_refused_by_name() -> None:
@@ -285,3 +390,102 @@ def test_a_rank_with_another_fanout_is_refused_by_name() -> None:
     store.set("hvdprof/control/fanout", "2")  # what rank 0 published
     with pytest.raises(ControlError, match="HVDPROF_CONTROL_FANOUT is 0 on rank 3 but 2 on rank 0"):
         ControlChannel.connect(3, 5, store, "127.0.0.1", 1, 1, 0)
+
+
+# ----------------------------------------------------------- a rank lost from the tree
+def _start_ranks(num_proc: int, args: list[str], env: dict[str, str]) -> list[Any]:
+    """Ranks started directly (no launcher that would stop the survivors itself)."""
+    port = find_free_port()
+    procs = []
+    for rank in range(num_proc):
+        rank_env = child_env(env, deadline=140)
+        rank_env.update(
+            HVDPROF_RANK=str(rank),
+            HVDPROF_SIZE=str(num_proc),
+            HVDPROF_LOCAL_RANK=str(rank),
+            HVDPROF_LOCAL_SIZE=str(num_proc),
+            HVDPROF_CONTROLLER_ADDR="127.0.0.1",
+            HVDPROF_CONTROLLER_PORT=str(port),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(WORKERS / "tree_failure_worker.py"), *args],
+                env=rank_env,
+                cwd=REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
+    return procs
+
+
+@pytest.mark.parametrize(
+    ("victim", "step"),
+    [(3, 0), (4, 20)],
+    ids=["inner-rank-killed-before-its-first-op", "leaf-killed-on-the-cache-path"],
+)
+def test_a_rank_killed_in_the_tree_fails_every_survivor_by_name(victim: int, step: int) -> None:
+    """At 5 ranks and fan-out 2, rank 3 relays for rank 4. Killed early (rank 3, while
+    the others negotiate new names merged up the tree) or late (rank 4, on the cache's
+    path), every survivor raises on its own, long before the collective timeout (no
+    hang), the victim's neighbours name it, and rank 0 names it or the rank relaying
+    for it."""
+    assert tree_links(4, 5, 2)[0] == 3 and tree_links(3, 5, 2)[0] == 0
+    # Far beyond the test's own limit: a survivor that waits for it fails as a hang.
+    env = {**TREE, "HVDPROF_COLLECTIVE_TIMEOUT_SECONDS": "600"}
+    procs = _start_ranks(5, [str(victim), str(step)], env)
+    results = collect(procs, 150.0)
+    report = "\n".join(
+        f"--- rank {r}: exit {code}\nstdout:\n{out}\nstderr:\n{err[-2000:]}"
+        for r, (code, out, err) in enumerate(results)
+    )
+    assert results[victim][0] == -signal.SIGKILL, report
+    said: dict[int, str] = {}
+    for rank, (code, out, _) in enumerate(results):
+        if rank == victim:
+            continue
+        raised = [line for line in out.splitlines() if line.startswith("RAISED ")]
+        assert code == SURVIVOR_EXIT and len(raised) == 1, report
+        said[rank] = raised[0]
+    # (closed, or reset when it died with bytes unread: either way the link is named)
+    neighbours = {3: (0, 4), 4: (3,)}[victim]
+    for rank in neighbours:
+        assert f"rank {victim}" in said[rank], report
+    if victim == 3:
+        assert "rank 3 (this rank's parent in the tree)" in said[4], report
+    else:  # rank 0 never talks to rank 4: it names the rank relaying for it
+        assert "rank 3 (relaying for rank 4)" in said[0], report
+
+
+def test_elastic_rebuilds_the_tree_after_losing_a_relaying_rank() -> None:
+    """``hvdprof run --min-np`` with a chain of control messages (fan-out 1) at 4 ranks:
+    worker 1, which relays for ranks 2 and 3, is SIGKILLed mid-epoch; the survivors
+    re-form at 3 ranks, whose control messages are again a chain (0-1-2, rebuilt from the
+    new ranks), and finish, every sample trained exactly once per epoch. (Killed at step
+    3: the 48 samples left of the first epoch split evenly over 3 ranks, so the sampler
+    pads none with repeats.)"""
+    from test_elastic import SAMPLES, WORKER, _committed
+
+    assert tree_links(2, 4, 1)[0] == 1 and tree_links(2, 3, 1)[0] == 1  # chains both
+    result = run_job(
+        WORKER,
+        4,
+        "--kill-worker",
+        "1",
+        "--kill-step",
+        "3",
+        env={"HVDPROF_CONTROL_FANOUT": "1"},
+        launcher_args=("--min-np", "3", "--max-np", "4"),
+        timeout=200,
+    )
+    assert result.returncode == 0, result.describe()
+    for w in (0, 2, 3):
+        assert "DONE" in result.lines(w), result.describe()
+        resets = [json.loads(v) for v in result.values(w, "RESET")]
+        assert [(r["old_size"], r["new_size"]) for r in resets] == [(4, 3)], result.describe()
+    for epoch, counts in _committed(result).items():
+        assert sorted(counts) == list(range(SAMPLES)), (epoch, result.describe())
+        assert set(counts.values()) == {1}, (epoch, counts)

@@ -418,9 +418,10 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys) -> None:
 
 def test_surrogate_surface_follows_the_samples(tmp_path: Path) -> None:
     """Scores rising with the threshold: the surface's best lies among the large ones."""
+    from synthetic_runs import SyntheticSpec, write_synthetic_run
+
     from hvdprof.analysis import load_run
     from hvdprof.analysis.surrogate import autotune_surface
-    from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
 
     write_synthetic_run(str(tmp_path / "r"), SyntheticSpec(ranks=2, steps=16, autotune_samples=8))
     run = load_run(str(tmp_path / "r"), cache=False)

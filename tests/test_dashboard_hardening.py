@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from dashboard_support import HOROVOD_TIMELINE, child_env, free_port, get
 from fastapi.testclient import TestClient
+from synthetic_runs import SyntheticSpec, write_synthetic_run
 
-from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
 from hvdprof.dashboard import service
 from hvdprof.dashboard.app import create_app
 from hvdprof.dashboard.catalog import LoadedRun, RunCatalog, RunEntry

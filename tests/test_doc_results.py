@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,3 +51,26 @@ def test_every_results_file_publishes_rows_and_a_changed_number_is_caught() -> N
     # a number edited by hand in the doc no longer matches
     tampered = doc.replace(f"{demo:.3f}", f"{demo + 0.5:.3f}", 1)
     assert tampered != doc and mod.render(tampered) != tampered
+
+
+def test_no_doc_quotes_a_comparison_by_hand() -> None:
+    # docs/torch-profiler.md once quoted kineto_bench's one run ("6.2x faster, 0.25 of
+    # HTA's peak RSS") after the benchmark had changed: a speedup or a share of another
+    # tool's cost belongs in the generated section, read from its results file
+    mod = _module()
+    pattern = re.compile(
+        # (a goal, "\u2265 5x faster", is no result)
+        r"(?<!\u2265 )(?<!>= )\b\d+(?:\.\d+)?\s*(?:x|\u00d7)\s+(?:faster|slower)\b"
+        r"|\b\d?\.\d+\s+of\s+(?:\w+\s+){0,2}(?:HTA|DDP|Horovod|Gloo)\b",
+        re.IGNORECASE,
+    )
+    quoted = []
+    docs = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]
+    for path in docs:
+        text = path.read_text()
+        if mod.BEGIN in text and mod.END in text:  # the generated section is the place
+            head, rest = text.split(mod.BEGIN, 1)
+            text = head + rest.split(mod.END, 1)[1]
+        quoted += [f"{path.relative_to(REPO)}: {m.group(0)!r}" for m in pattern.finditer(text)]
+    assert len(docs) > 5
+    assert not quoted, "generate these from benchmarks/results/ instead:\n" + "\n".join(quoted)

@@ -18,6 +18,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import pytest
+from synthetic_runs import SyntheticSpec, write_synthetic_run
 
 from hvdprof.analysis import diff_runs, load_run
 from hvdprof.analysis.gate import RuleError, check_gate, parse_rule
@@ -29,7 +30,6 @@ from hvdprof.analysis.summary import (
     summarize,
     write_summary,
 )
-from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER = REPO / "benchmarks" / "gate_worker.py"
@@ -358,8 +358,9 @@ def test_diff_two_slow_ranks_are_both_causes_never_effects() -> None:
 def test_runs_recorded_far_apart_are_said_to_be_weak_evidence(tmp_path: Path) -> None:
     """issue 50: the same job's median step moved 2.5x between two hours on this machine,
     so diff says when A and B started far apart; a damaged start time is refused."""
+    from synthetic_runs import START_UNIX_NS
+
     from hvdprof.analysis.diff import diff_summaries
-    from hvdprof.analysis.synthetic import START_UNIX_NS
 
     a = synth(tmp_path, "a", steps=30)
     b = synth(tmp_path, "b", steps=30, step_us=24_000.0)

@@ -26,8 +26,8 @@ pytest.importorskip("fastapi")
 playwright_api = pytest.importorskip("playwright.sync_api")
 
 from fastapi.testclient import TestClient  # noqa: E402
+from synthetic_runs import SyntheticSpec, write_synthetic_run  # noqa: E402
 
-from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run  # noqa: E402
 from hvdprof.dashboard.app import create_app  # noqa: E402
 from hvdprof.dashboard.settings import DashboardSettings  # noqa: E402
 

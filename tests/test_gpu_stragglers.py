@@ -252,7 +252,7 @@ def test_two_late_ranks_of_four_are_both_named_and_no_bystander(tmp_path: Path) 
 def test_many_missing_ranks_are_counted_not_listed(tmp_path: Path) -> None:
     # hvdprof's own timelines: each rank marks only its own readiness, so a missing file
     # is named; past MAX_LISTED missing ranks they are counted, never listed one by one
-    from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
+    from synthetic_runs import SyntheticSpec, write_synthetic_run
 
     d = tmp_path / "twelve"
     write_synthetic_run(str(d), SyntheticSpec(ranks=12, steps=4))

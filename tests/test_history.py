@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from synthetic_runs import SyntheticSpec, write_synthetic_run
 
 from hvdprof.analysis import load_run
 from hvdprof.analysis.history import e_divisive
 from hvdprof.analysis.summary import summarize, write_summary
-from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -36,6 +36,11 @@ def _package(module: str) -> str:
     return parts[1] if len(parts) > 1 else "hvdprof"
 
 
+def _is_module(name: str) -> bool:
+    """Whether ``hvdprof.<name>`` is a module or package (not a name its ``__init__`` holds)."""
+    return (PACKAGE / f"{name}.py").is_file() or (PACKAGE / name / "__init__.py").is_file()
+
+
 def _import_graph() -> dict[str, set[str]]:
     """Package -> packages it imports (module level or inside functions alike)."""
     graph: dict[str, set[str]] = {}
@@ -46,8 +51,10 @@ def _import_graph() -> dict[str, set[str]]:
         for node in ast.walk(ast.parse(path.read_text())):
             targets: list[str] = []
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                if node.module == "hvdprof":
-                    targets = [f"hvdprof.{a.name}" for a in node.names]
+                if node.module == "hvdprof":  # a submodule, or a name of hvdprof/__init__.py
+                    targets = [
+                        f"hvdprof.{a.name}" if _is_module(a.name) else "hvdprof" for a in node.names
+                    ]
                 elif node.module.startswith("hvdprof."):
                     targets = [node.module]
             elif isinstance(node, ast.Import):
@@ -115,6 +122,93 @@ def test_no_import_cycle_between_packages() -> None:
     for start in sorted(graph):
         visit(start, [start])
     assert not cycles, "\n".join(cycles)
+
+
+#: the layer diagram in the docs, which this file keeps true
+LAYERS_DOC = ROOT / "docs" / "how-it-works.md"
+
+
+def _diagram() -> tuple[dict[str, str], dict[str, set[str]]]:
+    """The layer diagram of ``docs/how-it-works.md``: node -> the path its label names,
+    and node -> the nodes it points at (``a --> b & c``)."""
+    block = re.search(r"```mermaid\n(.*?)```", LAYERS_DOC.read_text(), re.S)
+    assert block, f"{LAYERS_DOC.name} has no mermaid block of the layers"
+    node = r'\s*(\w+)(?:\["([^"]+)"\])?\s*'
+    labels: dict[str, str] = {}
+    arrows: dict[str, set[str]] = {}
+    for line in block.group(1).splitlines()[1:]:  # after "flowchart TD"
+        head, *tail = line.split("-->")
+        parts = [head, *tail[0].split("&")] if tail else [head]
+        ends = [re.fullmatch(node, part) for part in parts]
+        assert len(tail) <= 1 and all(ends), f"cannot read this diagram line: {line!r}"
+        for end in ends:
+            if end.group(2):
+                labels[end.group(1)] = end.group(2)
+        arrows.setdefault(ends[0].group(1), set()).update(end.group(1) for end in ends[1:])
+    return labels, arrows
+
+
+def _layer_name(path: str) -> str:
+    """``hvdprof/trace/`` -> ``trace``; ``hvdprof/cli.py`` -> ``cli``; ``hvdprof/__init__.py``
+    -> ``hvdprof`` (the names :func:`_import_graph` uses)."""
+    rel = path.rstrip("/").removeprefix("hvdprof/").removesuffix(".py")
+    return "hvdprof" if rel == "__init__" else rel
+
+
+def _diagram_layers() -> dict[str, set[str]]:
+    """Package -> every package the diagram lets it import (what it reaches)."""
+    labels, arrows = _diagram()
+    unnamed = sorted(set(arrows).union(*arrows.values()) - set(labels))
+    assert not unnamed, f"diagram nodes without a path label: {unnamed}"
+    reach: dict[str, set[str]] = {}
+
+    def below(n: str, seen: tuple[str, ...]) -> set[str]:
+        assert n not in seen, "the diagram has a cycle: " + " --> ".join([*seen, n])
+        if n not in reach:
+            reach[n] = set()
+            for m in arrows.get(n, ()):
+                reach[n] |= {m} | below(m, (*seen, n))
+        return reach[n]
+
+    return {_layer_name(labels[n]): {_layer_name(labels[m]) for m in below(n, ())} for n in labels}
+
+
+def test_the_layer_diagram_names_every_module_and_nothing_else() -> None:
+    labels, _ = _diagram()
+    missing = [p for p in labels.values() if not (ROOT / p).exists()]
+    assert not missing, f"{LAYERS_DOC.name}: the diagram names what does not exist: {missing}"
+    shown = {_layer_name(p) for p in labels.values()}
+    real = {_layer_name(p.relative_to(ROOT).as_posix()) for p in PACKAGE.glob("*.py")}
+    real |= {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
+    assert not real - shown, (
+        f"{LAYERS_DOC.name}: add these to the layer diagram: {sorted(real - shown)}"
+    )
+    assert not shown - real, f"{LAYERS_DOC.name}: not modules of hvdprof: {sorted(shown - real)}"
+
+
+def test_every_import_is_allowed_by_the_layer_diagram() -> None:
+    layers = _diagram_layers()
+    graph = _import_graph()
+    assert len(graph) > 10 and len(layers) > 10  # both were read
+    wrong = [
+        f"{src} imports {dst}"
+        for src in sorted(graph)
+        for dst in sorted(graph[src] - layers.get(src, set()))
+    ]
+    assert not wrong, (
+        f"imports that {LAYERS_DOC.name}'s layer diagram does not allow "
+        "(fix the import, or draw the arrow if it is right):\n" + "\n".join(wrong)
+    )
+
+
+def test_the_layer_diagram_allows_nothing_the_rules_forbid() -> None:
+    layers = _diagram_layers()
+    drawn = [
+        f"{src} reaches {dst}"
+        for src, banned in sorted(FORBIDDEN.items())
+        for dst in sorted(layers.get(src, set()) & banned)
+    ]
+    assert not drawn, f"{LAYERS_DOC.name}'s diagram contradicts FORBIDDEN:\n" + "\n".join(drawn)
 
 
 def _module_graph() -> dict[str, set[str]]:

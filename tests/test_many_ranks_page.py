@@ -21,8 +21,9 @@ from dashboard_support import open_page as support_open_page
 pytest.importorskip("fastapi")
 playwright_api = pytest.importorskip("playwright.sync_api")
 
+from synthetic_runs import SyntheticSpec, write_synthetic_run  # noqa: E402
+
 from hvdprof.analysis import find_stragglers, fusion_report, load_run  # noqa: E402
-from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run  # noqa: E402
 
 LATE_RANK = 37
 #: pixels two boxes may share before they count as overlapping (anti-aliased edges)

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import run_job
+from synthetic_runs import SyntheticSpec, write_synthetic_run
 
 from hvdprof.analysis import load_run, time_breakdown, timeline_window
-from hvdprof.analysis.synthetic import SyntheticSpec, write_synthetic_run
 from hvdprof.trace.model import Run
 
 DATA = Path(__file__).resolve().parent / "data" / "horovod"

@@ -15,6 +15,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import scale_accounting  # noqa: E402
 import scale_model  # noqa: E402
 import scale_sim  # noqa: E402
 
@@ -161,6 +162,11 @@ def test_quick_run_sets_the_star_against_a_tree(tmp_path: pathlib.Path) -> None:
             assert p["slow_cycles"] == 0 and p["cache_hits"] == 16
         else:
             assert p["names"] == 16
+    for p in doc["points"]:  # the timed phase's machine time, term by term
+        a = p["accounting"]
+        assert a["capacity_ms"] > 0 and a["steps"] == 6, a
+        assert set(a["per_step_ms"]) >= {"ranks_cycle_negotiate", "ranks_training_threads", "idle"}
+        assert a["per_step_ms"]["ranks_cycle_negotiate"] > 0
     rows = {(c["topology"], c["mode"]): c for c in doc["topologies"]}
     assert set(rows) == {(t, m) for t in ("star", "tree2") for m in ("hit", "miss")}
     assert rows[("star", "hit")]["rank0_cpu_vs_star"] == 1.0
@@ -186,3 +192,45 @@ def test_byte_cost_is_recovered_from_simulated_points() -> None:
     shape = scale_model.shape_check(params, sims)
     assert [s["ranks"] for s in shape] == [16, 64, 256, 1024]
     assert all(abs(s["error"]) < 1e-3 for s in shape)
+
+
+def test_accounting_names_every_term_of_the_machine_time() -> None:
+    """Two ranks and one other process over a 1 s phase on 2 cores: what the kernel's
+    counters say, term by term, and the residue is what neither source accounts for."""
+    machine0 = dict.fromkeys(
+        ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"), 0.0
+    )
+    machine1 = {
+        **machine0,
+        "user": 1300.0,
+        "system": 200.0,
+        "idle": 300.0,
+        "irq": 10.0,
+        "steal": 50.0,
+    }
+    start = [
+        {
+            "pid": 10,
+            "wall_ms": 0.0,
+            "cycle_ms": {"negotiate": 0.0, "perform": 0.0},
+            "machine": machine0,
+            "processes": {10: ("python", 0.0), 11: ("python", 0.0), 99: ("pytest", 5.0)},
+        },
+        {"pid": 11, "wall_ms": 0.0, "cycle_ms": {"negotiate": 0.0, "perform": 0.0}},
+    ]
+    end = [
+        {"pid": 10, "wall_ms": 1000.0, "cycle_ms": {"negotiate": 300.0, "perform": 200.0}, "main_ms": 100.0,
+         "machine": machine1, "processes": {10: ("python", 700.0), 11: ("python", 500.0), 99: ("pytest", 205.0), 120: ("cc1", 40.0)}},
+        {"pid": 11, "wall_ms": 1000.0, "cycle_ms": {"negotiate": 100.0, "perform": 100.0}, "main_ms": 50.0},
+    ]  # fmt: skip
+    a = scale_accounting.account(start, end, cores=2, steps=10)
+    per = a["per_step_ms"]
+    assert a["capacity_ms"] == 2000.0
+    assert per["ranks_cycle_negotiate"] == 40.0 and per["ranks_cycle_perform"] == 30.0
+    # 1,200 ms of the ranks' CPU: 700 in cycle threads, 150 in the training threads
+    assert per["ranks_training_threads"] == 15.0 and per["ranks_other_threads"] == 35.0
+    assert per["other_processes"] == 24.0  # pytest's 200 and a new process's 40
+    assert per["idle"] == 30.0 and per["steal"] == 5.0 and per["interrupts"] == 1.0
+    assert a["residue_ms_per_step"] == 20.0  # 2,000 - 1,800 of terms
+    assert a["others_by_command_ms"] == {"pytest": 200.0, "cc1": 40.0}
+    assert scale_accounting.account(start[1:], end[1:], 2, 10) == {}  # no machine view

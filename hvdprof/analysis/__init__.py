@@ -3,8 +3,10 @@
 Reading lives in one place (:mod:`hvdprof.trace.loader`, into the columnar
 :class:`Run` of :mod:`hvdprof.trace.model`); each question is one module with one
 plain function over a :class:`Run`. The CLI (``hvdprof analyze`` / ``hvdprof diff``), the
-dashboard and the tests all call these functions. Every result is a dataclass with
-``to_dict()`` (JSON-safe) and, where it makes sense, a plain-words ``verdict``.
+dashboard and the tests all call these functions. Every result is a typed
+``msgspec.Struct`` (:class:`hvdprof.analysis.result.Result`: ``to_dict()`` is one generic,
+JSON-safe encoder; the published schema is :mod:`hvdprof.analysis.schema`) and, where it
+makes sense, carries a plain-words ``verdict``.
 """
 
 from __future__ import annotations

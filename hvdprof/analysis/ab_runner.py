@@ -151,8 +151,7 @@ def _measure(record: RunRecord, timeline: str) -> None:
     if not len(run.slices):
         record.problem = "wrote no timeline (is it an hvdprof job: `hvdprof run` or hvdprof.torch?)"
         return
-    starts = [m.get("start_unix_ns") for m in run.manifests.values()]
-    starts = [s for s in starts if isinstance(s, int) and s > 0]
+    starts = [s for m in run.manifests.values() if (s := m.start_unix_ns) is not None and s > 0]
     if starts:
         record.startup_s = max(0.0, min(starts) / 1e9 - record.started_unix_s)
     summary = summarize(run)

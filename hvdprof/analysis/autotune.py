@@ -17,14 +17,15 @@ so (the rule the warm start reads from a log), compared by the mean of its windo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
+from hvdprof.analysis.result import Result
 from hvdprof.trace.model import Run
 
 
-@dataclass
-class SampleWindow:
+class SampleWindow(Result):
     index: int
     fusion_threshold_bytes: int
     cycle_time_ms: float
@@ -41,9 +42,8 @@ class SampleWindow:
     incumbent: dict[str, Any] | None = None  # the tuner's incumbent after this window
 
 
-@dataclass
-class AutotuneReport:
-    samples: list[SampleWindow] = field(default_factory=list)
+class AutotuneReport(Result):
+    samples: list[SampleWindow] = msgspec.field(default_factory=list)
     best: int | None = None  # index into samples of the highest score
     #: index of the last sample marked ``is_best``: the tuner's recommendation when the
     #: recording ended (None when no sample is marked, e.g. a trace from before the mark)
@@ -57,18 +57,6 @@ class AutotuneReport:
     decision: str | None = None
     #: True when the samples carry the tuner's paired decisions (roles, estimates)
     paired: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "samples": [x.__dict__ for x in self.samples],
-            "best": self.best,
-            "recommended": self.recommended,
-            "recommendation": self.recommendation,
-            "decision": self.decision,
-            "paired": self.paired,
-            "params_changes": self.params_changes,
-            "verdict": self.verdict,
-        }
 
 
 def autotune_report(run: Run) -> AutotuneReport:

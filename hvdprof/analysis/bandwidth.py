@@ -12,11 +12,12 @@ are not the steps' traffic, and fusing them would save nothing per step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
+from hvdprof.analysis.result import Result
 from hvdprof.analysis.steps import one_time_tensors
 from hvdprof.trace.model import OPS, PHASE_COLLECTIVE, Run
 
@@ -32,8 +33,7 @@ def bus_factor(op: str, n: int) -> float:
     return 1.0
 
 
-@dataclass
-class SizeBin:
+class SizeBin(Result):
     op: str
     min_bytes: int  # bin is [min_bytes, 2 * min_bytes)
     count: int
@@ -45,25 +45,14 @@ class SizeBin:
     vs_best: float  # median busbw / best busbw of this op in the run
 
 
-@dataclass
-class BandwidthReport:
+class BandwidthReport(Result):
     ranks: int = 0
-    bins: list[SizeBin] = field(default_factory=list)
-    best_busbw_gbps: dict[str, float] = field(default_factory=dict)
+    bins: list[SizeBin] = msgspec.field(default_factory=list)
+    best_busbw_gbps: dict[str, float] = msgspec.field(default_factory=dict)
     # one entry per collective call: rank, op, bytes, ms, algbw, busbw
-    calls: dict[str, list[Any]] = field(default_factory=dict)
+    calls: dict[str, list[Any]] = msgspec.field(default_factory=dict)
     one_time_calls: int = 0  # calls of one-time ops (start-up broadcasts), left out
     verdict: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ranks": self.ranks,
-            "bins": [b.__dict__ for b in self.bins],
-            "best_busbw_gbps": self.best_busbw_gbps,
-            "calls": self.calls,
-            "one_time_calls": self.one_time_calls,
-            "verdict": self.verdict,
-        }
 
 
 def collective_calls(

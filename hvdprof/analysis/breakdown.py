@@ -10,12 +10,11 @@ The phases of a rank therefore add up to its wall time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
+import msgspec
 import numpy as np
 
 from hvdprof.analysis.intervals import exclusive_segments
+from hvdprof.analysis.result import Result
 from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, step_of, step_starts
 from hvdprof.analysis.user_phases import UserPhases, user_phases
 from hvdprof.trace.model import (
@@ -72,13 +71,20 @@ SHORT_LABELS = {
 }
 
 
-@dataclass
-class RankBreakdown:
+class RankBreakdown(Result):
     rank: int
     wall_ms: float
     total_ms: dict[str, float]  # category -> ms over the whole run
     steps: int
     per_step_ms: dict[str, list[float]]  # category -> ms in each step
+    #: :meth:`share` and :meth:`mean_step_ms` of every category, as the JSON carries them
+    shares: dict[str, float] = msgspec.field(default_factory=dict, name="share")
+    step_means: dict[str, float] = msgspec.field(default_factory=dict, name="mean_step_ms")
+
+    def __post_init__(self) -> None:
+        known = [c for c in CATEGORIES if c in self.total_ms]
+        self.shares = {c: self.share(c) for c in known}
+        self.step_means = {c: self.mean_step_ms(c) for c in known}
 
     def share(self, category: str) -> float:
         return self.total_ms[category] / self.wall_ms if self.wall_ms > 0 else 0.0
@@ -92,35 +98,16 @@ class RankBreakdown:
         return float(np.mean(values)) if values else 0.0
 
 
-@dataclass
-class Breakdown:
+class Breakdown(Result):
     """Wall time by phase per rank (ms); ``per_step_ms`` lists one value per step."""
 
-    categories: tuple[str, ...] = CATEGORIES
-    ranks: list[RankBreakdown] = field(default_factory=list)
+    categories: list[str] = msgspec.field(default_factory=lambda: list(CATEGORIES))
+    #: each category in plain words
+    labels: dict[str, str] = msgspec.field(default_factory=lambda: dict(LABELS))
+    ranks: list[RankBreakdown] = msgspec.field(default_factory=list)
     verdict: str | None = None
     #: the same steps in the trace's own ``record_function`` ranges (Kineto), if any
-    user: UserPhases = field(default_factory=UserPhases)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "categories": list(self.categories),
-            "labels": dict(LABELS),
-            "ranks": [
-                {
-                    "rank": r.rank,
-                    "wall_ms": r.wall_ms,
-                    "steps": r.steps,
-                    "total_ms": r.total_ms,
-                    "share": {c: r.share(c) for c in self.categories},
-                    "mean_step_ms": {c: r.mean_step_ms(c) for c in self.categories},
-                    "per_step_ms": r.per_step_ms,
-                }
-                for r in self.ranks
-            ],
-            "verdict": self.verdict,
-            "user_phases": self.user.to_dict(),
-        }
+    user: UserPhases = msgspec.field(default_factory=UserPhases, name="user_phases")
 
 
 def rank_segments(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

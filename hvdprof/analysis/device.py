@@ -27,11 +27,12 @@ lies furthest from the others (named only when the gap reaches :data:`STANDS_OUT
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
+from hvdprof.analysis.result import Result
 from hvdprof.trace.model import Run
 
 #: HTA's kernel kinds, in GpuActivity.kind code order (0 compute, 1 comm, 2 memory, 3 other).
@@ -102,8 +103,7 @@ def copy_kind(name: str) -> str | None:
     return found.group(1) if found else None
 
 
-@dataclass
-class KernelTime:
+class KernelTime(Result):
     """One kernel name's time on one rank's GPU."""
 
     name: str
@@ -113,19 +113,8 @@ class KernelTime:
     total_ms: float
     busy_share: float  # of the rank's GPU busy time (union of every event)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "short_name": self.short_name,
-            "kind": self.kind,
-            "count": self.count,
-            "total_ms": self.total_ms,
-            "busy_share": self.busy_share,
-        }
 
-
-@dataclass
-class CopyBandwidth:
+class CopyBandwidth(Result):
     """One copy kind's memcpys on one rank: what they moved, how fast."""
 
     copy_kind: str  # HtoD, DtoH, DtoD, ...
@@ -134,18 +123,8 @@ class CopyBandwidth:
     total_ms: float
     gbps: float  # bytes / total duration, GB/s (10^9 B/s)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "copy_kind": self.copy_kind,
-            "count": self.count,
-            "bytes": self.bytes,
-            "total_ms": self.total_ms,
-            "gbps": self.gbps,
-        }
 
-
-@dataclass
-class RankGpu:
+class RankGpu(Result):
     rank: int
     span_ms: float
     idle_share: float
@@ -154,57 +133,29 @@ class RankGpu:
     comm_comp_overlap_share: float
     kernels: int  # GPU events counted
     comm_ms: float  # union of communication kernels
-    #: the same shares on the trace's own times, where HTA rounded them (None otherwise)
-    unrounded: dict[str, float] | None = None
+    #: the same shares on the trace's own times, where HTA rounded them (absent otherwise)
+    unrounded: dict[str, float] | msgspec.UnsetType = msgspec.UNSET
     busy_ms: float = 0.0  # union of every GPU event
     #: the TOP_KERNELS names with the most time, most first
-    top_kernels: list[KernelTime] = field(default_factory=list)
+    top_kernels: list[KernelTime] = msgspec.field(default_factory=list)
     kernel_names: int = 0  # distinct names in all
-    memcpy: list[CopyBandwidth] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "rank": self.rank,
-            "span_ms": self.span_ms,
-            "idle_share": self.idle_share,
-            "compute_share": self.compute_share,
-            "non_compute_share": self.non_compute_share,
-            "comm_comp_overlap_share": self.comm_comp_overlap_share,
-            "kernels": self.kernels,
-            "comm_ms": self.comm_ms,
-            "busy_ms": self.busy_ms,
-            "top_kernels": [k.to_dict() for k in self.top_kernels],
-            "kernel_names": self.kernel_names,
-            "memcpy": [c.to_dict() for c in self.memcpy],
-        }
-        if self.unrounded is not None:
-            out["unrounded"] = self.unrounded
-        return out
+    memcpy: list[CopyBandwidth] = msgspec.field(default_factory=list)
 
 
-@dataclass
-class GpuReport:
+class GpuReport(Result):
     """Per rank with GPU activity; empty for runs without a GPU (CPU jobs, hvdprof's own)."""
 
-    ranks: list[RankGpu] = field(default_factory=list)
+    ranks: list[RankGpu] = msgspec.field(default_factory=list)
     verdict: str | None = None
     #: the rank whose idle or compute share is furthest from the others' (None: no rank
     #: stands out by STANDS_OUT_POINTS, or fewer than two ranks), and in words
     stands_out: int | None = None
     stands_out_metric: str | None = None  # "idle_share" | "compute_share"
     stands_out_text: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ranks": [r.to_dict() for r in self.ranks],
-            "kinds": list(GPU_KIND_NAMES),
-            "stands_out": self.stands_out,
-            "stands_out_metric": self.stands_out_metric,
-            "stands_out_text": self.stands_out_text,
-            "definition": "HTA get_temporal_breakdown / get_comm_comp_overlap, as fractions",
-            "note": ROUNDING_NOTE if any(r.unrounded for r in self.ranks) else None,
-            "verdict": self.verdict,
-        }
+    kinds: list[str] = msgspec.field(default_factory=lambda: list(GPU_KIND_NAMES))
+    definition: str = "HTA get_temporal_breakdown / get_comm_comp_overlap, as fractions"
+    #: ROUNDING_NOTE when a rank carries ``unrounded`` shares
+    note: str | None = None
 
 
 #: Why a rank may carry ``unrounded`` shares beside HTA's.
@@ -403,4 +354,5 @@ def gpu_report(run: Run) -> GpuReport:
             f"{idle.rank}: {idle.idle_share:.0%}); {mean_ov:.0%} of communication kernel time "
             "overlaps computation kernels (HTA's definitions)."
         )
+    out.note = ROUNDING_NOTE if any(r.unrounded for r in out.ranks) else None
     return out

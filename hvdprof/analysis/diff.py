@@ -22,10 +22,10 @@ out of the tensor rows, and the step time is the one ``analyze`` quotes
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import msgspec
 
 from hvdprof.analysis.breakdown import CATEGORIES, LABELS
+from hvdprof.analysis.result import Result
 from hvdprof.analysis.summary import RUNTIME_PHASES, RunSummary, summarize
 from hvdprof.trace.model import Run
 
@@ -35,64 +35,34 @@ MIN_CAUSE_MS = 0.5
 MIN_CAUSE_SHARE = 0.05
 
 
-@dataclass
-class DiffRow:
+class DiffRow(Result):
     kind: str  # "work" (a rank's own work: cause) | "wait" (consequence) | "phase" | "tensor"
     key: str
     a_ms: float
     b_ms: float
+    #: from the two above: B - A, and B / A (None where A is 0)
+    delta_ms: float = 0.0
+    ratio: float | None = None
 
-    @property
-    def delta_ms(self) -> float:
-        return self.b_ms - self.a_ms
-
-    @property
-    def ratio(self) -> float | None:
-        return self.b_ms / self.a_ms if self.a_ms > 0 else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "key": self.key,
-            "a_ms": self.a_ms,
-            "b_ms": self.b_ms,
-            "delta_ms": self.delta_ms,
-            "ratio": self.ratio,
-        }
+    def __post_init__(self) -> None:
+        self.delta_ms = self.b_ms - self.a_ms
+        self.ratio = self.b_ms / self.a_ms if self.a_ms > 0 else None
 
 
-@dataclass
-class RunDiff:
+class RunDiff(Result):
     a: str
     b: str
     step_ms_a: float
     step_ms_b: float
-    rows: list[DiffRow] = field(default_factory=list)  # biggest regression first
-    only_in_a: list[str] = field(default_factory=list)  # tensors run B never reduced
-    only_in_b: list[str] = field(default_factory=list)  # tensors new in run B
-    one_time: list[str] = field(default_factory=list)  # reduced once (no per-step row)
+    rows: list[DiffRow] = msgspec.field(default_factory=list)  # biggest regression first
+    only_in_a: list[str] = msgspec.field(default_factory=list)  # tensors run B never reduced
+    only_in_b: list[str] = msgspec.field(default_factory=list)  # tensors new in run B
+    one_time: list[str] = msgspec.field(default_factory=list)  # reduced once (no per-step row)
     cause: DiffRow | None = None  # the work row that grew most, when it is material
-    effects: list[DiffRow] = field(default_factory=list)  # the waiting it caused
+    effects: list[DiffRow] = msgspec.field(default_factory=list)  # the waiting it caused
     verdict: str | None = None
     straggler_a: int | None = None  # the rank find_stragglers names in each run
     straggler_b: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "a": self.a,
-            "b": self.b,
-            "step_ms_a": self.step_ms_a,
-            "step_ms_b": self.step_ms_b,
-            "cause": self.cause.to_dict() if self.cause else None,
-            "effects": [r.to_dict() for r in self.effects],
-            "rows": [r.to_dict() for r in self.rows],
-            "only_in_a": self.only_in_a,
-            "only_in_b": self.only_in_b,
-            "one_time": self.one_time,
-            "verdict": self.verdict,
-            "straggler_a": self.straggler_a,
-            "straggler_b": self.straggler_b,
-        }
 
 
 def _work_label(rank: int, part: str) -> str:

@@ -7,37 +7,24 @@ every timing question is moot.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import msgspec
 
+from hvdprof.analysis.result import Result
 from hvdprof.common import activities as act
 from hvdprof.trace.model import Run
 
 
-@dataclass
-class DivergenceReport:
+class DivergenceReport(Result):
     #: the first step (optimizer steps, counted from 1) at which ranks differed; None: none seen
     step: int | None = None
-    ranks: list[int] = field(default_factory=list)
-    weights: list[str] = field(default_factory=list)
-    grads: list[str] = field(default_factory=list)
+    ranks: list[int] = msgspec.field(default_factory=list)
+    weights: list[str] = msgspec.field(default_factory=list)
+    grads: list[str] = msgspec.field(default_factory=list)
     weights_total: int = 0
     grads_total: int = 0
     #: ranks whose timelines recorded the finding
-    seen_by: list[int] = field(default_factory=list)
+    seen_by: list[int] = msgspec.field(default_factory=list)
     verdict: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "ranks": list(self.ranks),
-            "weights": list(self.weights),
-            "weights_total": self.weights_total,
-            "grads": list(self.grads),
-            "grads_total": self.grads_total,
-            "seen_by": list(self.seen_by),
-            "verdict": self.verdict,
-        }
 
 
 def _names(names: list[str], total: int) -> str:

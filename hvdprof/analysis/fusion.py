@@ -12,11 +12,10 @@ are taken as one group, and the threshold is Horovod's default (64 MiB) unless k
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
+import msgspec
 import numpy as np
 
+from hvdprof.analysis.result import Result
 from hvdprof.trace.model import OPS, PHASE_OP, Run
 
 REASONS: tuple[str, ...] = ("alone", "dtype", "op", "threshold", "not_fusable", "unknown")
@@ -36,8 +35,7 @@ FILL_LABELS = ("<10%", "10-25%", "25-50%", "50-75%", "75-90%", ">=90%")
 _ALLREDUCE = OPS.index("ALLREDUCE")
 
 
-@dataclass
-class RankFusion:
+class RankFusion(Result):
     rank: int
     groups: int  # collectives run (fusion groups)
     fused: int  # groups of more than one tensor
@@ -45,25 +43,18 @@ class RankFusion:
     tensors: int  # ops (tensors) in all groups
     tensors_per_fused_op: float
     fill_mean: float  # fused groups' bytes / threshold
-    unfused_reasons: dict[str, int] = field(default_factory=dict)
-    group_size_histogram: dict[str, int] = field(default_factory=dict)  # tensors -> groups
+    unfused_reasons: dict[str, int] = msgspec.field(default_factory=dict)
+    group_size_histogram: dict[str, int] = msgspec.field(default_factory=dict)  # tensors -> groups
     #: fused groups by fill band (bytes / threshold), every band present, in order
-    fill_histogram: dict[str, int] = field(default_factory=dict)
+    fill_histogram: dict[str, int] = msgspec.field(default_factory=dict)
 
 
-@dataclass
-class FusionReport:
+class FusionReport(Result):
     threshold_bytes: int | None = None
-    ranks: list[RankFusion] = field(default_factory=list)
+    #: what each reason in ``unfused_reasons`` means, in words
+    reason_words: dict[str, str] = msgspec.field(default_factory=lambda: dict(REASON_WORDS))
+    ranks: list[RankFusion] = msgspec.field(default_factory=list)
     verdict: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "threshold_bytes": self.threshold_bytes,
-            "reason_words": dict(REASON_WORDS),
-            "ranks": [r.__dict__ | {} for r in self.ranks],
-            "verdict": self.verdict,
-        }
 
 
 def fusion_report(run: Run) -> FusionReport:

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
 from hvdprof.analysis.breakdown import CATEGORIES, LABELS
+from hvdprof.analysis.result import Result
 from hvdprof.analysis.stragglers import BOOTSTRAP_SEED
 from hvdprof.analysis.summary import RunSummary
 from hvdprof.errors import HvdprofError
@@ -105,8 +106,7 @@ def parse_rule(text: str) -> GateRule:
     return GateRule(text.strip(), what, value / 100.0 if relative else value, relative, rank)
 
 
-@dataclass
-class GateCheck:
+class GateCheck(Result):
     """One series tested: the change of B's mean against A's, and its interval."""
 
     name: str  # "median step time", "rank 1 own work", ...
@@ -120,28 +120,27 @@ class GateCheck:
     blocks: tuple[int, int] = (0, 0)  # the block length resampled in A and in B (steps)
 
 
-@dataclass
-class GateResult:
-    """A rule's answer: failed when any of its checks failed."""
+class GateResult(Result):
+    """A rule's answer: failed when any of its checks failed. The rule's parts are its
+    first fields (the JSON's ``rule`` is its text; :attr:`rule` gives it back whole)."""
 
-    rule: GateRule
+    text: str = msgspec.field(name="rule")
+    what: str
+    margin: float
+    relative: bool
+    rank: int | None
     confidence: float
-    checks: list[GateCheck] = field(default_factory=list)
+    checks: list[GateCheck] = msgspec.field(default_factory=list)
     failed: bool = False
     message: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rule": self.rule.text,
-            "what": self.rule.what,
-            "margin": self.rule.margin,
-            "relative": self.rule.relative,
-            "rank": self.rule.rank,
-            "confidence": self.confidence,
-            "failed": self.failed,
-            "message": self.message,
-            "checks": [asdict(c) for c in self.checks],
-        }
+    @classmethod
+    def of(cls, rule: GateRule, confidence: float) -> GateResult:
+        return cls(rule.text, rule.what, rule.margin, rule.relative, rule.rank, confidence)
+
+    @property
+    def rule(self) -> GateRule:
+        return GateRule(self.text, self.what, self.margin, self.relative, self.rank)
 
 
 def _series(s: RunSummary, rule: GateRule) -> dict[str, np.ndarray]:
@@ -278,7 +277,7 @@ def check_gate(
     a: RunSummary, b: RunSummary, rule: GateRule, confidence: float = 0.95
 ) -> GateResult:
     """Test ``rule`` on run B against run A (one-sided, at ``confidence``)."""
-    out = GateResult(rule, confidence)
+    out = GateResult.of(rule, confidence)
     _refuse_outside(a, b, rule)
     sa, sb = _series(a, rule), _series(b, rule)
     _refuse_too_large(rule, {"A": sa, "B": sb})

@@ -24,13 +24,14 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 
 from hvdprof.analysis.diff import diff_summaries
 from hvdprof.analysis.pooling import pool_summaries
+from hvdprof.analysis.result import Result
 from hvdprof.analysis.summary import RunSummary
 
 #: The fewest runs on either side of a change point.
@@ -117,8 +118,7 @@ def e_divisive(
     return sorted(found, key=lambda c: c.index)
 
 
-@dataclass
-class Shift:
+class Shift(Result):
     """One lasting change: the first run after it, the step time on each side, the cause."""
 
     index: int
@@ -130,6 +130,11 @@ class Shift:
     cause: str | None  # the diff's cause row, e.g. "rank 1: compute"
     cause_ms: float | None
     verdict: str  # the diff of the pooled segments
+    #: :meth:`sentence`, as the JSON carries it
+    said: str = msgspec.field(default="", name="sentence")
+
+    def __post_init__(self) -> None:
+        self.said = self.sentence()
 
     def sentence(self) -> str:
         cause = f" Cause: {self.cause} {self.cause_ms:+.2f} ms per step." if self.cause else ""
@@ -139,36 +144,34 @@ class Shift:
         )
 
 
-@dataclass
-class History:
-    names: list[str]
-    step_ms: list[float]
-    shifts: list[Shift] = field(default_factory=list)
+class HistoryRun(Result):
+    name: str  # its file
+    step_ms: float
 
-    @property
-    def verdict(self) -> str:
+
+class History(Result):
+    runs: list[HistoryRun]
+    shifts: list[Shift] = msgspec.field(default_factory=list)
+    method: str = "E-divisive means (Matteson and James 2014), permutation test"
+    min_segment: int = MIN_SEGMENT
+    permutations: int = PERMUTATIONS
+    significance: float = SIGNIFICANCE
+    #: :meth:`said` (kept current by :func:`find_history`)
+    verdict: str = ""
+
+    def __post_init__(self) -> None:
+        self.verdict = self.said()
+
+    def said(self) -> str:
         if not self.shifts:
-            return f"No lasting shift in the step time of {len(self.names)} runs."
+            return f"No lasting shift in the step time of {len(self.runs)} runs."
         return " ".join(s.sentence() for s in self.shifts)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "runs": [
-                {"name": n, "step_ms": s} for n, s in zip(self.names, self.step_ms, strict=True)
-            ],
-            "shifts": [s.__dict__ | {"sentence": s.sentence()} for s in self.shifts],
-            "method": "E-divisive means (Matteson and James 2014), permutation test",
-            "min_segment": MIN_SEGMENT,
-            "permutations": PERMUTATIONS,
-            "significance": SIGNIFICANCE,
-            "verdict": self.verdict,
-        }
 
 
 def find_history(summaries: Sequence[RunSummary], names: Sequence[str]) -> History:
     """The lasting shifts in the step time of ``summaries`` (in run order)."""
     steps = [s.step_ms for s in summaries]
-    out = History(list(names), steps)
+    out = History([HistoryRun(n, s) for n, s in zip(names, steps, strict=True)])
     usable = all(s > 0 and math.isfinite(s) for s in steps)
     if len(steps) < 2 * MIN_SEGMENT or not usable:
         return out
@@ -196,4 +199,5 @@ def find_history(summaries: Sequence[RunSummary], names: Sequence[str]) -> Histo
                 verdict=d.verdict or "",
             )
         )
+    out.verdict = out.said()
     return out

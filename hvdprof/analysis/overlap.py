@@ -15,12 +15,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
+import msgspec
 import numpy as np
 
 from hvdprof.analysis.intervals import intersection_length, merge
+from hvdprof.analysis.result import Result
 from hvdprof.trace.kineto_format import backward_compute
 from hvdprof.trace.manifest import RANK_IN_NAME, kineto_shift_us
 from hvdprof.trace.model import PHASE_COLLECTIVE, Problem, Run
@@ -28,41 +28,23 @@ from hvdprof.trace.model import PHASE_COLLECTIVE, Problem, Run
 _EXPLICIT = re.compile(r"^(\d+)=(.+)$")
 
 
-@dataclass
-class RankOverlap:
+class RankOverlap(Result):
     rank: int
     kineto_path: str
     comm_ms: float
     compute_ms: float
     overlap_ms: float
+    #: of the communication time, the share overlapped (from the three above)
+    fraction: float = 0.0
 
-    @property
-    def fraction(self) -> float:
-        return self.overlap_ms / self.comm_ms if self.comm_ms > 0 else 0.0
+    def __post_init__(self) -> None:
+        self.fraction = self.overlap_ms / self.comm_ms if self.comm_ms > 0 else 0.0
 
 
-@dataclass
-class OverlapReport:
-    ranks: list[RankOverlap] = field(default_factory=list)
-    problems: list[Problem] = field(default_factory=list)
+class OverlapReport(Result):
+    ranks: list[RankOverlap] = msgspec.field(default_factory=list)
+    problems: list[Problem] = msgspec.field(default_factory=list)
     verdict: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ranks": [
-                {
-                    "rank": r.rank,
-                    "kineto_path": r.kineto_path,
-                    "comm_ms": r.comm_ms,
-                    "compute_ms": r.compute_ms,
-                    "overlap_ms": r.overlap_ms,
-                    "fraction": r.fraction,
-                }
-                for r in self.ranks
-            ],
-            "problems": [p.to_dict() for p in self.problems],
-            "verdict": self.verdict,
-        }
 
 
 def overlap_report(run: Run, kineto_paths: Sequence[str]) -> OverlapReport:
@@ -88,7 +70,7 @@ def overlap_report(run: Run, kineto_paths: Sequence[str]) -> OverlapReport:
             )
             continue
         manifest = run.manifests.get(rank)
-        if manifest is None:
+        if manifest is None or manifest.start_unix_ns is None or manifest.start_local_ns is None:
             out.problems.append(
                 Problem(path, "", f"rank {rank} has no timeline manifest to align it with; skipped")
             )

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass
 
 import numpy as np
 
+from hvdprof.analysis.result import Result
 from hvdprof.analysis.stragglers import Stragglers, find_stragglers
 from hvdprof.trace.model import MarkTable, Run, SliceTable
 
@@ -23,20 +23,12 @@ _SET_SUFFIX = re.compile(r"@set(\d+)$")
 _RANKS_TEXT = re.compile(r"\b([Rr]anks?) ((?:\d+(?:, | and ))*\d+)")
 
 
-@dataclass
-class SetStragglers:
+class SetStragglers(Result):
     """One process set's straggler answer, in the job's rank numbers."""
 
     process_set: int
     members: list[int]
     stragglers: Stragglers
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "process_set": self.process_set,
-            "members": self.members,
-            "stragglers": self.stragglers.to_dict(),
-        }
 
 
 def set_of_tensor(name: str) -> int:
@@ -101,15 +93,11 @@ def set_run(run: Run, set_id: int, members: list[int]) -> Run:
     )
 
 
-@dataclass
-class ProcessSetReport:
+class ProcessSetReport(Result):
     """The run's process sets (other than the global one) and each one's straggler."""
 
     sets: list[SetStragglers]
     verdict: str = ""
-
-    def to_dict(self) -> dict[str, object]:
-        return {"sets": [s.to_dict() for s in self.sets], "verdict": self.verdict}
 
 
 def process_set_report(run: Run) -> ProcessSetReport:

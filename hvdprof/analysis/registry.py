@@ -53,7 +53,9 @@ class Analysis:
     name: str
     #: a plain function over a ``Run`` (``function(run, kineto_paths)`` with ``kineto``)
     function: Ref
-    #: the type it returns (a dataclass with ``to_dict()``)
+    #: the type it returns: a :class:`hvdprof.analysis.result.Result` (a ``msgspec.Struct``:
+    #: its fields are its JSON, its ``/openapi.json`` model and its part of the published
+    #: schema); a plugin may return another class with ``to_dict()``
     result: Ref
     #: one line: the API's summary
     summary: str
@@ -74,7 +76,7 @@ class Analysis:
     #: the list of sets, as the report always held it)
     report_attribute: str = ""
     #: the report's JSON holds this key of ``to_dict()`` instead of all of it (stalls: the
-    #: list, as ``analyze --json`` always wrote it)
+    #: list, as ``analyze --json`` always wrote it); a field's name, for the schema
     report_key: str = ""
 
     @property

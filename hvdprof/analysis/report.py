@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hvdprof.analysis import registry
+from hvdprof.analysis.result import Result, to_builtins
 from hvdprof.trace.manifest import TRACE_RE
 from hvdprof.trace.model import Problem, Run
 
-#: version of the ``to_dict`` layout (``hvdprof analyze --json``)
+#: version of the ``to_dict`` layout (``hvdprof analyze --json``; the published schema,
+#: ``python -m hvdprof.analysis.schema``, carries the same number)
 SCHEMA_VERSION = 1
 
 
@@ -49,17 +51,25 @@ class Report:
         for analysis in registry.in_report():
             if analysis.name in self.sections:
                 out[analysis.name] = _json(analysis, self.sections[analysis.name])
-        out["problems"] = [p.to_dict() for p in self.problems]
+        out["problems"] = to_builtins(self.problems)
         return out
 
 
 def _json(analysis: registry.Analysis, value: Any) -> Any:
+    """An analysis's answer as the report's JSON holds it (its shape is
+    :func:`hvdprof.analysis.schema.report_struct`'s field of that name)."""
     if value is None:
         return None
     if isinstance(value, list):
-        return [v.to_dict() for v in value]
-    data = value.to_dict()
+        return [_builtins(v) for v in value]
+    data = _builtins(value)
     return data[analysis.report_key] if analysis.report_key else data
+
+
+def _builtins(value: Any) -> Any:
+    if not isinstance(value, Result) and hasattr(value, "to_dict"):
+        return value.to_dict()  # a plugin's answer that is not a Struct
+    return to_builtins(value)
 
 
 def _incarnations_inside(path: str) -> list[str]:
@@ -141,7 +151,7 @@ def _run_notes(run: Run, problems: list[Problem]) -> list[str]:
     dropped = run.dropped_events
     if dropped:
         total = sum(dropped.values())
-        written = sum(int(m.get("events_written", 0) or 0) for m in run.manifests.values())
+        written = sum(m.events_written for m in run.manifests.values())
         who = ", ".join(f"rank {r}: {n:,}" for r, n in sorted(dropped.items()))
         verdicts.append(
             f"The timeline is incomplete: {total:,} events were dropped while recording "

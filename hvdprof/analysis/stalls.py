@@ -10,30 +10,33 @@ report, else from the last report.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
+import msgspec
 import numpy as np
 
+from hvdprof.analysis.result import Result
 from hvdprof.trace.model import PHASE_NEGOTIATE, Run, StallRecord
 
 #: reports whose starts (report time - time waited) are this close belong to one stall
 _SAME_START_US = 1_000_000.0
 
 
-@dataclass
-class Stall:
+class Stall(Result):
     start_us: float
     end_us: float  # the last report, or when the op finally negotiated
     missing: list[int]
     names: list[str]
     waited_s: float
     step: int
-    where: dict[int, str] = field(default_factory=dict)
-    collective: dict[int, str] = field(default_factory=dict)
+    where: dict[int, str] = msgspec.field(default_factory=dict)
+    collective: dict[int, str] = msgspec.field(default_factory=dict)
     reports: int = 1
     shutdown: bool = False
     line: str = ""
+    #: :meth:`sentence`, as the JSON carries it (kept current by :func:`stall_report`)
+    said: str = msgspec.field(default="", name="sentence")
+
+    def __post_init__(self) -> None:
+        self.said = self.sentence()
 
     def sentence(self) -> str:
         """``rank 1 kept the job waiting 20.1 s at step 1, in load_batch (train.py:4)``"""
@@ -61,34 +64,14 @@ class Stall:
             text += " (the job was ended: HVDPROF_STALL_SHUTDOWN_TIME_SECONDS)"
         return text
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "start_us": self.start_us,
-            "end_us": self.end_us,
-            "missing": list(self.missing),
-            "names": list(self.names),
-            "waited_s": self.waited_s,
-            "step": self.step,
-            "where": {str(k): v for k, v in self.where.items()},
-            "collective": {str(k): v for k, v in self.collective.items()},
-            "reports": self.reports,
-            "shutdown": self.shutdown,
-            "line": self.line,
-            "sentence": self.sentence(),
-        }
 
-
-@dataclass
-class StallReport:
-    stalls: list[Stall] = field(default_factory=list)
+class StallReport(Result):
+    stalls: list[Stall] = msgspec.field(default_factory=list)
 
     @property
     def verdicts(self) -> list[str]:
         """One sentence per stall, longest first."""
         return [s.sentence() + "." for s in sorted(self.stalls, key=lambda s: -s.waited_s)]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"stalls": [s.to_dict() for s in self.stalls]}
 
 
 def stall_report(run: Run) -> StallReport:
@@ -117,6 +100,7 @@ def stall_report(run: Run) -> StallReport:
         stalls.append(cur)
     for stall in stalls:
         _refine(run, stall, observer=0)
+        stall.said = stall.sentence()  # merged and refined since it was made
     return StallReport(stalls)
 
 

@@ -93,12 +93,14 @@ spread around the two levels (medians: an intermittent fault has no onset).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
+import msgspec
 import numpy as np
 
 from hvdprof.analysis.intervals import merge
+from hvdprof.analysis.result import Result
 from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, count_steps, typical_step_ms
 from hvdprof.common import activities as act
 from hvdprof.trace.gpu import kernel_arrivals
@@ -186,8 +188,7 @@ GROUP_PHASE_WORDS = {
 }
 
 
-@dataclass
-class RankStraggle:
+class RankStraggle(Result):
     rank: int
     host: str | None = None
     last_count: int = 0  # steps (from the onset on) in which it finished last
@@ -211,37 +212,15 @@ class RankStraggle:
     excess_held_ms: float = 0.0
     excess_not_held_ms: float = 0.0
     named: bool = False
-    last_share_by_op: dict[str, float] = field(default_factory=dict)  # of the ops
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "host": self.host,
-            "last_count": self.last_count,
-            "last_share": self.last_share,
-            "last_share_by_op": self.last_share_by_op,
-            "held_count": self.held_count,
-            "held_share": self.held_share,
-            "held_ms": self.held_ms,
-            "wait_caused_ms": self.wait_caused_ms,
-            "cost_per_step_ms": self.cost_per_step_ms,
-            "lateness_ms": self.lateness_ms,
-            "cost_low_ms": self.cost_low_ms,
-            "cost_high_ms": self.cost_high_ms,
-            "own_excess_ms": self.own_excess_ms,
-            "own_excess_low_ms": self.own_excess_low_ms,
-            "own_excess_high_ms": self.own_excess_high_ms,
-            "release_late_ms": self.release_late_ms,
-            "p_value": self.p_value,
-            "excess_held_ms": self.excess_held_ms,
-            "excess_not_held_ms": self.excess_not_held_ms,
-            "named": self.named,
-        }
+    last_share_by_op: dict[str, float] = msgspec.field(default_factory=dict)  # of the ops
 
 
-@dataclass
-class Stragglers:
+class Stragglers(Result, dict=True):
     """Arrivals per op and step, who held each step, and the verdict."""
+
+    #: the bar's cycle term (0: a rank's wait starts a cycle at once); the verdict's
+    #: working, not in the JSON (``dict=True`` lets an instance set it)
+    pace_ms: ClassVar[float] = 0.0
 
     #: "source": each rank's own submission stamps; "observer": one rank's view (Horovod)
     source: str = ""
@@ -258,13 +237,12 @@ class Stragglers:
     held_floor_ms: float = 0.0  # a step is held when a cost reaches this (bar and noise)
     noise_floor_ms: float = 0.0  # mean cost of the ranks not named: taken off the culprits'
     cycle_time_ms: float = 0.0  # the run's negotiation cycle (manifest), 0 unknown
-    pace_ms: float = 0.0  # the bar's cycle term (0: a rank's wait starts a cycle at once)
     spread_ms: float = 0.0  # median gap between the first and the last rank to finish
     own_work_known: bool = False  # each rank's own work measured (else lateness decides)
-    ranks: list[RankStraggle] = field(default_factory=list)  # most hold first
+    ranks: list[RankStraggle] = msgspec.field(default_factory=list)  # most hold first
     most_often_last: int | None = None
     straggler: int | None = None  # the culprit that held the job most (None: none named)
-    culprits: list[int] = field(default_factory=list)  # every rank named, most hold first
+    culprits: list[int] = msgspec.field(default_factory=list)  # every rank named, most hold first
     cost_ms: float = 0.0  # what the job would save if the culprits' code kept pace (ms/step)
     lateness_ms: float = 0.0  # their whole lateness per step: cost + the runtime's part
     cost_low_ms: float = 0.0  # 95% interval (block bootstrap)
@@ -275,46 +253,10 @@ class Stragglers:
     late_at_first_ms: float = 0.0  # the top culprit's lateness at its first gradient
     late_at_end_ms: float = 0.0  # ... and at its last one
     # one entry per op: tensor name, step, op, last rank, wait of the others (mean, ms)
-    per_op: dict[str, list[Any]] = field(default_factory=dict)
+    per_op: dict[str, list[Any]] = msgspec.field(default_factory=dict)
     # one entry per step counted: step, last rank, cost of the last rank (ms), step (ms)
-    per_step: dict[str, list[Any]] = field(default_factory=dict)
+    per_step: dict[str, list[Any]] = msgspec.field(default_factory=dict)
     verdict: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "observer": self.observer,
-            "ops_with_marks": self.ops_with_marks,
-            "steps": self.steps,
-            "steps_in_run": self.steps_in_run,
-            "first_step": self.first_step,
-            "onset_step": self.onset_step,
-            "steps_judged": self.steps_judged,
-            "step_ms": self.step_ms,
-            "noise_ms": self.noise_ms,
-            "threshold_ms": self.threshold_ms,
-            "held_floor_ms": self.held_floor_ms,
-            "noise_floor_ms": self.noise_floor_ms,
-            "cycle_time_ms": self.cycle_time_ms,
-            "spread_ms": self.spread_ms,
-            "own_work_known": self.own_work_known,
-            "most_often_last": self.most_often_last,
-            "straggler": self.straggler,
-            "culprits": list(self.culprits),
-            "cost_ms": self.cost_ms,
-            "lateness_ms": self.lateness_ms,
-            "cost_low_ms": self.cost_low_ms,
-            "cost_high_ms": self.cost_high_ms,
-            "held_share": self.held_share,
-            "thin": self.thin,
-            "phase": self.phase,
-            "late_at_first_ms": self.late_at_first_ms,
-            "late_at_end_ms": self.late_at_end_ms,
-            "ranks": [r.to_dict() for r in self.ranks],
-            "per_op": self.per_op,
-            "per_step": self.per_step,
-            "verdict": self.verdict,
-        }
 
 
 @dataclass
@@ -542,11 +484,7 @@ def holm(p: np.ndarray, alpha: float = ALPHA) -> np.ndarray:
 
 
 def _cycle_time_ms(run: Run) -> float:
-    values = [
-        float(v)
-        for m in run.manifests.values()
-        if isinstance(v := (m.get("config") or {}).get("cycle_time_ms"), (int, float))
-    ]
+    values = [v for m in run.manifests.values() if (v := m.config.cycle_time_ms) is not None]
     return max(values) if values else 0.0
 
 
@@ -555,7 +493,7 @@ def _pace_ms(run: Run) -> float:
     ranks negotiated at the cycle's pace (Horovod, hvdprof before its manifests said
     ``negotiates_on_wait``); where a wait starts a cycle at once, lateness is not rounded."""
     manifests = list(run.manifests.values())
-    if manifests and all(m.get("negotiates_on_wait") for m in manifests):
+    if manifests and all(m.negotiates_on_wait for m in manifests):
         return 0.0
     return _cycle_time_ms(run)
 

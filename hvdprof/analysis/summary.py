@@ -210,11 +210,10 @@ def summarize(run: Run) -> RunSummary:
 def _recorded_unix_s(run: Run) -> int | None:
     """The earliest rank's start, from the manifests (whole seconds; None without one)."""
     starts = [
-        m.get("start_unix_ns")
+        t
         for m in run.manifests.values()
-        if isinstance(m, dict) and type(m.get("start_unix_ns")) is int
+        if (t := m.start_unix_ns) is not None and 0 < t < MAX_UNIX_NS
     ]
-    starts = [t for t in starts if 0 < t < MAX_UNIX_NS]
     return min(starts) // 1_000_000_000 if starts else None
 
 

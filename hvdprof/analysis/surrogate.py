@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
+from hvdprof.analysis.result import Result
 from hvdprof.autotune.space import (
     CYCLE_TIME_MAX_MS,
     CYCLE_TIME_MIN_MS,
@@ -43,14 +44,13 @@ SINGLE_VALUE_PAD = 1.5
 FLAT_NOISE_MULTIPLE = 2.0
 
 
-@dataclass
-class SurrogateSurface:
+class SurrogateSurface(Result):
     """Predicted score (MB/s) over fusion threshold (``x``, bytes) x cycle time (``y``, ms)."""
 
-    x: list[float] = field(default_factory=list)
-    y: list[float] = field(default_factory=list)
-    z: list[list[float]] = field(default_factory=list)  # z[i][j]: y[i], x[j]
-    samples: list[dict[str, Any]] = field(default_factory=list)
+    x: list[float] = msgspec.field(default_factory=list)
+    y: list[float] = msgspec.field(default_factory=list)
+    z: list[list[float]] = msgspec.field(default_factory=list)  # z[i][j]: y[i], x[j]
+    samples: list[dict[str, Any]] = msgspec.field(default_factory=list)
     best: dict[str, float] | None = None  # grid point of the highest prediction
     reason: str | None = None  # why there is no surface
     #: the predicted range (log of highest / lowest) against one window's noise (log
@@ -58,11 +58,6 @@ class SurrogateSurface:
     range_log: float | None = None
     noise_log: float | None = None
     flat: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"x": self.x, "y": self.y, "z": self.z, "samples": self.samples,
-                "best": self.best, "reason": self.reason, "range_log": self.range_log,
-                "noise_log": self.noise_log, "flat": self.flat}  # fmt: skip
 
 
 def _searched(values: np.ndarray, lo: float, hi: float, grid: int) -> np.ndarray:

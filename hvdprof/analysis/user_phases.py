@@ -15,11 +15,13 @@ is where that rank's step differs, and the verdict names it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator
+from typing import ClassVar
 
+import msgspec
 import numpy as np
 
+from hvdprof.analysis.result import Result
 from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP
 from hvdprof.trace.model import Run
 
@@ -38,12 +40,30 @@ def display_name(name: str) -> str:
     return bare or name
 
 
-@dataclass
-class RankPhases:
+class Outlier(Result):
+    """The range in which one rank differs most: its mean ms per step there against the
+    other ranks' median."""
+
+    rank: int
+    name: str
+    ms: float
+    others_ms: float
+
+    def __iter__(self) -> Iterator[int | str | float]:
+        return iter((self.rank, self.name, self.ms, self.others_ms))
+
+
+class RankPhases(Result, dict=True):
     rank: int
     steps: int
-    step_ms: list[float]  # each step's length (the trace's own step span)
     per_step_ms: dict[str, list[float]]  # range name (display) -> ms in each step
+    #: :meth:`mean_step_ms` and :meth:`mean_ms` of every range (``OUTSIDE`` included), as
+    #: the JSON carries them: set by :func:`user_phases` once every range's name is known
+    step_mean: float = msgspec.field(default=0.0, name="mean_step_ms")
+    means: dict[str, float] = msgspec.field(default_factory=dict, name="mean_ms")
+    #: each step's length (the trace's own step span): the means' working, not in the JSON
+    #: (``dict=True`` lets an instance set it)
+    step_ms: ClassVar[list[float]] = []
 
     def mean_ms(self, name: str) -> float:
         values = self.per_step_ms.get(name) or []
@@ -56,42 +76,16 @@ class RankPhases:
         return float(np.mean(values)) if values else 0.0
 
 
-@dataclass
-class UserPhases:
+class UserPhases(Result):
     """Per rank, ms per step in each of the trace's own ranges; empty without ranges."""
 
-    names: list[str] = field(default_factory=list)  # display names, in order of first use
-    ranks: list[RankPhases] = field(default_factory=list)
-    #: (rank, name, its mean ms per step, the other ranks' median) where a rank differs
-    outlier: tuple[int, str, float, float] | None = None
+    names: list[str] = msgspec.field(default_factory=list)  # display names, in order of first use
+    ranks: list[RankPhases] = msgspec.field(default_factory=list)
+    #: the range in which a rank differs (None: none does materially)
+    outlier: Outlier | None = None
+    #: the name of the time in no range
+    outside: str = OUTSIDE
     verdict: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "names": list(self.names),
-            "outside": OUTSIDE,
-            "ranks": [
-                {
-                    "rank": r.rank,
-                    "steps": r.steps,
-                    "mean_step_ms": r.mean_step_ms(),
-                    "mean_ms": {n: r.mean_ms(n) for n in [*self.names, OUTSIDE]},
-                    "per_step_ms": r.per_step_ms,
-                }
-                for r in self.ranks
-            ],
-            "outlier": (
-                {
-                    "rank": self.outlier[0],
-                    "name": self.outlier[1],
-                    "ms": self.outlier[2],
-                    "others_ms": self.outlier[3],
-                }
-                if self.outlier
-                else None
-            ),
-            "verdict": self.verdict,
-        }
 
 
 def user_phases(run: Run) -> UserPhases:
@@ -132,15 +126,18 @@ def user_phases(run: Run) -> UserPhases:
         per[OUTSIDE] = np.maximum(spans - covered, 0.0).tolist()
         # steps the trace has for this rank only (a gap in its numbering is no step)
         keep = np.flatnonzero(known)
-        out.ranks.append(
-            RankPhases(
-                rank,
-                len(keep),
-                [round(float(x), 6) for x in spans[keep]],
-                {k: [round(float(v[i]), 6) for i in keep.tolist()] for k, v in per.items()},
-            )
+        phases = RankPhases(
+            rank,
+            len(keep),
+            {k: [round(float(v[i]), 6) for i in keep.tolist()] for k, v in per.items()},
         )
-    out.outlier, out.verdict = _compare(out)
+        phases.step_ms = [round(float(x), 6) for x in spans[keep]]
+        out.ranks.append(phases)
+    for phases in out.ranks:
+        phases.step_mean = phases.mean_step_ms()
+        phases.means = {n: phases.mean_ms(n) for n in [*out.names, OUTSIDE]}
+    found, out.verdict = _compare(out)
+    out.outlier = Outlier(*found) if found else None
     return out
 
 

@@ -19,15 +19,16 @@ plotting client wants and keeps the JSON small.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from hvdprof.analysis.bins import bucket_table
 from hvdprof.analysis.breakdown import PRIORITY, rank_segments
 from hvdprof.analysis.gpu_lanes import joined_bins, kernel_bins, kernel_columns, stream_lanes
 from hvdprof.analysis.intervals import exclusive_segments
+from hvdprof.analysis.result import Result
 from hvdprof.trace.model import OPS, PHASE_CYCLE, PHASE_OP, PHASES, Run
 
 #: How ``timeline_window`` splits an expanded rank into rows (``stream``: its CPU side and
@@ -37,37 +38,24 @@ LANE_KINDS: tuple[str, ...] = ("tensor", "phase", "stream")
 IDLE = "idle"
 
 
-@dataclass
-class TimelineWindow:
+class TimelineWindow(Result):
     t0_us: float
     t1_us: float
     expand_rank: int | None
     aggregated: bool
     total: int  # slices overlapping the window (before aggregation)
     #: {"row", "label", "rank", "tensor", "phase"} (tensor/phase None when not that lane kind)
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = msgspec.field(default_factory=list)
     #: when not aggregated: row, start_us, dur_us, phase, name, tensor, op, bytes,
     #: group, group_tensors, backend, dtype (one list each)
-    slices: dict[str, list[Any]] = field(default_factory=dict)
+    slices: dict[str, list[Any]] = msgspec.field(default_factory=dict)
     #: when aggregated: row, start_us, dur_us (bin), phase (dominant, or "idle"), count
     #: (slices overlapping the bin), busy_us (<= dur_us), phase_us ({phase: [us per bin]})
-    buckets: dict[str, list[Any]] = field(default_factory=dict)
+    buckets: dict[str, list[Any]] = msgspec.field(default_factory=dict)
     #: "rank" (one row per rank), or the expanded rank's "tensor" or "phase" lanes
     lanes: str = "rank"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "t0_us": self.t0_us,
-            "t1_us": self.t1_us,
-            "expand_rank": self.expand_rank,
-            "lanes": self.lanes,
-            "aggregated": self.aggregated,
-            "total": self.total,
-            "phases": list(PHASES),
-            "rows": self.rows,
-            "slices": self.slices,
-            "buckets": self.buckets,
-        }
+    #: the phases' names, in the order of their codes (``phase`` columns hold the codes)
+    phases: list[str] = msgspec.field(default_factory=lambda: list(PHASES))
 
 
 def _row_of(keys: np.ndarray, values: np.ndarray) -> np.ndarray:

@@ -2,14 +2,19 @@
 
 Analysis results are the analysis library's own ``to_dict()`` output, carried unchanged in
 ``data``: the dashboard adds the envelope (which run, which version of it, notices about
-what could not be shown) and never re-derives a number.
+what could not be shown) and never re-derives a number. Each ``/api/analysis/<name>``
+declares its own :func:`typed_section`, whose ``data`` schema is generated from the
+analysis's result type (:mod:`hvdprof.analysis.schema`), so ``/docs`` shows every field.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, WithJsonSchema, create_model
+
+from hvdprof.analysis.diff import RunDiff
+from hvdprof.analysis.window import TimelineWindow
 
 
 class Problem(BaseModel):
@@ -68,6 +73,40 @@ class Section(BaseModel):
     notices: list[str] = []
 
 
+def typed_data(data_schema: dict[str, Any]) -> Any:
+    """``data``'s type: a dict or None, declared with ``data_schema`` (a result type's
+    generated schema, inlined). Validation stays a dict's: the schema is the type's own,
+    and the answer was made from that type, so there is nothing to check twice."""
+    return Annotated[
+        dict[str, Any] | None, WithJsonSchema({"anyOf": [data_schema, {"type": "null"}]})
+    ]
+
+
+def result_data(kind: Any) -> Any:
+    """:func:`typed_data` for the result type ``kind`` (its schema generated now)."""
+    from hvdprof.analysis.schema import inline_schema
+
+    return typed_data(inline_schema(kind))
+
+
+def typed_section(name: str, data_schema: dict[str, Any], summary: str) -> type[Section]:
+    """The :class:`Section` of ``/api/analysis/<name>``: ``data`` declared by the analysis's
+    result schema."""
+    title = "".join(part.title() for part in name.split("_"))
+    model: type[Section] = create_model(
+        f"{title}Section",
+        __base__=Section,
+        __doc__=f"{summary}: the answer in ``data``, or notices why not.",
+        data=(typed_data(data_schema), ...),
+    )
+    return model
+
+
+#: ``timeline_window(...).to_dict()`` and ``diff_runs(a, b).to_dict()``, typed
+WindowData = result_data(TimelineWindow)
+DiffData = result_data(RunDiff)
+
+
 class TimelineWindowResponse(BaseModel):
     """Events of one time window (aggregated when there are more than ``max_items``)."""
 
@@ -75,7 +114,7 @@ class TimelineWindowResponse(BaseModel):
     version: int
     t0_us: float
     t1_us: float
-    data: dict[str, Any] | None
+    data: WindowData
     notices: list[str] = []
 
 
@@ -84,7 +123,7 @@ class CompareResponse(BaseModel):
 
     a: str
     b: str
-    data: dict[str, Any] | None
+    data: DiffData
     notices: list[str] = []
 
 

@@ -14,8 +14,12 @@ exchange and the coordinator's gather and broadcast through a tree instead: each
 gathers the rows of its subtree (a contiguous range of ranks, so a row block arrives in
 one piece) from at most k children and forwards them up; the reply comes down the same
 way. Rank 0 still sees every row, so everything it reads per rank (the stall inspector,
-the deadlock check) is unchanged. Barriers, small reductions and clock samples stay on
-the star.
+the deadlock check) is unchanged. The coordinator's new names are merged on the way up
+(``gather_merged``): each relaying rank forwards one entry per distinct request with the
+ranks that sent it, so rank 0 reads k blocks of distinct requests, not N ranks' lists.
+Barriers, small reductions and clock samples stay on the star. The tree's messages are
+versioned (``PROTOCOL``): rank 0 publishes it with the fan-out, and a rank of another
+version is refused at init, by name.
 
 A peer that dies closes its connection, so the survivors fail at once; a peer that hangs
 makes every receive time out after ``HVDPROF_COLLECTIVE_TIMEOUT_SECONDS``.
@@ -34,6 +38,8 @@ import numpy as np
 
 from hvdprof.runtime.cycle_header import FULL, reply_size
 
+#: the control messages' version: 2 merges the coordinator's requests up the tree
+PROTOCOL = 2
 _LENGTH = struct.Struct("<I")
 _CLOCK = struct.Struct("<q")
 _TOKEN = b"b"
@@ -49,6 +55,11 @@ class CycleVectors:
     they move the bytes."""
 
     size: int
+
+    @property
+    def is_tree(self) -> bool:
+        """Whether the cycle's messages go through a tree rather than the star."""
+        return False
 
     def _init_vectors(self) -> None:
         self._width = -1
@@ -132,8 +143,12 @@ class ControlChannel(CycleVectors):
         links = {**peers, **(links or {})}
         self._parent = parent
         self._up = links.get(parent) if parent >= 0 else None
-        #: (connection, first rank, end) of each child's subtree
-        self._down = [(links[a], a, b) for a, b in children] if size > 1 else []
+        #: (connection, first rank, end, how errors name it) of each child's subtree
+        self._down = [(links[a], a, b, _subtree(a, b)) for a, b in children] if size > 1 else []
+        #: how errors name this rank's parent (in the tree: its place)
+        self._up_name = (
+            f"rank {parent}" if parent <= 0 else f"rank {parent} (this rank's parent in the tree)"
+        )
         self._own_links = [c for r, c in (links.items()) if r not in peers]
         self._init_vectors()
         self._scratch = bytearray(0)
@@ -168,6 +183,7 @@ class ControlChannel(CycleVectors):
         if size == 1:
             return cls(rank, size, peers)
         if rank == 0:
+            store.set("hvdprof/control/protocol", str(PROTOCOL))
             store.set("hvdprof/control/fanout", str(fanout))
             peers = _accept_peers(store, "hvdprof/control/address", host, size - 1, timeout_s)
         else:
@@ -176,6 +192,12 @@ class ControlChannel(CycleVectors):
                 raise ControlError(
                     f"HVDPROF_CONTROL_FANOUT is {fanout} on rank {rank} but {theirs} on "
                     "rank 0: every rank needs the same value"
+                )
+            protocol = int(store.get("hvdprof/control/protocol").decode())
+            if protocol != PROTOCOL:  # (set before the fan-out: never waited for)
+                raise ControlError(
+                    f"the control messages are version {PROTOCOL} on rank {rank} but "
+                    f"{protocol} on rank 0: every rank needs the same hvdprof"
                 )
             peers[0] = _connect_to(store, "hvdprof/control/address", rank, timeout_s)
         links: dict[int, socket.socket] = {}
@@ -244,19 +266,19 @@ class ControlChannel(CycleVectors):
         if self.size == 1:
             return reduce(recv), recv
         width = self._width
-        for conn, a, b in self._down:
-            _fill(conn, memoryview(recv[a:b]).cast("B"), (b - a) * width, f"rank {a}")
+        for conn, a, b, who_a in self._down:
+            _fill(conn, memoryview(recv[a:b]).cast("B"), (b - a) * width, who_a)
         if self.rank == 0:
             reply = reduce(recv)
             full = bool(reply[1] & FULL)
             data = reply.tobytes() + recv.tobytes() if full else reply.tobytes()
-            for conn, a, _ in self._down:
-                _send(conn, data, a)
+            for conn, a, _, who_a in self._down:
+                _send(conn, data, a, who_a)
             return reply, recv
         up = self._up
         assert up is not None
-        who = f"rank {self._parent}"
-        _send(up, memoryview(recv[self.rank : self._end]).cast("B"), self._parent)
+        who = self._up_name
+        _send(up, memoryview(recv[self.rank : self._end]).cast("B"), self._parent, who)
         reply = self._reply_np
         _fill(up, memoryview(reply), reply.nbytes, who)
         full = bool(reply[1] & FULL)
@@ -264,8 +286,8 @@ class ControlChannel(CycleVectors):
             _fill(up, memoryview(recv).cast("B"), recv.nbytes, who)
         if self._down:
             data = reply.tobytes() + recv.tobytes() if full else reply.tobytes()
-            for conn, a, _ in self._down:
-                _send(conn, data, a)
+            for conn, a, _, who_a in self._down:
+                _send(conn, data, a, who_a)
         return reply, recv if full else None
 
     # --- small reductions ---------------------------------------------------------------
@@ -321,13 +343,13 @@ class ControlChannel(CycleVectors):
                 block = (
                     payload if self._end == self.rank + 1 else self._gather_block(payload, lengths)
                 )
-                _send_frame(self._up, block, self._parent)  # type: ignore[arg-type]
+                _send_frame(self._up, block, self._parent, self._up_name)  # type: ignore[arg-type]
             return None
         out = [payload] + [b""] * (self.size - 1)
-        for conn, a, b in self._down:
+        for conn, a, b, who_a in self._down:
             if not any(lengths[a:b]):
                 continue
-            block = _recv_frame(conn, a)
+            block = _recv_frame(conn, a, who_a)
             if b == a + 1:
                 out[a] = block
                 continue
@@ -339,13 +361,42 @@ class ControlChannel(CycleVectors):
                     at += 4 + n
         return out
 
+    def gather_merged(
+        self,
+        payload: bytes,
+        lengths: list[int],
+        merge: Callable[[list[tuple[int, bytes]]], bytes],
+    ) -> bytes | None:
+        """Rank 0: ``merge`` of every sending rank's payload (None on the other ranks).
+
+        ``merge`` takes (rank, that rank's payload) and (-1, a block ``merge`` made) in
+        rank order and returns one block. A leaf sends its payload bare; a relaying rank
+        merges its own with its children's and forwards one frame; rank 0 merges its
+        children's frames: k frames however many ranks sent."""
+        if self.rank != 0 and not any(lengths[self.rank : self._end]):
+            return None
+        if self.rank != 0 and self._end == self.rank + 1:
+            _send_frame(self._up, payload, self._parent, self._up_name)  # type: ignore[arg-type]
+            return None
+        parts = [(self.rank, payload)] if lengths[self.rank] else []
+        for conn, a, b, who_a in self._down:
+            if not any(lengths[a:b]):
+                continue
+            block = _recv_frame(conn, a, who_a)
+            parts.append((a if b == a + 1 else -1, block))
+        merged = merge(parts)
+        if self.rank == 0:
+            return merged
+        _send_frame(self._up, merged, self._parent, self._up_name)  # type: ignore[arg-type]
+        return None
+
     def _gather_block(self, payload: bytes, lengths: list[int]) -> bytes:
         """An inner rank's frame for ``gather_bytes``: its own payload and its children's."""
         parts = [_LENGTH.pack(len(payload)), payload] if lengths[self.rank] else []
-        for conn, a, b in self._down:
+        for conn, a, b, who_a in self._down:
             if not any(lengths[a:b]):
                 continue
-            block = _recv_frame(conn, a)
+            block = _recv_frame(conn, a, who_a)
             if b == a + 1:  # a leaf sends its payload bare
                 parts += [_LENGTH.pack(len(block)), block]
             else:
@@ -358,10 +409,10 @@ class ControlChannel(CycleVectors):
             assert payload is not None
             return payload
         if self.rank != 0:
-            payload = _recv_frame(self._up, self._parent)  # type: ignore[arg-type]
+            payload = _recv_frame(self._up, self._parent, self._up_name)  # type: ignore[arg-type]
         assert payload is not None
-        for conn, a, _ in self._down:
-            _send_frame(conn, payload, a)
+        for conn, a, _, who_a in self._down:
+            _send_frame(conn, payload, a, who_a)
         return payload
 
     def clock_samples(
@@ -426,22 +477,33 @@ def _connect_to(store: Any, key: str, rank: int, timeout_s: float) -> socket.soc
 
 
 # --- framing ---------------------------------------------------------------------------
-def _send(conn: socket.socket, data: bytes | memoryview, peer: int) -> None:
+def _send(conn: socket.socket, data: bytes | memoryview, peer: int, who: str = "") -> None:
+    who = who or f"rank {peer}"
     try:
         conn.sendall(data)
     except TimeoutError:
-        raise ControlError(f"sending to rank {peer} timed out") from None
+        raise ControlError(f"sending to {who} timed out") from None
     except OSError as exc:
-        raise ControlError(f"the connection to rank {peer} is lost ({exc})") from None
+        raise ControlError(f"the connection to {who} is lost ({exc})") from None
 
 
-def _send_frame(conn: socket.socket, payload: bytes, peer: int) -> None:
-    _send(conn, _LENGTH.pack(len(payload)) + payload, peer)
+def _send_frame(conn: socket.socket, payload: bytes, peer: int, who: str = "") -> None:
+    _send(conn, _LENGTH.pack(len(payload)) + payload, peer, who)
 
 
-def _recv_frame(conn: socket.socket, peer: int) -> bytes:
-    n = _LENGTH.unpack(_recv_exact(conn, _LENGTH.size, f"rank {peer}"))[0]
-    return _recv_exact(conn, n, f"rank {peer}") if n else b""
+def _recv_frame(conn: socket.socket, peer: int, who: str = "") -> bytes:
+    who = who or f"rank {peer}"
+    n = _LENGTH.unpack(_recv_exact(conn, _LENGTH.size, who))[0]
+    return _recv_exact(conn, n, who) if n else b""
+
+
+def _subtree(a: int, b: int) -> str:
+    """How errors name a child: the rank, and the ranks it relays for in a tree (one of
+    them may be the one that is gone)."""
+    if b == a + 1:
+        return f"rank {a}"
+    below = f"rank {a + 1}" if b == a + 2 else f"ranks {a + 1}-{b - 1}"
+    return f"rank {a} (relaying for {below})"
 
 
 def _recv_exact(conn: socket.socket, n: int, who: str) -> bytes:
@@ -467,7 +529,8 @@ def _fill(conn: socket.socket, view: memoryview, n: int, who: str) -> None:
         except OSError as exc:
             raise ControlError(f"the connection to {who} is lost ({exc})") from None
         if k == 0:
-            raise ControlError(f"{who} closed its connection (it has exited or been killed)")
+            gone = "it, or a rank it relays for," if "relaying" in who else "it"
+            raise ControlError(f"{who} closed its connection ({gone} has exited or been killed)")
         got += k
 
 

@@ -72,6 +72,8 @@ from hvdprof.runtime.negotiation import (
     NegotiatedOp,
     RequestMeta,
     ResponseCache,
+    merge_requests,
+    read_merged,
 )
 from hvdprof.runtime.requests import Request
 from hvdprof.runtime.stall import DeadlockDetector, Stall, StallInspector, describe_deadlock
@@ -678,17 +680,24 @@ class CycleLoop:
     def _coordinate(
         self, payload: bytes, lengths: list[int], joined: frozenset[int], cycle: int
     ) -> CoordinatorReply:
-        gathered = self.control.gather_bytes(payload, lengths)
+        merged = gathered = None
+        if self.control.is_tree:  # relaying ranks merge their subtree's requests
+            merged = self.control.gather_merged(payload, lengths, merge_requests)
+        else:
+            gathered = self.control.gather_bytes(payload, lengths)
         for req in self._outbox:
             self._sent[req.name] = req
         self._outbox = []
         blob = None
         if self.rank == 0:
-            assert gathered is not None and self.coordinator is not None
-            messages = [(r, pickle.loads(b)) for r, b in enumerate(gathered) if b]
-            reply = self.coordinator.handle(
-                cycle, messages, joined, self.cache, self.params.cache_enabled, time.monotonic()
-            )
+            assert self.coordinator is not None
+            state = (joined, self.cache, self.params.cache_enabled, time.monotonic())
+            if merged is not None:
+                reply = self.coordinator.handle_merged(cycle, read_merged(merged), *state)
+            else:
+                assert gathered is not None
+                messages = [(r, pickle.loads(b)) for r, b in enumerate(gathered) if b]
+                reply = self.coordinator.handle(cycle, messages, *state)
             reply.directives, self._directives = self._directives, []
             blob = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
         data = self.control.broadcast_bytes(blob)

@@ -7,13 +7,19 @@ Two paths, as in Horovod:
   rank has submitted a name, checks that all ranks agree on its signature, and replies
   with the responses in a fixed order. A disagreement fails that op on every rank.
 
+In a tree of control messages (``HVDPROF_CONTROL_FANOUT``) each relaying rank merges its
+subtree's new names before forwarding them (:func:`merge_requests`): one entry per distinct
+(name, signature, splits) with the ranks that sent it, so rank 0 reads and handles its k
+children's entries (``Coordinator.handle_merged``), not every rank's.
+
 Everything here is plain state and pure logic; the cycle moves the bytes.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import pickle
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -272,6 +278,41 @@ class Coordinator:
                     entry = self._table[key] = _Pending(first_seen=now)
                 entry.metas[rank] = meta
                 entry.cycles[rank] = cycle
+        self._decide(reply, joined, cache_enabled)
+        return reply
+
+    def handle_merged(
+        self,
+        cycle: int,
+        groups: Iterable[tuple[RequestMeta, Sequence[int]]],
+        joined: frozenset[int],
+        cache: ResponseCache,
+        cache_enabled: bool,
+        now: float,
+    ) -> CoordinatorReply:
+        """``handle`` for requests merged up a tree (:func:`read_merged`): each distinct
+        request once, with the ranks that sent it. The same table and the same verdicts
+        (the ranks in a group share one meta object, so comparing them is an identity
+        check), at the cost of a dict update per group instead of a loop per rank."""
+        reply = CoordinatorReply()
+        evicted: set[str] = set()
+        for meta, ranks in groups:
+            if cache.bit(meta.name) >= 0 and meta.name not in evicted:
+                evicted.add(meta.name)
+                reply.evicted.append(meta.name)
+            key = meta.name
+            if meta.signature.process_set:
+                key = f"{meta.name} (process set {meta.signature.process_set})"
+            entry = self._table.get(key)
+            if entry is None:
+                entry = self._table[key] = _Pending(first_seen=now)
+            entry.metas.update(dict.fromkeys(ranks, meta))
+            entry.cycles.update(dict.fromkeys(ranks, cycle))
+        self._decide(reply, joined, cache_enabled)
+        return reply
+
+    def _decide(self, reply: CoordinatorReply, joined: frozenset[int], cache_enabled: bool) -> None:
+        """The verdict on every name now submitted by every rank it waits for."""
         for key in list(self._table):
             entry = self._table[key]
             submitted = set(entry.metas)
@@ -295,7 +336,6 @@ class Coordinator:
             reply.responses.append(
                 self._verdict(name, entry, tuple(sorted(set(joined) - submitted)), cache_enabled)
             )
-        return reply
 
     def _removed_set(self, name: str, entry: _Pending, set_id: int) -> Response:
         sig = next(iter(entry.metas.values())).signature
@@ -359,9 +399,13 @@ class Coordinator:
 def _mismatch_message(name: str, metas: dict[int, RequestMeta]) -> str | None:
     ranks = sorted(metas)
     base = metas[ranks[0]].signature
+    first = metas[ranks[0]]
     by_field: dict[str, dict[int, Any]] = {}
     for rank in ranks[1:]:
-        for field_name, _mine, theirs in base.differences(metas[rank].signature):
+        theirs_meta = metas[rank]
+        if theirs_meta is first:  # merged up a tree: one object for the ranks that agree
+            continue
+        for field_name, _mine, theirs in base.differences(theirs_meta.signature):
             values = by_field.setdefault(field_name, {})
             values[rank] = theirs
     if not by_field:
@@ -389,3 +433,58 @@ def _show(value: Any) -> str:
     if isinstance(value, tuple):
         return "[" + ", ".join(str(v) for v in value) + "]"
     return repr(value)
+
+
+# --- requests merged up a tree of control messages -------------------------------------
+#: the first byte of a merged block: a rank that reads another version refuses it by name
+MERGED_REQUESTS_VERSION = 2
+
+
+class MergedRequestsError(RuntimeError):
+    """A merged block this version cannot read (ranks running different hvdprof versions)."""
+
+
+def merge_requests(parts: Sequence[tuple[int, bytes]]) -> bytes:
+    """One block for a subtree's new names: ``parts`` are (rank, that rank's own payload,
+    a pickled list of :class:`RequestMeta`) or (-1, a child subtree's merged block), in
+    rank order. Each distinct (name, signature, splits) appears once, with its ranks in
+    order, and in the order of its first appearance, so rank 0 sees the names in the
+    order the star would have given it (subtrees are contiguous ranges)."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for rank, blob in parts:
+        if rank >= 0:
+            for meta in pickle.loads(blob):
+                key = (meta.name, meta.signature, meta.splits)
+                ranks = groups.get(key)
+                if ranks is None:
+                    groups[key] = [rank]
+                else:
+                    ranks.append(rank)
+            continue
+        for name, signature, splits, ranks_in in _read_block(blob):
+            key = (name, signature, splits)
+            ranks = groups.get(key)
+            if ranks is None:
+                groups[key] = list(ranks_in)
+            else:
+                ranks.extend(ranks_in)
+    body = [(*key, tuple(ranks)) for key, ranks in groups.items()]
+    return bytes([MERGED_REQUESTS_VERSION]) + pickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def read_merged(block: bytes) -> list[tuple[RequestMeta, tuple[int, ...]]]:
+    """Rank 0: the whole job's merged block as ``Coordinator.handle_merged`` takes it."""
+    return [
+        (RequestMeta(name, signature, splits), ranks)
+        for name, signature, splits, ranks in _read_block(block)
+    ]
+
+
+def _read_block(block: bytes) -> list[tuple[Any, ...]]:
+    if not block or block[0] != MERGED_REQUESTS_VERSION:
+        version = block[0] if block else "none"
+        raise MergedRequestsError(
+            f"merged requests of wire version {version}, where this hvdprof reads version "
+            f"{MERGED_REQUESTS_VERSION}: every rank needs the same hvdprof"
+        )
+    return pickle.loads(memoryview(block)[1:])

@@ -23,8 +23,10 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import msgspec
+
 from hvdprof.common import limits
-from hvdprof.trace.manifest import MANIFEST_RE, TRACE_RE, read_manifest
+from hvdprof.trace.manifest import MANIFEST_RE, TRACE_RE, Manifest, read_manifest
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK = 1 << 16
@@ -231,7 +233,9 @@ def _scan(text: str, pos: int, events: list[dict[str, Any]], skipped: list[Skip]
 
 @dataclass
 class RankTrace:
-    """One rank of a run: its trace and its manifest (None when missing)."""
+    """One rank of a run: its trace and its manifest (None when missing), the manifest as
+    a dict like the events (read and checked as a :class:`~hvdprof.trace.manifest.Manifest`
+    first, so every field is there with its type)."""
 
     rank: int
     trace: Trace
@@ -285,6 +289,7 @@ def load_traces(directory: str) -> TraceDirectory:
             manifests[int(m.group(1))] = full
     if not traces:
         run.problems.append(f"no rank.<r>.json timeline files in {directory}")
+    known: list[Manifest] = []
     for rank in sorted(traces):
         manifest = None
         mpath = manifests.get(rank)
@@ -296,29 +301,31 @@ def load_traces(directory: str) -> TraceDirectory:
             except (OSError, ValueError) as exc:
                 run.problems.append(f"rank {rank}: unreadable manifest: {exc}")
         trace = load_trace(traces[rank])
-        run.ranks[rank] = RankTrace(rank, trace, manifest, traces[rank], mpath)
+        raw = msgspec.to_builtins(manifest) if manifest is not None else None
+        run.ranks[rank] = RankTrace(rank, trace, raw, traces[rank], mpath)
         if not trace.complete:
             run.problems.append(
                 f"rank {rank}: {os.path.basename(traces[rank])} has no closing ']'"
                 " (recording interrupted or file cut); read up to its last complete event"
             )
         if manifest is not None:
-            dropped = int(manifest.get("events_dropped", 0) or 0)
-            if dropped:
-                run.problems.append(f"rank {rank}: {dropped} events were dropped while recording")
-            if not manifest.get("closed"):
+            known.append(manifest)
+            if manifest.events_dropped:
+                run.problems.append(
+                    f"rank {rank}: {manifest.events_dropped} events were dropped while recording"
+                )
+            if not manifest.closed:
                 run.problems.append(
                     f"rank {rank}: the recording was not closed cleanly (crash or kill?)"
                 )
     for rank in sorted(set(manifests) - set(traces)):
         run.problems.append(f"rank {rank}: manifest without a trace file")
-    known = [rt.manifest for rt in run.ranks.values() if rt.manifest is not None]
-    run_ids = {m.get("run_id") for m in known}
+    run_ids = {m.run_id for m in known}
     if len(run_ids) > 1:
         run.problems.append(
             f"files from different runs are mixed (run ids {sorted(map(str, run_ids))})"
         )
-    sizes = {m["size"] for m in known if isinstance(m.get("size"), int)}
+    sizes = {m.size for m in known if m.size is not None}
     if len(sizes) > 1:
         run.problems.append(f"manifests disagree on the job size: {sorted(sizes)}")
     elif sizes and (size := sizes.pop()) != len(run.ranks):

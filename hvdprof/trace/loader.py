@@ -568,7 +568,7 @@ class RunLoader:
             try:
                 run.manifests[rank] = read_manifest(mpath)
             except (OSError, ValueError) as exc:
-                run.problems.append(Problem(mpath, "", f"unreadable manifest: {exc}"))
+                run.problems.append(Problem(mpath, "", f"rank {rank}: unreadable manifest: {exc}"))
         run.complete = {}
         run.files = {}
         run.events = 0
@@ -581,8 +581,8 @@ class RunLoader:
         )
         slice_tables, mark_tables, ranks, counters = self._gather_sources(run, mark_bound)
         for rank, manifest in run.manifests.items():
-            if isinstance(manifest.get("hostname"), str):
-                run.hosts.setdefault(rank, manifest["hostname"])
+            if manifest.hostname is not None:
+                run.hosts.setdefault(rank, manifest.hostname)
         for rank in sorted(set(self.manifest_paths) - {s.rank for s in self.sources}):
             run.problems.append(
                 Problem(
@@ -618,14 +618,10 @@ class RunLoader:
         """The world sizes the manifests declare; one that is not a size is a problem."""
         sizes = set()
         for rank, manifest in sorted(run.manifests.items()):
-            size = manifest.get("size") if isinstance(manifest, dict) else None
+            size = manifest.size
             if size is None:
                 continue
-            if (
-                isinstance(size, int)
-                and not isinstance(size, bool)
-                and 0 < size <= limits.max_ranks()
-            ):
+            if 0 < size <= limits.max_ranks():
                 sizes.add(size)
             else:
                 run.problems.append(

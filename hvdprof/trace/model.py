@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from hvdprof.common import activities as act
+from hvdprof.trace.manifest import Manifest
 
 #: Phase of a slice, by code. ``op`` is the whole ``<OP>`` slice (it contains the
 #: queue/memcpy/collective children); ``other`` is a child we do not classify
@@ -362,7 +363,9 @@ class Run:
     source_format: str
     ranks: list[int] = field(default_factory=list)
     hosts: dict[int, str] = field(default_factory=dict)
-    manifests: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: each rank's manifest, read and typed (ranks whose manifest is missing or unreadable
+    #: left out: the unreadable ones are in :attr:`problems`)
+    manifests: dict[int, Manifest] = field(default_factory=dict)
     #: lane (tensor) names; ``slices.tensor`` indexes this
     tensors: list[str] = field(default_factory=list)
     #: slice names as written; ``slices.name`` indexes this
@@ -427,15 +430,7 @@ class Run:
         """Events each rank's manifest says its timeline dropped while recording (ranks
         with none left out). The files were read whole: the loss happened before them, so
         it is not a reading problem, and the report's first verdicts say it once."""
-        out = {}
-        for rank, manifest in self.manifests.items():
-            try:
-                n = int(manifest.get("events_dropped", 0) or 0)
-            except (TypeError, ValueError):
-                continue
-            if n > 0:
-                out[rank] = n
-        return out
+        return {r: m.events_dropped for r, m in self.manifests.items() if m.events_dropped > 0}
 
     def refresh(self) -> bool:
         """Read what was appended since the last read; True when anything changed."""
@@ -446,8 +441,8 @@ class Run:
     def fusion_threshold_bytes(self) -> int | None:
         """The fusion threshold the run started with (manifest), None when unknown."""
         for rank in sorted(self.manifests):
-            value = (self.manifests[rank].get("config") or {}).get("fusion_threshold_bytes")
-            if isinstance(value, int):
+            value = self.manifests[rank].config.fusion_threshold_bytes
+            if value is not None:
                 return value
         return None
 

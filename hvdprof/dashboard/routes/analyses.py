@@ -3,7 +3,9 @@
 Each route calls its analysis's function and returns its ``to_dict()``; nothing is
 computed here. The routes are made from the registry when an app is made (``router`` and
 ``ANALYSES`` are built on access), so an analysis registered there, at import or later,
-has its route with no change here.
+has its route with no change here, and its response model: a section whose ``data`` has
+the schema generated from the analysis's result type (:mod:`hvdprof.analysis.schema`,
+the same one ``python -m hvdprof.analysis.schema`` publishes).
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel
 
-from hvdprof.analysis import registry
+from hvdprof.analysis import registry, schema
 from hvdprof.dashboard.catalog import RunCatalog
-from hvdprof.dashboard.models import Section
+from hvdprof.dashboard.models import Section, typed_section
 from hvdprof.dashboard.routes.deps import get_catalog
 from hvdprof.dashboard.routes.runs import RunId
 from hvdprof.dashboard.service import section
@@ -53,6 +55,21 @@ def analysis_function(function: registry.Ref) -> Callable[[Any], Any] | None:
     except (ImportError, AttributeError):
         return None
     return found if callable(found) else None
+
+
+def response_model(name: str) -> type[Section]:
+    """The route's typed section; the plain one when its result type cannot be found in
+    this installation or is not one msgspec can describe (a plugin's own class)."""
+    try:
+        if name == registry.REPORT_NAME:
+            kind: Any = schema.report_struct()
+            summary = registry.REPORT_SUMMARY
+        else:
+            analysis = registry.get(name)
+            kind, summary = schema.result_type(analysis), analysis.summary
+        return typed_section(name, schema.inline_schema(kind), summary)
+    except (ImportError, AttributeError, TypeError):
+        return Section
 
 
 def _endpoint(name: str, function: registry.Ref) -> Callable[..., Section]:
@@ -97,9 +114,10 @@ def build_router() -> APIRouter:
             f"/{name}",
             _endpoint(name, function),
             methods=["GET"],
-            response_model=Section,
+            response_model=response_model(name),
             summary=summary,
-            description=f"`{registry.qualified(function)}(run).to_dict()` in `data`.",
+            description=f"`{registry.qualified(function)}(run).to_dict()` in `data`, typed "
+            "by the result's generated schema.",
         )
     return router
 

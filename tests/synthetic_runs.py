@@ -1,13 +1,19 @@
-"""Synthetic hvdprof runs with known answers, for the tests and the analysis benchmark.
+"""Synthetic hvdprof runs with known answers, for the tests and the benchmarks.
 
 :func:`write_synthetic_run` writes ``rank.<r>.json`` through hvdprof's own trace writer
 (:class:`hvdprof.timeline.writer.TimelineWriter`: the file's framing, one event per line
 and the closing event are the recorder's, not a copy of them) and ``manifest.rank.<r>.json``
-beside it, with the events the renderer writes for a collective, a straggler late by a
-known amount, a known fusion pattern, collectives at a known bandwidth and, optionally,
-torch.profiler (Kineto) traces whose backward compute overlaps a known fraction of the
-communication. Everything about the run is chosen here, so a test can compare an
-analysis with the truth instead of with a recorded number.
+beside it (a typed :class:`hvdprof.trace.manifest.Manifest`, written by the recorder's
+:func:`hvdprof.timeline.manifest.write_manifest`), with the events the renderer writes for
+a collective, a straggler late by a known amount, a known fusion pattern, collectives at a
+known bandwidth and, optionally, torch.profiler (Kineto) traces whose backward compute
+overlaps a known fraction of the communication. Everything about the run is chosen here,
+so a test can compare an analysis with the truth instead of with a recorded number.
+
+It lives with the tests, not in the package: no command of hvdprof's uses it, and a user
+installing hvdprof has no use for it. The tests import it from here (pytest puts
+``tests/`` on the path, as for ``dashboard_support``); the benchmarks that need a run of a
+chosen size (``analysis_bench.py``, ``dashboard_bench.py``) put ``tests/`` on theirs.
 """
 
 from __future__ import annotations
@@ -16,13 +22,16 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import orjson
 
 from hvdprof.common import activities as act
+from hvdprof.timeline.manifest import write_manifest
 from hvdprof.timeline.writer import TimelineWriter
 from hvdprof.trace.manifest import (
-    MANIFEST_FORMAT,
-    MANIFEST_VERSION,
+    Manifest,
+    ManifestClock,
+    ManifestConfig,
     manifest_filename,
     trace_filename,
 )
@@ -299,24 +308,20 @@ def _write_rank(directory: str, spec: SyntheticSpec, rank: int, lines: list[Even
     writer.close({"name": act.TRACE_END, "ph": "M", "pid": rank, "tid": 0, "args": end})
     if writer.events_dropped or writer.write_failed:
         raise OSError(f"{path}: the synthetic run could not be written whole")
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "version": MANIFEST_VERSION,
-        "run_id": "synthetic",
-        "rank": rank,
-        "size": spec.ranks,
-        "hostname": spec.host,
-        "start_unix_ns": START_UNIX_NS,
-        "start_local_ns": START_LOCAL_NS,
-        "clock": {"offset_ns": 0, "origin_ns": 0, "error_ns": 0, "samples": 1},
-        "config": {"fusion_threshold_bytes": spec.threshold_bytes, "cycle_time_ms": 1.0},
-        "events_written": len(lines) + 1,
-        "events_dropped": 0,
-        "closed": True,
-        "trace_file": trace_filename(rank),
-    }
-    with open(os.path.join(directory, manifest_filename(rank)), "wb") as f:
-        f.write(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+    manifest = Manifest(
+        run_id="synthetic",
+        rank=rank,
+        size=spec.ranks,
+        hostname=spec.host,
+        start_unix_ns=START_UNIX_NS,
+        start_local_ns=START_LOCAL_NS,
+        clock=ManifestClock(samples=1),
+        config=ManifestConfig(fusion_threshold_bytes=spec.threshold_bytes, cycle_time_ms=1.0),
+        events_written=len(lines) + 1,
+        closed=True,
+        trace_file=trace_filename(rank),
+    )
+    write_manifest(os.path.join(directory, manifest_filename(rank)), msgspec.to_builtins(manifest))
 
 
 def _write_kineto(directory: str, rank: int, compute: list[dict[str, object]]) -> str:
