@@ -100,8 +100,9 @@ class OpBatch:
     kinds: list[tuple[Any, ...]] | None
     t_submit: list[int]
     t_negotiated: list[int]
-    #: (ops, ranks) int64: when this rank learned each rank was ready; NO_TIME if unknown
-    ready: np.ndarray
+    #: (ops, ranks) int64: when this rank learned each rank was ready; NO_TIME if unknown.
+    #: None with ``ready_fill``: read it with :meth:`ready_rows`
+    ready: np.ndarray | None
     cached: bytes  # one byte per op: 1 when it came through the response cache
     group_ids: list[int]
     t_done: list[int]
@@ -110,9 +111,24 @@ class OpBatch:
     #: cache, and the table that names them
     bits: bytes | None = None
     table: CacheTable | None = None
+    #: (time, this rank, ranks) instead of ``ready``: every rank showed every op at
+    #: ``time`` (the cycle's start), this rank at its ``t_submit``. The common cycle then
+    #: builds no matrix; whoever reads the readiness (the renderer, off the training's
+    #: cores) does.
+    ready_fill: tuple[int, int, int] | None = None
 
     def __len__(self) -> int:
         return len(self.t_submit)
+
+    def ready_rows(self) -> np.ndarray:
+        """``ready``, built from ``ready_fill`` where the cycle left it to the reader."""
+        if self.ready is not None:
+            return self.ready
+        assert self.ready_fill is not None
+        t, rank, ranks = self.ready_fill
+        ready = np.full((len(self.t_submit), ranks), t, dtype=np.int64)
+        ready[:, rank] = self.t_submit
+        return ready
 
     def resolved(self) -> OpBatch:
         """This batch with ``names`` and ``kinds`` filled in from its table."""
@@ -131,6 +147,7 @@ class OpBatch:
             group_ids=self.group_ids,
             t_done=self.t_done,
             errors=self.errors,
+            ready_fill=self.ready_fill,
         )
 
     def __iter__(self) -> Iterator[OpRecord]:
@@ -141,7 +158,7 @@ class OpBatch:
             return self.resolved().to_records()
         out = []
         errors = self.errors
-        ready_rows = self.ready.tolist()
+        ready_rows = self.ready_rows().tolist()
         cached = self.cached
         for i, name in enumerate(self.names):
             kind = self.kinds[i]

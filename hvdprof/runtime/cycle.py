@@ -166,9 +166,17 @@ class CycleLoop:
         #: showed, on this rank's clock (NO_TIME: not seen since the op last ran). Times,
         #: not cycle indices: the op's record then takes them as they are.
         self._first_ready = np.full((size, 0), NO_TIME, dtype=np.int64)
+        #: some entry of _first_ready holds a time (only cycles whose reply carried the
+        #: matrix set any: see cycle_header.reduce); while none does, a ready bit's ranks
+        #: all showed it in the cycle that runs it, and nothing need be gathered
+        self._any_tracked = False
         self._ready_bits = np.zeros(0, dtype=np.int64)  # this cycle's fast-path bits
         #: (ranks, len(_ready_bits)): their first-ready times, when a sink records them
+        #: and some were seen before this cycle; else None
         self._ready_first: np.ndarray | None = None
+        #: this cycle's start when a sink records readiness: the first-ready time of every
+        #: rank for the ready bits _ready_first does not cover
+        self._ready_at: int | None = None
         self._ready_bits_bytes = b""  # _ready_bits as bytes, when a sink records them
         #: bumped whenever the response cache may have changed (a reply, a clear), and
         #: the cache's names as of a version, built when a record first needs them
@@ -342,6 +350,7 @@ class CycleLoop:
         detailed = any(o.detailed for o in self.observers)
         if detailed and not self._was_detailed:
             self._first_ready.fill(NO_TIME)  # forget readiness seen while nobody recorded it
+            self._any_tracked = False
         self._was_detailed = detailed
         payload = self._outbox_payload()
         said = self._exchange(payload, blocked, detailed)
@@ -459,10 +468,11 @@ class CycleLoop:
         for r in said.joined:
             self._join_cycle.setdefault(r, cycle)
         matrix = said.matrix
-        if detailed and said.ready.shape[0] and matrix is not None:
+        if detailed and said.full and said.ready.shape[0] and matrix is not None:
             self._track_readiness(matrix[:, HEADER:], self._t_cycle)
         agreed = _Agreed()
         self._ready_first = None
+        self._ready_at = None
         if said.ready.shape[0] and said.any_active:
             ready_bits = np.flatnonzero(said.ready)
             if ready_bits.size:
@@ -472,13 +482,10 @@ class CycleLoop:
                 bit_list = ready_bits.tolist()
                 self._ready_bits = ready_bits
                 if detailed and bit_list[-1] < self._first_ready.shape[1]:
-                    # Taken here, beside the numpy calls that found the bits: the same
-                    # gather in the accounting, after the reduction, costs several times
-                    # as much (its code and data no longer in the core's caches).
-                    first = self._first_ready
-                    self._ready_first = first[:, ready_bits]
-                    first[:, ready_bits] = NO_TIME
                     self._ready_bits_bytes = ready_bits.tobytes()
+                    self._ready_at = self._t_cycle
+                    if self._any_tracked:
+                        self._gather_readiness(ready_bits)
                 agreed.ops = [entries[bit] for bit in bit_list]
                 agreed.reqs = [waiting.pop(bit, None) for bit in bit_list]
                 self.counters["cache_hits"] += ready_bits.size
@@ -725,6 +732,19 @@ class CycleLoop:
         first = self._first_ready[:, : bits.shape[1]]
         newly = (bits == 1) & (first == NO_TIME)
         first[newly] = t_cycle
+        self._any_tracked = True
+
+    def _gather_readiness(self, ready_bits: np.ndarray) -> None:
+        """The ready bits' first-ready times seen in earlier cycles (this cycle's start
+        for the rest), then forgotten. Taken in the negotiation, beside the numpy calls
+        that found the bits: the same gather in the accounting, after the reduction,
+        costs several times as much (its code and data no longer in the core's caches)."""
+        first = self._first_ready
+        gathered = first[:, ready_bits]
+        gathered[gathered == NO_TIME] = self._t_cycle
+        self._ready_first = gathered
+        first[:, ready_bits] = NO_TIME
+        self._any_tracked = bool((first != NO_TIME).any())
 
     def _watch_partial_bits(self, bits: np.ndarray, active: np.ndarray) -> None:
         if not bits.shape[1]:
@@ -922,10 +942,15 @@ class CycleLoop:
         # during the reduction), so the common cycle, every op cached, makes none but the
         # one that writes this rank's own column.
         first = self._ready_first if n_cached else None
-        if first is not None and n_cached == n and reply is None and None not in ready_reqs:
-            ready = first.T
+        ready_at = self._ready_at if n_cached else None
+        if ready_at is not None and n_cached == n and reply is None and None not in ready_reqs:
             t_submit = [req.t_submit for req in ready_reqs]
-            ready[:, self.rank] = t_submit
+            ready_fill = None
+            if first is None:  # every rank showed them this cycle: the renderer fills it
+                ready, ready_fill = None, (ready_at, self.rank, self.size)
+            else:
+                ready = first.T
+                ready[:, self.rank] = t_submit
             return OpBatch(
                 names=None,  # the cache's bits name them: no list per op
                 kinds=None,
@@ -938,11 +963,14 @@ class CycleLoop:
                 errors=self._op_errors(op_group, ready_reqs),
                 bits=self._ready_bits_bytes,
                 table=self._cache_table(),
+                ready_fill=ready_fill,
             )
         ready = np.full((n, self.size), NO_TIME, dtype=np.int64)
         cached = b"\x01" * n_cached + bytes(n - n_cached)
         if first is not None:
             ready[:n_cached] = first.T
+        elif ready_at is not None:
+            ready[:n_cached] = ready_at
         if reply is not None:  # the coordinator's path: readiness by cycle, per op
             for i, response in enumerate(self._taken, start=n_cached):
                 row = ready[i]

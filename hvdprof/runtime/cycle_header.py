@@ -7,7 +7,10 @@ with what the cycle's decisions need, reduced: the cache bits set on every activ
 (AND), the flags (OR; AND for commands), and bitmasks of which ranks joined, shut down or
 have news, so every rank draws the same conclusions from 2 + K + 3N/8 bytes instead of
 N (10 + K). The whole matrix follows the reply only while some rank asks for it (its
-timeline records when each rank's bit first showed: the readiness marks).
+timeline records when each rank's bit first showed: the readiness marks) and the matrix
+says more than the reply: some bit set on one active rank and not on another, or a rank
+inside join(). Otherwise every bit set anywhere is set everywhere and runs now, so each
+rank first showed it in this cycle, which the reply already says.
 """
 
 from __future__ import annotations
@@ -79,10 +82,12 @@ def reduce(matrix: np.ndarray, kind: int) -> np.ndarray:
     bits = matrix[:, HEADER:]
     joined = matrix[:, JOINED].astype(bool)
     masks = 2 + k
+    partial = False  # some bit set on one active rank and not on another
     if joined.any():
         flags |= _ANY_JOINED
         out[masks : masks + m] = np.packbits(joined)
         active = ~joined
+        partial = True  # (rare: the matrix goes along)
         if active.any():
             flags |= _ANY_ACTIVE
             if k:
@@ -90,7 +95,9 @@ def reduce(matrix: np.ndarray, kind: int) -> np.ndarray:
     else:
         flags |= _ANY_ACTIVE
         if k:
-            out[2 : 2 + k] = bits.min(axis=0)
+            ready = out[2 : 2 + k]
+            ready[:] = bits.min(axis=0)
+            partial = size > 1 and bool((bits != ready).any())
     shutdown = matrix[:, SHUTDOWN]
     if shutdown.any():
         flags |= _ANY_SHUTDOWN
@@ -105,7 +112,7 @@ def reduce(matrix: np.ndarray, kind: int) -> np.ndarray:
         flags |= _DIRECTIVE
     if k and bits.any():
         flags |= _ANY_BIT
-    if matrix[:, DETAILED].any():
+    if partial and matrix[:, DETAILED].any():
         flags |= FULL
     out[1] = flags
     return out
@@ -133,6 +140,8 @@ class Said:
     ready: np.ndarray  # cache bits set on every active rank (uint8 per bit)
     any_bit: bool  # some rank waits on some cached name
     matrix: np.ndarray | None
+    #: a rank records readiness and the matrix says more than ``ready`` (see ``reduce``)
+    full: bool = False
 
     @classmethod
     def read(cls, reply: np.ndarray, size: int, matrix: np.ndarray | None) -> Said:
@@ -157,6 +166,7 @@ class Said:
             ready=reply[2:masks],
             any_bit=bool(flags & _ANY_BIT),
             matrix=matrix,
+            full=bool(flags & FULL),
         )
 
     def lengths(self, size: int) -> list[int]:

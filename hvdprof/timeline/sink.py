@@ -303,10 +303,15 @@ class TimelineSink:
 
     def _put_waited(self) -> None:
         waited, self._waited = self._waited, []  # appends after the swap go to the new list
-        for t_ns, blocked_ns, shift in waited:
-            self._put(
-                (ITEM_COUNTER, act.COUNTER_WAITED, t_ns, shift, {"value": blocked_ns / 1e6}), 1
-            )
+        items = [
+            (ITEM_COUNTER, act.COUNTER_WAITED, t_ns, shift, {"value": blocked_ns / 1e6})
+            for t_ns, blocked_ns, shift in waited
+        ]
+        if self._process is not None:  # plain already: one lock, no copy
+            self._process.put_plain(items)
+            return
+        for item in items:
+            self._put(item, 1)
 
     def add_counter(
         self, name: str, values: Mapping[str, float], *, t_ns: int | None = None

@@ -208,24 +208,35 @@ def _columns(batch: OpBatch, start: int, stop: int) -> tuple[Any, ...]:
     else:
         names = batch.names if whole else batch.names[start:stop]
         kinds = batch.kinds if whole else batch.kinds[start:stop]  # type: ignore[index]
-    t_neg: Any = batch.t_negotiated if whole else batch.t_negotiated[start:stop]
-    if t_neg and t_neg.count(t_neg[0]) == len(t_neg):
-        t_neg = t_neg[0]  # one int for the whole frame
     errors = batch.errors
     if errors and not whole:
         errors = {i - start: e for i, e in errors.items() if start <= i < stop}
+    fill = batch.ready_fill if batch.ready is None else None
+    if fill is not None:
+        ready: Any = fill[:2]  # (time, this rank): the renderer builds the matrix
+        ranks = fill[2]
+    else:
+        matrix = batch.ready_rows()
+        ready, ranks = matrix[start:stop].tobytes(), matrix.shape[1]
     return (  # an OpColumns, plain on the wire (see render.head_tuple)
         names,
         kinds,
         batch.t_submit if whole else batch.t_submit[start:stop],
-        t_neg,
-        batch.ready[start:stop].tobytes(),
-        batch.ready.shape[1],
+        _shared(batch.t_negotiated if whole else batch.t_negotiated[start:stop]),
+        ready,
+        ranks,
         batch.cached if whole else batch.cached[start:stop],
-        batch.group_ids if whole else batch.group_ids[start:stop],
-        batch.t_done if whole else batch.t_done[start:stop],
+        _shared(batch.group_ids if whole else batch.group_ids[start:stop]),
+        _shared(batch.t_done if whole else batch.t_done[start:stop]),
         errors,
     )
+
+
+def _shared(column: list[int]) -> int | list[int]:
+    """One int for a column whose ops all share it (see :mod:`hvdprof.timeline.wire`)."""
+    if column and column.count(column[0]) == len(column):
+        return column[0]
+    return column
 
 
 def encode_cycle(record: CycleRecord, shift: int, weight: int) -> Iterator[bytes]:
@@ -499,6 +510,25 @@ class RenderProcess:
             if len(self._pending) >= FLUSH_BYTES:
                 self._flush_locked()
             return True
+
+    def put_plain(self, items: list[tuple[Any, ...]]) -> int:
+        """Add items that are plain data already (the runtime's own counter samples, one
+        event each), under one lock and without :func:`portable_item`'s copy; the number
+        added (0 when closed: they are counted as dropped)."""
+        if self._closed:
+            self._count_dropped(len(items), len(items))
+            return 0
+        with self._lock:
+            if self._closed:
+                self._dropped_events += len(items)
+                self._dropped_items += len(items)
+                return 0
+            self._batch.extend([(MSG_ITEM, item, 1) for item in items])
+            self._pending_events += len(items)
+            self._pending_items += len(items)
+            if len(self._batch) >= BATCH_MESSAGES:
+                self._seal_batch_locked()
+            return len(items)
 
     def put_table(self, table: CacheTable) -> None:
         """Send the response cache's names by bit, for the cycles that follow (which name

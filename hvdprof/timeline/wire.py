@@ -26,9 +26,12 @@ Frames are ``<u32 little-endian length><pickle>``; each pickle is a tuple tagged
 
 ``head`` and ``groups`` are as in :func:`hvdprof.timeline.render.cycle_columns`. Op
 columns on the wire: ``(names, kinds, t_submit, t_negotiated, ready, ranks, cached,
-group_ids, t_done, errors)`` where ``t_negotiated`` is one int when every op shares it
-(it always does, from the cycle), ``ready`` the native int64 bytes of the ``(ops,
-ranks)`` readiness matrix and ``cached`` one byte per op.
+group_ids, t_done, errors)`` where ``t_negotiated``, ``group_ids`` and ``t_done`` are
+one int when every op shares it (``t_negotiated`` always, the others in most cycles: a
+list of 2,000 large ints costs the rank 60 µs to pickle), ``ready`` the native int64 bytes
+of the ``(ops, ranks)`` readiness matrix, or ``(time, rank)`` when every rank showed every
+op at ``time`` and this rank (``rank``) at its ``t_submit`` (the common cycle: the rank
+builds no matrix), and ``cached`` one byte per op.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from typing import Any
 from hvdprof.timeline.render import ITEM_COLUMNS, OpColumns, as_groups, as_head
 
 #: Bumped when the wire format changes; the child refuses a stream of another version.
-PROTOCOL = 5
+PROTOCOL = 6
 
 MSG_STATE = 0
 MSG_OPS = 1
@@ -238,34 +241,55 @@ def name_by_table(
     return (op_names, op_kinds, *chunk[2:])
 
 
+def _per_op(column: Any, n: int) -> list[Any]:
+    """A column that may travel as one int shared by its ``n`` ops, as a list."""
+    return [column] * n if type(column) is int else column
+
+
+def _ready_flat(c: OpColumns) -> list[int]:
+    """The readiness matrix of one chunk, flat (ops by ranks), from either wire form."""
+    ready = c.ready
+    if type(ready) is bytes:
+        flat = array("q")
+        flat.frombytes(ready)
+        return flat.tolist()
+    t, rank = ready  # every rank showed every op at t, this rank at its t_submit
+    out = [t] * (len(c.t_submit) * c.ranks)
+    out[rank :: c.ranks] = c.t_submit
+    return out
+
+
 def join_columns(chunks: list[tuple[Any, ...]]) -> OpColumns:
     """Wire op columns (one or more consecutive chunks, plain :class:`OpColumns` tuples)
     as the renderer's columns."""
     if len(chunks) == 1:
         c = OpColumns._make(chunks[0])
-        t_neg = [c.t_negotiated] * len(c.names) if type(c.t_negotiated) is int else c.t_negotiated
-        flat = array("q")
-        flat.frombytes(c.ready)
-        return c._replace(t_negotiated=t_neg, ready=flat.tolist(), cached=list(c.cached))
+        n = len(c.names)
+        return c._replace(
+            t_negotiated=_per_op(c.t_negotiated, n),
+            ready=_ready_flat(c),
+            cached=list(c.cached),
+            group_ids=_per_op(c.group_ids, n),
+            t_done=_per_op(c.t_done, n),
+        )
     names, kinds, t_submit, t_negs, group_ids, t_done = [], [], [], [], [], []
-    flat = array("q")
+    flat: list[int] = []
     cached_bytes = bytearray()
     errors: dict[int, str] = {}
     ranks = 0
     for c in map(OpColumns._make, chunks):
-        base = len(names)
+        base, n = len(names), len(c.names)
         names += c.names
         kinds += c.kinds
         t_submit += c.t_submit
-        neg = c.t_negotiated
-        t_negs += [neg] * len(c.names) if type(neg) is int else neg
-        flat.frombytes(c.ready)
+        t_negs += _per_op(c.t_negotiated, n)
+        flat += _ready_flat(c)
         cached_bytes += c.cached
-        group_ids += c.group_ids
-        t_done += c.t_done
+        group_ids += _per_op(c.group_ids, n)
+        t_done += _per_op(c.t_done, n)
         errors.update({base + i: e for i, e in c.errors.items()})
         ranks = c.ranks
-    return OpColumns(names, kinds, t_submit, t_negs, flat.tolist(), ranks, list(cached_bytes),
+    return OpColumns(names, kinds, t_submit, t_negs, flat, ranks, list(cached_bytes),
                      group_ids, t_done, errors)  # fmt: skip
 
 
