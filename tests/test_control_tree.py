@@ -146,6 +146,13 @@ def test_the_matrix_follows_only_when_a_rank_records_readiness() -> None:
     assert said.ready.tolist() == [0] and said.joined == frozenset()
     assert reply[1] & 32  # FULL
     assert not reduce(_matrix([{}, {}, {}], [[1], [0], [1]]), WORK)[1] & 32
+    # every active rank's bits agree: each showed them in this cycle, which the reply says
+    agreed = reduce(_matrix(rows, [[1], [1], [1]]), WORK)
+    assert not agreed[1] & 32 and Said.read(agreed, 3, None).ready.tolist() == [1]
+    assert not Said.read(agreed, 3, None).full and Said.read(reply, 3, matrix).full
+    # a rank inside join(): the rows differ in meaning, so the matrix goes along
+    joined = _matrix([{}, {"joined": True}, {"detailed": True}], [[1], [1], [1]])
+    assert reduce(joined, WORK)[1] & 32
     everyone_joined = _matrix([{"joined": True}] * 2, [[1], [1]])
     said = Said.read(reduce(everyone_joined, WORK), 2, None)
     assert not said.any_active and said.ready.tolist() == [0]

@@ -25,10 +25,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from hvdprof.common import activities as act
-from hvdprof.common.records import CycleRecord, GroupRecord, OpRecord, TunableParams
+from hvdprof.common.records import CycleRecord, GroupRecord, OpBatch, OpRecord, TunableParams
 from hvdprof.config import Config
 from hvdprof.errors import HvdprofError
 from hvdprof.timeline import (
@@ -954,6 +955,34 @@ def test_small_cycles_travel_in_one_batch_and_a_damaged_one_is_lost_alone(
     # a cycle too large for one frame is not batched
     big = many_ops_cycle(9, transport.OPS_PER_FRAME + 1)
     assert transport.small_message((ITEM_CYCLE, big, 0), 1) is None
+
+
+def test_a_cycle_every_rank_showed_at_once_travels_without_its_matrix(tmp_path: Path) -> None:
+    """The common cycle leaves the readiness matrix to the renderer (``ready_fill``); its
+    ops shared one group and one completion time, which travel as one int each. What the
+    renderer gets is what the full matrix and the per-op columns would have given."""
+    n, t_cycle, me = 5, 40_000, 1
+    t_submit = [41_000 + 10 * i for i in range(n)]
+    common = dict(names=[f"g/{i}" for i in range(n)], kinds=[("ALLREDUCE", "float32", (3,), 12)] * n,
+                  t_submit=t_submit, t_negotiated=[45_000] * n, cached=b"\x01" * n,
+                  group_ids=[2] * n, t_done=[50_000] * n, errors={})  # fmt: skip
+    filled = OpBatch(ready=None, ready_fill=(t_cycle, me, SIZE), **common)
+    matrix = np.full((n, SIZE), t_cycle, dtype=np.int64)
+    matrix[:, me] = t_submit
+    explicit = OpBatch(ready=matrix, **common)
+    np.testing.assert_array_equal(filled.ready_rows(), matrix)
+    cycles = [
+        dataclasses.replace(make_cycle(c), ops=ops) for c, ops in enumerate((filled, explicit))
+    ]
+    wire = [transport.small_message((ITEM_CYCLE, r, 77), 9) for r in cycles]
+    columns = [msg[3] for msg in wire]
+    assert columns[0][4] == (t_cycle, me) and type(columns[1][4]) is bytes
+    assert columns[0][7] == 2 and columns[0][8] == 50_000  # shared: one int each
+    batch = pickle.dumps((transport.MSG_BATCH, wire))
+    items, _, decoder = decode_stream(frames_of([batch]), tmp_path)
+    assert decoder.lost_items == 0
+    assert items[0][0][3] == items[1][0][3] == plain(cycles[1])[2]
+    assert [r.ready_times for r in filled.to_records()] == [r.ready_times for r in explicit]
 
 
 def test_portable_items_carry_no_objects_and_render_the_same() -> None:
