@@ -143,9 +143,9 @@ def merge_directory(
             count += 1
         merged.append(_meta("process_sort_index", rank, {"sort_index": 2 * rank}))
         result.events_per_rank[rank] = count
-        clock = (rank_trace.manifest or {}).get("clock", {})
-        if rank == 0 or clock.get("samples"):
-            errors.append(int(clock.get("error_ns", 0)) / 1000.0)
+        clock = rank_trace.manifest.clock if rank_trace.manifest is not None else None
+        if rank == 0 or (clock is not None and clock.samples):
+            errors.append((clock.error_ns if clock is not None else 0) / 1000.0)
         elif rank_trace.manifest is not None:
             result.problems.append(
                 f"rank {rank}: its clock offset to rank 0 was never estimated; assumed zero"
@@ -227,7 +227,7 @@ def _other_data(run: TraceDirectory, result: MergeResult) -> dict[str, Any]:
         "merged_by": "hvdprof timeline merge",
         "ranks": result.ranks,
         "clock_error_us": {
-            str(r): (rt.manifest or {}).get("clock", {}).get("error_ns", 0) / 1000.0
+            str(r): (rt.manifest.clock.error_ns if rt.manifest is not None else 0) / 1000.0
             for r, rt in sorted(run.ranks.items())
         },
         "kineto": {path: rank for path, (rank, _) in result.kineto.items()},

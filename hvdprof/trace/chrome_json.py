@@ -23,8 +23,6 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import msgspec
-
 from hvdprof.common import limits
 from hvdprof.trace.manifest import MANIFEST_RE, TRACE_RE, Manifest, read_manifest
 
@@ -233,13 +231,11 @@ def _scan(text: str, pos: int, events: list[dict[str, Any]], skipped: list[Skip]
 
 @dataclass
 class RankTrace:
-    """One rank of a run: its trace and its manifest (None when missing), the manifest as
-    a dict like the events (read and checked as a :class:`~hvdprof.trace.manifest.Manifest`
-    first, so every field is there with its type)."""
+    """One rank of a run: its trace and its typed manifest (None when missing)."""
 
     rank: int
     trace: Trace
-    manifest: dict[str, Any] | None
+    manifest: Manifest | None
     trace_path: str
     manifest_path: str | None
 
@@ -260,7 +256,7 @@ class TraceDirectory:
         return {r: rt.trace for r, rt in self.ranks.items()}
 
     @property
-    def manifests(self) -> dict[int, dict[str, Any] | None]:
+    def manifests(self) -> dict[int, Manifest | None]:
         return {r: rt.manifest for r, rt in self.ranks.items()}
 
 
@@ -301,8 +297,7 @@ def load_traces(directory: str) -> TraceDirectory:
             except (OSError, ValueError) as exc:
                 run.problems.append(f"rank {rank}: unreadable manifest: {exc}")
         trace = load_trace(traces[rank])
-        raw = msgspec.to_builtins(manifest) if manifest is not None else None
-        run.ranks[rank] = RankTrace(rank, trace, raw, traces[rank], mpath)
+        run.ranks[rank] = RankTrace(rank, trace, manifest, traces[rank], mpath)
         if not trace.complete:
             run.problems.append(
                 f"rank {rank}: {os.path.basename(traces[rank])} has no closing ']'"
