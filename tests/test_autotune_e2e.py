@@ -90,6 +90,8 @@ class LogPolls:
     empty: int = 0  # polls that saw the file created but its header not yet written
     max_rows: int = 0
     problems: list[str] = field(default_factory=list)
+    #: the row counts the polls saw: the log read at several lengths while it grew
+    row_counts: set[int] = field(default_factory=set)
 
 
 def start_job(
@@ -275,6 +277,7 @@ def poll_log(log: Path, snapshot: Path, polls: LogPolls) -> None:
     snapshot.write_bytes(data)
     problems, rows = log_problems(data.decode("utf-8", "replace"), snapshot)
     polls.max_rows = max(polls.max_rows, rows)
+    polls.row_counts.add(rows)
     if problems and len(polls.problems) < 10:
         polls.problems.append(f"poll {polls.polls} ({rows} rows): {problems}")
 
@@ -366,7 +369,9 @@ def test_three_ranks_apply_identical_params(three_rank_run: dict[str, Any]) -> N
 
 def test_log_well_formed_while_running(two_rank_run: dict[str, Any]) -> None:
     polls: LogPolls = two_rank_run["polls"]
-    assert polls.polls >= 20, f"the log was polled only {polls.polls} times"
+    # Read while it grew, at several lengths (how many polls that takes depends on how
+    # fast the job runs: a poll count once failed at 19 of 20 on a quicker runtime)
+    assert len(polls.row_counts) >= 4, f"polls saw the log at lengths {sorted(polls.row_counts)}"
     assert polls.max_rows >= 7, f"polls saw at most {polls.max_rows} rows"
     assert not polls.problems, "\n".join(polls.problems)
     rows = read_autotune_log(two_rank_run["log"])
@@ -417,7 +422,7 @@ def test_throughput_while_tuning_is_logged_live(two_rank_run: dict[str, Any]) ->
 
 def test_log_well_formed_while_running_at_three_ranks(three_rank_run: dict[str, Any]) -> None:
     polls: LogPolls = three_rank_run["polls"]
-    assert polls.polls >= 10 and polls.max_rows >= 5, polls
+    assert len(polls.row_counts) >= 3 and polls.max_rows >= 5, polls
     assert not polls.problems, "\n".join(polls.problems)
     rows = read_autotune_log(three_rank_run["log"])
     assert_rows_follow_history(rows, history_of(three_rank_run["result"], 0))
