@@ -306,11 +306,14 @@ def main() -> None:
                 rows.append(judge(scenario, tl, truth, own, baseline, slow, args.delay_ms, onset))
                 _harness.log(f"repeat {rep} {scenario}: {rows[-1]['verdict']}")
     table = summary_rows(rows, args.ranks, args.load)
+    if args.launcher == "mpirun":
+        table = [[f"{row[0]} under mpirun", *row[1:]] for row in table]
     print(_harness.table(table, HEADER))
     name = (
         f"answers_bench.np{args.ranks}"
         + (".tiny" if args.tiny else "")
         + (".mpirun" if args.launcher == "mpirun" else "")
+        + ("" if scenarios else ".balanced")  # (not the file of a run with faults)
         + (".loaded" if args.load else "")
     )
     path = _harness.write_results(
