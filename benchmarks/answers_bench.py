@@ -95,6 +95,7 @@ def run_job(
     worker_args: list[str],
     timeout: float,
     launcher: str = "hvdprof",
+    backend: str = "",
 ) -> tuple[Path, dict[str, Any], list[float]]:
     """The job's timeline, rank 0's truth (step times, slowed steps) and each rank's own
     time per step (ms). Under ``mpirun`` at its defaults, hvdprof negotiates over MPI."""
@@ -102,6 +103,8 @@ def run_job(
     job = [str(WORKER), "--steps", str(steps), "--out", str(steps_file), *worker_args]
     env = {k: v for k, v in os.environ.items() if not k.startswith("HVDPROF_")}
     env["HVDTEST_DEADLINE_S"] = str(timeout)
+    if backend:
+        env["HVDPROF_BACKEND"] = backend
     if launcher == "mpirun":
         command = [*mpirun_command(ranks), sys.executable, *job]
         env.update(HVDPROF_TIMELINE=str(tl), OMPI_ALLOW_RUN_AS_ROOT="1")
@@ -262,6 +265,11 @@ def main() -> None:
         default="hvdprof",
         help="start the jobs with hvdprof run (default) or mpirun (negotiation over MPI)",
     )
+    p.add_argument(
+        "--backend",
+        default="",
+        help="HVDPROF_BACKEND for the jobs (default: unset, the user's default)",
+    )
     args = p.parse_args()
     scenarios = ["data"] if args.quick else [x for x in args.scenarios.split(",") if x]
     if args.ranks < 4 and "two-slow" in scenarios:
@@ -279,7 +287,13 @@ def main() -> None:
         for rep in range(repeats):
             base = Path(tmp) / f"r{rep}"
             baseline = run_job(
-                args.ranks, args.steps, base / "balanced", model, args.timeout, args.launcher
+                args.ranks,
+                args.steps,
+                base / "balanced",
+                model,
+                args.timeout,
+                args.launcher,
+                args.backend,
             )
             rows.append(judge("balanced", *baseline, None, [], args.delay_ms, onset))
             _harness.log(f"repeat {rep} balanced: {rows[-1]['verdict']}")
@@ -301,18 +315,28 @@ def main() -> None:
                     "--fraction", str(fraction), "--seed", str(rep),
                 ]  # fmt: skip
                 tl, truth, own = run_job(
-                    args.ranks, steps, base / scenario, model + fault, args.timeout, args.launcher
+                    args.ranks,
+                    steps,
+                    base / scenario,
+                    model + fault,
+                    args.timeout,
+                    args.launcher,
+                    args.backend,
                 )
                 rows.append(judge(scenario, tl, truth, own, baseline, slow, args.delay_ms, onset))
                 _harness.log(f"repeat {rep} {scenario}: {rows[-1]['verdict']}")
     table = summary_rows(rows, args.ranks, args.load)
-    if args.launcher == "mpirun":
-        table = [[f"{row[0]} under mpirun", *row[1:]] for row in table]
+    if args.launcher == "mpirun" or args.backend:
+        how = " ".join(
+            x for x in ("under mpirun" if args.launcher == "mpirun" else "", args.backend) if x
+        )
+        table = [[f"{row[0]} {how}", *row[1:]] for row in table]
     print(_harness.table(table, HEADER))
     name = (
         f"answers_bench.np{args.ranks}"
         + (".tiny" if args.tiny else "")
         + (".mpirun" if args.launcher == "mpirun" else "")
+        + (f".{args.backend}" if args.backend else "")
         + ("" if scenarios else ".balanced")  # (not the file of a run with faults)
         + (".loaded" if args.load else "")
     )
@@ -326,6 +350,7 @@ def main() -> None:
             "tiny": args.tiny,
             "load": args.load,
             "launcher": args.launcher,
+            "backend": args.backend or "default",
             "wall_s": round(time.monotonic() - started, 1),
             "header": HEADER,
             "table": table,
