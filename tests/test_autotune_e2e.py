@@ -603,22 +603,37 @@ def test_warm_start_seeds_the_tuner(tmp_path: Path) -> None:
             writer.write(make_row(params, score, 10 * i, 10 * i + 9, params == best, phase))
     with open(warm, "a") as f:
         f.write("4096,0.5,1,1e6,90")  # a torn last line, as a crash would leave
-    log = tmp_path / "autotune.csv"
-    env = {
-        **FAST_TUNING,
-        "HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "20",
-        "HVDPROF_AUTOTUNE_WARM_START": str(warm),
-        "HVDPROF_AUTOTUNE_LOG": str(log),
-        "HVDPROF_BACKEND": "gloo",  # the earlier best's threshold is in the space
-    }
-    result, _ = run_tuned_job(2, tmp_path, "--stop", "samples", "--samples", "2", env=env)
-    result.assert_done(2)
-    assert "ignored" not in result.text(0, "stderr"), result.text(0, "stderr")
-    history = assert_same_history_at_least(result, 2, changes=1)
-    assert history[0][1] == DEFAULT
-    assert history[1][1] == best, f"first proposal {history[1][1]}, warm start's best {best}"
-    rows = read_autotune_log(log)
-    assert [r.params for r in rows[:2]] == [DEFAULT, best], rows
+    # A window can end at the default while the first proposal is on its way to the
+    # ranks, and on a loaded runner the tuner may end its round on the noise before
+    # proposing anything ("kept the default: nothing else was measured"), which is its
+    # documented right. Such a job shows nothing about the order: up to three jobs, and
+    # every job that proposed anything must have proposed the warm start's best first.
+    proposed = 0
+    for attempt in range(3):
+        out, log = tmp_path / f"job{attempt}", tmp_path / f"autotune{attempt}.csv"
+        env = {
+            **FAST_TUNING,
+            "HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "20",
+            "HVDPROF_AUTOTUNE_WARM_START": str(warm),
+            "HVDPROF_AUTOTUNE_LOG": str(log),
+            "HVDPROF_BACKEND": "gloo",  # the earlier best's threshold is in the space
+        }
+        result, _ = run_tuned_job(2, out, "--stop", "samples", "--samples", "5", env=env)
+        result.assert_done(2)
+        assert "ignored" not in result.text(0, "stderr"), result.text(0, "stderr")
+        history = assert_same_history_at_least(result, 2, changes=0)
+        assert history[0][1] == DEFAULT
+        if len(history) == 1:
+            said = tuner_of(result)["best_line"]
+            assert "nothing else was measured" in said, said
+            continue
+        proposed += 1
+        assert history[1][1] == best, f"first proposal {history[1][1]}, warm start's best {best}"
+        tried = [r.params for r in read_autotune_log(log)]
+        assert tried[0] == DEFAULT, tried
+        assert next(p for p in tried if p != DEFAULT) == best, tried
+        break
+    assert proposed, "three jobs in a row ended their round before proposing anything"
     assert warm.read_text().count("\n") == len(earlier) + 1, "the warm-start file was modified"
 
 
