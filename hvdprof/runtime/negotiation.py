@@ -264,22 +264,34 @@ class Coordinator:
         evicted: set[str] = set()
         for rank, metas in messages:
             for meta in metas:
-                # A rank sends a cached name here only when its signature changed:
-                # the cached entry is stale for everyone.
-                if cache.bit(meta.name) >= 0 and meta.name not in evicted:
-                    evicted.add(meta.name)
-                    reply.evicted.append(meta.name)
-                # names are per process set, as each of Horovod's sets has its own queue
-                key = meta.name
-                if meta.signature.process_set:
-                    key = f"{meta.name} (process set {meta.signature.process_set})"
-                entry = self._table.get(key)
-                if entry is None:
-                    entry = self._table[key] = _Pending(first_seen=now)
+                entry = self._entry(meta, reply, evicted, cache, now)
                 entry.metas[rank] = meta
                 entry.cycles[rank] = cycle
         self._decide(reply, joined, cache_enabled)
         return reply
+
+    def _entry(
+        self,
+        meta: RequestMeta,
+        reply: CoordinatorReply,
+        evicted: set[str],
+        cache: ResponseCache,
+        now: float,
+    ) -> _Pending:
+        """The pending entry ``meta`` files into (made on first sight). A rank sends a
+        cached name here only when its signature changed: the cached entry is then stale
+        for everyone, and the reply evicts it once."""
+        if cache.bit(meta.name) >= 0 and meta.name not in evicted:
+            evicted.add(meta.name)
+            reply.evicted.append(meta.name)
+        # names are per process set, as each of Horovod's sets has its own queue
+        key = meta.name
+        if meta.signature.process_set:
+            key = f"{meta.name} (process set {meta.signature.process_set})"
+        entry = self._table.get(key)
+        if entry is None:
+            entry = self._table[key] = _Pending(first_seen=now)
+        return entry
 
     def handle_merged(
         self,
@@ -297,15 +309,7 @@ class Coordinator:
         reply = CoordinatorReply()
         evicted: set[str] = set()
         for meta, ranks in groups:
-            if cache.bit(meta.name) >= 0 and meta.name not in evicted:
-                evicted.add(meta.name)
-                reply.evicted.append(meta.name)
-            key = meta.name
-            if meta.signature.process_set:
-                key = f"{meta.name} (process set {meta.signature.process_set})"
-            entry = self._table.get(key)
-            if entry is None:
-                entry = self._table[key] = _Pending(first_seen=now)
+            entry = self._entry(meta, reply, evicted, cache, now)
             entry.metas.update(dict.fromkeys(ranks, meta))
             entry.cycles.update(dict.fromkeys(ranks, cycle))
         self._decide(reply, joined, cache_enabled)
