@@ -3,8 +3,9 @@
 Started by torchrun (``launched.py`` in front). Usage: ``kineto_ddp_worker.py OUTDIR
 [SLOW_RANK [SLOW_MS]]``: every rank trains a small MLP with DistributedDataParallel on
 Gloo, profiles STEPS steps after a warm-up with ``tensorboard_trace_handler(OUTDIR)``
-(``<worker>.<id>.pt.trace.json``); SLOW_RANK (default -1: none) does SLOW_MS of extra
-work before each backward, so it launches every bucket's allreduce last.
+(``<worker>.<id>.pt.trace.json``); each step first waits WAIT_MS off the CPU; SLOW_RANK
+(default -1: none) does SLOW_MS of extra work before each backward, so it launches every
+bucket's allreduce last.
 """
 
 from __future__ import annotations
@@ -20,16 +21,20 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 #: profiled steps: enough that a balanced job's noise is not taken for a straggler
 STEPS = 20
+#: Each step first waits this long off the CPU, as a rank waits for its next batch or
+#: for its GPU. Without it the step was the MLP's few ms of CPU alone, and on 2 cores the
+#: scheduler's time slices alone made one rank's own work 1.5-2.3 ms a step longer in
+#: about 1 balanced run in 10 (both ranks pinned to one core, one on each, or unpinned:
+#: 5 of 36 runs named a rank, quiet or beside a spin loop), above the bar of 10% of a
+#: 5-12 ms step. With it: 0 of 45 runs named one (quiet, one and two spin loops; largest
+#: excess 1.9 ms against a bar of 2.6-3.8 ms).
+WAIT_MS = 20.0
 
 
 def main() -> None:
     out = sys.argv[1]
     slow_rank = int(sys.argv[2]) if len(sys.argv) > 2 else -1
     slow_ms = float(sys.argv[3]) if len(sys.argv) > 3 else 60.0
-    # both ranks on one core: the scheduler shares it fairly between them, where on two
-    # cores another busy process on one of them would make its rank the slow one
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -53,6 +58,7 @@ def main() -> None:
     ) as prof:
         for _ in range(STEPS + 3):
             opt.zero_grad()
+            time.sleep(WAIT_MS / 1000.0)  # the next batch, or the device, on every rank
             loss = torch.nn.functional.cross_entropy(ddp(x), y)
             if rank == slow_rank:
                 with torch.profiler.record_function("slow_rank_extra_work"):
