@@ -21,7 +21,7 @@ from hvdprof.analysis import (
     load_run,
     overlap_report,
 )
-from hvdprof.autotune.log import read_autotune_log
+from hvdprof.autotune.log import PHASE_DECISION, read_autotune_log
 from hvdprof.timeline.merge import kineto_shift_us
 from hvdprof.trace.chrome_json import load_trace
 
@@ -100,27 +100,33 @@ def autotune_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def test_autotune_samples_and_windows_listed(autotune_run: tuple[Path, Path]) -> None:
     tl, log = autotune_run
-    rows = read_autotune_log(log)
+    every_row = read_autotune_log(log)
+    # a decision row ends a round (what --autotune-from reads back); it is no window
+    rows = [r for r in every_row if r.phase != PHASE_DECISION]
     assert len(rows) >= 2, "the job scored too few samples to test with"
     run = load_run(tl, cache=False)
     report = autotune_report(run)
-    # the timeline holds every sample scored while it recorded; one scored as the job
-    # shuts down can reach the CSV log after the timeline closed
-    assert len(rows) - 1 <= len(report.samples) <= len(rows)
-    assert len(report.samples) >= 2
-    for sample, row in zip(report.samples, rows, strict=False):
+    # the timeline recorded the whole job, and the runtime closes the tuner (which hands
+    # its last samples over) before the timeline: the same windows as the log, in order
+    assert len(report.samples) == len(rows), [r.phase for r in every_row]
+    for sample, row in zip(report.samples, rows, strict=True):
         assert sample.fusion_threshold_bytes == row.params.fusion_threshold_bytes
         assert sample.cycle_time_ms == pytest.approx(row.params.cycle_time_ms)
+        assert sample.cache_enabled == row.params.cache_enabled
+        assert (sample.first_step, sample.last_step) == (row.first_step, row.last_step)
+        assert (sample.phase, sample.role, sample.is_best) == (row.phase, row.role, row.is_best)
         assert sample.score_mb_per_s == pytest.approx(row.score_bytes_per_s / 1e6, rel=1e-5)
         assert run.t0_us <= sample.t0_us < sample.t1_us <= run.t1_us + 1.0
+    # a round ended in the log exactly when it did on the timeline
+    assert bool(report.decision) == any(r.phase == PHASE_DECISION for r in every_row)
     # windows follow each other
     for a, b in zip(report.samples, report.samples[1:], strict=False):
         assert a.t1_us <= b.t0_us
-    best = max(rows[: len(report.samples)], key=lambda r: r.score_bytes_per_s)
+    best = max(rows, key=lambda r: r.score_bytes_per_s)
     assert report.samples[report.best].score_mb_per_s == pytest.approx(
         best.score_bytes_per_s / 1e6, rel=1e-5
     )
-    marked = [i for i, r in enumerate(rows[: len(report.samples)]) if r.is_best]
+    marked = [i for i, r in enumerate(rows) if r.is_best]
     assert marked, "the tuner marks its starting configuration as best at least"
     if report.recommendation:
         # the tuner's own recommendation as the timeline recorded it at the last sample
@@ -147,14 +153,17 @@ def test_autotune_table_in_cli(autotune_run: tuple[Path, Path]) -> None:
     proc = hvdprof_cli("analyze", str(tl))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Autotune samples" in proc.stdout
-    samples = autotune_report(load_run(tl, cache=False)).samples
-    # rich wraps the verdicts to the terminal (a wrapped line ends in a space)
-    assert f"Autotune scored {len(samples)} samples" in " ".join(proc.stdout.split())
+    report = autotune_report(load_run(tl, cache=False))
+    samples = report.samples
+    # the verdict, with the sample count: "Autotune scored N samples ..." while tuning,
+    # "Autotune (N samples): <the tuner's line>" once a round ended in the recording
+    # (rich wraps the verdicts to the terminal; a wrapped line ends in a space)
+    assert report.verdict and f"{len(samples)} samples" in report.verdict
+    assert " ".join(report.verdict.split()) in " ".join(proc.stdout.split())
     # one table row per sample: its index, then its threshold
     for sample in samples:
         assert re.search(rf"│\s+\*?{sample.index}\s+│", proc.stdout), sample
     # the tuner's recommendation is starred, once, with the legend under the table
-    report = autotune_report(load_run(tl, cache=False))
     starred = re.findall(r"│\s+\*(\d+)\s+│", proc.stdout)
     assert starred == [str(report.recommended)], starred
     assert "*: the tuner's recommendation" in proc.stdout

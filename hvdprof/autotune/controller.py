@@ -562,11 +562,16 @@ class AutotuneController:
             tuner.out_of_budget()
         self._best = tuner.best
         # the next window first: every step until it is posted goes unmeasured, and the
-        # log row's fsync can wait
-        if tuner.converged:
+        # log row's fsync can wait. Asking can itself end the round (screening over and
+        # nothing beat the incumbent, or a short round with nothing left to compare): the
+        # round then ends here, not after one more window of the incumbent, which wrote
+        # the round's decision row twice, the second after a window the timeline showed
+        # as tuning.
+        following = None if tuner.converged else tuner.ask()
+        if following is None or tuner.converged:
             self._finish_round(tuner, score)
         else:
-            self._post(tuner.ask(), PHASE_TUNE)
+            self._post(following, PHASE_TUNE)
         self._write_row(sample.params, score, PHASE_TUNE, role)
         if tuner.converged:
             self._write_decision(tuner, score)

@@ -265,6 +265,8 @@ class CycleLoop:
             if self.on_fatal is not None and self.failure is not None:
                 self.on_fatal(self.failure)
         finally:
+            # in list order: one that feeds another from a thread of its own (the
+            # autotuner feeds the timeline sink) is ahead of it, so it drains first
             for observer in self.observers:
                 try:
                     observer.close()

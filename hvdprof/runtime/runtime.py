@@ -212,7 +212,12 @@ class Runtime:
                 cfg, self.cycle.params, self.rank, shared_memory=self.shm is not None
             )
             self.autotuner.on_sample = self.timeline.add_autotune_sample
-            self.cycle.observers.append(self.autotuner)
+            # First of the observers, ahead of any timeline sink (opened above, or later by
+            # start_timeline): the cycle closes them in order, and the tuner's close lets
+            # its worker hand every sample in hand to the timeline before the sink closes.
+            # Closed after the sink, the samples of the job's last window or two reached
+            # the log but not the timeline.
+            self.cycle.observers.insert(0, self.autotuner)
             self.cycle.proposer = self.autotuner
 
     # ---------------------------------------------------------------- set-up
@@ -553,6 +558,9 @@ class Runtime:
         self.backend.pg = None
         self._data_pg = None
         self._store = None
+        tuner = getattr(self, "autotuner", None)
+        if tuner is not None:  # closed by the cycle already, unless that hung
+            tuner.close()  # its last samples reach the timeline before the timeline closes
         if self.timeline is not None:
             self.timeline.close()
 
