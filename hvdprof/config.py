@@ -603,6 +603,21 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "Bytes of memory by which the process in which the dashboard parses a run may grow (`RLIMIT_AS`, Linux); a run whose parse needs more is a notice on that run, never an error of the server. 0: parse in the server's own process, unlimited.",
         "4294967296 (4 GiB)",
     ),
+    # --- plug-ins (analyze, diff, the dashboard): see docs/analysis.md ---
+    EnvVar(
+        "HVDPROF_ANALYSES",
+        "analysis_plugins",
+        _str,
+        "",
+        "Analyses added as plug-ins: comma-separated module names importable on `PYTHONPATH`, each declaring `ANALYSIS = Analysis(...)` (besides installed packages' entry points, group `hvdprof.analyses`). They come after the built-in analyses in `analyze`, its JSON, the API and the page.",
+    ),
+    EnvVar(
+        "HVDPROF_FORMATS",
+        "format_plugins",
+        _str,
+        "",
+        "Trace formats added as plug-ins: comma-separated module names, each declaring `FORMAT = <a TraceFormat>` (besides entry points, group `hvdprof.formats`); asked after the built-in formats.",
+    ),
 )
 
 _BY_NAME = {var.name: var for var in ENV_VARS}
@@ -775,6 +790,8 @@ class Config:
     read_max_inflate_ratio: float = 100.0
     read_max_ranks: int = 16384
     dashboard_parse_memory: int = 4 << 30
+    analysis_plugins: str = ""
+    format_plugins: str = ""
     #: names of the HVDPROF_* variables present in the environment (the autotuner
     #: leaves these out of its search).
     explicitly_set: frozenset[str] = field(default_factory=frozenset)

@@ -72,13 +72,16 @@ def get(url: str, timeout: float = 10.0) -> tuple[int, bytes]:
 
 
 @contextlib.contextmanager
-def dashboard_server(directory: Path, *extra: str) -> Iterator[str]:
-    """``hvdprof dashboard DIR`` on a free port; yields its base URL, stops it after."""
+def dashboard_server(
+    directory: Path, *extra: str, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """``hvdprof dashboard DIR`` on a free port (with ``env`` added to its environment);
+    yields its base URL, stops it after."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "hvdprof", "dashboard", str(directory), "--port", str(port),
          "--no-browser", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(), cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env(env), cwd=REPO,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}/"
     try:

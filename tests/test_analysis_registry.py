@@ -1,5 +1,6 @@
-"""One registry of analyses (``hvdprof/analysis/registry.py``): an analysis declared there
-alone is in ``analyze()``'s report and JSON, ``hvdprof analyze --json``, the dashboard's
+"""One registry of analyses (``hvdprof/analysis/registry.py``), which finds each module's
+own ``ANALYSIS`` declaration (the one-file plug-ins, through ``HVDPROF_ANALYSES`` in real
+processes, are ``tests/test_analysis_plugins.py``): an analysis registered alone is in ``analyze()``'s report and JSON, ``hvdprof analyze --json``, the dashboard's
 API and its OpenAPI schema, the verdicts at its declared place, and the terminal's tables,
 numbered by its place. The built-in entries name real functions and types, and every list
 that used to be kept by hand (exports, routes, the docs' table) covers them. Its result
@@ -349,6 +350,19 @@ def test_every_builtin_entry_names_a_function_returning_its_result_type(run_dir:
     assert "surrogate" not in data  # the API's alone
 
 
+def test_each_builtin_module_declares_its_own_analysis() -> None:
+    # one module per question owns its registration: the registry lists modules, not entries
+    import importlib
+
+    builtin = registry.analyses()[: len(registry.BUILTIN_MODULES)]
+    for module, analysis in zip(registry.BUILTIN_MODULES, builtin, strict=True):
+        assert importlib.import_module(module).ANALYSIS is analysis, module
+        assert registry.module_of(analysis.function) == module
+        assert registry.module_of(analysis.result) == module
+    source = (REPO / "hvdprof" / "analysis" / "registry.py").read_text()
+    assert "Analysis(" not in source.partition("class Analysis")[2]  # no entry kept there
+
+
 def test_exports_and_type_checking_imports_cover_the_registry() -> None:
     import hvdprof.analysis as library
 
@@ -390,17 +404,17 @@ def test_docs_name_every_analysis_function() -> None:
 
 def test_importing_the_package_loads_no_analysis() -> None:
     # ``hvdprof run`` registers ``analyze``: the registry must not cost it numpy
+    # nor look for the analyses: each module declares its own, found on first use
     code = (
         "import sys, hvdprof.analysis, hvdprof.analysis.registry as r;"
         "import hvdprof.analysis.cli;"
-        "mods = [m.partition(':')[0] for a in r.analyses() for m in (a.function, a.result)];"
-        "print(sorted(m for m in ['numpy', *mods] if m in sys.modules))"
+        "print(sorted(m for m in ['numpy', *r.BUILTIN_MODULES] if m in sys.modules), r._found)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.strip() == "[] False"
 
 
 def test_a_name_already_taken_or_reserved_is_refused() -> None:

@@ -325,20 +325,10 @@ def test_no_format_is_detected_outside_the_registry() -> None:
 
 
 def _analysis_function_names() -> set[str]:
-    """The analysis functions, as ``hvdprof/analysis/registry.py`` names them."""
-    names: set[str] = set()
-    tree = ast.parse((PACKAGE / "analysis" / "registry.py").read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Analysis":
-            function = node.args[1] if len(node.args) > 1 else None
-            for kw in node.keywords:
-                if kw.arg == "function":
-                    function = kw.value
-            if isinstance(function, ast.JoinedStr):  # f"{m}.breakdown:time_breakdown"
-                function = function.values[-1]
-            if isinstance(function, ast.Constant) and isinstance(function.value, str):
-                names.add(function.value.rpartition(":")[2])
-    return names
+    """The analysis functions, as the registry finds them (each module's ``ANALYSIS``)."""
+    from hvdprof.analysis import registry
+
+    return set(registry.function_names())
 
 
 def test_no_front_end_names_an_analysis_function() -> None:
@@ -388,15 +378,12 @@ _READS_ITS_OWN_INPUT = {"hvdprof.analysis.overlap": {"hvdprof.trace.kineto_forma
 
 
 def _analysis_modules() -> set[str]:
-    """The modules the analysis registry names (``module:function``)."""
-    tree = ast.parse((PACKAGE / "analysis" / "registry.py").read_text())
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            m = re.fullmatch(r"(?:hvdprof\.analysis)?\.?([a-z_]+):[a-z_]+", node.value)
-            if m:
-                found.add(f"hvdprof.analysis.{m.group(1)}")
-    return found
+    """The modules the analysis registry finds the built-in analyses in, and the modules
+    their tables are printed by."""
+    from hvdprof.analysis import registry
+
+    tables = {registry.module_of(a.table) for a in registry.analyses() if a.table}
+    return set(registry.BUILTIN_MODULES) | tables
 
 
 def test_analyses_ask_the_runs_capabilities_never_its_format() -> None:

@@ -92,7 +92,11 @@
     // a chart that sets its own height gets a box that tall (nothing spills onto the next line)
     if (el.id !== "timeline") el.style.height = layout.height ? layout.height + "px" : "";
     el.querySelectorAll(":scope > .empty").forEach((n) => n.remove());
-    Plotly.react(el, traces, clearOfToolbar(layout), config);
+    const drawing = Plotly.react(el, traces, clearOfToolbar(layout), config);
+    el._drawn = (el._drawn || 0) + 1;
+    el._drawing = drawing;
+    const mine = el._drawn;
+    drawing.then(() => { if (el._drawn === mine) el._drawing = null; }, () => {});
   }
   // Plotly's tool bar (the modebar) appears over a chart's top right on hover, in a band
   // TOOLBAR_PX high: a chart's title goes below that band, left-aligned above the plot
@@ -131,14 +135,24 @@
     if (steps.length <= 8 && steps.length >= 2) return steps;
     return tens.length >= 2 ? tens : null;
   }
+  // A chart still drawing (Plotly redraws once more for its automatic margins) is purged
+  // when that is done: purged halfway, its next step would find no layout and throw. A
+  // draw after this call wins.
   function empty(el, message) {
-    Plotly.purge(el);
-    el.innerHTML = "";
-    el.style.height = "auto";
-    const p = document.createElement("p");
-    p.className = "empty";
-    p.textContent = message;
-    el.appendChild(p);
+    el._drawn = (el._drawn || 0) + 1;
+    const mine = el._drawn;
+    const clear = () => {
+      if (el._drawn !== mine) return;
+      el._drawing = null;
+      Plotly.purge(el);
+      el.innerHTML = "";
+      el.style.height = "auto";
+      const p = document.createElement("p");
+      p.className = "empty";
+      p.textContent = message;
+      el.appendChild(p);
+    };
+    if (el._drawing) el._drawing.then(clear, clear); else clear();
   }
   // Rows of a to_dict() table: a list of objects, or {column: [values]} turned into one.
   function rows(x) {
@@ -1507,20 +1521,96 @@
     fillSelect($("expand-select"), laneOptions, expandValue());
   }
 
+  // The sections drawn by a drawer of their own; every other analysis the API lists
+  // (GET api/analysis: a plug-in's, one added later) gets a generic card from its result.
+  const DRAWERS = {
+    report: drawVerdicts, breakdown: drawBreakdown, stragglers: drawStragglers,
+    fusion: drawFusion, bandwidth: drawBandwidth, autotune: drawAutotune,
+    surrogate: drawSurface, stalls: drawStalls, process_sets: drawProcessSets, gpu: drawGpu,
+  };
+
+  async function analysisIndex() {
+    try {
+      const listed = await api("api/analysis", {});
+      setNotices("analyses", []);
+      return Array.isArray(listed) ? listed : [];
+    } catch (err) {
+      if (!keptOffline(err)) setNotices("analyses", ["the list of analyses is unavailable: " + err.message]);
+      return [];
+    }
+  }
+
   async function loadSections() {
+    const runId = state.run;
+    const others = analysisIndex().then((listed) => Promise.all(listed
+      .filter((a) => !Object.hasOwn(DRAWERS, a.name) && state.run === runId)
+      .map((a) => loadSection(a.name, (data) => drawGeneric(a, data)))));
     await Promise.all([
-      loadSection("report", drawVerdicts),
-      loadSection("breakdown", drawBreakdown),
-      loadSection("stragglers", drawStragglers),
-      loadSection("fusion", drawFusion),
-      loadSection("bandwidth", drawBandwidth),
-      loadSection("autotune", drawAutotune),
-      loadSection("surrogate", drawSurface),
-      loadSection("stalls", drawStalls),
-      loadSection("process_sets", drawProcessSets),
-      loadSection("gpu", drawGpu),
+      ...Object.entries(DRAWERS).map(([name, drawer]) => loadSection(name, drawer)),
+      others,
     ]);
     if (state.set) drawStragglers(jobStragglers); // the sets may arrive after the card
+  }
+
+  // ------------------------------------------------------------------ generic sections
+  // An analysis's typed result (its /openapi.json model) drawn as it is: its verdict
+  // sentences, a table of its single values, and a table per list of records.
+  function genericCard(entry) {
+    const id = "analysis-" + entry.name;
+    let card = $(id);
+    if (!card) {
+      card = document.createElement("section");
+      card.className = "card wide generic";
+      card.id = id;
+      card.dataset.analysis = entry.name;
+      $("compare-card").before(card);
+    }
+    card.innerHTML = "";
+    const h = document.createElement("h2");
+    h.textContent = entry.name.replace(/_/g, " ").replace(/^./, (c) => c.toUpperCase());
+    const hint = document.createElement("p");
+    hint.className = "hint";
+    hint.textContent = entry.summary;
+    card.append(h, hint);
+    return card;
+  }
+
+  function drawGeneric(entry, data) {
+    const card = genericCard(entry);
+    if (data == null) { const p = document.createElement("p"); p.className = "empty"; p.textContent = "nothing to show for this run"; card.appendChild(p); return; }
+    const said = Array.isArray(data.verdicts) ? data.verdicts : (data.verdict ? [data.verdict] : []);
+    for (const v of said) { const p = document.createElement("p"); p.className = "verdict"; p.textContent = v; card.appendChild(p); }
+    const fields = Object.entries(data).filter(([k]) => k !== "verdict" && k !== "verdicts");
+    const single = fields.filter(([, v]) => !isRecords(v));
+    if (single.length) card.appendChild(genericTable(["", "value"], single.map(([k, v]) => [k, shown(v)])));
+    for (const [key, list] of fields.filter(([, v]) => isRecords(v))) {
+      const h = document.createElement("h3");
+      h.textContent = key.replace(/_/g, " ");
+      const columns = [...new Set(list.flatMap((r) => Object.keys(r)))];
+      card.append(h, genericTable(columns, list.slice(0, GENERIC_ROWS).map((r) => columns.map((c) => shown(r[c])))));
+      if (list.length > GENERIC_ROWS) { const p = document.createElement("p"); p.className = "hint"; p.textContent = "... and " + (list.length - GENERIC_ROWS) + " more (see the API)"; card.appendChild(p); }
+    }
+  }
+
+  const GENERIC_ROWS = 50;
+  const isRecords = (v) => Array.isArray(v) && v.length > 0 && v.every((r) => r && typeof r === "object" && !Array.isArray(r));
+  function shown(v) {
+    if (v === null || v === undefined) return "-";
+    if (typeof v === "number") {
+      if (Number.isInteger(v) || Math.abs(v) >= 1000) return v.toLocaleString("en-US", { maximumFractionDigits: 1 });
+      return String(Number(v.toPrecision(4)));
+    }
+    if (typeof v === "object") { const s = JSON.stringify(v); return s.length > 120 ? s.slice(0, 117) + "..." : s; }
+    return String(v);
+  }
+
+  function genericTable(columns, body) {
+    const table = document.createElement("table");
+    table.className = "numbers generic-table";
+    const head = table.insertRow();
+    for (const c of columns) { const th = document.createElement("th"); th.textContent = c; head.appendChild(th); }
+    for (const cells of body) { const tr = table.insertRow(); for (const c of cells) tr.insertCell().textContent = c; }
+    return table;
   }
 
   // Nothing of another run may stay on screen under this run's name.
@@ -1534,6 +1624,7 @@
       text($(id), "");
     }
     $("verdicts").innerHTML = "";
+    for (const card of document.querySelectorAll("section.generic")) card.remove();
     $("problems-card").hidden = true;
     for (const source of [...noticeSet.keys()]) if (source !== "runs") noticeSet.delete(source);
     state.info = null;

@@ -49,8 +49,9 @@ if TYPE_CHECKING:
     from hvdprof.trace.model import PHASES, Problem, Run  # noqa: F401
 
 #: name -> module defining it, besides the analyses and their result types (those come from
-#: the registry). Resolved on first use, so that ``hvdprof run`` (whose parser registers
-#: ``analyze``) does not pay for numpy and the analyses at start-up.
+#: the registry, which finds them on first use). Resolved on first use, so that ``hvdprof
+#: run`` (whose parser registers ``analyze``) does not pay for numpy and the analyses at
+#: start-up.
 _OWN_EXPORTS: dict[str, str] = {
     "GateResult": "hvdprof.analysis.gate",
     "LoadError": "hvdprof.trace.loader",
@@ -72,12 +73,13 @@ _OWN_EXPORTS: dict[str, str] = {
     "write_summary": "hvdprof.analysis.summary",
 }
 
-_EXPORTS: dict[str, str] = {**registry.exports(), **_OWN_EXPORTS}
-
 
 def __getattr__(name: str) -> Any:
-    # the registry asked again: an analysis registered after import is exported too
-    module = _EXPORTS.get(name) or registry.exports().get(name)
+    if name == "__all__":  # every export: the registry's analyses are found for this
+        return sorted({*_OWN_EXPORTS, *registry.exports()})
+    module = _OWN_EXPORTS.get(name)
+    if module is None and not name.startswith("__"):  # a probe (inspect's) loads nothing
+        module = registry.exports().get(name)
     if module is None:
         raise AttributeError(f"module 'hvdprof.analysis' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
@@ -86,7 +88,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
-
-
-__all__ = sorted(_EXPORTS)
+    return sorted(set(globals()) | set(_OWN_EXPORTS) | set(registry.exports()))

@@ -27,10 +27,11 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
+
+from hvdprof.analysis.result import Result
 
 #: Blocks before the first look: at the default confidence, split over the looks, fewer
 #: blocks cannot bound the slowdown at all (2**-8 is the least a signed-rank test reaches
@@ -108,10 +109,10 @@ def block_orders(blocks: int, seed: int) -> list[tuple[str, str]]:
     return out[:blocks]
 
 
-@dataclass
-class PairedJudgement:
+class PairedJudgement(Result):
     """The gate's answer after some blocks: the candidate's slowdown (B/A - 1) and its
-    interval, and whether it is clear."""
+    interval, and whether it is clear. An unbounded side is an infinity here and null in
+    the JSON (which has none: the writer, orjson, writes a non-finite float as null)."""
 
     blocks: int
     margin: float  # the --fail-on margin, a fraction (0.05)
@@ -125,13 +126,6 @@ class PairedJudgement:
     @property
     def clear(self) -> bool:
         return self.failed or self.passed
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        for key in ("low", "high", "estimate"):  # JSON has no infinity
-            if not math.isfinite(out[key]):
-                out[key] = None
-        return out
 
 
 def judge_pairs(log_ratios: Sequence[float], margin: float, alpha: float) -> PairedJudgement:

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hvdprof.analysis.ab import PairedJudgement, SequentialGate, block_orders
-from hvdprof.analysis.diff import RunDiff, diff_summaries
+from hvdprof.analysis.diff import DiffRow, RunDiff, diff_summaries
 from hvdprof.analysis.pooling import pool_summaries
+from hvdprof.analysis.result import Result
 from hvdprof.analysis.summary import RunSummary
 from hvdprof.config import name_of
 
@@ -61,18 +62,26 @@ class RunRecord:
     problem: str | None = None  # why it cannot be judged (it crashed, wrote no steps ...)
     summary: RunSummary | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "side": self.side,
-            "block": self.block,
-            "directory": self.directory,
-            "exit_code": self.exit_code,
-            "wall_s": round(self.wall_s, 3),
-            "startup_s": None if self.startup_s is None else round(self.startup_s, 3),
-            "step_ms": self.step_ms,
-            "steps": self.steps,
-            "problem": self.problem,
-        }
+
+class RunEntry(Result):
+    """One run as ``hvdprof ab --json`` lists it (its times to the millisecond; its
+    summary is in its directory)."""
+
+    side: str
+    block: int
+    directory: str
+    exit_code: int | None
+    wall_s: float
+    startup_s: float | None
+    step_ms: float | None
+    steps: int
+    problem: str | None
+
+    @classmethod
+    def of(cls, r: RunRecord) -> RunEntry:
+        startup = None if r.startup_s is None else round(r.startup_s, 3)
+        return cls(r.side, r.block, r.directory, r.exit_code, round(r.wall_s, 3), startup,
+                   r.step_ms, r.steps, r.problem)  # fmt: skip
 
 
 @dataclass
@@ -363,33 +372,69 @@ def verdict_line(outcome: GateOutcome) -> str:
     return line + _start_note(outcome)
 
 
-def outcome_to_dict(outcome: GateOutcome, exit_code: int) -> dict[str, Any]:
-    """The JSON result (``hvdprof ab --json FILE``)."""
+class AbResult(Result):
+    """``hvdprof ab --json FILE``: the gate's plan, what it saw and what it concluded."""
+
+    verdict: str
+    exit_code: int
+    #: slower by more than the margin, significantly (and no run failed)
+    failed: bool
+    stopped: str  # "clear" | "max_blocks" | "budget" | "run_failed"
+    margin: float
+    confidence: float
+    min_blocks: int
+    max_blocks: int
+    looks_planned: list[int]
+    budget_s: float
+    seed: int
+    wall_s: float
+    out_dir: str
+    judgement: PairedJudgement | None
+    looks: list[PairedJudgement]
+    log_ratios: list[float]
+    runs: list[RunEntry]
+    failed_run: RunEntry | None
+    #: side -> its median wall time (None: no run of it could be judged)
+    median_wall_s: dict[str, float | None]
+    median_startup_s: dict[str, float | None]
+    cause: DiffRow | None
+    effects: list[DiffRow]
+    diff_verdict: str | None
+
+
+def outcome_result(outcome: GateOutcome, exit_code: int) -> AbResult:
+    """The typed JSON result (``hvdprof ab --json FILE``)."""
     g = outcome.plan.gate
     d = outcome.diff
     j = outcome.judgement
-    return {
-        "verdict": verdict_line(outcome),
-        "exit_code": exit_code,
-        "failed": bool(j and j.failed and outcome.failed_run is None),
-        "stopped": outcome.stopped,
-        "margin": g.margin,
-        "confidence": g.confidence,
-        "min_blocks": g.min_blocks,
-        "max_blocks": g.max_blocks,
-        "looks_planned": g.looks,
-        "budget_s": outcome.plan.budget_s,
-        "seed": outcome.plan.seed,
-        "wall_s": round(outcome.wall_s, 3),
-        "out_dir": outcome.out_dir,
-        "judgement": j.to_dict() if j else None,
-        "looks": [look.to_dict() for look in outcome.looks],
-        "log_ratios": outcome.log_ratios,
-        "runs": [r.to_dict() for r in outcome.runs],
-        "failed_run": outcome.failed_run.to_dict() if outcome.failed_run else None,
-        "median_wall_s": {s: outcome.median_wall_s(s) for s in SIDES},
-        "median_startup_s": {s: outcome.median_startup_s(s) for s in SIDES},
-        "cause": d.cause.to_dict() if d and d.cause else None,
-        "effects": [r.to_dict() for r in d.effects] if d else [],
-        "diff_verdict": d.verdict if d else None,
-    }
+    return AbResult(
+        verdict=verdict_line(outcome),
+        exit_code=exit_code,
+        failed=bool(j and j.failed and outcome.failed_run is None),
+        stopped=outcome.stopped,
+        margin=g.margin,
+        confidence=g.confidence,
+        min_blocks=g.min_blocks,
+        max_blocks=g.max_blocks,
+        looks_planned=g.looks,
+        budget_s=outcome.plan.budget_s,
+        seed=outcome.plan.seed,
+        wall_s=round(outcome.wall_s, 3),
+        out_dir=outcome.out_dir,
+        judgement=j,
+        looks=list(outcome.looks),
+        log_ratios=outcome.log_ratios,
+        runs=[RunEntry.of(r) for r in outcome.runs],
+        failed_run=RunEntry.of(outcome.failed_run) if outcome.failed_run else None,
+        median_wall_s={s: outcome.median_wall_s(s) for s in SIDES},
+        median_startup_s={s: outcome.median_startup_s(s) for s in SIDES},
+        cause=d.cause if d else None,
+        effects=list(d.effects) if d else [],
+        diff_verdict=d.verdict if d else None,
+    )
+
+
+def outcome_to_dict(outcome: GateOutcome, exit_code: int) -> dict[str, Any]:
+    """:func:`outcome_result` as JSON-safe builtins (a non-finite bound stays a float:
+    the writer, orjson, writes it as null)."""
+    return outcome_result(outcome, exit_code).to_dict()

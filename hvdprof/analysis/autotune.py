@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from hvdprof.analysis.registry import Analysis
 from hvdprof.analysis.result import Result
 from hvdprof.trace.model import Run
 
@@ -206,3 +207,10 @@ def _verdict(report: AutotuneReport) -> str:
     if start_mean > 0:
         text += f" ({rec_mean / start_mean:.2f}x)"
     return text + "."
+
+
+ANALYSIS = Analysis(
+    "autotune", autotune_report, AutotuneReport,
+    "Autotune samples: parameters, score, time window",
+    verdict_order=70, table="hvdprof.analysis.tables:autotune_table",
+)  # fmt: skip

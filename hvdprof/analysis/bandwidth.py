@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from hvdprof.analysis.registry import Analysis
 from hvdprof.analysis.result import Result
 from hvdprof.analysis.steps import one_time_tensors
 from hvdprof.trace.model import OPS, PHASE_COLLECTIVE, Run
@@ -165,3 +166,9 @@ def _verdict(report: BandwidthReport) -> str:
     if report.one_time_calls:
         text += f" {report.one_time_calls} one-time call(s) (start-up broadcasts) are left out."
     return text
+
+
+ANALYSIS = Analysis(
+    "bandwidth", bandwidth_report, BandwidthReport, "Bus bandwidth by message size",
+    verdict_order=50, table="hvdprof.analysis.tables:bandwidth_table",
+)  # fmt: skip

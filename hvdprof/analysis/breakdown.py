@@ -14,6 +14,7 @@ import msgspec
 import numpy as np
 
 from hvdprof.analysis.intervals import exclusive_segments
+from hvdprof.analysis.registry import Analysis
 from hvdprof.analysis.result import Result
 from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, step_of, step_starts
 from hvdprof.analysis.user_phases import UserPhases, user_phases
@@ -192,3 +193,14 @@ def _verdict(b: Breakdown) -> str | None:
             " the others waiting is the straggler verdict's answer."
         )
     return text
+
+
+def _said(b: Breakdown) -> list[str]:
+    """The job's verdict, then the one over the trace's own ranges."""
+    return [text for text in (b.verdict, b.user.verdict) if text]
+
+
+ANALYSIS = Analysis(
+    "breakdown", time_breakdown, Breakdown, "Time per phase per rank",
+    verdict_order=30, verdicts=_said, table="hvdprof.analysis.tables:breakdown_table",
+)  # fmt: skip

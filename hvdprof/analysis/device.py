@@ -32,6 +32,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from hvdprof.analysis.registry import Analysis
 from hvdprof.analysis.result import Result
 from hvdprof.trace.model import Run
 
@@ -356,3 +357,11 @@ def gpu_report(run: Run) -> GpuReport:
         )
     out.note = ROUNDING_NOTE if any(r.unrounded for r in out.ranks) else None
     return out
+
+
+ANALYSIS = Analysis(
+    "gpu", gpu_report, GpuReport,
+    "GPU per rank (torch.profiler traces): HTA's idle, compute, non-compute and overlap "
+    "shares, the rank that stands out, kernel time per name, memcpy bandwidth",
+    verdict_order=80, table="hvdprof.analysis.tables:gpu_tables",
+)  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
+from hvdprof.analysis.registry import Analysis
 from hvdprof.analysis.result import Result
 from hvdprof.common import activities as act
 from hvdprof.trace.model import Run
@@ -59,3 +60,11 @@ def divergence_report(run: Run) -> DivergenceReport:
         "Look for rank-dependent code that changes weights or gradients before that step."
     )
     return report
+
+
+# what someone whose ranks diverged wants to know first, after a stall
+ANALYSIS = Analysis(
+    "divergence", divergence_report, DivergenceReport,
+    "Divergence: the first step at which the ranks' weights or gradients differed",
+    verdict_order=-10, table="hvdprof.analysis.tables:divergence_table",
+)  # fmt: skip

@@ -15,6 +15,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
+from hvdprof.analysis.registry import Analysis
 from hvdprof.analysis.result import Result
 from hvdprof.trace.model import OPS, PHASE_OP, Run
 
@@ -166,3 +167,9 @@ def _verdict(report: FusionReport) -> str | None:
         share = "all of them" if n == r.unfused else f"{n} of them"
         text += f" ({share} because {REASON_WORDS[top]})"
     return text + "."
+
+
+ANALYSIS = Analysis(
+    "fusion", fusion_report, FusionReport, "Tensors per fused op and buffer fill",
+    verdict_order=40, table="hvdprof.analysis.tables:fusion_table",
+)  # fmt: skip

@@ -20,6 +20,7 @@ import msgspec
 import numpy as np
 
 from hvdprof.analysis.intervals import intersection_length, merge
+from hvdprof.analysis.registry import Analysis
 from hvdprof.analysis.result import Result
 from hvdprof.trace.kineto_format import backward_compute
 from hvdprof.trace.manifest import RANK_IN_NAME, kineto_shift_us
@@ -123,3 +124,10 @@ def _rank_of(
     if len(run.ranks) == 1:
         return run.ranks[0]
     return None
+
+
+ANALYSIS = Analysis(
+    "overlap", overlap_report, OverlapReport,
+    "Communication overlapped by backward compute (given torch.profiler traces)",
+    verdict_order=60, table="hvdprof.analysis.tables:overlap_table", kineto=True, route=False,
+)  # fmt: skip

@@ -15,6 +15,7 @@ import re
 
 import numpy as np
 
+from hvdprof.analysis.registry import Analysis
 from hvdprof.analysis.result import Result
 from hvdprof.analysis.stragglers import Stragglers, find_stragglers
 from hvdprof.trace.model import MarkTable, Run, SliceTable
@@ -145,3 +146,19 @@ def _in_job_ranks(found: Stragglers, members: list[int]) -> Stragglers:
 
     found.verdict = _RANKS_TEXT.sub(relabel, found.verdict)
     return found
+
+
+def _said(p: ProcessSetReport) -> list[str]:
+    """One sentence per set, in the job's rank numbers."""
+    return [
+        f"Process set {s.process_set} (ranks {', '.join(str(r) for r in s.members)}): "
+        f"{s.stragglers.verdict}"
+        for s in p.sets
+    ]
+
+
+ANALYSIS = Analysis(
+    "process_sets", process_set_report, ProcessSetReport,
+    "Process sets: each one's members, and its straggler judged among them",
+    verdict_order=20, verdicts=_said, report_attribute="sets",
+)  # fmt: skip

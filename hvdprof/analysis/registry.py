@@ -1,20 +1,25 @@
-"""The analyses, each declared once: its name, function, result, summary, verdicts, table.
+"""The analyses: each declared once, in its own module, and found here on first use.
 
-Everything that lists the analyses is made from this list: ``analyze()`` and its
-``Report`` (``analyze --json``), the order of the verdicts, the package's exports,
-the dashboard's ``/api/analysis/<name>`` routes and the terminal's numbered tables. Adding
-an analysis is one entry here (and, for the page in ``web/``, its renderer).
+Every analysis module ends with ``ANALYSIS = Analysis(...)``: its name, function, result
+type, summary, place among the verdicts, verdict sentences and table. Everything that
+lists the analyses is made from what is found here: ``analyze()`` and its ``Report``
+(``analyze --json``), the order of the verdicts, the package's exports, the dashboard's
+``/api/analysis/<name>`` routes (and the page's sections: one without a drawer of its own
+in ``web/app.js`` is drawn from its typed result), and the terminal's numbered tables.
 
-Functions, result types and table printers are named ``"module:attribute"`` and imported
-on first use: ``import hvdprof.analysis`` must not load numpy and every analysis, since
-``hvdprof run`` registers the ``analyze`` command and would pay for them at start-up. An
-analysis registered at run time (a plugin, a test) may give the objects themselves.
+The built-in modules are :data:`BUILTIN_MODULES`, in the order of the report's keys and
+the tables' numbers; plug-ins (:mod:`hvdprof.common.plugins`: entry points of the group
+``hvdprof.analyses``, then the modules in ``HVDPROF_ANALYSES``) follow, then analyses
+given to :func:`register` at run time. Adding an analysis is one new module. Nothing is
+imported until the list is first asked for: ``import hvdprof.analysis`` must not load
+numpy and every analysis, since ``hvdprof run`` registers the ``analyze`` command and
+would pay for them at start-up.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,11 +118,63 @@ def short_name(ref: Ref) -> str:
     return str(getattr(ref, "__name__", ref))
 
 
+def module_of(ref: Ref) -> str:
+    """The module that defines ``ref``, without importing it."""
+    if isinstance(ref, str):
+        return ref.partition(":")[0]
+    return str(getattr(ref, "__module__", ""))
+
+
+#: The built-in analyses' modules, each declaring ``ANALYSIS``: their order is the report's
+#: keys and the tables' numbers (the first seven keep the numbers 1-7 they always had).
+BUILTIN_MODULES: tuple[str, ...] = tuple(
+    f"hvdprof.analysis.{name}"
+    for name in (
+        "breakdown", "stragglers", "fusion", "bandwidth", "overlap", "autotune", "device",
+        # what someone whose job hung, or whose ranks diverged, wants to know first
+        # (their verdict_order puts them there; their tables come after)
+        "stalls", "divergence",
+        "process_sets", "surrogate",
+    )
+)  # fmt: skip
+#: The entry-point group of installed plug-ins (``[project.entry-points."hvdprof.analyses"]``).
+PLUGIN_GROUP = "hvdprof.analyses"
+#: The module attribute a built-in or plug-in module declares its analysis in.
+DECLARED = "ANALYSIS"
+
 _REGISTERED: dict[str, Analysis] = {}
+_found = False
 
 
-def register(analysis: Analysis) -> Analysis:
-    """Add ``analysis`` after the others; a name already taken is refused."""
+def _find() -> None:
+    """Register the built-in modules' analyses, then the plug-ins', once, on first use."""
+    global _found
+    if _found:
+        return
+    _found = True  # first: a module that calls register() while imported comes here again
+    for name in BUILTIN_MODULES:
+        _add(_declared_in(name))
+    from hvdprof.common import plugins
+
+    for where, analysis in plugins.load(PLUGIN_GROUP, "analysis_plugins", DECLARED):
+        if not isinstance(analysis, Analysis):
+            raise plugins.PluginError(
+                f"{where}: {DECLARED} is a {type(analysis).__name__}, not an "
+                "hvdprof.analysis.registry.Analysis"
+            )
+        try:
+            _add(analysis)
+        except ValueError as exc:
+            raise plugins.PluginError(f"{where}: {exc}") from None
+
+
+def _declared_in(module: str) -> Analysis:
+    analysis = getattr(importlib.import_module(module), DECLARED)
+    assert isinstance(analysis, Analysis), module
+    return analysis
+
+
+def _add(analysis: Analysis) -> Analysis:
     if not analysis.name.isidentifier() or analysis.name in _RESERVED:
         raise ValueError(f"analysis name {analysis.name!r}: not an identifier, or reserved")
     if analysis.name in _REGISTERED:
@@ -126,111 +183,44 @@ def register(analysis: Analysis) -> Analysis:
     return analysis
 
 
+def register(analysis: Analysis) -> Analysis:
+    """Add ``analysis`` after the others (a test's, a program's own); a name already
+    taken is refused. A plug-in module declares ``ANALYSIS`` instead."""
+    _find()
+    return _add(analysis)
+
+
 def unregister(name: str) -> None:
+    _find()
     _REGISTERED.pop(name, None)
 
 
 def analyses() -> list[Analysis]:
     """Every analysis, in the registry's order (the JSON's keys, the tables' numbers)."""
+    _find()
     return list(_REGISTERED.values())
 
 
 def get(name: str) -> Analysis:
+    _find()
     return _REGISTERED[name]
 
 
 def in_report() -> list[Analysis]:
-    return [a for a in _REGISTERED.values() if a.in_report]
+    return [a for a in analyses() if a.in_report]
 
 
 def exports() -> dict[str, str]:
-    """Exported name -> module, for every function and result type named by path."""
+    """Exported name -> module, for the built-in analyses' functions and result types
+    (``hvdprof.analysis.time_breakdown``); a plug-in's stay in its own module."""
     out: dict[str, str] = {}
-    for a in _REGISTERED.values():
+    for a in analyses():
         for ref in (a.function, a.result):
-            if isinstance(ref, str):
-                out[short_name(ref)] = ref.partition(":")[0]
+            if module_of(ref) in BUILTIN_MODULES:
+                out[short_name(ref)] = module_of(ref)
     return out
 
 
 def function_names() -> list[str]:
     """The analysis functions' names (what no front end may name: they loop over this)."""
-    return [short_name(a.function) for a in _REGISTERED.values()]
-
-
-def _breakdown_said(b: Any) -> list[str]:
-    return [text for text in (b.verdict, b.user.verdict) if text]
-
-
-def _process_sets_said(p: Any) -> list[str]:
-    """One sentence per set, in the job's rank numbers."""
-    return [
-        f"Process set {s.process_set} (ranks {', '.join(str(r) for r in s.members)}): "
-        f"{s.stragglers.verdict}"
-        for s in p.sets
-    ]
-
-
-def _builtin() -> Iterator[Analysis]:
-    m = "hvdprof.analysis"
-    yield Analysis(
-        "breakdown", f"{m}.breakdown:time_breakdown", f"{m}.breakdown:Breakdown",
-        "Time per phase per rank",
-        verdict_order=30, verdicts=_breakdown_said, table=f"{m}.tables:breakdown_table",
-    )  # fmt: skip
-    yield Analysis(
-        "stragglers", f"{m}.stragglers:find_stragglers", f"{m}.stragglers:Stragglers",
-        "Who made the others wait: negotiation wait per rank and step",
-        verdict_order=10, table=f"{m}.tables:straggler_table",
-    )  # fmt: skip
-    yield Analysis(
-        "fusion", f"{m}.fusion:fusion_report", f"{m}.fusion:FusionReport",
-        "Tensors per fused op and buffer fill",
-        verdict_order=40, table=f"{m}.tables:fusion_table",
-    )  # fmt: skip
-    yield Analysis(
-        "bandwidth", f"{m}.bandwidth:bandwidth_report", f"{m}.bandwidth:BandwidthReport",
-        "Bus bandwidth by message size",
-        verdict_order=50, table=f"{m}.tables:bandwidth_table",
-    )  # fmt: skip
-    yield Analysis(
-        "overlap", f"{m}.overlap:overlap_report", f"{m}.overlap:OverlapReport",
-        "Communication overlapped by backward compute (given torch.profiler traces)",
-        verdict_order=60, table=f"{m}.tables:overlap_table", kineto=True, route=False,
-    )  # fmt: skip
-    yield Analysis(
-        "autotune", f"{m}.autotune:autotune_report", f"{m}.autotune:AutotuneReport",
-        "Autotune samples: parameters, score, time window",
-        verdict_order=70, table=f"{m}.tables:autotune_table",
-    )  # fmt: skip
-    yield Analysis(
-        "gpu", f"{m}.device:gpu_report", f"{m}.device:GpuReport",
-        "GPU per rank (torch.profiler traces): HTA's idle, compute, non-compute and overlap "
-        "shares, the rank that stands out, kernel time per name, memcpy bandwidth",
-        verdict_order=80, table=f"{m}.tables:gpu_tables",
-    )  # fmt: skip
-    # what someone whose job hung, or whose ranks diverged, wants to know first
-    yield Analysis(
-        "stalls", f"{m}.stalls:stall_report", f"{m}.stalls:StallReport",
-        "Stalls: which rank kept the job waiting, how long, and where",
-        verdict_order=-20, table=f"{m}.tables:stall_table", report_key="stalls",
-    )  # fmt: skip
-    yield Analysis(
-        "divergence", f"{m}.divergence:divergence_report", f"{m}.divergence:DivergenceReport",
-        "Divergence: the first step at which the ranks' weights or gradients differed",
-        verdict_order=-10, table=f"{m}.tables:divergence_table",
-    )  # fmt: skip
-    yield Analysis(
-        "process_sets", f"{m}.process_sets:process_set_report",
-        f"{m}.process_sets:ProcessSetReport",
-        "Process sets: each one's members, and its straggler judged among them",
-        verdict_order=20, verdicts=_process_sets_said, report_attribute="sets",
-    )  # fmt: skip
-    yield Analysis(
-        "surrogate", f"{m}.surrogate:autotune_surface", f"{m}.surrogate:SurrogateSurface",
-        "The autotuner's view over fusion threshold x cycle time",
-    )  # fmt: skip
-
-
-for _analysis in _builtin():
-    register(_analysis)
+    return [short_name(a.function) for a in analyses()]

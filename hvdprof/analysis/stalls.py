@@ -13,6 +13,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
+from hvdprof.analysis.registry import Analysis
 from hvdprof.analysis.result import Result
 from hvdprof.trace.model import PHASE_NEGOTIATE, Run, StallRecord
 
@@ -133,3 +134,11 @@ def _refine(run: Run, stall: Stall, observer: int) -> None:
     stall.end_us = max(stall.end_us, float(s.start_us[i] + s.dur_us[i]))
     if int(s.occurrence[i]) >= 0:
         stall.step = int(s.occurrence[i])
+
+
+# what someone whose job hung wants to know first: the first verdict
+ANALYSIS = Analysis(
+    "stalls", stall_report, StallReport,
+    "Stalls: which rank kept the job waiting, how long, and where",
+    verdict_order=-20, table="hvdprof.analysis.tables:stall_table", report_key="stalls",
+)  # fmt: skip

@@ -100,6 +100,7 @@ import msgspec
 import numpy as np
 
 from hvdprof.analysis.intervals import merge
+from hvdprof.analysis.registry import Analysis
 from hvdprof.analysis.result import Result
 from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, count_steps, typical_step_ms
 from hvdprof.common import activities as act
@@ -1304,3 +1305,10 @@ def own_work(run: Run) -> dict[int, RankWork]:
         wait_ms = float(series.wait_ms[:, r].mean())
         out[r] = RankWork(r, len(series.step_ms), step_ms, wait_ms, max(step_ms - wait_ms, 0.0))
     return out
+
+
+ANALYSIS = Analysis(
+    "stragglers", find_stragglers, Stragglers,
+    "Who made the others wait: negotiation wait per rank and step",
+    verdict_order=10, table="hvdprof.analysis.tables:straggler_table",
+)  # fmt: skip

@@ -21,7 +21,7 @@ from hvdprof.analysis.output_file import OutputRefused, refusal, write_atomicall
 from hvdprof.analysis.registry import qualified
 from hvdprof.dashboard.catalog import RunCatalog, RunLoadError, RunNotFoundError
 from hvdprof.dashboard.paths import OutsideRootError, web_directory
-from hvdprof.dashboard.routes.analyses import analysis_function, analysis_routes
+from hvdprof.dashboard.routes.analyses import analysis_function, analysis_routes, listed_analyses
 from hvdprof.dashboard.routes.page import plotly_js_path
 from hvdprof.dashboard.service import run_info, section
 from hvdprof.errors import HvdprofError
@@ -50,6 +50,7 @@ def embedded_responses(catalog: RunCatalog, run_id: str) -> dict[str, Any]:
         "api/runs": {"root": str(catalog.root), "runs": [{"id": entry.id, "kind": entry.kind}],
                      "notices": []},
         f"api/run?run={run_id}": info.model_dump(),
+        "api/analysis": [a.model_dump() for a in listed_analyses()],
     }  # fmt: skip
     for name, (function, _summary) in analysis_routes().items():
         compute = analysis_function(function)

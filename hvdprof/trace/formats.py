@@ -50,24 +50,54 @@ COMPANION_SUFFIXES = (".csv",)
 
 # --- the registry ---------------------------------------------------------------------------
 
-#: every format, in the order detection asks them
+#: every format, in the order detection asks them (plug-ins are added on first use:
+#: :func:`registered`)
 FORMATS: list[TraceFormat] = [HvdprofFormat(), KinetoFormat(), HorovodFormat()]
+#: The entry-point group of installed format plug-ins (:mod:`hvdprof.common.plugins`).
+PLUGIN_GROUP = "hvdprof.formats"
+#: The module attribute a plug-in module declares its format in (an instance).
+DECLARED = "FORMAT"
+_plugins_found = False
+
+
+def registered() -> list[TraceFormat]:
+    """Every format in detection order: the built-in ones, then the plug-ins (entry points
+    of ``hvdprof.formats``, then the modules in ``HVDPROF_FORMATS``), found once, here, so
+    that only reading a trace pays for importing them."""
+    global _plugins_found
+    if not _plugins_found:
+        _plugins_found = True
+        from hvdprof.common import plugins
+
+        for where, fmt in plugins.load(PLUGIN_GROUP, "format_plugins", DECLARED):
+            if not callable(getattr(fmt, "detect_dir", None)) or not isinstance(
+                getattr(fmt, "name", None), str
+            ):
+                raise plugins.PluginError(f"{where}: {DECLARED} is not a trace format")
+            _insert(fmt, None)
+    return FORMATS
 
 
 def register(fmt: TraceFormat, *, before: str | None = None) -> None:
     """Add a format (last, or before the one named ``before``); a format of the same
-    name is replaced."""
-    unregister(fmt.name)
+    name is replaced. A plug-in module declares ``FORMAT`` instead."""
+    registered()
+    _insert(fmt, before)
+
+
+def _insert(fmt: TraceFormat, before: str | None) -> None:
+    FORMATS[:] = [f for f in FORMATS if f.name != fmt.name]
     names = [f.name for f in FORMATS]
     FORMATS.insert(names.index(before) if before in names else len(FORMATS), fmt)
 
 
 def unregister(name: str) -> None:
+    registered()
     FORMATS[:] = [f for f in FORMATS if f.name != name]
 
 
 def format_named(name: str) -> TraceFormat:
-    for fmt in FORMATS:
+    for fmt in registered():
         if fmt.name == name:
             return fmt
     raise KeyError(f"no trace format named {name!r}")
@@ -79,7 +109,7 @@ def detect_directory(directory: str, names: list[str]) -> Detection:
     their manifests). No files at all: the detection of none, with those problems."""
     problems: list[Problem] = []
     manifests: dict[int, str] = {}
-    for fmt in FORMATS:
+    for fmt in registered():
         found = fmt.detect_dir(directory, names)
         problems += found.problems
         manifests.update(found.manifests)
@@ -92,7 +122,7 @@ def detect_directory(directory: str, names: list[str]) -> Detection:
 def detect_file(path: str) -> Detection:
     """The format of one file given by itself; the last-resort format (hvdprof's) when no
     other claims it."""
-    ordered = sorted(FORMATS, key=lambda f: f.last_resort)
+    ordered = sorted(registered(), key=lambda f: f.last_resort)
     for fmt in ordered:
         found = fmt.detect_file(path)
         if found is not None:
@@ -103,7 +133,7 @@ def detect_file(path: str) -> Detection:
 def run_format_of(directory: Path, entries: list[Path]) -> str | None:
     """The format of the run ``directory`` is (its sorted ``entries``), or None when it is
     no run of per-rank files (the dashboard's catalog asks)."""
-    for fmt in FORMATS:
+    for fmt in registered():
         if fmt.holds_run(directory, entries):
             return fmt.name
     return None
@@ -111,7 +141,7 @@ def run_format_of(directory: Path, entries: list[Path]) -> str | None:
 
 def part_of_run(path: Path) -> bool:
     """Is ``path`` one of the files of the run directory it is in?"""
-    return path.suffix in COMPANION_SUFFIXES or any(fmt.part_of_run(path) for fmt in FORMATS)
+    return path.suffix in COMPANION_SUFFIXES or any(fmt.part_of_run(path) for fmt in registered())
 
 
 def single_file_run(path: Path) -> bool:
@@ -145,6 +175,7 @@ __all__ = [
     "open_reader",
     "part_of_run",
     "register",
+    "registered",
     "run_format_of",
     "single_file_run",
     "unregister",

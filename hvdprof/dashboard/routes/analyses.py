@@ -88,15 +88,21 @@ def _endpoint(name: str, function: registry.Ref) -> Callable[..., Section]:
     return analysis
 
 
-def build_router() -> APIRouter:
-    """One GET route per entry of :func:`analysis_routes`, as the registry stands now."""
-    router = APIRouter(prefix=PREFIX, tags=["analyses"])
-    listed = [
+def listed_analyses() -> list[AnalysisRoute]:
+    """``GET /api/analysis``: every analysis with a route, in the registry's order (the
+    page draws those it has no drawer for from their results)."""
+    return [
         AnalysisRoute(name=a.name, path=f"{PREFIX}/{a.name}", summary=a.summary,
                       in_report=a.in_report)
         for a in registry.analyses()
         if a.route
     ]  # fmt: skip
+
+
+def build_router() -> APIRouter:
+    """One GET route per entry of :func:`analysis_routes`, as the registry stands now."""
+    router = APIRouter(prefix=PREFIX, tags=["analyses"])
+    listed = listed_analyses()
 
     def analysis_index() -> list[AnalysisRoute]:
         return listed
