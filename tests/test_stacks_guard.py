@@ -14,7 +14,9 @@ machine), and a SIGUSR1 in ``hvdprof run``'s first ~100 ms killed the launcher.
   ``hvd.init()``, a launcher, and a rank by its own pid: accepted, and each prints;
 * the launcher holds SIGUSR1 from its first statement, before any heavy import (checked
   through an import hook, so with no timing in it), and a SIGUSR1 at 10, 50 and 200 ms
-  after the start is held and forwarded: the job ends with exit 0 and one dump per rank.
+  after the start is held and forwarded: the job ends with exit 0 and one dump per rank;
+* a SIGUSR1 or SIGTERM at each bytecode of the launcher's wait between two polls is
+  recorded once and hangs nothing (its handler once deadlocked on the wait's own lock).
 """
 
 from __future__ import annotations
@@ -292,6 +294,59 @@ def test_an_early_sigusr1_is_held_and_forwarded(delay_ms: int) -> None:
     assert sum("received SIGUSR1" in x for x in job.lines) == 1, f"{why}\n{out}"
     dumps = [x for x in job.lines if x == f"[0]<stderr>:hvdprof rank 0: {stacks.END_MARKER}"]
     assert len(dumps) == 1, f"{why}\n{out}"
+
+
+# A signal at every bytecode of the launcher's wait between two polls. The handler runs
+# in the main thread between two bytecodes of whatever it interrupted; it used to wake
+# the loop with threading.Event.set, which takes the lock the same Event's wait() and
+# clear() hold for a few bytecodes: a signal there hung `hvdprof run` for good (rarely,
+# in test_an_early_sigusr1_is_held_and_forwarded[200]). Tracing opcodes puts the signal
+# on each of those bytecodes in turn, so that no timing is involved.
+EVERY_BYTECODE = textwrap.dedent(
+    """
+    import faulthandler, signal, sys
+    from hvdprof.launch.signal_trap import SignalTrap
+
+    faulthandler.dump_traceback_later(30, exit=True)  # a hang shows its stacks and ends
+    signum = getattr(signal, sys.argv[1])
+    hold = signum == signal.SIGUSR1
+    at = fired = 0
+
+    def on_opcode(frame, event, arg):
+        global at, fired
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            if at == target and not fired:
+                fired = 1
+                signal.raise_signal(signum)  # (its handler runs before this returns)
+            at += 1
+        return on_opcode
+
+    with SignalTrap(hold_stack_requests=hold) as trap:
+        for target in range(10_000):
+            at = fired = 0
+            sys.settrace(on_opcode)
+            got = trap.take_stack_requests()
+            trap.sleep(0.001)
+            sys.settrace(None)
+            got += trap.take_stack_requests() if hold else len(trap.received)
+            assert got == fired, (target, got, fired)
+            trap.received.clear()
+            if not fired:
+                break
+    print("BYTECODES", target)
+    """
+)
+
+
+@pytest.mark.parametrize("signame", ["SIGUSR1", "SIGTERM"])
+def test_a_signal_at_any_bytecode_of_the_launchers_wait_is_recorded_once(signame: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", EVERY_BYTECODE, signame],
+        capture_output=True, text=True, timeout=120, cwd=REPO, env=child_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert int(done.stdout.split("BYTECODES ")[1]) >= 10, done.stdout  # (the wait was traced)
 
 
 def test_markers_of_processes_that_are_gone_are_pruned(tmp_path: Path) -> None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import threading
 from collections.abc import Callable
 from typing import Any
 
+from hvdprof.common.wakeup import Wakeup
 from hvdprof.errors import HvdprofError
 
 
@@ -164,16 +164,23 @@ _STOPPED_BY_SIGNAL = (128 + signal.SIGINT, 128 + signal.SIGTERM)
 def _wait_for_stop() -> None:
     """Block until Ctrl+C, SIGTERM or SIGHUP (the terminal closing). SIGINT gets a handler
     too: a launcher started in the background of a script inherits it ignored."""
-    stop = threading.Event()
+    stopped: list[int] = []
+    wakeup = Wakeup()  # not a threading.Event: its set() from a handler can deadlock
+
+    def stop(signum: int, _frame: object) -> None:
+        stopped.append(signum)
+        wakeup.ring()
+
     handled = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
     previous = {}
     for signum in handled:
-        previous[signum] = signal.signal(signum, lambda *_: stop.set())
+        previous[signum] = signal.signal(signum, stop)
     try:
-        while not stop.wait(0.5):
-            pass
+        while not stopped:
+            wakeup.wait(0.5)
     except KeyboardInterrupt:
         pass
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        wakeup.close()

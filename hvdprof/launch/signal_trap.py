@@ -3,7 +3,7 @@
 The main thread only polls: it notices a failed rank, a launcher signal or the
 ``timeout``, and escalates SIGINT/SIGTERM to SIGKILL after a grace period, so the
 launcher can neither hang nor leave orphans behind. A signal handler therefore only
-records the signal and wakes the loop.
+records the signal and wakes the loop, and it takes no lock to do so (:class:`hvdprof.common.wakeup.Wakeup`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
+from hvdprof.common.wakeup import Wakeup
 from hvdprof.launch import stack_requests
 
 _TRAPPED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -39,7 +41,7 @@ class SignalTrap:
     def __init__(self, hold_stack_requests: bool = False) -> None:
         self.received: list[int] = []
         self._hold = hold_stack_requests
-        self._wake = threading.Event()
+        self._wakeup: Wakeup | None = None
         self._previous: dict[int, object] = {}
 
     def take_stack_requests(self) -> int:
@@ -47,6 +49,7 @@ class SignalTrap:
         return stack_requests.take() if self._hold else 0
 
     def __enter__(self) -> SignalTrap:
+        self._wakeup = wakeup = Wakeup()
         if threading.current_thread() is threading.main_thread():
             for signum in _TRAPPED_SIGNALS:
                 self._previous[signum] = signal.signal(signum, self._handle)
@@ -54,7 +57,7 @@ class SignalTrap:
                 self._previous[STACKS_SIGNAL] = signal.getsignal(STACKS_SIGNAL)
                 if self._hold:
                     stack_requests.hold()
-                    stack_requests.wake_on_request(self._wake.set)
+                    stack_requests.wake_on_request(wakeup.ring)
                 else:
                     signal.signal(STACKS_SIGNAL, signal.SIG_IGN)
         return self
@@ -77,12 +80,19 @@ class SignalTrap:
             stack_requests.wake_on_request(None)
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
+        wakeup, self._wakeup = self._wakeup, None
+        if wakeup is not None:
+            wakeup.close()  # (after the handlers that ring it are gone)
 
     def _handle(self, signum: int, _frame: object) -> None:
         self.received.append(signum)
-        self._wake.set()
+        wakeup = self._wakeup
+        if wakeup is not None:
+            wakeup.ring()
 
     def sleep(self, seconds: float) -> None:
         """Sleep, but wake early when a signal arrives."""
-        self._wake.wait(seconds)
-        self._wake.clear()
+        if self._wakeup is None:
+            time.sleep(seconds)
+        else:
+            self._wakeup.wait(seconds)

@@ -79,6 +79,9 @@ def take() -> int:
 
 
 def wake_on_request(callback: Callable[[], None] | None) -> None:
-    """Call ``callback`` (in the main thread, from the handler) on every SIGUSR1."""
+    """Call ``callback`` (in the main thread, from the handler) on every SIGUSR1. It
+    runs between two bytecodes of whatever the main thread was doing, so it must take
+    no lock: ``threading.Event.set`` deadlocked there
+    (:class:`hvdprof.common.wakeup.Wakeup` says how)."""
     global _on_request
     _on_request = callback
