@@ -1575,10 +1575,15 @@
     return card;
   }
 
+  // A result with no verdict and only empty values (divergence on a run that checked
+  // nothing) has nothing to say: no card, rather than a table of dashes on every run.
+  const blank = (v) => v === null || v === undefined || v === 0 || v === false || v === ""
+    || (Array.isArray(v) && v.every(blank)) || (typeof v === "object" && !Array.isArray(v) && Object.values(v).every(blank));
+
   function drawGeneric(entry, data) {
+    const said = data == null ? [] : Array.isArray(data.verdicts) ? data.verdicts : (data.verdict ? [data.verdict] : []);
+    if (!said.length && blank(data)) { const old = $("analysis-" + entry.name); if (old) old.remove(); return; }
     const card = genericCard(entry);
-    if (data == null) { const p = document.createElement("p"); p.className = "empty"; p.textContent = "nothing to show for this run"; card.appendChild(p); return; }
-    const said = Array.isArray(data.verdicts) ? data.verdicts : (data.verdict ? [data.verdict] : []);
     for (const v of said) { const p = document.createElement("p"); p.className = "verdict"; p.textContent = v; card.appendChild(p); }
     const fields = Object.entries(data).filter(([k]) => k !== "verdict" && k !== "verdicts");
     const single = fields.filter(([, v]) => !isRecords(v));
