@@ -321,7 +321,7 @@ def _write_json(path: str, data: dict[str, Any]) -> None:
 def cmd_history(args: argparse.Namespace) -> int:
     from hvdprof.analysis.history import MIN_SEGMENT, find_history
     from hvdprof.analysis.summary import read_summary
-    from hvdprof.analysis.tables import printable
+    from hvdprof.analysis.table_cells import printable
 
     summaries = []
     for path in args.summaries:

@@ -209,8 +209,45 @@ def _verdict(report: AutotuneReport) -> str:
     return text + "."
 
 
+def autotune_table(console: Any, number: int, a: AutotuneReport, run: dict[str, Any]) -> None:
+    """Every scored sample, the recommendation starred."""
+    from rich.table import Table
+
+    from hvdprof.analysis.table_cells import fitted, size
+
+    if not a.samples:
+        return
+    t0 = run["t0_us"]
+    table = Table(
+        title=f"{number}. Autotune samples (window in seconds from the start of the trace)"
+    )
+    for col in (
+        "#",
+        "threshold",
+        "cycle ms",
+        "cache",
+        "MB/s",
+        "steps",
+        "window (s)",
+    ):
+        table.add_column(col, justify="right")
+    for x in a.samples:
+        table.add_row(
+            f"*{x.index}" if a.recommended == x.index else str(x.index),
+            size(x.fusion_threshold_bytes),
+            f"{x.cycle_time_ms:.3g}",
+            "on" if x.cache_enabled else "off",
+            f"{x.score_mb_per_s:.3g}",
+            f"{x.first_step}-{x.last_step}",
+            f"{(x.t0_us - t0) / 1e6:.3f}-{(x.t1_us - t0) / 1e6:.3f}",
+        )
+    console.print(fitted(table))
+    if a.recommended is not None:
+        console.print("  *: the tuner's recommendation when the recording ended")
+
+
 ANALYSIS = Analysis(
     "autotune", autotune_report, AutotuneReport,
     "Autotune samples: parameters, score, time window",
-    verdict_order=70, table="hvdprof.analysis.tables:autotune_table",
+    verdict_order=70, table=autotune_table,
 )  # fmt: skip

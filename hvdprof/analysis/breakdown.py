@@ -10,6 +10,8 @@ The phases of a rank therefore add up to its wall time.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import numpy as np
 
@@ -17,7 +19,7 @@ from hvdprof.analysis.intervals import exclusive_segments
 from hvdprof.analysis.registry import Analysis
 from hvdprof.analysis.result import Result
 from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, step_of, step_starts
-from hvdprof.analysis.user_phases import UserPhases, user_phases
+from hvdprof.analysis.user_phases import UserPhases, user_phases, user_phases_table
 from hvdprof.trace.model import (
     PHASE_COLLECTIVE,
     PHASE_MEMCPY_IN,
@@ -200,7 +202,47 @@ def _said(b: Breakdown) -> list[str]:
     return [text for text in (b.verdict, b.user.verdict) if text]
 
 
+def breakdown_table(console: Any, number: int, b: Breakdown, run: dict[str, Any]) -> None:
+    """Where the time goes per rank; then the trace's own ranges (``{number}b``)."""
+    from rich.table import Table
+
+    from hvdprof.analysis.table_cells import fitted
+
+    if b.ranks:
+        steps = sorted({rb.steps for rb in b.ranks})
+        # the step count goes in the title when every rank has the same (a column fewer:
+        # the table then fits 80 columns with whole headers)
+        per_rank = len(steps) > 1
+        shown = "" if per_rank else f", {steps[0]} steps"
+        if all(rb.steps >= MIN_STEPS_TO_SKIP_WARMUP for rb in b.ranks):
+            shown += ", the first left out"
+        table = Table(
+            title=f"{number}. Where the time goes, per rank (mean ms per step{shown}, "
+            "share of wall time)"
+        )
+        table.add_column("rank", justify="right")
+        if per_rank:
+            table.add_column("steps", justify="right")
+        for c in CATEGORIES:
+            table.add_column(SHORT_LABELS[c], justify="right")
+        for rb in b.ranks:
+            table.add_row(
+                str(rb.rank),
+                *([str(rb.steps)] if per_rank else []),
+                *[f"{rb.mean_step_ms(c):.2f} ({rb.share(c):.0%})" for c in CATEGORIES],
+            )
+        console.print(fitted(table))
+        console.print(
+            "  waiting = negotiation wait: submitted, waiting for the other ranks;"
+            " idle = no collective activity on the rank (compute, data loading);"
+            " backend = the backend's collective call",
+            highlight=False,
+        )
+    if b.user.ranks:
+        user_phases_table(console, f"{number}b", b.user)
+
+
 ANALYSIS = Analysis(
     "breakdown", time_breakdown, Breakdown, "Time per phase per rank",
-    verdict_order=30, verdicts=_said, table="hvdprof.analysis.tables:breakdown_table",
+    verdict_order=30, verdicts=_said, table=breakdown_table,
 )  # fmt: skip

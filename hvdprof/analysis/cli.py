@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from hvdprof.analysis.tables import fitted, printable
+from hvdprof.analysis.table_cells import fitted, printable
 
 if TYPE_CHECKING:
     from hvdprof.analysis.report import Report

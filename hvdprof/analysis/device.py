@@ -50,6 +50,11 @@ SHORT_NAME_CHARS = 60
 #: what a user would act on.
 STANDS_OUT_POINTS = 10.0
 _COPY_KIND = re.compile(r"Memcpy\s+(\w+)")
+#: Kernel names per rank in ``analyze``'s GPU table (``--json`` has the report's top list).
+CLI_TOP_KERNELS = 5
+#: Kernel names are shortened to this many characters there (80-column terminals).
+CLI_KERNEL_CHARS = 31
+_KIND_WORDS = {"computation": "compute", "communication": "comm"}
 
 
 def short_kernel_name(name: str, limit: int = SHORT_NAME_CHARS) -> str:
@@ -359,9 +364,57 @@ def gpu_report(run: Run) -> GpuReport:
     return out
 
 
+def gpu_tables(console: Any, number: int, g: GpuReport, run: dict[str, Any]) -> None:
+    """HTA's GPU shares per rank, the rank that stands out, top kernels, memcpy rates."""
+    from rich.table import Table
+
+    from hvdprof.analysis.table_cells import fitted, ms, printable, size
+
+    if not g.ranks:
+        return
+    table = Table(
+        title=f"{number}. GPU per rank (HTA's definitions: shares of the GPU kernel span)"
+    )
+    for col in ("rank", "span ms", "idle", "compute", "non-compute", "comm overlap", "events"):
+        table.add_column(col, justify="right")
+    for x in g.ranks:
+        mark = " *" if x.rank == g.stands_out else ""
+        table.add_row(
+            f"{x.rank}{mark}", ms(x.span_ms), f"{x.idle_share:.2%}", f"{x.compute_share:.2%}",
+            f"{x.non_compute_share:.2%}", f"{x.comm_comp_overlap_share:.2%}", f"{x.kernels:,}",
+        )  # fmt: skip
+    console.print(fitted(table))
+    if g.stands_out_text:
+        console.print(
+            f"  {'* ' if g.stands_out is not None else ''}{g.stands_out_text}", highlight=False
+        )
+    table = Table(title=f"GPU kernel time per name (top {CLI_TOP_KERNELS} per rank)")
+    for col in ("rank", "kernel", "kind", "count", "ms", "of busy"):
+        table.add_column(col, justify="left" if col in ("kernel", "kind") else "right")
+    for x in g.ranks:
+        for k in x.top_kernels[:CLI_TOP_KERNELS]:
+            table.add_row(
+                str(x.rank), printable(short_kernel_name(k.name, CLI_KERNEL_CHARS)),
+                _KIND_WORDS.get(k.kind, k.kind), f"{k.count:,}", ms(k.total_ms),
+                f"{k.busy_share:.1%}",
+            )  # fmt: skip
+    console.print(fitted(table))
+    copies = [(x.rank, c) for x in g.ranks for c in x.memcpy]
+    if copies:
+        table = Table(title="Memcpy bandwidth per copy kind (bytes / duration, GB/s = 10^9 B/s)")
+        for col in ("rank", "copy", "copies", "bytes", "ms", "GB/s"):
+            table.add_column(col, justify="right")
+        for rank, c in copies:
+            table.add_row(
+                str(rank), c.copy_kind, f"{c.count:,}", size(c.bytes), f"{c.total_ms:.3f}",
+                f"{c.gbps:.3g}",
+            )  # fmt: skip
+        console.print(fitted(table))
+
+
 ANALYSIS = Analysis(
     "gpu", gpu_report, GpuReport,
     "GPU per rank (torch.profiler traces): HTA's idle, compute, non-compute and overlap "
     "shares, the rank that stands out, kernel time per name, memcpy bandwidth",
-    verdict_order=80, table="hvdprof.analysis.tables:gpu_tables",
+    verdict_order=80, table=gpu_tables,
 )  # fmt: skip

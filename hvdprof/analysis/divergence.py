@@ -7,6 +7,8 @@ every timing question is moot.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from hvdprof.analysis.registry import Analysis
@@ -63,8 +65,31 @@ def divergence_report(run: Run) -> DivergenceReport:
 
 
 # what someone whose ranks diverged wants to know first, after a stall
+
+
+def divergence_table(console: Any, number: int, d: DivergenceReport, run: dict[str, Any]) -> None:
+    """Where the ranks stopped holding one model (nothing when they never did)."""
+    from rich.table import Table
+
+    from hvdprof.analysis.table_cells import fitted, some_names
+
+    if d.step is None:
+        return
+    table = Table(title=f"{number}. Divergence: the ranks stopped holding one model")
+    table.add_column("what", justify="left")
+    table.add_column("found", justify="left")
+    table.add_row("first step that differed", str(d.step))
+    table.add_row("ranks differing from rank 0", ", ".join(str(r) for r in d.ranks) or "-")
+    if d.weights_total:
+        table.add_row("weights", some_names(d.weights, d.weights_total))
+    if d.grads_total:
+        table.add_row("averaged gradients", some_names(d.grads, d.grads_total))
+    table.add_row("recorded by ranks", ", ".join(str(r) for r in d.seen_by))
+    console.print(fitted(table))
+
+
 ANALYSIS = Analysis(
     "divergence", divergence_report, DivergenceReport,
     "Divergence: the first step at which the ranks' weights or gradients differed",
-    verdict_order=-10, table="hvdprof.analysis.tables:divergence_table",
+    verdict_order=-10, table=divergence_table,
 )  # fmt: skip

@@ -12,6 +12,8 @@ are taken as one group, and the threshold is Horovod's default (64 MiB) unless k
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import numpy as np
 
@@ -169,7 +171,44 @@ def _verdict(report: FusionReport) -> str | None:
     return text + "."
 
 
+def fusion_table(console: Any, number: int, f: FusionReport, run: dict[str, Any]) -> None:
+    """Fused ops per rank, their fill, and why the rest ran alone."""
+    from rich.table import Table
+
+    from hvdprof.analysis.table_cells import fitted
+
+    if not f.ranks:
+        return
+    thr = f"{f.threshold_bytes / 1048576:g} MiB" if f.threshold_bytes else "unknown"
+    table = Table(title=f"{number}. Fusion (threshold {thr})")
+    for col in (
+        "rank",
+        "collectives",
+        "fused",
+        "tensors per fused",
+        "fill",
+        "unfused",
+        "why unfused",
+    ):
+        table.add_column(col, justify="left" if col == "why unfused" else "right")
+    for x in f.ranks:
+        why = "\n".join(f"{k} {n}" for k, n in x.unfused_reasons.items())
+        table.add_row(
+            str(x.rank),
+            f"{x.groups:,}",
+            f"{x.fused:,}",
+            f"{x.tensors_per_fused_op:.1f}",
+            f"{x.fill_mean:.1%}",
+            f"{x.unfused:,}",
+            why or "-",
+        )
+    console.print(fitted(table))
+    used = sorted({k for x in f.ranks for k in x.unfused_reasons})
+    for k in used:
+        console.print(f"  {k}: {REASON_WORDS[k]}", highlight=False)
+
+
 ANALYSIS = Analysis(
     "fusion", fusion_report, FusionReport, "Tensors per fused op and buffer fill",
-    verdict_order=40, table="hvdprof.analysis.tables:fusion_table",
+    verdict_order=40, table=fusion_table,
 )  # fmt: skip

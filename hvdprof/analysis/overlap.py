@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -126,8 +127,36 @@ def _rank_of(
     return None
 
 
+def overlap_table(console: Any, number: int, o: OverlapReport, run: dict[str, Any]) -> None:
+    """Communication time overlapped by backward compute, per rank."""
+    from rich.table import Table
+
+    from hvdprof.analysis.table_cells import fitted, ms
+
+    if not o.ranks:
+        return
+    table = Table(title=f"{number}. Communication overlapped by backward compute")
+    for col in (
+        "rank",
+        "communication (ms)",
+        "backward compute (ms)",
+        "overlapped (ms)",
+        "share overlapped",
+    ):
+        table.add_column(col, justify="right")
+    for x in o.ranks:
+        table.add_row(
+            str(x.rank),
+            ms(x.comm_ms),
+            ms(x.compute_ms),
+            ms(x.overlap_ms),
+            f"{x.fraction:.0%}",
+        )
+    console.print(fitted(table))
+
+
 ANALYSIS = Analysis(
     "overlap", overlap_report, OverlapReport,
     "Communication overlapped by backward compute (given torch.profiler traces)",
-    verdict_order=60, table="hvdprof.analysis.tables:overlap_table", kineto=True, route=False,
+    verdict_order=60, table=overlap_table, kineto=True, route=False,
 )  # fmt: skip

@@ -1,7 +1,8 @@
 """The analyses: each declared once, in its own module, and found here on first use.
 
 Every analysis module ends with ``ANALYSIS = Analysis(...)``: its name, function, result
-type, summary, place among the verdicts, verdict sentences and table. Everything that
+type, summary, place among the verdicts, verdict sentences, table printer (a function in
+the same module) and the analyses whose answers it takes (``needs``). Everything that
 lists the analyses is made from what is found here: ``analyze()`` and its ``Report``
 (``analyze --json``), the order of the verdicts, the package's exports, the dashboard's
 ``/api/analysis/<name>`` routes (and the page's sections: one without a drawer of its own
@@ -83,13 +84,19 @@ class Analysis:
     #: the report's JSON holds this key of ``to_dict()`` instead of all of it (stalls: the
     #: list, as ``analyze --json`` always wrote it); a field's name, for the schema
     report_key: str = ""
+    #: the analyses whose answers this one takes, by name: ``analyze()`` computes them
+    #: first and passes each to the function as the keyword argument of its name (the
+    #: straggler answer defers to ``process_sets`` when every collective it could judge
+    #: ran in a process set). The function must also answer without them: a route of its
+    #: own calls it on the run alone
+    needs: tuple[str, ...] = ()
 
     @property
     def in_report(self) -> bool:
         return self.verdict_order is not None
 
-    def compute(self, run: Any, *args: Any) -> Any:
-        return resolve(self.function)(run, *args)
+    def compute(self, run: Any, *args: Any, **needed: Any) -> Any:
+        return resolve(self.function)(run, *args, **needed)
 
     def print_table(self, console: Any, number: int, value: Any, run: dict[str, Any]) -> None:
         if self.table is not None:
@@ -156,7 +163,8 @@ def _find() -> None:
         _add(_declared_in(name))
     from hvdprof.common import plugins
 
-    for where, analysis in plugins.load(PLUGIN_GROUP, "analysis_plugins", DECLARED):
+    found = plugins.load(PLUGIN_GROUP, "analysis_plugins", DECLARED)
+    for where, analysis in found:
         if not isinstance(analysis, Analysis):
             raise plugins.PluginError(
                 f"{where}: {DECLARED} is a {type(analysis).__name__}, not an "
@@ -164,6 +172,11 @@ def _find() -> None:
             )
         try:
             _add(analysis)
+        except ValueError as exc:
+            raise plugins.PluginError(f"{where}: {exc}") from None
+    for where, analysis in found:  # once all are in: a plug-in may need a later one
+        try:
+            computing_order([analysis])
         except ValueError as exc:
             raise plugins.PluginError(f"{where}: {exc}") from None
 
@@ -185,9 +198,16 @@ def _add(analysis: Analysis) -> Analysis:
 
 def register(analysis: Analysis) -> Analysis:
     """Add ``analysis`` after the others (a test's, a program's own); a name already
-    taken is refused. A plug-in module declares ``ANALYSIS`` instead."""
+    taken, or a need no analysis answers, is refused. A plug-in module declares
+    ``ANALYSIS`` instead."""
     _find()
-    return _add(analysis)
+    _add(analysis)
+    try:
+        computing_order([analysis])
+    except ValueError:
+        del _REGISTERED[analysis.name]
+        raise
+    return analysis
 
 
 def unregister(name: str) -> None:
@@ -208,6 +228,32 @@ def get(name: str) -> Analysis:
 
 def in_report() -> list[Analysis]:
     return [a for a in analyses() if a.in_report]
+
+
+def computing_order(chosen: list[Analysis]) -> list[Analysis]:
+    """``chosen`` and every analysis they need, each after the ones it needs and otherwise
+    in the order given: the order ``analyze()`` computes them in (the report's keys and
+    the tables keep the registry's order)."""
+    placed: dict[str, Analysis] = {}
+
+    def place(analysis: Analysis, path: tuple[str, ...]) -> None:
+        if analysis.name in placed:
+            return
+        if analysis.name in path:
+            cycle = " -> ".join((*path[path.index(analysis.name) :], analysis.name))
+            raise ValueError(f"analyses that need each other: {cycle}")
+        for name in analysis.needs:
+            need = _REGISTERED.get(name)
+            if need is None:
+                raise ValueError(
+                    f"analysis {analysis.name!r} needs {name!r}, which no analysis is named"
+                )
+            place(need, (*path, analysis.name))
+        placed[analysis.name] = analysis
+
+    for analysis in chosen:
+        place(analysis, ())
+    return list(placed.values())
 
 
 def exports() -> dict[str, str]:

@@ -99,22 +99,23 @@ def analyze(run: Run, *, kineto_paths: Sequence[str] = ()) -> Report:
     """All the analyses of ``run`` (and those over Kineto traces when they are given)."""
     entries = registry.in_report()
     results: dict[str, Any] = {}
-    for analysis in entries:
+    # each after the analyses it needs, which it is given by name
+    for analysis in registry.computing_order(entries):
+        needed = {name: results[name] for name in analysis.needs}
         if not analysis.kineto:
-            results[analysis.name] = analysis.compute(run)
+            results[analysis.name] = analysis.compute(run, **needed)
         elif kineto_paths:
-            results[analysis.name] = analysis.compute(run, list(kineto_paths))
+            results[analysis.name] = analysis.compute(run, list(kineto_paths), **needed)
         else:
             results[analysis.name] = None
     problems = list(run.problems)
-    for result in results.values():  # what an analysis read itself (overlap's traces)
-        problems += getattr(result, "problems", None) or []
+    for a in entries:  # what an analysis read itself (overlap's traces)
+        problems += getattr(results[a.name], "problems", None) or []
     report = Report(
         run=run.summary(),
         sections={a.name: _held(a, results[a.name]) for a in entries},
         problems=problems,
     )
-    _judged_in_sets(report.sections)
     # ordered by each analysis's verdict_order (sorted is stable: ties keep the registry's)
     said = sorted(
         ((a.verdict_order or 0, a.verdicts(results[a.name])) for a in entries),
@@ -131,17 +132,6 @@ def _held(analysis: registry.Analysis, result: Any) -> Any:
     if result is None or not analysis.report_attribute:
         return result
     return getattr(result, analysis.report_attribute)
-
-
-def _judged_in_sets(sections: dict[str, Any]) -> None:
-    """When every op with readiness marks ran in a process set, the job-wide straggler
-    answer defers to each set's (told among the verdicts, after it)."""
-    stragglers, sets = sections.get("stragglers"), sections.get("process_sets")
-    if sets and stragglers is not None and not stragglers.ops_with_marks:
-        stragglers.verdict = (
-            "Every collective with readiness marks ran in a process set: each set's "
-            "straggler is judged among its members below."
-        )
 
 
 def _run_notes(run: Run, problems: list[Problem]) -> list[str]:

@@ -10,6 +10,8 @@ report, else from the last report.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import numpy as np
 
@@ -136,9 +138,41 @@ def _refine(run: Run, stall: Stall, observer: int) -> None:
         stall.step = int(s.occurrence[i])
 
 
+def stall_table(console: Any, number: int, s: StallReport, run: dict[str, Any]) -> None:
+    """Each stall rank 0 reported, longest first: who, how long, at which step, where."""
+    from rich.table import Table
+
+    from hvdprof.analysis.table_cells import fitted, some_names
+
+    if not s.stalls:
+        return
+    table = Table(title=f"{number}. Stalls: who kept the job waiting (longest first)")
+    for col in ("late rank(s)", "waited (s)", "step", "reports", "ops waited for", "where"):
+        table.add_column(
+            col, justify="right" if col in ("waited (s)", "step", "reports") else "left"
+        )
+    for x in sorted(s.stalls, key=lambda x: -x.waited_s):
+        places = []
+        for rank in x.missing:
+            where = x.where.get(rank)
+            if where:
+                coll = x.collective.get(rank)
+                inside = f"waiting in {coll} (a mismatch), called from " if coll else ""
+                places.append(f"rank {rank}: {inside}{where.split(' <- ')[0]}")
+        table.add_row(
+            ", ".join(str(r) for r in x.missing),
+            f"{x.waited_s:.1f}" + (" (job ended)" if x.shutdown else ""),
+            str(x.step) if x.step >= 0 else "-",
+            f"{x.reports:,}",
+            some_names(x.names, len(x.names)) or "-",
+            "\n".join(places) or "-",
+        )
+    console.print(fitted(table))
+
+
 # what someone whose job hung wants to know first: the first verdict
 ANALYSIS = Analysis(
     "stalls", stall_report, StallReport,
     "Stalls: which rank kept the job waiting, how long, and where",
-    verdict_order=-20, table="hvdprof.analysis.tables:stall_table", report_key="stalls",
+    verdict_order=-20, table=stall_table, report_key="stalls",
 )  # fmt: skip

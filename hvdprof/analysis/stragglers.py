@@ -93,8 +93,9 @@ spread around the two levels (medians: an intermittent fault has no onset).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import msgspec
 import numpy as np
@@ -167,6 +168,22 @@ KINETO_ARRIVALS = (
     "ranks, so arrivals cannot be compared and no straggler can be named from them; the "
     "time breakdown still shows each rank's communication time."
 )
+
+#: The verdict when every collective with readiness marks ran in a process set (given the
+#: ``process_sets`` answer): the job-wide answer defers to each set's, told after it.
+JUDGED_IN_SETS = (
+    "Every collective with readiness marks ran in a process set: each set's "
+    "straggler is judged among its members below."
+)
+
+
+class SetsAnswer(Protocol):
+    """The ``process_sets`` analysis's answer, as much of it as this one reads (that
+    module imports this one: its answer is passed in, never imported)."""
+
+    @property
+    def sets(self) -> Sequence[object]: ...
+
 
 #: Missing ranks are named up to this many; past it, counted (never a list of 127).
 MAX_LISTED = 8
@@ -592,12 +609,23 @@ def _host_words(ranks: list[int], hosts: dict[int, str]) -> str:
     return "; ".join(f"{_rank_list(rs)} on host {h}" for h, rs in by_host.items())
 
 
-def find_stragglers(run: Run) -> Stragglers:
+def find_stragglers(run: Run, *, process_sets: SetsAnswer | None = None) -> Stragglers:
     """Who held the job, what it cost per step, from which step on, and in which phase.
 
     torch.profiler traces of some of a job's ranks (2 of 128) compare the traced ranks and
-    say so once, in words: the others' arrivals are unknown, not late."""
+    say so once, in words: the others' arrivals are unknown, not late. Given the run's
+    ``process_sets`` (its analysis, which ``analyze()`` computes first: this one declares
+    it needs it), an answer with no job-wide op to judge defers to each set's."""
     out = _find_stragglers(run)
+    _subset_traced(run, out)
+    if process_sets is not None and process_sets.sets and not out.ops_with_marks:
+        out.verdict = JUDGED_IN_SETS
+    return out
+
+
+def _subset_traced(run: Run, out: Stragglers) -> None:
+    """A torch.profiler trace of some of the job's ranks: the verdict says only they were
+    compared."""
     traced = len(run.ranks)
     if run.capabilities.ranks_may_be_a_subset and 0 < traced < run.size and out.verdict:
         v = out.verdict
@@ -607,7 +635,6 @@ def find_stragglers(run: Run) -> Stragglers:
             f"{traced} of the job's {run.size} ranks were traced, so only "
             f"{'they are' if traced > 1 else 'it is'} compared: {v}"
         )
-    return out
 
 
 def _find_stragglers(run: Run) -> Stragglers:
@@ -1307,8 +1334,54 @@ def own_work(run: Run) -> dict[int, RankWork]:
     return out
 
 
+def straggler_table(console: Any, number: int, s: Stragglers, run: dict[str, Any]) -> None:
+    """Who is late, by how much, and what it costs per step."""
+    from rich.table import Table
+
+    from hvdprof.analysis.table_cells import fitted, ms
+
+    if not s.ranks:
+        return
+    seen = {
+        "source": "each rank's own submission times",
+        "nccl_kernels": "each rank's NCCL kernel starts",
+        "launches": "each rank's launches, from its step's start",
+    }.get(s.source, f"readiness as rank {s.observer} saw it")
+    since = (
+        f", shares and costs from the onset at step {s.onset_step}"
+        if s.onset_step is not None and s.onset_step > s.first_step
+        else ""
+    )
+    table = Table(
+        title=f"{number}. Who is late ({s.steps:,} steps, {s.ops_with_marks:,} ops; {seen}{since})"
+    )
+    cols = ("rank", "held (steps)", "by (ms)", "cost/step (ms, 95%)", "late/step (ms)")
+    for col in cols:
+        table.add_column(col, justify="right")
+    for x in s.ranks:  # most cost first
+        mark = " (straggler)" if x.rank in s.culprits else ""
+        table.add_row(
+            f"{x.rank}{mark}",
+            f"{x.held_share:.0%} ({x.held_count:,})",
+            ms(x.held_ms),
+            f"{ms(x.cost_per_step_ms)} ({ms(x.cost_low_ms)}-{ms(x.cost_high_ms)})",
+            ms(x.lateness_ms),
+        )
+    console.print(fitted(table))
+    console.print(
+        "  late = the time the others were blocked on this rank per step (union over the "
+        "step's ops); cost = as much of it as the rank's own work (data, forward, "
+        "backward) took longer than the others': what the job would save if its code "
+        "kept pace (the rest is the runtime's); held = steps whose cost reached "
+        f"{ms(s.held_floor_ms)} ms (the bar, or the noise of the ranks not named)",
+        highlight=False,
+    )
+
+
 ANALYSIS = Analysis(
     "stragglers", find_stragglers, Stragglers,
     "Who made the others wait: negotiation wait per rank and step",
-    verdict_order=10, table="hvdprof.analysis.tables:straggler_table",
+    verdict_order=10, table=straggler_table,
+    # a job whose every judged collective ran in a process set: told by each set's answer
+    needs=("process_sets",),
 )  # fmt: skip

@@ -16,7 +16,7 @@ is where that rank's step differs, and the verdict names it.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 import numpy as np
@@ -179,3 +179,33 @@ def _compare(p: UserPhases) -> tuple[tuple[int, str, float, float] | None, str |
     if name != OUTSIDE and missing == len(p.ranks) - 1:
         text += ": the other ranks have no such range"
     return (rank, name, mine, others), text + "."
+
+
+def user_phases_table(console: Any, number: str, p: UserPhases) -> None:
+    """The trace's own ranges, one row each, one column per rank (up to 8; beyond, the
+    median and the rank with the most)."""
+    from rich.table import Table
+
+    from hvdprof.analysis.table_cells import fitted, ms
+
+    table = Table(
+        title=f"{number}. The step in the trace's own ranges (record_function; mean ms per step)"
+    )
+    table.add_column("range", justify="left", overflow="fold")
+    few = len(p.ranks) <= 8
+    if few:
+        for r in p.ranks:
+            table.add_column(f"rank {r.rank}", justify="right")
+    else:
+        table.add_column("median", justify="right")
+        table.add_column("most (rank)", justify="right")
+    for name in [*p.names, OUTSIDE, "step"]:
+        values = [r.mean_step_ms() if name == "step" else r.mean_ms(name) for r in p.ranks]
+        if few:
+            table.add_row(name, *[ms(v) for v in values])
+        else:
+            top = int(np.argmax(values))
+            table.add_row(
+                name, ms(float(np.median(values))), f"{ms(values[top])} ({p.ranks[top].rank})"
+            )
+    console.print(fitted(table))
