@@ -59,6 +59,26 @@ def expected_allreduce(values: Any, op: str, dtype: Any) -> Any:
     return out
 
 
+def allreduce_named_gradients(
+    hvd: Any, grads: list[Any], names: list[str], ck: Checks, step: int
+) -> None:
+    """One step of the named-gradient workloads: every rank fills gradient ``i`` with
+    ``rank + i``, allreduces them all asynchronously (Sum) and checks every sum."""
+    import torch
+
+    rank, size = hvd.rank(), hvd.size()
+    for i, g in enumerate(grads):
+        g.fill_(float(rank + i))
+    handles = [
+        hvd.allreduce_async_(g, name=n, op=hvd.Sum) for g, n in zip(grads, names, strict=True)
+    ]
+    for h in handles:
+        hvd.synchronize(h)
+    want = [size * i + size * (size - 1) / 2 for i in range(len(grads))]
+    bad = [i for i, g in enumerate(grads) if not bool(torch.all(g == want[i]))]
+    ck.true(not bad, f"step {step}: sums of {bad} are wrong")
+
+
 def _one_line(text: str, limit: int = 400) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -29,7 +29,7 @@ import hvdprof.torch as hvd  # noqa: E402
 
 torch.set_num_threads(1)
 hvd.init()
-R, N = hvd.rank(), hvd.size()
+R = hvd.rank()
 ck = _common.Checks(R)
 SHAPES = [(256,)] * 6 + [(64, 64), (32 * 1024,)]
 GRADS = [torch.zeros(s) for s in SHAPES]
@@ -39,15 +39,6 @@ with ck.section("run"):
     for k in range(ARGS.steps):
         if ARGS.sleep_rank == R:
             time.sleep(ARGS.sleep_ms / 1000.0)
-        for i, g in enumerate(GRADS):
-            g.fill_(float(R + i))
-        handles = [
-            hvd.allreduce_async_(g, name=n, op=hvd.Sum) for g, n in zip(GRADS, NAMES, strict=True)
-        ]
-        for h in handles:
-            hvd.synchronize(h)
-        want = [N * i + N * (N - 1) / 2 for i in range(len(GRADS))]
-        bad = [i for i, g in enumerate(GRADS) if not bool(torch.all(g == want[i]))]
-        ck.true(not bad, f"step {k}: sums of {bad} are wrong")
+        _common.allreduce_named_gradients(hvd, GRADS, NAMES, ck, k)
 hvd.shutdown()
 print("DONE", flush=True)

@@ -42,7 +42,7 @@ HOLD_LIMIT_S = 60.0
 
 torch.set_num_threads(1)
 hvd.init()
-R, N = hvd.rank(), hvd.size()
+R = hvd.rank()
 if ARGS.start_timeline:
     hvd.start_timeline(ARGS.start_timeline)
 RT = rt_module.get()
@@ -71,16 +71,7 @@ NAMES = [f"grad.{i}" for i in range(len(SHAPES))]
 
 with ck.section("run"):
     for k in range(MAX_STEPS):
-        for i, g in enumerate(GRADS):
-            g.fill_(float(R + i))
-        handles = [
-            hvd.allreduce_async_(g, name=n, op=hvd.Sum) for g, n in zip(GRADS, NAMES, strict=True)
-        ]
-        for h in handles:
-            hvd.synchronize(h)
-        want = [N * i + N * (N - 1) / 2 for i in range(len(GRADS))]
-        bad = [i for i, g in enumerate(GRADS) if not bool(torch.all(g == want[i]))]
-        ck.true(not bad, f"step {k}: sums of {bad} are wrong")
+        _common.allreduce_named_gradients(hvd, GRADS, NAMES, ck, k)
         stop = torch.tensor([1.0 if held.is_set() else 0.0])
         if float(hvd.allreduce(stop, name="ctl", op=hvd.Sum)[0]) > 0:
             break
