@@ -135,15 +135,24 @@ def launched_chromium() -> Iterator[object]:
 
 
 def open_page(
-    browser: Any, url: str, settle_ms: int = 0, width: int = 1400
+    browser: Any,
+    url: str,
+    settle_ms: int = 0,
+    width: int = 1400,
+    *,
+    offline: bool = False,
+    requests: list[str] | None = None,
 ) -> tuple[Any, list[str]]:
     """A new page at ``url``, ``width`` px wide, once the dashboard says it is ready, with
     the page errors it collects (a test asserts there are none); ``settle_ms`` lets Plotly
-    finish drawing."""
-    page = browser.new_page(viewport={"width": width, "height": 950})
+    finish drawing. ``offline``: no network at all (``hvdprof report``'s file must need
+    none); ``requests`` collects every URL the page asked for."""
+    page = browser.new_page(offline=offline, viewport={"width": width, "height": 950})
     page.set_default_timeout(WAIT_MS)
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
+    if requests is not None:
+        page.on("request", lambda r: requests.append(r.url))
     page.goto(url)
     page.wait_for_selector("body[data-ready='1']")
     if settle_ms:

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from dashboard_support import (
-    WAIT_MS,
     child_env,
     dashboard_server,
     get,
@@ -163,13 +162,7 @@ def test_the_offline_report_draws_it_too(root: Path, tmp_path: Path) -> None:
     done = hvdprof("report", str(root), "--run", "toy", "-o", str(out), env=PLUGINS)
     assert done.returncode == 0, done.stderr
     with launched_chromium() as browser:
-        context = browser.new_context(offline=True)  # type: ignore[attr-defined]
-        page = context.new_page()
-        page.set_default_timeout(WAIT_MS)
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(out.as_uri())
-        page.wait_for_selector("body[data-ready='1']")
+        page, errors = open_page(browser, out.as_uri(), offline=True)
         _the_page_draws_it(page, errors)
 
 

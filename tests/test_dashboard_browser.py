@@ -569,15 +569,8 @@ def test_report_opens_offline(browser: object, served: Path, tmp_path: Path, cap
     out = tmp_path / "report.html"
     assert main(["report", str(served), "--run", "demo", "-o", str(out)]) == 0
     printed = capsys.readouterr().out
-    context = browser.new_context(offline=True, viewport={"width": 1400, "height": 950})
-    page = context.new_page()
-    page.set_default_timeout(WAIT_MS)
     requests: list[str] = []
-    page.on("request", lambda r: requests.append(r.url))
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(out.as_uri())
-    page.wait_for_selector("body[data-ready='1']")
+    page, errors = open_page(browser, out.as_uri(), offline=True, requests=requests)
     page.wait_for_timeout(500)
     page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
     assert requests == [out.as_uri()]  # nothing fetched: everything is inside the file
@@ -596,7 +589,7 @@ def test_report_opens_offline(browser: object, served: Path, tmp_path: Path, cap
     assert "negotiate" in lanes(page)
     assert page.locator("#autotune-score .scatterlayer .point").count() > 0
     assert errors == []
-    context.close()
+    page.context.close()
 
 
 def test_process_sets_filter(browser: object, tmp_path: Path) -> None:

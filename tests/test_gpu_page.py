@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dashboard_support import WAIT_MS, dashboard_server, launched_chromium, open_page
+from dashboard_support import dashboard_server, launched_chromium, open_page
 
 pytest.importorskip("fastapi")
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -281,13 +281,7 @@ def test_offline_report_has_the_gpu_card(browser: object, served: Path, tmp_path
 
     out = tmp_path / "report.html"
     assert main(["report", str(served), "--run", "gpu", "-o", str(out)]) == 0
-    context = browser.new_context(offline=True, viewport={"width": 1400, "height": 950})
-    page = context.new_page()
-    page.set_default_timeout(WAIT_MS)
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(out.as_uri())
-    page.wait_for_selector("body[data-ready='1']")
+    page, errors = open_page(browser, out.as_uri(), offline=True)
     cells = page.locator("#gpu-shares-table tr[data-rank='0'] td").all_text_contents()
     assert cells[1:5] == list(HTA_SHARES[0])
     embedded = page.evaluate(
@@ -296,4 +290,4 @@ def test_offline_report_has_the_gpu_card(browser: object, served: Path, tmp_path
     offered = page.locator("#expand-select option[value$=':stream']").count()
     assert offered == (2 if embedded else 0)
     assert errors == []
-    context.close()
+    page.context.close()

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 from dashboard_support import (
-    WAIT_MS,
     dashboard_server,
     launched_chromium,
     open_page,
@@ -107,13 +106,7 @@ def test_the_reports_tool_bars_cover_nothing(browser: Any, served: Path, tmp_pat
         out = tmp_path / f"{run}.html"
         assert main(["report", str(served), "--run", run, "-o", str(out)]) == 0
         for width in WIDTHS:
-            context = browser.new_context(offline=True, viewport={"width": width, "height": 950})
-            page = context.new_page()
-            page.set_default_timeout(WAIT_MS)
-            errors: list[str] = []
-            page.on("pageerror", lambda exc, errors=errors: errors.append(str(exc)))
-            page.goto(out.as_uri())
-            page.wait_for_selector("body[data-ready='1']")
+            page, errors = open_page(browser, out.as_uri(), width=width, offline=True)
             assert covered(page, tmp_path, f"report-{run}-{width}") == [], (run, width)
             assert errors == []
-            context.close()
+            page.context.close()

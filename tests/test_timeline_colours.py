@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import pytest
 from dashboard_support import (
-    WAIT_MS,
     dashboard_server,
     launched_chromium,
     open_page,
@@ -174,13 +173,7 @@ def test_report_colours_are_the_breakdown_at_every_width_and_zoom(
         out = tmp_path / f"{name}.html"
         assert main(["report", str(runs), "--run", name, "-o", str(out)]) == 0
         for width in WIDTHS:
-            context = browser.new_context(offline=True, viewport={"width": width, "height": 950})
-            page = context.new_page()
-            page.set_default_timeout(WAIT_MS)
-            errors: list[str] = []
-            page.on("pageerror", lambda exc, errors=errors: errors.append(str(exc)))
-            page.goto(out.as_uri())
-            page.wait_for_selector("body[data-ready='1']")
+            page, errors = open_page(browser, out.as_uri(), width=width, offline=True)
             drawn = show_whole_run(page, tmp_path, f"report-{name}-{width}")
             assert gaps(drawn, truth) == [], (name, width, drawn, truth)
             # zoomed to the middle third: the report magnifies its bins, and the colours
@@ -190,7 +183,7 @@ def test_report_colours_are_the_breakdown_at_every_width_and_zoom(
             page.screenshot(path=str(tmp_path / f"report-{name}-{width}-zoomed.png"))
             assert gaps(drawn, bin_shares(page, window)) == [], (name, width, "zoomed")
             assert errors == []
-            context.close()
+            page.context.close()
 
 
 def zoom_to_middle(page: Any) -> list[float]:
