@@ -998,6 +998,8 @@ def _name_culprits(
     else:
         cost = lateness
     out.lateness_ms = float(lateness.mean())
+    # a step is held from here on: the floor, or a third of their mean in the held steps
+    out.held_floor_ms = held_cut(cost, out.held_floor_ms)
     floor = _noise_floor(s, cost, group, rest, onset, out.held_floor_ms)
     out.noise_floor_ms = floor
     for x in named:
@@ -1008,7 +1010,6 @@ def _name_culprits(
     out.cost_ms = max(float(cost.mean()) - floor, 0.0)
     out.cost_low_ms = max(float(np.quantile(boot, 0.025)) - floor, 0.0)
     out.cost_high_ms = max(float(np.quantile(boot, 0.975)) - floor, 0.0)
-    out.held_floor_ms = held_cut(cost, out.held_floor_ms)
     out.held_share = float((cost >= out.held_floor_ms).mean())
     top = group[0]
     # the phase from the steps they held (all of them for a persistent fault, the
@@ -1031,7 +1032,7 @@ def _name_culprits(
 
 
 def _noise_floor(
-    s: _StepTable, cost: np.ndarray, group: list[int], rest: list[int], onset: int, cut: float
+    s: _StepTable, cost: np.ndarray, group: list[int], rest: list[int], onset: int, held_ms: float
 ) -> float:
     """What the job would still pay per step if the culprits' code kept pace (ms): taken
     off their cost.
@@ -1053,7 +1054,7 @@ def _noise_floor(
             t = s.t[s.bounds[k] : s.bounds[k + 1]]
             pack = np.median(t[:, rest], axis=1)[:, None]
             spread[i] = max(_blocked_us(t[:, r], pack) for r in rest) / 1000.0
-    held = cost >= held_cut(cost, cut)
+    held = cost >= held_ms
     own = float(cost[~held].mean()) if (~held).sum() >= MIN_STEPS else 0.0
     saved = np.where(held, np.clip(cost - spread - own, 0.0, None), 0.0)
     return float(cost.mean() - saved.mean())
