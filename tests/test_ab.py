@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from schema_support import assert_valid_output
 
 from hvdprof.analysis.ab import (
     SequentialGate,
@@ -177,6 +178,8 @@ def ab(
             pytest.fail(f"hvdprof ab ran past {timeout} s:\n{stdout}\n{stderr}")
     done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     data = json.loads(out.read_text()) if out.exists() else {}
+    if data:  # every file it writes is valid under the published schema (docs/)
+        assert_valid_output("ab", data)
     return done, data
 
 

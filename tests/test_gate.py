@@ -18,6 +18,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import pytest
+from schema_support import assert_valid_output
 from synthetic_runs import SyntheticSpec, write_synthetic_run
 
 from hvdprof.analysis import diff_runs, load_run
@@ -268,6 +269,7 @@ def test_cli_gate_exit_codes_and_messages(tmp_path: Path) -> None:
     assert "Where it came from: rank 1: compute" in text
     js = cli("diff", str(base), str(b), "--fail-on", "negotiate:10%", "--json")
     data = json.loads(js.stdout)
+    assert_valid_output("diff", data)
     assert js.returncode == (3 if data["gate"][0]["failed"] else 0)
     assert data["gate"][0]["rule"] == "negotiate:10%" and data["gate"][0]["checks"]
     # usage errors: exit 2 with one line saying what is wrong, before any file is read
@@ -315,6 +317,7 @@ def test_real_runs_a_slowed_backward_fails_the_gate_and_is_named(tmp_path: Path)
     rules = ("--fail-on", "5%", "--fail-on", "rank:5%")
     worse = cli("diff", str(base), str(slow), *rules, "--json")
     data = json.loads(worse.stdout)
+    assert_valid_output("diff", data)
     assert worse.returncode == 3, data["gate"]
     assert data["cause"]["key"] == "rank 1: compute", data["verdict"]
     # rank 1's own work grew most (rank 0's may grow too: on 2 cores rank 1's busy wait

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from schema_support import assert_valid_output
 from synthetic_runs import SyntheticSpec, write_synthetic_run
 
 from hvdprof.analysis import load_run
@@ -95,6 +96,7 @@ def test_thirty_nights_name_run_17_and_its_cause_not_the_outlier(nightly: list[P
     done = history(*map(str, nightly), "--json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
+    assert_valid_output("history", data)
     assert len(data["runs"]) == 30
     shifts = data["shifts"]
     assert len(shifts) == 1, data["verdict"]

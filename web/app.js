@@ -1144,14 +1144,15 @@
     const xs = picked ? picked.map((p) => p.label + ": rank " + p.rank.rank + (p.rank.rank === out ? " \u25c0" : ""))
       : ranks.map((r) => "rank " + r.rank + (r.rank === out ? " \u25c0" : ""));
     const pct = (v) => (100 * (v || 0)).toFixed(2) + "%";
+    // each share read by its name (tests/test_web_contract.py checks every key read)
     const shares = [
-      ["compute_share", "compute", GPU_COLORS.gpu_computation],
-      ["non_compute_share", "non-compute (communication, memory, other)", GPU_COLORS.gpu_communication],
-      ["idle_share", "idle", "#d1d5db"],
+      [(r) => r.compute_share, "compute", GPU_COLORS.gpu_computation],
+      [(r) => r.non_compute_share, "non-compute (communication, memory, other)", GPU_COLORS.gpu_communication],
+      [(r) => r.idle_share, "idle", "#d1d5db"],
     ];
-    const traces = shares.map(([key, name, color]) => ({
-      type: "bar", name: name, x: xs, y: ranks.map((r) => 100 * r[key]),
-      text: ranks.map((r) => pct(r[key])), textposition: "inside", insidetextanchor: "middle",
+    const traces = shares.map(([share, name, color]) => ({
+      type: "bar", name: name, x: xs, y: ranks.map((r) => 100 * share(r)),
+      text: ranks.map((r) => pct(share(r))), textposition: "inside", insidetextanchor: "middle",
       marker: { color: color }, hovertemplate: "%{x}: %{y:.2f}% of the GPU span<extra>" + name + "</extra>",
     }));
     // the overlap has another denominator (communication time): its own panel on the right

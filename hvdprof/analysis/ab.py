@@ -111,15 +111,16 @@ def block_orders(blocks: int, seed: int) -> list[tuple[str, str]]:
 
 class PairedJudgement(Result):
     """The gate's answer after some blocks: the candidate's slowdown (B/A - 1) and its
-    interval, and whether it is clear. An unbounded side is an infinity here and null in
-    the JSON (which has none: the writer, orjson, writes a non-finite float as null)."""
+    interval, and whether it is clear. Too few blocks to bound it at ``alpha`` leave the
+    interval open: ``low`` is then -1 (B/A - 1 is never less) and ``high`` None, in
+    Python as in the JSON, which has no infinity."""
 
     blocks: int
     margin: float  # the --fail-on margin, a fraction (0.05)
     alpha: float  # one-sided error rate this look used for each bound
     estimate: float  # B/A - 1 at the Hodges-Lehmann centre of the log ratios
-    low: float  # B/A - 1 is at least this (one-sided at alpha)
-    high: float  # ... and at most this
+    low: float  # B/A - 1 is at least this (one-sided at alpha); -1: unbounded
+    high: float | None  # ... and at most this; None: unbounded
     failed: bool  # low > margin: slower by more than the margin, significantly
     passed: bool  # high <= margin: not slower by more than the margin, significantly
 
@@ -131,15 +132,17 @@ class PairedJudgement(Result):
 def judge_pairs(log_ratios: Sequence[float], margin: float, alpha: float) -> PairedJudgement:
     """Judge the blocks' ``log(candidate / baseline)`` against ``margin`` (a fraction),
     each bound one-sided at ``alpha``."""
+    if not len(log_ratios):
+        raise ValueError("judge_pairs: no blocks to judge")
     low, mid, high = hodges_lehmann(log_ratios, alpha)
     bar = math.log1p(margin)
     return PairedJudgement(
         blocks=len(log_ratios),
         margin=margin,
         alpha=alpha,
-        estimate=math.expm1(mid) if math.isfinite(mid) else math.nan,
+        estimate=math.expm1(mid),
         low=math.expm1(low),  # -1 when unbounded: "at least 100% faster"
-        high=math.expm1(high),
+        high=math.expm1(high) if math.isfinite(high) else None,
         failed=math.isfinite(low) and low > bar,
         passed=math.isfinite(high) and high <= bar,
     )

@@ -292,7 +292,7 @@ def _look_line(outcome: GateOutcome) -> str:
     )
     interval = (
         f"{1 - 2 * j.alpha:.0%} interval {j.low:+.1%} to {j.high:+.1%}"
-        if j.low > -1.0 and j.high != float("inf")
+        if j.low > -1.0 and j.high is not None
         else "too few blocks for an interval"
     )
     return f"  look after {j.blocks} blocks: B/A {j.estimate:+.1%} ({interval}): {state}"

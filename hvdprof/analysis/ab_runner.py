@@ -301,8 +301,6 @@ def _conclude(outcome: GateOutcome) -> None:
 
 
 def _pct(x: float) -> str:
-    if x == math.inf:
-        return "+inf%"
     return f"{x:+.1%}"
 
 
@@ -345,7 +343,7 @@ def verdict_line(outcome: GateOutcome) -> str:
     level = 1.0 - 2.0 * j.alpha
     interval = (
         f"{level:.0%} interval {_pct(j.low)} to {_pct(j.high)}"
-        if math.isfinite(j.high) and j.low > -1.0
+        if j.high is not None and j.low > -1.0
         else "too few blocks for an interval"
     )
     body = (
@@ -435,6 +433,6 @@ def outcome_result(outcome: GateOutcome, exit_code: int) -> AbResult:
 
 
 def outcome_to_dict(outcome: GateOutcome, exit_code: int) -> dict[str, Any]:
-    """:func:`outcome_result` as JSON-safe builtins (a non-finite bound stays a float:
-    the writer, orjson, writes it as null)."""
+    """:func:`outcome_result` as JSON-safe builtins (every number finite: an open bound
+    of the interval is None)."""
     return outcome_result(outcome, exit_code).to_dict()

@@ -231,7 +231,7 @@ def _load_either(path: str, cache: bool) -> Any:
 def cmd_diff(args: argparse.Namespace) -> int:
     from hvdprof.analysis.breakdown import LABELS
     from hvdprof.analysis.diff import diff_summaries
-    from hvdprof.analysis.gate import check_gate, parse_rule
+    from hvdprof.analysis.gate import GatedDiff, check_gate, parse_rule
     from hvdprof.analysis.summary import RunSummary, summarize
 
     rules = [parse_rule(text) for text in args.fail_on]  # a bad rule: before any loading
@@ -247,9 +247,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     skipped = bool(sa.problems or sb.problems)
     code = EXIT_REGRESSION if failed else EXIT_SKIPPED if skipped else EXIT_CLEAN
     if args.json:
-        data = diff.to_dict()
-        data["gate"] = [g.to_dict() for g in gates]
-        _print_json(data)
+        _print_json(GatedDiff.of(diff, gates).to_dict())
         return code
     from rich.table import Table
 

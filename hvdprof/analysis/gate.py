@@ -21,6 +21,7 @@ Rules (``--fail-on``, repeatable; each is its own test):
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ import msgspec
 import numpy as np
 
 from hvdprof.analysis.breakdown import CATEGORIES, LABELS
+from hvdprof.analysis.diff import RunDiff
 from hvdprof.analysis.result import Result
 from hvdprof.analysis.stragglers import BOOTSTRAP_SEED
 from hvdprof.analysis.summary import RunSummary
@@ -107,14 +109,16 @@ def parse_rule(text: str) -> GateRule:
 
 
 class GateCheck(Result):
-    """One series tested: the change of B's mean against A's, and its interval."""
+    """One series tested: the change of B's mean against A's, and its interval. None
+    where a relative change has no finite value: the series is absent in A (0 ms per
+    step) and present in B."""
 
     name: str  # "median step time", "rank 1 own work", ...
     a_ms: float
     b_ms: float
-    change: float  # relative (0.08 = +8%) for a relative rule, else ms
-    low: float  # the one-sided bound: the change is at least this, at the confidence
-    high: float  # the interval's other end (same coverage on the other side)
+    change: float | None  # relative (0.08 = +8%) for a relative rule, else ms
+    low: float | None  # the one-sided bound: the change is at least this, at the confidence
+    high: float | None  # the interval's other end (same coverage on the other side)
     failed: bool
     note: str = ""  # why it could not be judged
     blocks: tuple[int, int] = (0, 0)  # the block length resampled in A and in B (steps)
@@ -141,6 +145,17 @@ class GateResult(Result):
     @property
     def rule(self) -> GateRule:
         return GateRule(self.text, self.what, self.margin, self.relative, self.rank)
+
+
+class GatedDiff(RunDiff):
+    """What ``hvdprof diff --json`` writes: the diff, then each ``--fail-on`` rule's
+    answer (one type, so the published schema has the command's output whole)."""
+
+    gate: list[GateResult] = msgspec.field(default_factory=list)
+
+    @classmethod
+    def of(cls, diff: RunDiff, gates: list[GateResult]) -> GatedDiff:
+        return cls(**msgspec.structs.asdict(diff), gate=gates)
 
 
 def _series(s: RunSummary, rule: GateRule) -> dict[str, np.ndarray]:
@@ -264,11 +279,18 @@ def _check(
         d = bb - ba
         change = mb - ma
         low, high = float(np.quantile(d, alpha)), float(np.quantile(d, 1.0 - alpha))
-    return GateCheck(name, ma, mb, change, low, high, failed=low > rule.margin, blocks=(la, lb))
+    failed = low > rule.margin
+    return GateCheck(name, ma, mb, _finite(change), _finite(low), _finite(high), failed,
+                     blocks=(la, lb))  # fmt: skip
 
 
-def _fmt(change: float, relative: bool) -> str:
-    if change == float("inf"):
+def _finite(x: float) -> float | None:
+    """A change or bound as the result holds it: None for an infinite one (JSON has none)."""
+    return x if math.isfinite(x) else None
+
+
+def _fmt(change: float | None, relative: bool) -> str:
+    if change is None:
         return "new in B"
     return f"{change:+.1%}" if relative else f"{change:+.2f} ms"
 
@@ -342,7 +364,7 @@ def _message(out: GateResult, tested: int, a: RunSummary, b: RunSummary) -> str:
             f"FAIL {rule.text}: {c.name}: too few steps to judge (at least "
             f"{MIN_GATE_STEPS} after the warm-up step in each run)."
         )
-    worst = max(out.checks, key=lambda c: (c.failed, c.low))
+    worst = max(out.checks, key=lambda c: (c.failed, math.inf if c.low is None else c.low))
     conf = f"{out.confidence:.0%}"
     each = ""
     if tested > 1:  # Bonferroni: each check at a higher level, said with its number
@@ -351,7 +373,7 @@ def _message(out: GateResult, tested: int, a: RunSummary, b: RunSummary) -> str:
             f"the {tested} tested)"
         )
     bound = f"with {conf} confidence{each} at least {_fmt(worst.low, rule.relative)}"
-    if worst.change == float("inf"):
+    if worst.change is None:
         bound = "absent in A"
     body = (
         f"{worst.name} {worst.a_ms:.3f} -> {worst.b_ms:.3f} ms per step "

@@ -11,6 +11,11 @@ when a key changes meaning or goes away; new keys keep the number.
 Why a report type is made here (``msgspec.defstruct``) rather than declared: the report's
 keys are the registry's analyses, and one registered later (a plugin, a test) is in
 the report, so it is in the schema too.
+
+The other commands' JSON is in it as well, under ``x-commands`` (``diff --json``,
+``ab --json FILE``, ``history --json``: command -> its output's schema), from the types
+those commands encode; :func:`command_schema` makes one of them the schema's root, for a
+validator.
 """
 
 from __future__ import annotations
@@ -73,23 +78,45 @@ def report_struct() -> type[msgspec.Struct]:
     return msgspec.defstruct("Report", fields, module=__name__)
 
 
+def command_types() -> dict[str, Any]:
+    """The commands besides ``analyze`` that print or write JSON -> the type they encode."""
+    from hvdprof.analysis.ab_runner import AbResult
+    from hvdprof.analysis.gate import GatedDiff
+    from hvdprof.analysis.history import History
+
+    return {"diff": GatedDiff, "ab": AbResult, "history": History}
+
+
 def json_schema(ref_template: str = DEFS) -> dict[str, Any]:
     """The report's schema, with every analysis's answer (those the API alone has too)
-    among its components, and ``x-analyses``: analysis name -> its answer's schema."""
+    among its components, ``x-analyses``: analysis name -> its answer's schema, and
+    ``x-commands``: command -> the schema of its JSON."""
     entries = registry.analyses()
-    types = [report_struct(), *(result_type(a) for a in entries)]
+    commands = command_types()
+    types = [report_struct(), *(result_type(a) for a in entries), *commands.values()]
     (report, *answers), components = msgspec.json.schema_components(
         types, ref_template=ref_template
     )
     _exact_keys(types, components)
+    answers, outputs = answers[: len(entries)], answers[len(entries) :]
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "hvdprof analyze --json",
         "version": SCHEMA_VERSION,
         **report,
         "x-analyses": {a.name: answer for a, answer in zip(entries, answers, strict=True)},
+        "x-commands": dict(zip(commands, outputs, strict=True)),
         "$defs": components,
     }
+
+
+def command_schema(command: str, published: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The schema of ``hvdprof COMMAND``'s JSON (``diff``, ``ab``, ``history``): the
+    published one (``published``, or :func:`json_schema`'s) with that command's output as
+    its root, as a validator takes it."""
+    whole = json_schema() if published is None else published
+    root = whole["x-commands"][command]
+    return {**whole, "title": f"hvdprof {command} --json", "$ref": root["$ref"]}
 
 
 def _exact_keys(types: list[Any], components: dict[str, Any]) -> None:

@@ -104,6 +104,7 @@ from hvdprof.timeline.wire import (  # noqa: F401  (the stream's names, for this
     frames,
     message_weight,
 )
+from hvdprof.trace.manifest import read_manifest
 
 log = logging.getLogger("hvdprof.timeline")
 
@@ -775,11 +776,10 @@ class RenderProcess:
                 self.spool,
             )
         self._status = {"events_written": 0, "closed": False}
-        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
-            with open(self.manifest_path, encoding="utf-8") as f:
-                last = json.load(f)
-            self._status["events_written"] = int(last.get("events_written", 0))
-            self._status["lanes_clamped"] = int(last.get("lanes_clamped", 0))
+        with contextlib.suppress(OSError, ValueError):  # none written, or not a manifest
+            last = read_manifest(self.manifest_path)
+            self._status["events_written"] = last.events_written
+            self._status["lanes_clamped"] = last.lanes_clamped
         if not self._compressed:
             with contextlib.suppress(OSError):
                 self._status["events_written"] = count_events(self.path)
