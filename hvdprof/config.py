@@ -345,6 +345,18 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "an error on every rank well within it. 0 disables both checks.",
     ),
     EnvVar(
+        "HVDPROF_IDLE_SLEEP_MAX_SECONDS",
+        "idle_sleep_max_s",
+        _float(0.001, maximum=_SECONDS_MAX),
+        1.0,
+        "Once every rank has been idle for 20 ms (between steps, or a job that stopped "
+        "submitting), the ranks stop cycling and sleep on their control sockets: the first "
+        "rank with work wakes the others at once, and a rank that dies ends the sleep at "
+        "once. This only bounds a sleep that nothing else ends (an idle job then costs one "
+        "cycle per this many seconds). Socket channels only: under MPI an idle job cycles "
+        "every 10 ms.",
+    ),
+    EnvVar(
         "HVDPROF_STALL_SHUTDOWN_TIME_SECONDS",
         "stall_shutdown_time_s",
         _float(0, maximum=_SECONDS_MAX),
@@ -759,6 +771,7 @@ class Config:
     control_fanout: int = 0
     stall_check_time_s: float = 60.0
     stall_shutdown_time_s: float = 0.0
+    idle_sleep_max_s: float = 1.0
     dynamic_process_sets: bool = False
     gc_freeze: bool = True
     threads_default: bool = True

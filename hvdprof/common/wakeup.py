@@ -53,3 +53,47 @@ class Wakeup:
         self._selector.close()
         self._reader.close()
         self._writer.close()
+
+
+class WakeFlag(Wakeup):
+    """A flag that another thread sets and one thread sleeps on, and that a selector can
+    watch beside sockets (:attr:`fileno`): the cycle thread sleeps on its peers' sockets
+    and on its own rank's submissions at once (see ``ControlChannel.sleep``).
+
+    ``set`` writes a byte only when the flag was clear, so a burst of submissions costs
+    one ``send``; a ``set`` that races ``clear`` leaves either the flag or a byte behind,
+    and :meth:`wait` honours both, so no wake-up is lost. Lock-free, like
+    :class:`Wakeup`.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._flag = False
+
+    def set(self) -> None:
+        if not self._flag:
+            self._flag = True
+            self.ring()
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def clear(self) -> None:
+        self._flag = False
+        with contextlib.suppress(OSError):  # BlockingIOError: drained; closed: stopping
+            while self._reader.recv(4096):
+                pass
+
+    def wait(self, seconds: float) -> bool:  # type: ignore[override]
+        """Sleep until set or ``seconds`` pass; True when set (the byte stays until
+        :meth:`clear`, so a selector watching :meth:`fileno` sees it too)."""
+        if self._flag:
+            return True
+        try:
+            ready = bool(self._selector.select(seconds))
+        except (OSError, ValueError):  # closed under us: the runtime is stopping
+            return True
+        return ready or self._flag
+
+    def fileno(self) -> int:
+        return self._reader.fileno()

@@ -28,6 +28,7 @@ makes every receive time out after ``HVDPROF_COLLECTIVE_TIMEOUT_SECONDS``.
 from __future__ import annotations
 
 import itertools
+import selectors
 import socket
 import struct
 import time
@@ -38,8 +39,9 @@ import numpy as np
 
 from hvdprof.runtime.cycle_header import FULL, reply_size
 
-#: the control messages' version: 2 merges the coordinator's requests up the tree
-PROTOCOL = 2
+#: the control messages' version: 2 merges the coordinator's requests up the tree; 3 lets
+#: idle ranks sleep on their sockets (``ControlChannel.sleep``)
+PROTOCOL = 3
 _LENGTH = struct.Struct("<I")
 _CLOCK = struct.Struct("<q")
 _TOKEN = b"b"
@@ -55,6 +57,9 @@ class CycleVectors:
     they move the bytes."""
 
     size: int
+    #: whether rank 0 alone reduces the matrix, so that it may tell every rank to sleep
+    #: (:meth:`ControlChannel.sleep`); under MPI every rank reduces it itself
+    can_sleep = False
 
     @property
     def is_tree(self) -> bool:
@@ -153,6 +158,7 @@ class ControlChannel(CycleVectors):
         self._init_vectors()
         self._scratch = bytearray(0)
         self._token_buf = memoryview(bytearray(1))
+        self._sleep_selector: selectors.BaseSelector | None = None
 
     @property
     def is_tree(self) -> bool:
@@ -223,6 +229,9 @@ class ControlChannel(CycleVectors):
         return cls(rank, size, peers, fanout, links)
 
     def close(self) -> None:
+        if self._sleep_selector is not None:
+            self._sleep_selector.close()
+            self._sleep_selector = None
         for conn in [*self.peers.values(), *self._own_links]:
             conn.close()
         self.peers = {}
@@ -289,6 +298,51 @@ class ControlChannel(CycleVectors):
             for conn, a, _, who_a in self._down:
                 _send(conn, data, a, who_a)
         return reply, recv if full else None
+
+    # --- the idle sleep ---------------------------------------------------------------
+    can_sleep = True
+
+    def sleep(self, wake: Any, timeout: float) -> None:
+        """Sleep until this rank or any other has work (``wake`` set, on some rank), or
+        ``timeout`` passes; every rank calls it after the same reply (``QUIET_SLEEP``).
+
+        Each rank watches its own ``wake`` and its links at once: nothing ticks while the
+        job is idle, and a dead peer ends the sleep at once (its socket reads the end).
+        Whatever ends it, the wake-up then crosses the tree as one token on every link
+        each way: a rank sends one up when it wakes, rank 0 (and then each rank on
+        receiving its parent's) sends one down to each child, and each rank reads one from
+        its parent and one from each child. Every rank thus leaves after every other has
+        woken, and no token is left in a socket to be misread as the next exchange."""
+        if self.size == 1:
+            wake.wait(timeout)
+            return
+        selector = self._sleep_selector
+        if selector is None:
+            selector = self._sleep_selector = selectors.DefaultSelector()
+            selector.register(wake.fileno(), selectors.EVENT_READ, None)
+            if self._up is not None:
+                selector.register(self._up, selectors.EVENT_READ, -1)
+            for i, (conn, *_) in enumerate(self._down):
+                selector.register(conn, selectors.EVENT_READ, i)
+        read_up, read_down = False, set()
+        if timeout > 0 and not wake.is_set():
+            for key, _ in selector.select(timeout):
+                if key.data == -1:
+                    _fill(self._up, self._token_buf, 1, self._up_name)
+                    read_up = True
+                elif key.data is not None:
+                    conn, _, _, who = self._down[key.data]
+                    _fill(conn, self._token_buf, 1, who)
+                    read_down.add(key.data)
+        if self._up is not None:
+            _send(self._up, _TOKEN, self._parent, self._up_name)
+            if not read_up:
+                _fill(self._up, self._token_buf, 1, self._up_name)
+        for conn, a, _, who in self._down:
+            _send(conn, _TOKEN, a, who)
+        for i, (conn, _, _, who) in enumerate(self._down):
+            if i not in read_down:
+                _fill(conn, self._token_buf, 1, who)
 
     # --- small reductions ---------------------------------------------------------------
     def reduce_in_place(self, data: memoryview, combine: Callable[[memoryview], None]) -> None:

@@ -39,6 +39,7 @@ from hvdprof.common.records import (
     OpBatch,
     TunableParams,
 )
+from hvdprof.common.wakeup import WakeFlag
 from hvdprof.config import Config
 from hvdprof.errors import HvdprofInternalError, StallAbortError, TensorMismatchError
 from hvdprof.runtime import stacks
@@ -49,6 +50,7 @@ from hvdprof.runtime.cycle_header import (
     JOINED,
     QUIET_BUSY,
     QUIET_IDLE,
+    QUIET_SLEEP,
     WORK,
     OwnHeader,
     Said,
@@ -84,7 +86,9 @@ log = logging.getLogger("hvdprof")
 
 _RING = 1 << 16  # cycles of start times kept for readiness marks
 _IDLE_SLEEP_MAX_S = 0.01  # idle back-off: a quiet job ticks every 10 ms
-_IDLE_BEFORE_BACKOFF_S = 0.02  # (orders such as shutdown or new parameters wait that long)
+#: idle that long on every rank, the ranks sleep on their sockets until one has work (the
+#: socket channel; under MPI they tick every _IDLE_SLEEP_MAX_S instead)
+_IDLE_BEFORE_BACKOFF_S = 0.02
 _STALL_EVERY_S = 1.0
 _BURST_WAIT_MAX_S = 0.02  # longest wait for a burst of submissions to finish
 _PARTIAL_WATCH_EVERY_S = 0.25  # stalls are reported after many seconds; sample the bits
@@ -138,7 +142,9 @@ class CycleLoop:
         # fed by the user's threads
         self.queue: deque[Request] = deque()
         self.commands: deque[Callable[[], None]] = deque()
-        self.wake = threading.Event()
+        #: set by each submission (and by shutdown, join, commands, rank 0's orders): a
+        #: flag a selector can watch beside the control sockets, for the idle sleep
+        self.wake = WakeFlag()
         #: set when a user thread starts to wait on an unfinished op: the cycle's pacing
         #: sleep ends at once (that thread submits nothing more until the wait ends)
         self.urgent = threading.Event()
@@ -185,6 +191,8 @@ class CycleLoop:
         self._t_cycle = 0  # this cycle's start (timebase.now_ns())
         self._last_matrix = np.zeros((size, 0), dtype=np.uint8)
         self._last_ran_nothing = False
+        self._idle_since = 0.0  # rank 0: since when no rank has said anything (0: busy)
+        self._sleep_said = False  # this cycle's reply: every rank sleeps until one has work
         self._partial_since: dict[int, float] = {}
         self._was_detailed = False
         self._last_partial_watch = 0.0
@@ -227,6 +235,7 @@ class CycleLoop:
     def add_directive(self, directive: Directive) -> None:
         """Rank 0 only: an order every rank applies at the end of the same cycle."""
         self._directives.append(directive)
+        self.wake.set()  # (asleep, the ranks would not see it before the next op)
 
     def _run(self) -> None:
         idle_since = 0.0
@@ -241,7 +250,13 @@ class CycleLoop:
                 if busy is None:
                     break
                 cycle_s = self.params.cycle_time_ms / 1000.0
-                if busy:
+                if self._sleep_said:
+                    # Every rank sleeps on its sockets and its own submissions; the first
+                    # rank with work wakes the others (a rank with work already only
+                    # takes part in the wake-up). Nothing ticks on the training's cores.
+                    self._sleep_said = False
+                    self.control.sleep(self.wake, 0.0 if busy else self.config.idle_sleep_max_s)
+                elif busy:
                     idle_since = 0.0
                     delay = cycle_s - (time.monotonic() - t0)
                     if delay > 0 and not self.urgent.is_set():
@@ -272,6 +287,7 @@ class CycleLoop:
                     observer.close()
                 except Exception:  # a sink failing must not hide the real error
                     log.exception("hvdprof: closing %r failed", observer)
+            self.wake.close()  # (a later set() from the user's thread finds it closed: no-op)
             if self._exit_code is not None:
                 os._exit(self._exit_code)
 
@@ -356,6 +372,7 @@ class CycleLoop:
         self._was_detailed = detailed
         payload = self._outbox_payload()
         said = self._exchange(payload, blocked, detailed)
+        self._sleep_said = said.kind == QUIET_SLEEP
         if said.kind != WORK:
             self._spent("negotiate", cpu0)
             busy = said.kind == QUIET_BUSY
@@ -420,9 +437,25 @@ class CycleLoop:
         """Rank 0 (under MPI every rank, identically): the reply to this cycle's matrix."""
         quiet = self._quiet_kind(matrix)
         if quiet is None:
+            self._idle_since = 0.0
             self._last_matrix = matrix.copy()
             return reduce(matrix, WORK)
-        return reduce(matrix, QUIET_BUSY if quiet else QUIET_IDLE)
+        if quiet:
+            self._idle_since = 0.0
+            return reduce(matrix, QUIET_BUSY)
+        return reduce(matrix, QUIET_SLEEP if self._idle_long_enough() else QUIET_IDLE)
+
+    def _idle_long_enough(self) -> bool:
+        """Rank 0: every rank has said nothing for a while, so every rank may sleep until
+        one has work. Only where rank 0 alone decides (the socket channel: under MPI every
+        rank reduces the matrix itself, and a decision taken by the clock would differ)."""
+        if not self.control.can_sleep:
+            return False
+        now = time.monotonic()
+        if not self._idle_since:
+            self._idle_since = now
+            return False
+        return now - self._idle_since >= _IDLE_BEFORE_BACKOFF_S
 
     def _queue_own_directives(self, detailed: bool) -> None:
         """Rank 0: a clock sync when one is due, the autotuner's next parameters."""

@@ -1,0 +1,182 @@
+"""Idle ranks sleep on their control sockets instead of cycling (issue 47: a rank with
+nothing new blocks, and takes no CPU from the training).
+
+The jobs run with ``HVDPROF_IDLE_SLEEP_MAX_SECONDS`` far beyond their deadline, so only a
+wake-up can end a sleep: a job whose wake-up were lost would hang until its hard timeout
+and fail. First the wake flag itself, then the token round on real sockets (ranks as
+threads), then whole jobs as real processes, in the star and in a chain.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO, WORKERS, child_env, run_job
+from test_control_tree import on_every_rank
+
+from hvdprof.common.wakeup import WakeFlag
+from hvdprof.launch.processes import find_free_port
+from hvdprof.runtime.control import ControlChannel, ControlError
+from hvdprof.runtime.cycle_header import reply_size
+
+NEVER = {"HVDPROF_IDLE_SLEEP_MAX_SECONDS": "3600"}
+CHAIN = {"HVDPROF_CONTROL_FANOUT": "1"}
+
+
+def test_a_wake_flag_set_from_another_thread_ends_its_wait_and_keeps_until_cleared() -> None:
+    flag = WakeFlag()
+    try:
+        assert not flag.wait(0.01)
+        threading.Timer(0.05, flag.set).start()
+        assert flag.wait(30)
+        assert flag.is_set() and flag.wait(0)  # set stays set...
+        flag.set()  # (a second set writes nothing more)
+        flag.clear()
+        assert not flag.is_set() and not flag.wait(0)  # ...until cleared, byte and all
+    finally:
+        flag.close()
+    flag.set()  # closed: harmless (the runtime may submit after the cycle ended)
+
+
+@pytest.mark.parametrize("fanout", [0, 1, 2])
+@pytest.mark.parametrize("waker", [0, 1, 3])
+def test_one_rank_with_work_wakes_every_sleeping_rank(fanout: int, waker: int) -> None:
+    """Four ranks asleep; only ``waker``'s flag is set. Every rank leaves its sleep, the
+    star's and the tree's, and the channel then still carries an exchange correctly (no
+    token left behind in a socket)."""
+    flags = [WakeFlag() for _ in range(4)]
+
+    def rank_fn(channel: ControlChannel) -> tuple[float, list[int]]:
+        rank = channel.rank
+        if rank == waker:
+            threading.Timer(0.2, flags[rank].set).start()
+        started = time.monotonic()
+        channel.sleep(flags[rank], 3600)
+        slept = time.monotonic() - started
+        send = channel.send_buffer(12)
+        send[:] = rank
+
+        def reply(matrix: np.ndarray) -> np.ndarray:
+            out = np.zeros(reply_size(4, 12), dtype=np.uint8)
+            out[2:6] = matrix[:, 0]
+            return out
+
+        answer, _ = channel.exchange(reply)
+        return slept, answer[2:6].tolist()
+
+    try:
+        results = on_every_rank(4, fanout, rank_fn)
+    finally:
+        for f in flags:
+            f.close()
+    for rank, result in enumerate(results):
+        assert not isinstance(result, BaseException), f"rank {rank}: {result!r}"
+        assert result[0] < 60, f"rank {rank} slept {result[0]:.1f} s"  # (not 3600)
+        assert result[1] == [0, 1, 2, 3], f"rank {rank}'s exchange after the sleep"
+
+
+def test_a_peer_that_dies_during_the_sleep_ends_it_with_its_name() -> None:
+    """Rank 1 closes its connection while rank 0 sleeps: rank 0's sleep ends at once, on
+    the socket's end, with an error naming rank 1 (no tick needed to find out)."""
+    flags = [WakeFlag() for _ in range(2)]
+
+    def rank_fn(channel: ControlChannel) -> object:
+        if channel.rank == 1:
+            time.sleep(0.2)
+            return None  # the harness closes the channel: the connection ends
+        channel.sleep(flags[0], 3600)
+        return "slept through"
+
+    try:
+        results = on_every_rank(2, 0, rank_fn)
+    finally:
+        for f in flags:
+            f.close()
+    assert isinstance(results[0], ControlError), results[0]
+    assert "rank 1" in str(results[0])
+
+
+@pytest.mark.parametrize("env", [{}, CHAIN], ids=["star", "chain"])
+def test_an_idle_job_stops_cycling_and_wakes_for_the_late_ranks(env: dict[str, str]) -> None:
+    """Three ranks idle a second: a handful of cycles instead of one every 10 ms (the
+    old back-off ticked about a hundred times). Then each submits 0.3 s after the last."""
+    result = run_job("idle_sleep_worker.py", 3, "idle", ".", env={**NEVER, **env}, timeout=90)
+    assert result.returncode == 0, result.describe()
+    for rank in range(3):
+        assert result.section(rank, "idle") and result.section(rank, "idle").startswith("OK")
+        counts = [int(x.split()[1]) for x in result.lines(rank) if x.startswith("IDLE_CYCLES")]
+        assert counts and counts[0] <= 10, f"rank {rank}: {counts} cycles while idle"
+
+
+@pytest.mark.parametrize("env", [{}, CHAIN], ids=["star", "chain"])
+def test_a_process_set_wakes_rank_0_that_submits_nothing(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Ranks 1 and 2 reduce in their set while rank 0, asleep, submits nothing until it
+    sees that op's result: only the wake-up they send can run rank 0's cycle."""
+    result = run_job(
+        "idle_sleep_worker.py", 3, "set", str(tmp_path), env={**NEVER, **env}, timeout=90
+    )
+    assert result.returncode == 0, result.describe()
+    for rank in range(3):
+        assert (result.section(rank, "set") or "").startswith("OK"), result.describe()
+
+
+@pytest.mark.parametrize("env", [{}, CHAIN], ids=["star", "chain"])
+def test_a_rank_killed_while_every_rank_sleeps_is_named_by_the_survivors(
+    env: dict[str, str],
+) -> None:
+    """Started without the launcher (which would stop the others when a rank dies): the
+    last rank SIGKILLs itself while every rank sleeps; the survivors' next op raises,
+    naming it, well before any timeout (the sleep ends on the socket's end)."""
+    port = find_free_port()
+    procs = []
+    for rank in range(3):
+        rank_env = child_env({**NEVER, **env}, deadline=90)
+        rank_env.update(
+            HVDPROF_RANK=str(rank),
+            HVDPROF_SIZE="3",
+            HVDPROF_LOCAL_RANK=str(rank),
+            HVDPROF_LOCAL_SIZE="3",
+            HVDPROF_CONTROLLER_ADDR="127.0.0.1",
+            HVDPROF_CONTROLLER_PORT=str(port),
+            HVDPROF_COLLECTIVE_TIMEOUT_SECONDS="3600",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(WORKERS / "idle_sleep_worker.py"), "kill", "."],
+                env=rank_env,
+                cwd=REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        )
+    try:
+        outputs = [p.communicate(timeout=90)[0] for p in procs]
+    except subprocess.TimeoutExpired:
+        pytest.fail("a survivor never learnt that rank 2 died (a hang)")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    assert procs[2].returncode == -signal.SIGKILL, outputs[2]
+    errors = {}
+    for rank in range(2):
+        lines = [x for x in outputs[rank].splitlines() if x.startswith(("ERROR", "NO ERROR"))]
+        assert lines and lines[0].startswith("ERROR"), f"rank {rank}:\n{outputs[rank]}"
+        errors[rank] = lines[0]
+    # the rank linked to it names it (the others lose that rank's link in turn)
+    linked = 1 if env else 0
+    assert "rank 2" in errors[linked], errors

@@ -1,0 +1,97 @@
+"""Idle ranks sleep on their sockets, and wake when any rank has work (see
+``ControlChannel.sleep``). Run with ``HVDPROF_IDLE_SLEEP_MAX_SECONDS`` far above the job's
+deadline, so that nothing but a wake-up can end a sleep.
+
+Usage: idle_sleep_worker.py MODE FLAG_DIR. Modes:
+
+* ``idle``: after one op, every rank idles a second: prints the cycles it took
+  (``IDLE_CYCLES <n>``); then the ranks submit one at a time, each a while after the
+  previous one, and the sums are checked.
+* ``set``: ranks 1 and 2 reduce in a process set while rank 0 submits nothing: it waits
+  for rank 1's flag file, written once the set's op completed. Only the wake-up carried
+  from rank 1 to rank 0 can complete it (rank 0 is asleep, and its cycle must run).
+* ``kill``: after a second of idle, the last rank kills itself (SIGKILL); the others
+  then submit and print the error they get (``ERROR <message>``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import _common
+import torch
+
+import hvdprof.torch as hvd
+
+
+def cycles() -> int:
+    return int(hvd.runtime_stats()["cycles"])
+
+
+def idle(ck: _common.Checks, rank: int, size: int) -> None:
+    hvd.allreduce(torch.ones(2), name="warm")
+    before = cycles()
+    time.sleep(1.0)
+    print(f"IDLE_CYCLES {cycles() - before}", flush=True)
+    time.sleep(0.3 * rank)  # the ranks wake one by one: the first waits for the rest
+    out = hvd.allreduce(torch.full((3,), float(rank)), op=hvd.Sum, name="late")
+    ck.eq(out.tolist(), [float(sum(range(size)))] * 3, "the late ranks' sum")
+
+
+def in_a_set(ck: _common.Checks, rank: int, flags: Path) -> None:
+    pair = hvd.add_process_set([1, 2])
+    hvd.allreduce(torch.ones(1), name="warm")
+    time.sleep(0.5)  # every rank asleep
+    flag = flags / "set-done"
+    if rank == 0:
+        deadline = time.monotonic() + 30
+        while not flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)  # submits nothing meanwhile: its cycle sleeps
+        ck.true(flag.exists(), "the set's op completed while rank 0 submitted nothing")
+    else:
+        out = hvd.allreduce(torch.full((2,), float(rank)), op=hvd.Sum, process_set=pair)
+        ck.eq(out.tolist(), [3.0, 3.0], "the set's sum")
+        if rank == 1:
+            flag.write_text("done")
+    hvd.allreduce(torch.ones(1), name="end")
+
+
+def killed(rank: int, size: int) -> None:
+    hvd.allreduce(torch.ones(1), name="warm")
+    time.sleep(1.0)
+    if rank == size - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)
+    try:
+        hvd.allreduce(torch.ones(1), name="after")
+    except Exception as exc:  # the survivors' error, for the test to read
+        print(f"ERROR {exc}", flush=True)
+        sys.stdout.flush()
+        os._exit(0)
+    print("NO ERROR", flush=True)
+
+
+def main() -> None:
+    _common.start_watchdog()
+    mode, flags = sys.argv[1], Path(sys.argv[2])
+    hvd.init(process_sets="dynamic" if mode == "set" else None)
+    rank, size = hvd.rank(), hvd.size()
+    if mode == "kill":
+        killed(rank, size)
+        return
+    ck = _common.Checks(rank)
+    with ck.section(mode):
+        if mode == "idle":
+            idle(ck, rank, size)
+        else:
+            in_a_set(ck, rank, flags)
+    hvd.shutdown()
+    ck.done()
+
+
+if __name__ == "__main__":
+    main()
