@@ -105,6 +105,41 @@ def parse_output(text: str, result: JobResult) -> None:
         streams.setdefault(int(match[1]), []).append(match[3])
 
 
+def start_ranks(
+    worker: str | Path, num_proc: int, args: list[str], env: dict[str, str], deadline: float
+) -> list[subprocess.Popen]:
+    """Ranks started directly, with no launcher: ``hvdprof run`` stops the other ranks
+    when one dies, and these tests watch the survivors. Each in its own session, so a
+    test can kill a rank's whole process group."""
+    from hvdprof.launch.processes import find_free_port
+
+    port = find_free_port()
+    procs = []
+    for rank in range(num_proc):
+        rank_env = child_env(env, deadline=deadline)
+        rank_env.update(
+            HVDPROF_RANK=str(rank),
+            HVDPROF_SIZE=str(num_proc),
+            HVDPROF_LOCAL_RANK=str(rank),
+            HVDPROF_LOCAL_SIZE=str(num_proc),
+            HVDPROF_CONTROLLER_ADDR="127.0.0.1",
+            HVDPROF_CONTROLLER_PORT=str(port),
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(worker), *args],
+                env=rank_env,
+                cwd=REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
+    return procs
+
+
 def run_job(
     worker: str,
     num_proc: int,

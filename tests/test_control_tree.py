@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import pickle
 import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -22,11 +20,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO, WORKERS, child_env, run_job
+from conftest import WORKERS, run_job, start_ranks
 from test_control_channel import DictStore
 from test_failures import SURVIVOR_EXIT, collect
 
-from hvdprof.launch.processes import find_free_port
 from hvdprof.runtime.control import ControlChannel, ControlError, tree_links
 from hvdprof.runtime.cycle_header import (
     COMMAND,
@@ -401,32 +398,7 @@ def test_a_rank_with_another_fanout_is_refused_by_name() -> None:
 
 # ----------------------------------------------------------- a rank lost from the tree
 def _start_ranks(num_proc: int, args: list[str], env: dict[str, str]) -> list[Any]:
-    """Ranks started directly (no launcher that would stop the survivors itself)."""
-    port = find_free_port()
-    procs = []
-    for rank in range(num_proc):
-        rank_env = child_env(env, deadline=140)
-        rank_env.update(
-            HVDPROF_RANK=str(rank),
-            HVDPROF_SIZE=str(num_proc),
-            HVDPROF_LOCAL_RANK=str(rank),
-            HVDPROF_LOCAL_SIZE=str(num_proc),
-            HVDPROF_CONTROLLER_ADDR="127.0.0.1",
-            HVDPROF_CONTROLLER_PORT=str(port),
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(WORKERS / "tree_failure_worker.py"), *args],
-                env=rank_env,
-                cwd=REPO,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-        )
-    return procs
+    return start_ranks(WORKERS / "tree_failure_worker.py", num_proc, args, env, 140)
 
 
 @pytest.mark.parametrize(

@@ -14,14 +14,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+import conftest
 import pytest
-from conftest import REPO, WORKERS, JobResult, child_env, run_job
-
-from hvdprof.launch.processes import find_free_port
+from conftest import WORKERS, JobResult, run_job
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -34,31 +32,7 @@ PROCESS_LIMIT_S = 90.0
 
 
 def start_ranks(num_proc: int, args: list[str], env: dict[str, str]) -> list[subprocess.Popen]:
-    port = find_free_port()
-    procs = []
-    for rank in range(num_proc):
-        rank_env = child_env(env, deadline=PROCESS_LIMIT_S)
-        rank_env.update(
-            HVDPROF_RANK=str(rank),
-            HVDPROF_SIZE=str(num_proc),
-            HVDPROF_LOCAL_RANK=str(rank),
-            HVDPROF_LOCAL_SIZE=str(num_proc),
-            HVDPROF_CONTROLLER_ADDR="127.0.0.1",
-            HVDPROF_CONTROLLER_PORT=str(port),
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, WORKER, *args],
-                env=rank_env,
-                cwd=REPO,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-        )
-    return procs
+    return conftest.start_ranks(WORKER, num_proc, args, env, PROCESS_LIMIT_S)
 
 
 def collect(

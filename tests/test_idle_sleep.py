@@ -12,18 +12,16 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, WORKERS, child_env, run_job
+from conftest import WORKERS, run_job, start_ranks
 from test_control_tree import on_every_rank
 
 from hvdprof.common.wakeup import WakeFlag
-from hvdprof.launch.processes import find_free_port
 from hvdprof.runtime.control import ControlChannel, ControlError
 from hvdprof.runtime.cycle_header import reply_size
 
@@ -137,33 +135,10 @@ def test_a_rank_killed_while_every_rank_sleeps_is_named_by_the_survivors(
     """Started without the launcher (which would stop the others when a rank dies): the
     last rank SIGKILLs itself while every rank sleeps; the survivors' next op raises,
     naming it, well before any timeout (the sleep ends on the socket's end)."""
-    port = find_free_port()
-    procs = []
-    for rank in range(3):
-        rank_env = child_env({**NEVER, **env}, deadline=90)
-        rank_env.update(
-            HVDPROF_RANK=str(rank),
-            HVDPROF_SIZE="3",
-            HVDPROF_LOCAL_RANK=str(rank),
-            HVDPROF_LOCAL_SIZE="3",
-            HVDPROF_CONTROLLER_ADDR="127.0.0.1",
-            HVDPROF_CONTROLLER_PORT=str(port),
-            HVDPROF_COLLECTIVE_TIMEOUT_SECONDS="3600",
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(WORKERS / "idle_sleep_worker.py"), "kill", "."],
-                env=rank_env,
-                cwd=REPO,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
-        )
+    slow = {**NEVER, **env, "HVDPROF_COLLECTIVE_TIMEOUT_SECONDS": "3600"}
+    procs = start_ranks(WORKERS / "idle_sleep_worker.py", 3, ["kill", "."], slow, 90)
     try:
-        outputs = [p.communicate(timeout=90)[0] for p in procs]
+        outputs = ["\n".join(p.communicate(timeout=90)) for p in procs]
     except subprocess.TimeoutExpired:
         pytest.fail("a survivor never learnt that rank 2 died (a hang)")
     finally:
