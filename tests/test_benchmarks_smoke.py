@@ -25,6 +25,7 @@ BENCHMARKS = [
     "answers_bench.py",
     "gate_calibration.py",
     "kineto_bench.py",
+    "idle_cost.py",
 ]
 
 
