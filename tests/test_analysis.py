@@ -798,7 +798,8 @@ def test_the_breakdown_does_not_blame_the_rank_that_waited_least() -> None:
     # waited 65% of the time in negotiation and rank 0, the coordinator, 41%. The
     # breakdown used to add "the others wait for it" of rank 0, against the straggler
     # verdict; blame is that verdict's alone.
-    from hvdprof.analysis.breakdown import CATEGORIES, Breakdown, RankBreakdown, _verdict
+    from hvdprof.analysis.breakdown import Breakdown, RankBreakdown, _verdict
+    from hvdprof.analysis.phases import CATEGORIES
 
     def rank(r: int, negotiate: float) -> RankBreakdown:
         totals = dict.fromkeys(CATEGORIES, 0.0)

@@ -20,7 +20,8 @@ import pytest
 from conftest import REPO
 
 from hvdprof.analysis import load_run, timeline_window
-from hvdprof.analysis.device import GPU_KIND_NAMES, copy_kind, gpu_report, short_kernel_name
+from hvdprof.analysis.device import copy_kind, gpu_report
+from hvdprof.analysis.gpu_kinds import GPU_KIND_NAMES, short_kernel_name
 from hvdprof.analysis.gpu_lanes import GPU_PHASES, stream_extent
 from hvdprof.trace.kineto_format import GpuActivity
 from hvdprof.trace.model import Run

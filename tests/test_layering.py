@@ -427,3 +427,30 @@ def test_the_trace_layer_is_one_package_below_the_analyses() -> None:
         if p.exists()
     ]
     assert not old, f"trace readers belong in hvdprof/trace/: {old}"
+
+
+def test_the_analyses_shared_modules_sit_below_every_analysis() -> None:
+    # shared vocabulary and statistics (the phases' categories and words, the bootstrap,
+    # steps, intervals) are what the analyses import besides one another; none of them may
+    # reach an analysis, or an analysis depends on another through a helper (issue 51: the
+    # categories lived in the breakdown analysis, and five modules imported it for them)
+    from hvdprof.analysis import registry
+
+    graph = _module_graph()
+    analyses = set(registry.BUILTIN_MODULES)
+    shared = {
+        m
+        for a in analyses
+        for m in graph.get(a, set())
+        if m.startswith("hvdprof.analysis.") and m not in analyses
+    }
+    assert {"hvdprof.analysis.phases", "hvdprof.analysis.bootstrap"} <= shared  # (read)
+    wrong = []
+    for module in sorted(shared):
+        seen, todo = set(), [module]
+        while todo:
+            for nxt in graph.get(todo.pop(), set()) - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        wrong += [f"{module} reaches {a}" for a in sorted(seen & analyses)]
+    assert not wrong, "move what the analyses share below them:\n" + "\n".join(wrong)

@@ -123,7 +123,7 @@ def test_real_run_overview_conserves_phase_time(slow_run: Path, max_items: int) 
 
 
 def test_every_phase_has_a_priority_and_lanes_hold_at_most_their_width(tmp_path: Path) -> None:
-    from hvdprof.analysis.breakdown import PRIORITY
+    from hvdprof.analysis.phases import PRIORITY
     from hvdprof.trace.model import PHASE_CYCLE, PHASE_OP, PHASES
 
     assert sorted((*PRIORITY, PHASE_OP, PHASE_CYCLE)) == list(range(len(PHASES)))

@@ -19,7 +19,7 @@
   const GPU_LABELS = { gpu_computation: "compute kernel", gpu_communication: "communication kernel (NCCL)", gpu_memory: "memcpy / memset", gpu_other: "other GPU work" };
   const phaseColor = (p) => PHASE_COLORS[p] || GPU_COLORS[p] || "#888";
   const phaseLabel = (p) => GPU_LABELS[p] || p;
-  // The breakdown's categories (hvdprof.analysis.breakdown); idle is compute, drawn quiet.
+  // The breakdown's categories (hvdprof.analysis.phases); idle is compute, drawn quiet.
   const CATEGORY_COLORS = { idle: "#e5e7eb" };
   const state = {
     runs: [], run: null, info: null, expand: "", laneKind: "tensor", view: null, version: 0,

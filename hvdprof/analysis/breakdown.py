@@ -2,8 +2,9 @@
 
 Phases overlap (many tensors negotiate at once; a fused group's children appear on each
 of its tensors' lanes), so this counts wall time, not summed durations: at each instant
-a rank is in the highest-priority phase that any of its slices is in (backend collective
-first, then the fusion-buffer copies, queue, other work, negotiation) or idle when none.
+a rank is in the highest-priority phase that any of its slices is in, or idle when none
+(the categories, their order and words, and that cut are :mod:`hvdprof.analysis.phases`,
+shared with ``hvdprof diff``, the gate, the run summary and the binned timeline).
 Idle is time with no collective activity: computing, or waiting on the data loader.
 The phases of a rank therefore add up to its wall time.
 """
@@ -15,63 +16,12 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from hvdprof.analysis.intervals import exclusive_segments
+from hvdprof.analysis.phases import CATEGORIES, LABELS, PRIORITY, SHORT_LABELS, rank_segments
 from hvdprof.analysis.registry import Analysis
 from hvdprof.analysis.result import Result
 from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, step_of, step_starts
 from hvdprof.analysis.user_phases import UserPhases, user_phases, user_phases_table
-from hvdprof.trace.model import (
-    PHASE_COLLECTIVE,
-    PHASE_MEMCPY_IN,
-    PHASE_MEMCPY_OUT,
-    PHASE_NEGOTIATE,
-    PHASE_OTHER,
-    PHASE_QUEUE,
-    Run,
-)
-
-#: Categories of the breakdown, in priority order, then idle.
-CATEGORIES: tuple[str, ...] = (
-    "collective",
-    "memcpy_in",
-    "memcpy_out",
-    "queue",
-    "other",
-    "negotiate",
-    "idle",
-)
-#: Phase codes in the same priority order (a rank at an instant is in the first one active).
-PRIORITY: tuple[int, ...] = (
-    PHASE_COLLECTIVE,
-    PHASE_MEMCPY_IN,
-    PHASE_MEMCPY_OUT,
-    PHASE_QUEUE,
-    PHASE_OTHER,
-    PHASE_NEGOTIATE,
-)
-#: Plain words for each category (tables, verdicts).
-LABELS = {
-    "collective": "backend collective",
-    "memcpy_in": "copy into fusion buffer",
-    "memcpy_out": "copy out of fusion buffer",
-    "queue": "queued after negotiation",
-    "other": "other runtime work",
-    "negotiate": "negotiation wait (ranks waiting for each other)",
-    "idle": "no collective activity (compute)",
-}
-
-#: Column headers for tables (short forms of LABELS, one word or two short ones, so the
-#: whole table fits an 80-column terminal without truncated headers; the CLI prints a
-#: legend for the two that need one).
-SHORT_LABELS = {
-    "collective": "backend",
-    "memcpy_in": "copy in",
-    "memcpy_out": "copy out",
-    "queue": "queue",
-    "other": "other",
-    "negotiate": "waiting",
-    "idle": "idle",
-}
+from hvdprof.trace.model import Run
 
 
 class RankBreakdown(Result):
@@ -111,23 +61,6 @@ class Breakdown(Result):
     verdict: str | None = None
     #: the same steps in the trace's own ``record_function`` ranges (Kineto), if any
     user: UserPhases = msgspec.field(default_factory=UserPhases, name="user_phases")
-
-
-def rank_segments(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Exclusive segments ``(rank, start, length, category index)`` of busy time, sorted
-    by rank then time (computed once per state of the run: the binned timeline reads
-    them too)."""
-    return run.memo("rank_segments", lambda: _segments(run))
-
-
-def _segments(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    s = run.slices
-    keep = np.isin(s.phase, PRIORITY) & (s.dur_us > 0)
-    prio = np.zeros(len(PRIORITY) + 8, dtype=np.int8)
-    for i, p in enumerate(PRIORITY):
-        prio[p] = i
-    start = s.start_us[keep]
-    return exclusive_segments(s.rank[keep], start, start + s.dur_us[keep], prio[s.phase[keep]])
 
 
 def time_breakdown(run: Run) -> Breakdown:

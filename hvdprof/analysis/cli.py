@@ -229,9 +229,9 @@ def _load_either(path: str, cache: bool) -> Any:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from hvdprof.analysis.breakdown import LABELS
     from hvdprof.analysis.diff import diff_summaries
     from hvdprof.analysis.gate import GatedDiff, check_gate, parse_rule
+    from hvdprof.analysis.phases import LABELS
     from hvdprof.analysis.summary import RunSummary, summarize
 
     rules = [parse_rule(text) for text in args.fail_on]  # a bad rule: before any loading

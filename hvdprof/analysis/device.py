@@ -32,16 +32,14 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from hvdprof.analysis.gpu_kinds import GPU_KIND_NAMES, short_kernel_name
 from hvdprof.analysis.registry import Analysis
 from hvdprof.analysis.result import Result
 from hvdprof.trace.model import Run
 
 #: HTA's kernel kinds, in GpuActivity.kind code order (0 compute, 1 comm, 2 memory, 3 other).
-GPU_KIND_NAMES: tuple[str, ...] = ("computation", "communication", "memory", "other")
 #: Kernel names listed per rank (most time first).
 TOP_KERNELS = 10
-#: Longest kernel name shown whole; longer C++ template names are shortened for display.
-SHORT_NAME_CHARS = 60
 #: A rank stands out when its idle or compute share is at least this many percentage
 #: points from the mean of the others. Below, the difference is not material: the shares
 #: come from a sampled step or two, and ranks of one balanced job differ by several points
@@ -55,52 +53,6 @@ CLI_TOP_KERNELS = 5
 #: Kernel names are shortened to this many characters there (80-column terminals).
 CLI_KERNEL_CHARS = 31
 _KIND_WORDS = {"computation": "compute", "communication": "comm"}
-
-
-def short_kernel_name(name: str, limit: int = SHORT_NAME_CHARS) -> str:
-    """A kernel's name as a person reads it: no ``void``, no parameter list, template
-    arguments cut to fit ``limit`` (``at::native::vectorized_elementwise_kernel<4, ...>``)."""
-    s = name.strip().replace("(anonymous namespace)::", "{anon}::")
-    if s.startswith("void "):
-        s = s[5:]
-    depth = 0
-    for i, ch in enumerate(s):
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth -= 1
-        elif ch == "(" and depth == 0 and i > 0 and not s[i - 1].isspace():
-            s = s[:i]  # a parameter list (not "Memcpy DtoD (Device -> Device)")
-            break
-    if len(s) <= limit:
-        return s
-    cut = s.find("<")
-    if 0 < cut <= limit - 3:
-        # the template's leading arguments, whole, as many as fit
-        args, depth, begin = [], 0, cut + 1
-        for i in range(cut + 1, len(s)):
-            ch = s[i]
-            if ch in "<(":
-                depth += 1
-            elif ch in ">)":
-                depth -= 1
-                if depth < 0:
-                    break
-            elif ch == "," and depth == 0:
-                args.append(s[begin:i].strip())
-                begin = i + 1
-        kept = ""
-        for arg in args:
-            longer = f"{kept}, {arg}" if kept else arg
-            if cut + len(longer) + 5 > limit:  # name<kept, …>
-                break
-            kept = longer
-        return s[:cut] + "<" + (kept + ", " if kept else "") + "\u2026>"
-    # a long name: its start and its end (where kernels of one family differ)
-    head = s[:cut] if cut > 0 else s
-    keep = limit - 5 if cut > 0 else limit - 1
-    middle = head[: keep // 2] + "\u2026" + head[len(head) - (keep - keep // 2) :]
-    return middle + ("<\u2026>" if cut > 0 else "")
 
 
 def copy_kind(name: str) -> str | None:

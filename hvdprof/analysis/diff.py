@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import msgspec
 
-from hvdprof.analysis.breakdown import CATEGORIES, LABELS
+from hvdprof.analysis.phases import CATEGORIES, LABELS
 from hvdprof.analysis.result import Result
 from hvdprof.analysis.summary import RUNTIME_PHASES, RunSummary, summarize
 from hvdprof.trace.model import Run

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 
-from hvdprof.analysis.breakdown import CATEGORIES, LABELS
+from hvdprof.analysis.bootstrap import BOOTSTRAP_SEED
 from hvdprof.analysis.diff import RunDiff
+from hvdprof.analysis.phases import CATEGORIES, LABELS
 from hvdprof.analysis.result import Result
-from hvdprof.analysis.stragglers import BOOTSTRAP_SEED
 from hvdprof.analysis.summary import RunSummary
 from hvdprof.errors import HvdprofError
 

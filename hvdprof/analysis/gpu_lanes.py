@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from hvdprof.analysis.bins import bucket_table
-from hvdprof.analysis.device import GPU_KIND_NAMES, short_kernel_name
+from hvdprof.analysis.gpu_kinds import GPU_KIND_NAMES, short_kernel_name
 from hvdprof.trace.model import PHASE_NEGOTIATE, PHASE_OP, Run
 
 #: A kernel's ``phase`` in a stream window (its colour): HTA's kind, prefixed so that it

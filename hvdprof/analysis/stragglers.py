@@ -101,6 +101,7 @@ from typing import Any, ClassVar, Protocol
 import msgspec
 import numpy as np
 
+from hvdprof.analysis.bootstrap import block_bootstrap_means
 from hvdprof.analysis.intervals import merge
 from hvdprof.analysis.registry import Analysis
 from hvdprof.analysis.result import Result
@@ -116,9 +117,6 @@ MIN_STEP_SHARE = 0.1
 #: Family-wise error rate of the per-rank tests (Holm over the ranks): with 2 ranks, a
 #: rank is named when its 95% interval's lower end is above the bar.
 ALPHA = 0.05
-#: Bootstrap resamples (moving blocks of about n^(1/3) steps) and their seed.
-BOOTSTRAP_SAMPLES = 2000
-BOOTSTRAP_SEED = 20240
 #: Fewer steps than this (after the warm-up) are too thin a basis to name anyone ...
 MIN_STEPS = 3
 #: ... and a verdict on fewer than this many says its basis is thin.
@@ -460,26 +458,6 @@ def _onset(cost: np.ndarray, min_len: int = 3, min_before: int = 5) -> int:
     if quiet and after - before > 3.0 * spread:
         return best
     return 0
-
-
-def block_bootstrap_means(x: np.ndarray, samples: int = BOOTSTRAP_SAMPLES) -> np.ndarray:
-    """Means of ``samples`` moving-block resamples of the rows of ``x`` (steps, columns).
-
-    Blocks of about n^(1/3) consecutive steps keep the correlation of neighbouring steps
-    (a slow spell lasts several); the generator is seeded, so the answer is deterministic.
-    Returns (samples, columns).
-    """
-    n = len(x)
-    block = max(1, round(n ** (1.0 / 3.0)))
-    starts_n = n - block + 1
-    n_blocks = -(-n // block)
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    picks = rng.integers(0, starts_n, size=(samples, n_blocks))
-    counts = np.zeros((samples, starts_n))
-    np.add.at(counts, (np.repeat(np.arange(samples), n_blocks), picks.ravel()), 1.0)
-    c = np.concatenate([np.zeros((1, x.shape[1])), np.cumsum(x, axis=0)])
-    block_sums = c[block:] - c[:-block]  # (starts_n, columns)
-    return counts @ block_sums / (n_blocks * block)
 
 
 def _p_above(mean: np.ndarray, sd: np.ndarray, bar: float) -> np.ndarray:

@@ -20,7 +20,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from hvdprof.analysis.breakdown import CATEGORIES, Breakdown, time_breakdown
+from hvdprof.analysis.breakdown import Breakdown, time_breakdown
+from hvdprof.analysis.phases import CATEGORIES
 from hvdprof.analysis.steps import (
     MIN_STEPS_TO_SKIP_WARMUP,
     count_steps,

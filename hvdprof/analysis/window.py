@@ -25,9 +25,9 @@ import msgspec
 import numpy as np
 
 from hvdprof.analysis.bins import bucket_table
-from hvdprof.analysis.breakdown import PRIORITY, rank_segments
 from hvdprof.analysis.gpu_lanes import joined_bins, kernel_bins, kernel_columns, stream_lanes
 from hvdprof.analysis.intervals import exclusive_segments
+from hvdprof.analysis.phases import PRIORITY, rank_segments
 from hvdprof.analysis.result import Result
 from hvdprof.trace.model import OPS, PHASE_CYCLE, PHASE_OP, PHASES, Run
 
