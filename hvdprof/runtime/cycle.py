@@ -913,9 +913,15 @@ class CycleLoop:
     def _stall_shutdown(self, message: str) -> None:
         """Every rank: the stall lasted HVDPROF_STALL_SHUTDOWN_TIME_SECONDS."""
         stacks.write_all(2, f"{message} (rank {self.rank})\n".encode(errors="replace"))
-        self._fail(StallAbortError(f"{message} (rank {self.rank})"))
-        if self.stall_exit_code is not None:
-            self._exit_code = self.stall_exit_code
+        error = StallAbortError(f"{message} (rank {self.rank})")
+        if self.stall_exit_code is None:
+            self._fail(error)
+            return
+        # Under the launcher the rank exits once the cycle thread has closed its observers
+        # (the timeline kept): its waits are not failed first, or a user thread could run
+        # on, past the stall, in the moment before the exit.
+        self.failure = error
+        self._exit_code = self.stall_exit_code
 
     def _inspect_deadlock(
         self, now: float, waiting: dict[str, tuple[frozenset[int], float]], kinds: dict[str, str]
