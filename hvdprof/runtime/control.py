@@ -159,6 +159,7 @@ class ControlChannel(CycleVectors):
         self._scratch = bytearray(0)
         self._token_buf = memoryview(bytearray(1))
         self._sleep_selector: selectors.BaseSelector | None = None
+        self._sleep_wake: Any = None  # the wake flag the selector watches
 
     @property
     def is_tree(self) -> bool:
@@ -317,7 +318,11 @@ class ControlChannel(CycleVectors):
             wake.wait(timeout)
             return
         selector = self._sleep_selector
+        if selector is not None and self._sleep_wake is not wake:  # (a new cycle loop)
+            selector.close()
+            selector = None
         if selector is None:
+            self._sleep_wake = wake
             selector = self._sleep_selector = selectors.DefaultSelector()
             selector.register(wake.fileno(), selectors.EVENT_READ, None)
             if self._up is not None:
