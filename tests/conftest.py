@@ -111,20 +111,13 @@ def start_ranks(
     """Ranks started directly, with no launcher: ``hvdprof run`` stops the other ranks
     when one dies, and these tests watch the survivors. Each in its own session, so a
     test can kill a rank's whole process group."""
+    from hvdprof.launch.local_job import rank_environment
     from hvdprof.launch.processes import find_free_port
 
     port = find_free_port()
     procs = []
     for rank in range(num_proc):
-        rank_env = child_env(env, deadline=deadline)
-        rank_env.update(
-            HVDPROF_RANK=str(rank),
-            HVDPROF_SIZE=str(num_proc),
-            HVDPROF_LOCAL_RANK=str(rank),
-            HVDPROF_LOCAL_SIZE=str(num_proc),
-            HVDPROF_CONTROLLER_ADDR="127.0.0.1",
-            HVDPROF_CONTROLLER_PORT=str(port),
-        )
+        rank_env = rank_environment(child_env(env, deadline=deadline), rank, num_proc, port)
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(worker), *args],
