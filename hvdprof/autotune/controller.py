@@ -217,6 +217,9 @@ class AutotuneController:
         # --- shared: the proposal slot and the work queue ---
         self._lock = threading.Lock()
         self._proposal: tuple[TunableParams, str] | None = None
+        #: called once a proposal is posted (the runtime sets it to wake the cycle: an
+        #: idle job's ranks sleep, and would otherwise take it only with the next op)
+        self.on_proposal: Callable[[], None] | None = None
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._idle = threading.Condition(self._lock)
         self._submitted = 0
@@ -630,6 +633,8 @@ class AutotuneController:
     def _post(self, params: TunableParams, phase: str) -> None:
         with self._lock:
             self._proposal = (params, phase)
+        if self.on_proposal is not None:
+            self.on_proposal()
 
     def _write_decision(self, tuner: PairedTuner, score: SampleScore) -> None:
         """The round's choice as the log's ``decision`` row: what ``--autotune-from`` and a

@@ -235,7 +235,7 @@ class CycleLoop:
     def add_directive(self, directive: Directive) -> None:
         """Rank 0 only: an order every rank applies at the end of the same cycle."""
         self._directives.append(directive)
-        self.wake.set()  # (asleep, the ranks would not see it before the next op)
+        self.wake.set()  # (from another thread: asleep, the ranks would not see it)
 
     def _run(self) -> None:
         idle_since = 0.0

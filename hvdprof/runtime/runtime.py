@@ -219,6 +219,7 @@ class Runtime:
             # the log but not the timeline.
             self.cycle.observers.insert(0, self.autotuner)
             self.cycle.proposer = self.autotuner
+            self.autotuner.on_proposal = self.cycle.wake.set
 
     # ---------------------------------------------------------------- set-up
     def _open_shared_memory(self) -> SharedMemoryAllreduce | None:
