@@ -499,15 +499,8 @@ class Page:
             for element in target.named_children:
                 self.bind(element, self.items(values))
         elif target.type == "object_pattern":
-            for part in target.named_children:
-                name = (
-                    part
-                    if part.type == "shorthand_property_identifier_pattern"
-                    else part.child_by_field_name("key")
-                )
-                if name is not None:
-                    key = name.text.decode()
-                    self.join(("var", key_of(self.scope_of(target)), key), self.member(values, key))
+            for _, key in pattern_keys(target):
+                self.join(("var", key_of(self.scope_of(target)), key), self.member(values, key))
 
     def assign(self, target: tree_sitter.Node, values: Values) -> None:
         if target.type == "identifier":
@@ -606,14 +599,8 @@ class Page:
                                      "by a computed name: read it by its name")  # fmt: skip
         elif kind == "object_pattern" and node.parent.type == "variable_declarator":
             values = self.value(node.parent.child_by_field_name("value"))
-            for part in node.named_children:
-                name = (
-                    part
-                    if part.type == "shorthand_property_identifier_pattern"
-                    else part.child_by_field_name("key")
-                )
-                if name is not None:
-                    self.check_key(part, values, name.text.decode())
+            for part, key in pattern_keys(node):
+                self.check_key(part, values, key)
         elif kind == "call_expression":
             callee = node.child_by_field_name("function")
             args = node.child_by_field_name("arguments").named_children
@@ -741,6 +728,18 @@ def enclosing_function(node: tree_sitter.Node) -> tree_sitter.Node:
     while node.type not in SCOPES - {"program"}:
         node = node.parent
     return node
+
+
+def pattern_keys(pattern: tree_sitter.Node) -> Iterator[tuple[tree_sitter.Node, str]]:
+    """(part, key) for each key an object pattern (``{a, b: c}``) destructures."""
+    for part in pattern.named_children:
+        name = (
+            part
+            if part.type == "shorthand_property_identifier_pattern"
+            else part.child_by_field_name("key")
+        )
+        if name is not None:
+            yield part, name.text.decode()
 
 
 def string_literal(node: tree_sitter.Node | None) -> str | None:
