@@ -268,6 +268,19 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "4194304 (4 MiB)",
     ),
     EnvVar(
+        "HVDPROF_BUCKET_BYTES",
+        "bucket_bytes",
+        _int(0, _BYTES_MAX),
+        4 * MiB,
+        "`DistributedOptimizer` reduces gradients in buckets of about this many bytes, "
+        "each one flat tensor (as DDP's reducer does): a few Python steps per bucket "
+        "instead of per gradient. Results are bit-identical. A gradient this large is "
+        "reduced alone, under its own name. 0: one allreduce per gradient, named after "
+        "its parameter (Horovod's behaviour). An optimizer built with `groups=` uses "
+        "those groups instead.",
+        "4194304 (4 MiB)",
+    ),
+    EnvVar(
         "HVDPROF_SMALL_ALLREDUCE_BYTES",
         "small_allreduce_bytes",
         _int(0, _BYTES_MAX),
@@ -763,6 +776,7 @@ class Config:
     cycle_time_ms: float = 5.0
     fusion_threshold_bytes: int = 4 * MiB
     small_allreduce_bytes: int = 256 * KiB
+    bucket_bytes: int = 4 * MiB
     max_inflight: int = 4
     cache_capacity: int = 4096
     backend: str = "auto"

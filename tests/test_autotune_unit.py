@@ -400,9 +400,18 @@ def test_seeds_come_from_the_jobs_structure_and_span_the_log_scales() -> None:
         == 1
         for p in seeds
     )  # one knob at a time; the tuner combines the best threshold and cycle time itself
-    # a tiny job (4 ms steps): no cycle time above a quarter of the step is tried
-    tiny = JobStructure(0.004, 64 * 1024, tuple([16 * 1024] * 4), 0.3)
-    assert max(p.cycle_time_ms for p in seed_candidates(space, DEFAULT, tiny)) <= 1.0
+    # a tiny job (2 ms steps): no cycle time above twice the step is tried
+    tiny = JobStructure(0.002, 64 * 1024, tuple([16 * 1024] * 4), 0.3, cycles_per_step=3)
+    assert max(p.cycle_time_ms for p in seed_candidates(space, DEFAULT, tiny)) == 2.0
+    # ...and with about one cycle per step (the wait's), none longer than the default
+    once = JobStructure(0.002, 64 * 1024, tuple([16 * 1024] * 4), 0.3, cycles_per_step=1)
+    assert max(p.cycle_time_ms for p in seed_candidates(space, DEFAULT, once)) <= 1.0
+    # an 11 ms step with three cycles a step (default 5 ms): 10 ms is tried, 25 is not
+    busy = JobStructure(0.011, 1 << 21, (1 << 20, 1 << 20), 0.05, cycles_per_step=3)
+    longer = {
+        p.cycle_time_ms for p in seed_candidates(space, TunableParams(4 * MiB, 5.0, True), busy)
+    }
+    assert 10.0 in longer and 25.0 not in longer, longer
     # no structure known: the log-scale extremes only
     assert sorted({p.fusion_threshold_bytes for p in seed_candidates(space, DEFAULT, None)}) == [
         256 * 1024, 4 * MiB, 64 * MiB,

@@ -1,7 +1,8 @@
 """``DistributedOptimizer``: allreduce gradients as backward produces them.
 
 Hooks fire per parameter once its gradient is accumulated, so communication of the
-last layers' gradients overlaps computation of the first layers'. With ``op=Adasum``
+last layers' gradients overlaps computation of the first layers'. Gradients go out in
+buckets (``buckets``): one flat op once a bucket's last gradient is ready. With ``op=Adasum``
 (and more than one rank) it is Horovod's delta optimizer instead: each rank steps its
 own optimizer on its own gradient, and the parameter updates are combined with Adasum.
 """
@@ -17,6 +18,7 @@ import torch
 
 from hvdprof.runtime import runtime as _rt
 from hvdprof.runtime.adasum import AdasumUnsupportedError, is_power_of_two
+from hvdprof.torch import buckets as _buckets
 from hvdprof.torch.compression import Compression
 from hvdprof.torch.divergence import DivergenceCheck
 from hvdprof.torch.mpi_ops import (
@@ -144,15 +146,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._divergence = _divergence_check(named_parameters)
+        _buckets.check_groups(groups)
+        self._groups = groups
+        self._buckets = _buckets.BucketPlan()
         if self._ranks > 1 and self._included:
             self._register_hooks()
 
     def _register_hooks(self) -> None:
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.requires_grad:
-                    _guard_accumulation(self, p)
-                    self._hook_handles.append(p.register_post_accumulate_grad_hook(self._hook))
+        params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        self._buckets = _buckets.plan(
+            params, self._parameter_names, self._groups, _rt.get().config.bucket_bytes
+        )
+        for p in params:
+            _guard_accumulation(self, p)
+            self._hook_handles.append(p.register_post_accumulate_grad_hook(self._hook))
 
     def _check_not_overdue(self, p: torch.Tensor) -> None:
         if self._allreduce_delay[p] <= 0:
@@ -191,11 +198,45 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if p.grad is None:
             return
         self._check_not_overdue(p)  # normally raised already, before accumulation
-        handle, ctx = None, None
         self._allreduce_delay[p] -= 1
-        if self._allreduce_delay[p] == 0:
-            handle, ctx = self._allreduce_grad_async(p)
-        self._handles[p] = (handle, ctx)
+        bucket = self._buckets.of.get(p)
+        if bucket is None:
+            handle, ctx = None, None
+            if self._allreduce_delay[p] == 0:
+                handle, ctx = self._allreduce_grad_async(p)
+            self._handles[p] = (handle, ctx)
+        elif self._allreduce_delay[p] == 0:
+            bucket.ready += 1
+            if bucket.ready == len(bucket.params):
+                self._submit_bucket(bucket)
+
+    def _submit_bucket(self, bucket: _buckets.Bucket) -> None:
+        """Reduce the bucket's gradients as one flat tensor (a sparse one on its own)."""
+        bucket.submitted = True
+        dense = []
+        for p in bucket.params:
+            if p.grad.is_sparse:
+                self._handles[p] = self._allreduce_grad_async(p)
+            else:
+                dense.append(p)
+        if len(dense) == 1:
+            self._handles[dense[0]] = self._allreduce_grad_async(dense[0])
+        if len(dense) < 2:
+            return
+        prescale, postscale = 1.0, 1.0
+        if self.op == Average:
+            prescale = 1.0 / self.gradient_predivide_factor
+            postscale = self.gradient_predivide_factor
+        compressed, ctx = self._compression.compress(_buckets.flatten([p.grad for p in dense]))
+        handle = allreduce_async_(
+            compressed,
+            name=bucket.name,
+            op=self.op,
+            prescale_factor=prescale,
+            postscale_factor=postscale,
+            process_set=self._process_set,
+        )
+        bucket.in_flight = (handle, ctx, tuple(dense))
 
     def synchronize(self) -> None:
         """Wait for every gradient allreduce; gradients are averaged when this returns."""
@@ -204,7 +245,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         for group in self.param_groups:
             for p in group["params"]:
-                if not p.requires_grad or p in self._handles:
+                if not p.requires_grad or p in self._handles or p in self._buckets.of:
                     continue
                 # never produced a gradient this step (unused parameter): reduce zeros so
                 # every rank submits the same names
@@ -213,6 +254,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._allreduce_delay[p] = 1
                 self._handles[p] = self._allreduce_grad_async(p)
                 self._allreduce_delay[p] = 0
+        for bucket in self._buckets.buckets:
+            if not bucket.submitted:
+                # an unused parameter, or fewer backward passes than
+                # backward_passes_per_step: zeros for a missing gradient, reduce now
+                for p in bucket.params:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                self._submit_bucket(bucket)
+        for bucket in self._buckets.buckets:
+            if bucket.in_flight is not None:
+                handle, ctx, dense = bucket.in_flight
+                reduced = self._compression.decompress(synchronize(handle), ctx)
+                _buckets.unflatten_into(reduced, [p.grad for p in dense])
+            for p in bucket.params:
+                self._allreduce_delay[p] = self.backward_passes_per_step
+            bucket.reset()
         for p, (handle, ctx) in list(self._handles.items()):
             if handle is None:
                 # fewer backward passes than backward_passes_per_step: reduce now
@@ -257,7 +314,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._handles:
+        if self._handles or self._buckets.pending():
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
@@ -397,9 +454,21 @@ def DistributedOptimizer(
     Returns an instance of a subclass of the optimizer's own class, as Horovod does, so
     ``isinstance`` checks and LR schedulers keep working. ``op=Adasum`` on more than one
     rank gives Horovod's delta optimizer (see ``_DistributedAdasumOptimizer``).
+
+    Gradients are reduced in buckets of about ``HVDPROF_BUCKET_BYTES`` (one flat tensor
+    each, ``hvdprof.torch.buckets``); ``groups`` (an integer, or lists of parameters) gives
+    Horovod's explicit groups instead, each reduced once all its gradients are ready.
     """
     if process_set is not global_process_set:
         set_of(process_set, "DistributedOptimizer", outside_ok=True)
+    if num_groups:
+        warnings.warn(
+            "DistributedOptimizer: num_groups is replaced by groups (as in Horovod)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if groups is None:
+            groups = num_groups
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Adasum and size() > 1:

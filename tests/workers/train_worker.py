@@ -11,6 +11,7 @@ Then the optimizer's safety checks. Prints ``SECTION ...`` lines and ``DONE``.
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 import warnings
 
@@ -65,10 +66,13 @@ def train_case(
     bpps: int = 1,
     compression=hvd.Compression.none,
     tol: float = 1e-5,
+    groups_of=None,
     **dist_kwargs,
 ) -> None:
     torch.manual_seed(1000 + R)  # a different model on every rank
     model = mlp() if model_kind == "mlp" else convnet()
+    if groups_of is not None:
+        dist_kwargs["groups"] = groups_of(model)
     opt = make_opt(model.parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
@@ -87,6 +91,7 @@ def train_case(
     )
     ck.true(isinstance(dopt, type(opt)), f"{case}: still an instance of {type(opt).__name__}")
     x, y = batches(model_kind, steps)
+    ops_before = hvd.runtime_stats()["ops_completed"]
     for step in range(steps):
         dopt.zero_grad()
         micro = BATCH // bpps
@@ -100,6 +105,7 @@ def train_case(
         F.mse_loss(reference(x[step]), y[step]).backward()
         ref_opt.step()
 
+    print(f"OPS {case} {hvd.runtime_stats()['ops_completed'] - ops_before}", flush=True)
     mine, ref = flat(model), flat(reference)
     ck.true(not torch.equal(mine, initial), f"{case}: the weights moved")
     worst = (mine - ref).abs().max().item()
@@ -108,6 +114,77 @@ def train_case(
     for r in range(N):
         ck.tensor(everyone[r], everyone[0], f"{case}: rank {r} has rank 0's weights exactly")
     print(f"MAXDIFF {case} {worst:.3e}", flush=True)
+    # the exact weights, compared across launches with other HVDPROF_BUCKET_BYTES
+    print(f"WEIGHTS {case} {hashlib.sha256(mine.numpy().tobytes()).hexdigest()}", flush=True)
+
+
+def check_groups() -> None:
+    """Horovod's groups: bad values fail at construction; num_groups is deprecated but
+    still groups; an integer and lists train like one process."""
+    model = mlp()
+    params = list(model.parameters())
+    for bad in (-1, [[1, 2]], [params[:1], params[:1]], "two"):
+        ck.raises(
+            ValueError,
+            lambda bad=bad: hvd.DistributedOptimizer(
+                sgd(params), named_parameters=model.named_parameters(), groups=bad
+            ),
+            "groups",
+        )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dopt = hvd.DistributedOptimizer(
+            sgd(params), named_parameters=model.named_parameters(), num_groups=2
+        )
+    ck.true(
+        any(issubclass(w.category, DeprecationWarning) for w in caught),
+        "num_groups warns that it is deprecated",
+    )
+    ck.eq(len(dopt._buckets.buckets), 2, "num_groups=2: two groups")
+    train_case("sgd_groups_int", "conv", sgd, groups=3)
+    train_case(
+        "adam_groups_list",
+        "mlp",
+        adam,
+        groups_of=lambda m: [list(m.parameters())[:2], list(m.parameters())[2:]],
+    )
+
+
+class _WithUnused(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = mlp()
+        self.unused = torch.nn.Linear(4, 4)  # never in forward: no gradient, ever
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def check_unused_parameter() -> None:
+    """A parameter that never gets a gradient: its bucket is completed with zeros in
+    step(), as a lone parameter's reduction is, and training matches one process."""
+    torch.manual_seed(5)
+    model = _WithUnused()
+    reference = copy.deepcopy(model)
+    dopt = hvd.DistributedOptimizer(
+        sgd(model.parameters()), named_parameters=model.named_parameters()
+    )
+    ref_opt = sgd(reference.parameters())
+    x, y = batches("mlp", 3)
+    for step in range(3):
+        dopt.zero_grad()
+        part = slice(R * BATCH, (R + 1) * BATCH)
+        F.mse_loss(model(x[step, part]), y[step, part]).backward()
+        dopt.step()
+        ref_opt.zero_grad()
+        F.mse_loss(reference(x[step]), y[step]).backward()
+        ref_opt.step()
+    ck.tensor(
+        flat(model), flat(reference), "unused parameter: same weights as one process", 1e-5, 1e-5
+    )
+    ck.tensor(
+        model.unused.weight.grad, torch.zeros(4, 4), "the unused parameter's gradient is zeros"
+    )
 
 
 def sgd(params):
@@ -394,6 +471,8 @@ SECTIONS = {
         "adam_fp16", "conv", adam, compression=hvd.Compression.fp16, tol=1e-3
     ),
     "optimizer_safety": check_safety,
+    "groups": check_groups,
+    "unused_parameter": check_unused_parameter,
     "misuse_after_reduction": check_misuse_after_reduction,
     "sparse_allreduce": check_sparse_allreduce,
     "sparse_embedding": lambda: train_embedding("sparse_embedding", sparse_as_dense=False),

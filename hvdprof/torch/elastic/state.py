@@ -224,6 +224,9 @@ def _forget_pending_reductions(optimizer: Any) -> None:
     if isinstance(delay, dict):
         for p in delay:
             delay[p] = passes
+    buckets = getattr(optimizer, "_buckets", None)
+    if buckets is not None and hasattr(buckets, "reset"):
+        buckets.reset()
     if hasattr(optimizer, "_synchronized"):
         optimizer._synchronized = False
     for group in getattr(optimizer, "param_groups", []):
