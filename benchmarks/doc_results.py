@@ -162,6 +162,21 @@ def _gate(d: dict[str, Any]) -> Iterator[Row]:
         yield str(row[0]), "; ".join(shown), "", None
 
 
+def _ab_calibration(d: dict[str, Any]) -> Iterator[Row]:
+    """gate_ab_calibration: collected over sessions, so what the ledger holds comes
+    first, then each goal (met, not met, or blank while rounds missing can change it)."""
+    yield (
+        "gates in the ledger (first, last record)",
+        f"{d.get('gates_counted')} ({str(d.get('first_record'))[:16].replace('T', ' ')}, "
+        f"{str(d.get('last_record'))[:16].replace('T', ' ')}); {d.get('gates_missing')} to run; "
+        f"{d.get('gates_from_other_gate_code')} from other gate code",
+        "",
+        None,
+    )
+    for r in d.get("rows") or []:
+        yield f"{r['job']}: {r['measure']}", str(r["result"]), str(r["goal"]), r["met"]
+
+
 def _mpi(d: dict[str, Any]) -> Iterator[Row]:
     goals = d.get("goals_ratio_to_raw_mpi", {})
     for library, r in d.get("results", {}).items():
@@ -227,6 +242,7 @@ EXTRACTORS: dict[str, Callable[[dict[str, Any]], Iterator[Row]]] = {
     "dashboard_bench": _dashboard,
     "dashboard_load": _load,
     "gate_calibration": _gate,
+    "gate_ab_calibration": _ab_calibration,
     "allreduce_mpi": _mpi,
     "scale_bench": _scale,
     "kineto_bench": _kineto,

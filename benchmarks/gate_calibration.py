@@ -115,14 +115,26 @@ def _options() -> argparse.ArgumentParser:
     return p
 
 
+def _ab_main(argv: list[str]) -> None:
+    """``--ab``: only the options both calibrations share are read here; the rest
+    (``--rounds``, ``--steps``, ``--max-minutes`` ...) are gate_ab_calibration's own."""
+    import gate_ab_calibration
+
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument("--ab", action="store_true")
+    shared.add_argument("--quick", action="store_true")
+    shared.add_argument("--load", action="store_true")
+    shared.add_argument("--output", type=Path, default=None)
+    args, rest = shared.parse_known_args(argv)
+    gate_ab_calibration.main(rest, quick=args.quick, load=args.load, output=args.output)
+
+
 def main() -> None:
+    if "--ab" in sys.argv[1:]:
+        _ab_main(sys.argv[1:])
+        return
     p = _options()
     args, rest = p.parse_known_args()
-    if args.ab:
-        import gate_ab_calibration
-
-        gate_ab_calibration.main(rest, quick=args.quick, load=args.load, output=args.output)
-        return
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.quick:
