@@ -124,6 +124,12 @@ MAX_WINDOW_GROWTH = 4
 NOISE_WINDOW_GROWTH = 8
 #: the drift band is at least this many window noises wide
 DRIFT_NOISES = 3.0
+#: a watch window (after the round) lasts at least this long. Each window is scored, put
+#: on the timeline and logged on the worker thread; at the tuning windows' size (3 steps
+#: of a 4 ms job: ~80 a second) watching cost the cycle and tiny benchmark jobs 4-8% of
+#: their throughput after the budget, on cores the training needed. Drift then shows
+#: after ``HVDPROF_AUTOTUNE_DRIFT_SAMPLES`` windows of this length (2.5 s at the default).
+WATCH_WINDOW_S = 0.5
 #: distinct tensors remembered while learning the job's structure
 _MAX_TENSORS = 100_000
 
@@ -169,6 +175,8 @@ class AutotuneController:
         self.initial = initial
         self.space: SearchSpace = space_from_config(config, initial, shared_memory)
         self.steps_per_sample = config.autotune_steps_per_sample
+        #: steps per watch window (``WATCH_WINDOW_S``), set when the round ends
+        self.watch_steps = config.autotune_steps_per_sample
         self.settle_steps = max(0, settle_steps)
         self.subwindows = subwindows
         self.seed = seed
@@ -332,7 +340,8 @@ class AutotuneController:
         return params
 
     def _new_window(self, discard_steps: int) -> SampleWindow:
-        self._window = SampleWindow(discard_steps, self.steps_per_sample)
+        size = self.watch_steps if self._phase == PHASE_WATCH else self.steps_per_sample
+        self._window = SampleWindow(discard_steps, size)
         self._wait_ns = 0
         self._last_end = None
         return self._window
@@ -592,6 +601,10 @@ class AutotuneController:
             self.config.autotune_drift_fraction, math.expm1(DRIFT_NOISES * window_std)
         )
         self._drift.reset()
+        step_s = self.structure.step_s if self.structure is not None else 0.0
+        self.watch_steps = max(
+            self.steps_per_sample, math.ceil(WATCH_WINDOW_S / step_s) if step_s > 0 else 0
+        )
         self._post(best.params, PHASE_WATCH if self.config.autotune_continuous else PHASE_DONE)
 
     def _reopen(self, old: PairedTuner) -> None:
