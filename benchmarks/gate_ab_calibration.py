@@ -7,7 +7,7 @@ time, on real gates of the demo job and of a larger job (issue 50's protocol).
 Each gate is one whole ``hvdprof ab`` (default budget, ``--fail-on 5%``) of one variant:
 
 * ``same``: the unchanged job against itself;
-* ``all10``: every rank's backward slower by 10% of the job's step (a busy wait in the
+* ``all10``: every rank's backward slower by 10% of the job's step (extra torch compute in the
   first layer's gradient, ``gate_worker.py``), the step probed first from five runs;
 * ``all5``: every rank 5% slower, judged at ``--small-margin`` (default 1%: at a 5%
   margin a 5% slowdown is the margin itself, caught at most half the time by design);
