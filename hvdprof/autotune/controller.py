@@ -282,7 +282,9 @@ class AutotuneController:
             return
         if self._tensors is not None:
             self._learn_tensors(record)
-            self._cycles_seen += record.bytes_reduced > 0  # cycles that reduced something
+            # every cycle, those that only negotiated too: each costs CPU, and a longer
+            # cycle time runs fewer of them (seeds.cycle_can_help)
+            self._cycles_seen += 1
             if record.step != self._last_step_seen:
                 self._steps_seen += 1
                 self._last_step_seen = record.step
