@@ -45,8 +45,14 @@ def make_real_run(directory: Path, *, epochs: int = 2, autotune: bool = True) ->
         *(["--autotune", "--autotune-log", str(directory / "autotune.csv")] if autotune else []),
         "--", sys.executable, "-m", "hvdprof.demo", "--epochs", str(epochs),
     ]  # fmt: skip
+    # one allreduce per gradient (HVDPROF_BUCKET_BYTES=0, as Horovod records): the page
+    # tests need a run with enough events that the whole-run view is binned
     env = child_env(
-        {"HVDPROF_AUTOTUNE_WARMUP_SAMPLES": "1", "HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE": "3"}
+        {
+            "HVDPROF_AUTOTUNE_WARMUP_SAMPLES": "1",
+            "HVDPROF_AUTOTUNE_STEPS_PER_SAMPLE": "3",
+            "HVDPROF_BUCKET_BYTES": "0",
+        }
     )
     proc = subprocess.run(
         command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 30, env=env, cwd=REPO

@@ -302,7 +302,9 @@ def record(out: Path, slow_ms: float = 0.0, steps: int = 60) -> None:
 def test_real_runs_a_slowed_backward_fails_the_gate_and_is_named(tmp_path: Path) -> None:
     """The demo job twice, the second with rank 1's backward 20 ms slower per step (a few
     times its step): the gate fails and names rank 1's compute; a run against its own
-    summary passes, and the summary is under 1% of the traces."""
+    summary passes, and the summary is a small part of the traces (2% of a 60-step demo
+    trace: per-step series, where the trace holds every op; under 1% before gradients went
+    out in buckets, 2 ops a step)."""
     a, slow = tmp_path / "a", tmp_path / "slow"
     record(a)
     record(slow, slow_ms=20.0)
@@ -310,7 +312,7 @@ def test_real_runs_a_slowed_backward_fails_the_gate_and_is_named(tmp_path: Path)
     done = cli("analyze", str(a), "--summary", str(base), "--json")
     assert done.returncode == 0, done.stderr
     trace = sum(f.stat().st_size for f in a.glob("rank.*.json"))
-    assert base.stat().st_size < 0.01 * trace, (base.stat().st_size, trace)
+    assert base.stat().st_size < 0.05 * trace, (base.stat().st_size, trace)
     itself = cli("diff", str(base), str(a), "--fail-on", "5%", "--fail-on", "rank:5%", "--json")
     data = json.loads(itself.stdout)
     assert itself.returncode == 0 and not any(g["failed"] for g in data["gate"]), data["gate"]
