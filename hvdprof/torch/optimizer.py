@@ -168,6 +168,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "to step(). Increase backward_passes_per_step to accumulate gradients locally."
             )
 
+    def _scales(self) -> tuple[float, float]:
+        """(prescale, postscale): Average splits ``gradient_predivide_factor`` between them."""
+        if self.op == Average:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
     def _allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, Any]:
         name = self._parameter_names.get(p)
         tensor = p.grad
@@ -179,10 +185,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 )
                 return handle, None
             tensor = tensor.to_dense()  # reduced densely; synchronize() replaces p.grad
-        prescale, postscale = 1.0, 1.0
-        if self.op == Average:
-            prescale = 1.0 / self.gradient_predivide_factor
-            postscale = self.gradient_predivide_factor
+        prescale, postscale = self._scales()
         compressed, ctx = self._compression.compress(tensor)
         handle = allreduce_async_(
             compressed,
@@ -223,10 +226,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._handles[dense[0]] = self._allreduce_grad_async(dense[0])
         if len(dense) < 2:
             return
-        prescale, postscale = 1.0, 1.0
-        if self.op == Average:
-            prescale = 1.0 / self.gradient_predivide_factor
-            postscale = self.gradient_predivide_factor
+        prescale, postscale = self._scales()
         compressed, ctx = self._compression.compress(_buckets.flatten([p.grad for p in dense]))
         handle = allreduce_async_(
             compressed,
