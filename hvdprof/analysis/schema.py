@@ -20,6 +20,7 @@ validator.
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from typing import Any, Literal, get_type_hints
@@ -98,6 +99,7 @@ def json_schema(ref_template: str = DEFS) -> dict[str, Any]:
         types, ref_template=ref_template
     )
     _exact_keys(types, components)
+    _clean_descriptions(components)
     answers, outputs = answers[: len(entries)], answers[len(entries) :]
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -137,6 +139,21 @@ def _exact_keys(types: list[Any], components: dict[str, Any]) -> None:
         ]
 
 
+def _clean_descriptions(node: Any) -> None:
+    """Each description as ``inspect.cleandoc`` gives the docstring: msgspec 0.23 started
+    dedenting docstrings and 0.22 did not, and the published schema must not depend on
+    which one the user's environment resolved."""
+    if isinstance(node, dict):
+        text = node.get("description")
+        if isinstance(text, str):
+            node["description"] = inspect.cleandoc(text)
+        for value in node.values():
+            _clean_descriptions(value)
+    elif isinstance(node, list):
+        for value in node:
+            _clean_descriptions(value)
+
+
 def _structs(infos: Any) -> list[Any]:
     """The struct and dataclass types in msgspec's type information, each once."""
     found: dict[int, Any] = {}
@@ -160,6 +177,7 @@ def inline_schema(kind: Any) -> dict[str, Any]:
     self-contained schema, as the dashboard's OpenAPI embeds it in a response model."""
     top, components = msgspec.json.schema_components([kind], ref_template="{name}")
     _exact_keys([kind], components)
+    _clean_descriptions(components)
     return _inlined(top[0], components)
 
 
