@@ -27,6 +27,7 @@ from test_autotune_unit import (
     _controller_config,
     cycle_bound,
     default_best,
+    false_winners_allowed,
     run_trial,
 )
 
@@ -245,17 +246,23 @@ def test_throughput_while_tuning_is_reported_live(tmp_path: os.PathLike[str]) ->
 def test_when_the_default_is_best_the_round_says_so_early() -> None:
     """On the job whose default is best, under in-run noise (one configuration's windows
     over +-25%): in more than half of 40 seeded trials the round stops exploring after
-    its second rung (median under half the budget), and it keeps the default in all. On
-    the cycle-bound job the early stop almost never fires wrongly (at most 2 of 40)."""
-    early, windows, lines = 0, [], []
+    its second rung (median under half the budget), and it keeps the default in all but
+    the sequential test's stated error rate (ALPHA), a false winner costing at most 1%.
+    On the cycle-bound job the early stop almost never fires wrongly (at most 2 of 40)."""
+    early, windows, lines, moved = 0, [], [], []
     for seed in TRIALS:
         gain, _, t = run_trial(default_best, seed)
         d = t.decision()
-        assert d.kept_default and gain == 1.0
+        if not d.kept_default:
+            moved.append((seed, round(gain, 4)))
+            continue
+        assert gain == 1.0
         if d.reason == "default best":
             early += 1
             windows.append(t.samples_told)
             lines.append(end_line(d, Config(), steps_per_window=3))
+    assert len(moved) <= false_winners_allowed(len(TRIALS)), moved
+    assert all(gain >= 0.99 for _, gain in moved), moved
     assert early >= 20, early
     assert statistics.median(windows) < BUDGET / 2, windows
     for line in lines:
