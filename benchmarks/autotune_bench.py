@@ -64,6 +64,11 @@ Per job, all at ``--np`` ranks:
    c. evaluation: fresh interleaved rounds of the default, the grid's top points and every
       recommendation (the re-run against which predictions are checked).
 
+   Blocks are sized in time at the default's step time (``--grid-block-s`` 0.15 s,
+   ``--eval-block-s`` 0.4 s, never fewer than ``--grid-steps`` / ``--eval-steps``): a
+   block of a few steps of a fast job measures mostly the cycles' phase and the
+   scheduler (``block_steps``).
+
 Reported (table + ``benchmarks/results/autotune_bench.json``, ``.loaded`` with ``--load``),
 per job, issue 52's proof rows (``_goal_ratios``): every run ends at >= 0.95 of the grid's
 best, or keeps a default that is; throughput while tuning >= 0.90 of the grid's best in
@@ -78,7 +83,7 @@ project's equivalent) untuned and with ``--autotune`` in ``--rounds`` interleave
 through ``synthetic_autotune.py``: tuned / untuned >= 1.0, the median of the rounds.
 
     python benchmarks/autotune_bench.py [--jobs cycle,fusion,default,tiny] [--np 2]
-        [--budget 300] [--tune-runs 5] [--random-seeds 5] [--check-pairs 16]
+        [--budget 300] [--tune-runs 5] [--random-seeds 5] [--check-pairs 24]
         [--check-steps 10] [--pre-steps 60] [--load] [--quick]
     python benchmarks/autotune_bench.py --synthetic [--rounds 3] [--load] [--quick]
 
@@ -171,6 +176,8 @@ Z95 = 1.96
 #: steps discarded after every switch of parameters (the tuner discards the partial step
 #: in which a change lands plus one settle step: the same here)
 SETTLE_STEPS = 2
+#: steps timed at the default before the truth job sizes its blocks
+PROBE_STEPS = 10
 
 Params = tuple[int, float, bool]  # fusion_threshold_bytes, cycle_time_ms, cache_enabled
 
@@ -540,6 +547,16 @@ def worker_truth(args: Any, work: Workload, rank: int, size: int) -> dict[str, A
     bps = work.bytes_per_step
     out: dict[str, Any] = {}
 
+    # blocks last at least --grid-block-s / --eval-block-s at the default's step time:
+    # a block of 6 steps of a 4 ms job (24 ms, a few cycles) ranged 0.8x-1.4x between
+    # configurations that differ by a few percent (see block_steps)
+    probe = truth.measure(DEFAULT, PROBE_STEPS)
+    step_s = broadcast(statistics.median(probe) if rank == 0 else None)
+    grid_steps = block_steps(args.grid_block_s, step_s, args.grid_steps)
+    eval_steps = block_steps(args.eval_block_s, step_s, args.eval_steps)
+    out["probe_step_s"] = round(step_s, 6)
+    out["grid_steps_per_point"], out["eval_steps_per_block"] = grid_steps, eval_steps
+
     # a. the grid, interleaved: round r measures every point, in an order rotated by r
     grid = [tuple(p) for p in json.loads(args.grid)]
     grid_times: dict[str, list[list[float]]] = {key(p): [] for p in grid}  # per round
@@ -547,7 +564,7 @@ def worker_truth(args: Any, work: Workload, rank: int, size: int) -> dict[str, A
     for rnd in range(args.grid_rounds):
         shift = (rnd * 7) % len(grid)
         for p in grid[shift:] + grid[:shift]:
-            grid_times[key(p)].append(truth.measure(p, args.grid_steps))
+            grid_times[key(p)].append(truth.measure(p, grid_steps))
         h.log(f"grid round {rnd + 1}/{args.grid_rounds} ({time.monotonic() - started:.0f} s)")
     grid_times = broadcast(grid_times if rank == 0 else None)  # rank 0's timings decide
     grid_tp = {k: throughput_of([t for r in v for t in r], bps) for k, v in grid_times.items()}
@@ -589,7 +606,7 @@ def worker_truth(args: Any, work: Workload, rank: int, size: int) -> dict[str, A
     for rnd in range(args.eval_rounds):
         shift = rnd % len(candidates)
         for p in candidates[shift:] + candidates[:shift]:
-            evals[key(p)].append(truth.measure(p, args.eval_steps))
+            evals[key(p)].append(truth.measure(p, eval_steps))
         h.log(f"evaluation round {rnd + 1}/{args.eval_rounds} ({time.monotonic() - started:.0f} s)")
     work.check(rank, size)  # the sums are still right after every switch
     out["eval"] = {
@@ -598,6 +615,21 @@ def worker_truth(args: Any, work: Workload, rank: int, size: int) -> dict[str, A
         "step_times": evals,  # per configuration: one list of step times per round
     }
     return out
+
+
+def block_steps(seconds: float, step_s: float, at_least: int) -> int:
+    """Steps in a measured block: at least ``at_least``, and enough to last ``seconds`` at
+    the default's step time. Why time, not steps: a block's noise comes from what happens
+    in it (cycles whose phase against the step varies, the scheduler's slices), so a block
+    of a few steps of a fast job is mostly that noise. Measured on the tiny job (4 ms
+    steps): blocks of 6 steps put configurations within a few percent of each other at
+    0.8x-1.4x the reference, and the "grid's best" they chose was beaten by 20% in the
+    re-run.
+
+    >>> block_steps(0.4, 0.004, 6), block_steps(0.4, 0.2, 6)
+    (100, 6)
+    """
+    return max(at_least, math.ceil(seconds / max(step_s, 1e-6)))
 
 
 def throughput_of(step_times: list[float], bytes_per_step: int) -> float:
@@ -705,8 +737,9 @@ def options() -> Any:
     p.add_argument(
         "--check-pairs",
         type=int,
-        default=16,
-        help="after the budget: pairs of blocks, tuned job / untuned job, in the tuned launch",
+        default=24,
+        help="after the budget: pairs of blocks, tuned job / untuned job, in the tuned launch "
+        "(the block is the unit of noise: 16 pairs left the median +-5%% in an A/A)",
     )
     p.add_argument(
         "--pre-steps",
@@ -723,8 +756,18 @@ def options() -> Any:
     p.add_argument("--random-seeds", type=int, default=5, help="random searches per job")
     p.add_argument("--grid-rounds", type=int, default=3)
     p.add_argument("--grid-steps", type=int, default=5, help="timed steps per grid point")
-    p.add_argument("--eval-rounds", type=int, default=6)
-    p.add_argument("--eval-steps", type=int, default=6)
+    p.add_argument(
+        "--grid-block-s",
+        type=float,
+        default=0.15,
+        help="a grid point's block lasts at least this long (at the default's step time)",
+    )
+    p.add_argument("--eval-rounds", type=int, default=8)
+    p.add_argument("--eval-steps", type=int, default=6, help="fewest timed steps per block")
+    p.add_argument(
+        "--eval-block-s", type=float, default=0.4,
+        help="an evaluation block lasts at least this long (at the default's step time)",
+    )  # fmt: skip
     p.add_argument("--top", type=int, default=3, help="grid points re-measured")
     p.add_argument(
         "--explore", action="store_true", help="only measure each job's grid and print it"
@@ -895,7 +938,14 @@ def bench_job(args: Any, job: str, timeout: float) -> dict[str, Any]:
         "eval_ratio_per_round_quartiles": {
             k: [round(x, 4) for x in quartiles(v)] for k, v in ev.paired.items()
         },
-        "eval_step_times_s": ev.evals,
+        "eval_step_times_s": {
+            k: [[round(t, 5) for t in r] for r in v] for k, v in ev.evals.items()
+        },
+        "block_steps": {
+            "probe_step_s": truth.get("probe_step_s"),
+            "grid": truth.get("grid_steps_per_point"),
+            "eval": truth.get("eval_steps_per_block"),
+        },
         "job_wall_s": {
             "tune": [t["wall_s"] for t in tunes],
             "untuned": [t["wall_s"] for t in untuned],
@@ -935,6 +985,7 @@ def _ground_truth(
         "--random-seeds", str(args.random_seeds), "--grid-rounds", str(args.grid_rounds),
         "--grid-steps", str(args.grid_steps), "--eval-rounds", str(args.eval_rounds),
         "--eval-steps", str(args.eval_steps), "--top", str(args.top),
+        "--grid-block-s", str(args.grid_block_s), "--eval-block-s", str(args.eval_block_s),
     ]  # fmt: skip
     print(
         f"{NAME} [{job}]: ground truth ({len(grid)} grid points x {args.grid_rounds} rounds), "
@@ -1235,6 +1286,7 @@ def main() -> None:
         args.tune_runs = args.tune_runs or 1
         args.random_seeds, args.grid_rounds, args.eval_rounds = 1, 1, 3
         args.grid_steps, args.eval_steps, args.top, args.rounds = 4, 4, 2, 1
+        args.grid_block_s, args.eval_block_s = 0.0, 0.05
     args.tune_runs = args.tune_runs or 5
     timeout = args.timeout or (150 if args.quick else 1200)
     started = time.monotonic()
@@ -1267,9 +1319,9 @@ def main() -> None:
                 "tune_runs": args.tune_runs,
                 "random_seeds": args.random_seeds,
                 "grid_rounds": args.grid_rounds,
-                "grid_steps_per_point": args.grid_steps,
+                "grid_steps_per_point": f"{args.grid_steps}, or enough for {args.grid_block_s} s",
                 "eval_rounds": args.eval_rounds,
-                "eval_steps": args.eval_steps,
+                "eval_steps": f"{args.eval_steps}, or enough for {args.eval_block_s} s",
                 "settle_steps_after_switch": SETTLE_STEPS,
                 "untuned_steps_before_the_tuner": args.pre_steps,
                 "check_pairs": args.check_pairs,
@@ -1319,6 +1371,7 @@ def explore(args: Any, job: str, timeout: float) -> None:
         "--random-seeds", "0", "--grid-rounds", str(args.grid_rounds),
         "--grid-steps", str(args.grid_steps), "--eval-rounds", str(args.eval_rounds),
         "--eval-steps", str(args.eval_steps), "--top", str(args.top),
+        "--grid-block-s", str(args.grid_block_s), "--eval-block-s", str(args.eval_block_s),
     ]  # fmt: skip
     truth = h.run_job(__file__, argv, args.np, env=JOBS[job]["env"], timeout=timeout)
     bps = truth["bytes_per_step"]
