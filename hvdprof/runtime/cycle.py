@@ -91,6 +91,9 @@ _IDLE_SLEEP_MAX_S = 0.01  # idle back-off: a quiet job ticks every 10 ms
 _IDLE_BEFORE_BACKOFF_S = 0.02
 _STALL_EVERY_S = 1.0
 _BURST_WAIT_MAX_S = 0.02  # longest wait for a burst of submissions to finish
+#: a rank whose training thread is blocked starts its cycles at least this often (see
+#: ``_run``): at once when the last cycle waited for a peer, paced when it did not
+_BLOCKED_PACE_S = 0.001
 _PARTIAL_WATCH_EVERY_S = 0.25  # stalls are reported after many seconds; sample the bits
 
 
@@ -258,7 +261,19 @@ class CycleLoop:
                     self.control.sleep(self.wake, 0.0 if busy else self.config.idle_sleep_max_s)
                 elif busy:
                     idle_since = 0.0
-                    delay = cycle_s - (time.monotonic() - t0)
+                    elapsed = time.monotonic() - t0
+                    delay = cycle_s - elapsed
+                    if delay > 0 and user_thread_blocked():
+                        # This rank's training thread waits on an op another rank has not
+                        # submitted yet: nothing more will come from here, and what it
+                        # waits for is that rank's next cycle. Go and wait for it in the
+                        # exchange (which blocks until that rank arrives, on no CPU):
+                        # pacing here made the last rank's cycle, started the moment its
+                        # own thread blocked, wait for this rank's sleep (a cycle time a
+                        # step, now and then: windows of a 25 ms cycle at a third of the
+                        # speed). A cycle that found every rank there already waited for
+                        # no one (a stall: all blocked, none able to help) keeps a pace.
+                        delay = min(delay, _BLOCKED_PACE_S - elapsed)
                     if delay > 0 and not self.urgent.is_set():
                         self.urgent.wait(delay)
                 else:
