@@ -629,7 +629,7 @@ def block_steps(seconds: float, step_s: float, at_least: int) -> int:
     >>> block_steps(0.4, 0.004, 6), block_steps(0.4, 0.2, 6)
     (100, 6)
     """
-    return max(at_least, math.ceil(seconds / max(step_s, 1e-6)))
+    return max(at_least, inlaunch.steps_for(seconds, step_s))
 
 
 def throughput_of(step_times: list[float], bytes_per_step: int) -> float:
