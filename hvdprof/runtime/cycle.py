@@ -51,6 +51,7 @@ from hvdprof.runtime.cycle_header import (
     QUIET_BUSY,
     QUIET_IDLE,
     QUIET_SLEEP,
+    QUIET_WAIT,
     WORK,
     OwnHeader,
     Said,
@@ -196,6 +197,7 @@ class CycleLoop:
         self._last_ran_nothing = False
         self._idle_since = 0.0  # rank 0: since when no rank has said anything (0: busy)
         self._sleep_said = False  # this cycle's reply: every rank sleeps until one has work
+        self._wait_said = False  # ... because some rank waits on a peer's submission
         self._partial_since: dict[int, float] = {}
         self._was_detailed = False
         self._last_partial_watch = 0.0
@@ -255,10 +257,16 @@ class CycleLoop:
                 cycle_s = self.params.cycle_time_ms / 1000.0
                 if self._sleep_said:
                     # Every rank sleeps on its sockets and its own submissions; the first
-                    # rank with work wakes the others (a rank with work already only
+                    # rank with news wakes the others (a rank with work already only
                     # takes part in the wake-up). Nothing ticks on the training's cores.
+                    # Waiting on a peer's submission, the sleep ends at least every stall
+                    # watch interval, so a stall is still seen and reported.
                     self._sleep_said = False
-                    self.control.sleep(self.wake, 0.0 if busy else self.config.idle_sleep_max_s)
+                    if self._wait_said:
+                        timeout = 0.0 if self._news_here() else _PARTIAL_WATCH_EVERY_S
+                    else:
+                        timeout = 0.0 if busy else self.config.idle_sleep_max_s
+                    self.control.sleep(self.wake, timeout)
                 elif busy:
                     idle_since = 0.0
                     elapsed = time.monotonic() - t0
@@ -387,10 +395,11 @@ class CycleLoop:
         self._was_detailed = detailed
         payload = self._outbox_payload()
         said = self._exchange(payload, blocked, detailed)
-        self._sleep_said = said.kind == QUIET_SLEEP
+        self._sleep_said = said.kind in (QUIET_SLEEP, QUIET_WAIT)
+        self._wait_said = said.kind == QUIET_WAIT
         if said.kind != WORK:
             self._spent("negotiate", cpu0)
-            busy = said.kind == QUIET_BUSY
+            busy = said.kind in (QUIET_BUSY, QUIET_WAIT)
             return self._quiet_cycle(
                 cycle, t_start, busy=busy, matrix=said.matrix if busy else None
             )
@@ -409,6 +418,11 @@ class CycleLoop:
         busy = self._account(said, agreed, cycle, t_start, t_negotiated, t_end, reduced, groups)
         self._spent("account", cpu2)
         return busy
+
+    def _news_here(self) -> bool:
+        """Whether this rank has something to say that the last exchange did not carry
+        (a submission, a command, a shutdown): it must not sleep on it."""
+        return bool(self.queue or self.commands or self._outbox or self.shutdown_requested)
 
     def _spent(self, stage: str, since_ns: int) -> int:
         """Add this thread's CPU since ``since_ns`` to the stage's counter: the runtime's
@@ -457,7 +471,11 @@ class CycleLoop:
             return reduce(matrix, WORK)
         if quiet:
             self._idle_since = 0.0
-            return reduce(matrix, QUIET_BUSY)
+            # some rank waits for another's submission and nothing changed: where ranks
+            # can sleep on their links, they do until that submission (or other news)
+            # wakes them, instead of ticking a cycle every cycle time on every rank, the
+            # late rank's included, whose training is what everyone waits for
+            return reduce(matrix, QUIET_WAIT if self.control.can_sleep else QUIET_BUSY)
         return reduce(matrix, QUIET_SLEEP if self._idle_long_enough() else QUIET_IDLE)
 
     def _idle_long_enough(self) -> bool:

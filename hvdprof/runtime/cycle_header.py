@@ -24,8 +24,10 @@ HEADER = 10
 SHUTDOWN, JOINED, COMMAND, DIRECTIVE, BLOCKED, DETAILED = 4, 5, 6, 7, 8, 9
 
 #: the reply's first byte: what kind of cycle this is (see ``CycleLoop._quiet_kind``);
-#: QUIET_SLEEP is QUIET_IDLE after a while, and every rank then sleeps until one has work
-WORK, QUIET_IDLE, QUIET_BUSY, QUIET_SLEEP = 0, 1, 2, 3
+#: QUIET_SLEEP is QUIET_IDLE after a while, and every rank then sleeps until one has work;
+#: QUIET_WAIT is QUIET_BUSY where ranks can sleep: every rank sleeps until one has news
+#: (the submission the others wait for), or the stall watch's interval passes
+WORK, QUIET_IDLE, QUIET_BUSY, QUIET_SLEEP, QUIET_WAIT = 0, 1, 2, 3, 4
 #: the reply's second byte, bit by bit
 _ANY_SHUTDOWN, _ALL_COMMAND, _DIRECTIVE, _ANY_NEWS = 1, 2, 4, 8
 _ANY_BIT, FULL, _ANY_JOINED, _ANY_ACTIVE = 16, 32, 64, 128

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 
 @dataclass(eq=False, slots=True)
@@ -174,13 +175,15 @@ def plan(
 
 
 def flatten(grads: Sequence[torch.Tensor]) -> torch.Tensor:
-    """One contiguous copy of the gradients, end to end."""
-    return torch.cat([g.reshape(-1) for g in grads])
+    """One contiguous copy of the gradients, end to end, built in C++ (the flattening DDP's
+    comm hooks and apex use): a Python ``reshape`` per gradient cost about twice as much on
+    the 198-tensor transformer."""
+    return _flatten_dense_tensors(list(grads))
 
 
 def unflatten_into(flat: torch.Tensor, grads: Sequence[torch.Tensor]) -> None:
-    """Write the reduced flat tensor back into each gradient, in one C++ call."""
-    views = [
-        v.view(g.shape) for v, g in zip(flat.split([g.numel() for g in grads]), grads, strict=True)
-    ]
-    torch._foreach_copy_(list(grads), views)
+    """Write the reduced flat tensor back into each gradient: the shaped views are made in
+    C++ and copied in one ``_foreach_copy_``. A Python ``view(shape)`` per gradient took
+    1.6 of its 2.7 ms on the 198-tensor transformer, all of it in ``step()``'s wait."""
+    grads = list(grads)
+    torch._foreach_copy_(grads, _unflatten_dense_tensors(flat, grads))
