@@ -87,8 +87,8 @@ log = logging.getLogger("hvdprof")
 
 _RING = 1 << 16  # cycles of start times kept for readiness marks
 _IDLE_SLEEP_MAX_S = 0.01  # idle back-off: a quiet job ticks every 10 ms
-#: idle that long on every rank, the ranks sleep on their sockets until one has work (the
-#: socket channel; under MPI they tick every _IDLE_SLEEP_MAX_S instead)
+#: under MPI (where ranks cannot sleep on their links), idle that long on every rank, the
+#: ranks tick every _IDLE_SLEEP_MAX_S instead of every cycle
 _IDLE_BEFORE_BACKOFF_S = 0.02
 _STALL_EVERY_S = 1.0
 _BURST_WAIT_MAX_S = 0.02  # longest wait for a burst of submissions to finish
@@ -195,7 +195,6 @@ class CycleLoop:
         self._t_cycle = 0  # this cycle's start (timebase.now_ns())
         self._last_matrix = np.zeros((size, 0), dtype=np.uint8)
         self._last_ran_nothing = False
-        self._idle_since = 0.0  # rank 0: since when no rank has said anything (0: busy)
         self._sleep_said = False  # this cycle's reply: every rank sleeps until one has work
         self._wait_said = False  # ... because some rank waits on a peer's submission
         self._partial_since: dict[int, float] = {}
@@ -466,29 +465,21 @@ class CycleLoop:
         """Rank 0 (under MPI every rank, identically): the reply to this cycle's matrix."""
         quiet = self._quiet_kind(matrix)
         if quiet is None:
-            self._idle_since = 0.0
             self._last_matrix = matrix.copy()
             return reduce(matrix, WORK)
         if quiet:
-            self._idle_since = 0.0
             # some rank waits for another's submission and nothing changed: where ranks
             # can sleep on their links, they do until that submission (or other news)
             # wakes them, instead of ticking a cycle every cycle time on every rank, the
             # late rank's included, whose training is what everyone waits for
             return reduce(matrix, QUIET_WAIT if self.control.can_sleep else QUIET_BUSY)
-        return reduce(matrix, QUIET_SLEEP if self._idle_long_enough() else QUIET_IDLE)
-
-    def _idle_long_enough(self) -> bool:
-        """Rank 0: every rank has said nothing for a while, so every rank may sleep until
-        one has work. Only where rank 0 alone decides (the socket channel: under MPI every
-        rank reduces the matrix itself, and a decision taken by the clock would differ)."""
-        if not self.control.can_sleep:
-            return False
-        now = time.monotonic()
-        if not self._idle_since:
-            self._idle_since = now
-            return False
-        return now - self._idle_since >= _IDLE_BEFORE_BACKOFF_S
+        # nobody said anything: every rank sleeps until one has work, at once. Ticking
+        # on for a while (20 ms of 5 ms cycles, until this change) cost as much CPU per
+        # tick as the wake-up costs once (a timed wait and an exchange: about 0.3 ms on
+        # each rank on a 2-core VM), twice a step between a model's reductions. Only
+        # where rank 0 alone decides (the socket channel): under MPI every rank reduces
+        # the matrix itself, and ticks (backing off after _IDLE_BEFORE_BACKOFF_S).
+        return reduce(matrix, QUIET_SLEEP if self.control.can_sleep else QUIET_IDLE)
 
     def _queue_own_directives(self, detailed: bool) -> None:
         """Rank 0: a clock sync when one is due, the autotuner's next parameters."""
