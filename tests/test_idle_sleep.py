@@ -115,6 +115,20 @@ def test_an_idle_job_stops_cycling_and_wakes_for_the_late_ranks(env: dict[str, s
 
 
 @pytest.mark.parametrize("env", [{}, CHAIN], ids=["star", "chain"])
+def test_ranks_waiting_on_a_late_rank_sleep_instead_of_cycling(env: dict[str, str]) -> None:
+    """Two ranks submit at once and wait a second for the third: every rank, the late
+    one included, takes a handful of cycles (its sleep ends every 0.25 s for the stall
+    inspector), not one per 5 ms cycle time (about 200 before: on the late rank, CPU
+    taken from the training everyone waits for). The sum then arrives intact."""
+    result = run_job("idle_sleep_worker.py", 3, "wait", ".", env={**NEVER, **env}, timeout=90)
+    assert result.returncode == 0, result.describe()
+    for rank in range(3):
+        assert (result.section(rank, "wait") or "").startswith("OK"), result.describe()
+        counts = [int(x.split()[1]) for x in result.lines(rank) if x.startswith("WAIT_CYCLES")]
+        assert counts and counts[0] <= 20, f"rank {rank}: {counts} cycles while waiting"
+
+
+@pytest.mark.parametrize("env", [{}, CHAIN], ids=["star", "chain"])
 def test_a_process_set_wakes_rank_0_that_submits_nothing(
     env: dict[str, str], tmp_path: Path
 ) -> None:

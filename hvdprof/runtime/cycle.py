@@ -260,11 +260,17 @@ class CycleLoop:
                     # takes part in the wake-up). Nothing ticks on the training's cores.
                     # Waiting on a peer's submission, the sleep ends at least every stall
                     # watch interval, so a stall is still seen and reported.
+                    # A rank whose own ops wait on a peer (cached bits, or new names the
+                    # coordinator holds) has nothing new to say either: it sleeps too,
+                    # which it once did for 0 s, so a job waiting on a name no peer had
+                    # submitted yet spun some 2,000 cycles a second on every rank.
                     self._sleep_said = False
-                    if self._wait_said:
-                        timeout = 0.0 if self._news_here() else _PARTIAL_WATCH_EVERY_S
+                    if self._news_here():
+                        timeout = 0.0
+                    elif self._wait_said or busy:
+                        timeout = _PARTIAL_WATCH_EVERY_S
                     else:
-                        timeout = 0.0 if busy else self.config.idle_sleep_max_s
+                        timeout = self.config.idle_sleep_max_s
                     self.control.sleep(self.wake, timeout)
                 elif busy:
                     idle_since = 0.0
@@ -474,7 +480,7 @@ class CycleLoop:
             # late rank's included, whose training is what everyone waits for
             return reduce(matrix, QUIET_WAIT if self.control.can_sleep else QUIET_BUSY)
         # nobody said anything: every rank sleeps until one has work, at once. Ticking
-        # on for a while (20 ms of 5 ms cycles, until this change) cost as much CPU per
+        # on for a while first (20 ms of 5 ms cycles, as it once did) cost as much CPU per
         # tick as the wake-up costs once (a timed wait and an exchange: about 0.3 ms on
         # each rank on a 2-core VM), twice a step between a model's reductions. Only
         # where rank 0 alone decides (the socket channel): under MPI every rank reduces

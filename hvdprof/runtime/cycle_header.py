@@ -24,7 +24,7 @@ HEADER = 10
 SHUTDOWN, JOINED, COMMAND, DIRECTIVE, BLOCKED, DETAILED = 4, 5, 6, 7, 8, 9
 
 #: the reply's first byte: what kind of cycle this is (see ``CycleLoop._quiet_kind``);
-#: QUIET_SLEEP is QUIET_IDLE after a while, and every rank then sleeps until one has work;
+#: QUIET_SLEEP is QUIET_IDLE where ranks can sleep: every rank sleeps until one has work;
 #: QUIET_WAIT is QUIET_BUSY where ranks can sleep: every rank sleeps until one has news
 #: (the submission the others wait for), or the stall watch's interval passes
 WORK, QUIET_IDLE, QUIET_BUSY, QUIET_SLEEP, QUIET_WAIT = 0, 1, 2, 3, 4

@@ -10,6 +10,9 @@ Usage: idle_sleep_worker.py MODE FLAG_DIR. Modes:
 * ``set``: ranks 1 and 2 reduce in a process set while rank 0 submits nothing: it waits
   for rank 1's flag file, written once the set's op completed. Only the wake-up carried
   from rank 1 to rank 0 can complete it (rank 0 is asleep, and its cycle must run).
+* ``wait``: every rank but the last submits at once, the last a second later: each rank
+  prints the cycles it took meanwhile (``WAIT_CYCLES <n>``); the waiting ranks, and the
+  late one, sleep on their links instead of cycling every cycle time.
 * ``kill``: after a second of idle, the last rank kills itself (SIGKILL); the others
   then submit and print the error they get (``ERROR <message>``).
 """
@@ -40,6 +43,16 @@ def idle(ck: _common.Checks, rank: int, size: int) -> None:
     time.sleep(0.3 * rank)  # the ranks wake one by one: the first waits for the rest
     out = hvd.allreduce(torch.full((3,), float(rank)), op=hvd.Sum, name="late")
     ck.eq(out.tolist(), [float(sum(range(size)))] * 3, "the late ranks' sum")
+
+
+def late_rank(ck: _common.Checks, rank: int, size: int) -> None:
+    hvd.allreduce(torch.ones(2), name="warm")
+    before = cycles()
+    if rank == size - 1:
+        time.sleep(1.0)  # its training, while the others wait on its op
+    out = hvd.allreduce(torch.full((3,), float(rank)), op=hvd.Sum, name="late")
+    print(f"WAIT_CYCLES {cycles() - before}", flush=True)
+    ck.eq(out.tolist(), [float(sum(range(size)))] * 3, "the sum the others waited for")
 
 
 def in_a_set(ck: _common.Checks, rank: int, flags: Path) -> None:
@@ -87,6 +100,8 @@ def main() -> None:
     with ck.section(mode):
         if mode == "idle":
             idle(ck, rank, size)
+        elif mode == "wait":
+            late_rank(ck, rank, size)
         else:
             in_a_set(ck, rank, flags)
     hvd.shutdown()
