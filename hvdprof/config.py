@@ -362,8 +362,10 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "idle_sleep_max_s",
         _float(0.001, maximum=_SECONDS_MAX),
         1.0,
-        "Once every rank has been idle for 20 ms (between steps, or a job that stopped "
-        "submitting), the ranks stop cycling and sleep on their control sockets: the first "
+        "Once a cycle finds every rank idle (between steps, or a job that stopped "
+        "submitting), the ranks stop cycling and sleep on their control sockets (and likewise "
+        "while they wait on a late rank's submission, waking at least every 0.25 s for the "
+        "stall inspector): the first "
         "rank with work wakes the others at once, and a rank that dies ends the sleep at "
         "once. This only bounds a sleep that nothing else ends (an idle job then costs one "
         "cycle per this many seconds). Socket channels only: under MPI an idle job cycles "
