@@ -196,7 +196,6 @@ class CycleLoop:
         self._last_matrix = np.zeros((size, 0), dtype=np.uint8)
         self._last_ran_nothing = False
         self._sleep_said = False  # this cycle's reply: every rank sleeps until one has work
-        self._wait_said = False  # ... because some rank waits on a peer's submission
         self._partial_since: dict[int, float] = {}
         self._was_detailed = False
         self._last_partial_watch = 0.0
@@ -256,18 +255,17 @@ class CycleLoop:
                 cycle_s = self.params.cycle_time_ms / 1000.0
                 if self._sleep_said:
                     # Every rank sleeps on its sockets and its own submissions; the first
-                    # rank with news wakes the others (a rank with work already only
+                    # rank with news wakes the others (a rank with news already only
                     # takes part in the wake-up). Nothing ticks on the training's cores.
-                    # Waiting on a peer's submission, the sleep ends at least every stall
-                    # watch interval, so a stall is still seen and reported.
-                    # A rank whose own ops wait on a peer (cached bits, or new names the
-                    # coordinator holds) has nothing new to say either: it sleeps too,
-                    # which it once did for 0 s, so a job waiting on a name no peer had
-                    # submitted yet spun some 2,000 cycles a second on every rank.
+                    # With ops pending anywhere (``busy``: QUIET_WAIT, or this rank's own
+                    # ops, cached or new names the coordinator holds, waiting on a peer)
+                    # the sleep ends at least every stall watch interval, so a stall is
+                    # still seen and reported. Such a rank once slept for 0 s, and a job
+                    # waiting on a name no peer had submitted yet spun on every rank.
                     self._sleep_said = False
                     if self._news_here():
                         timeout = 0.0
-                    elif self._wait_said or busy:
+                    elif busy:
                         timeout = _PARTIAL_WATCH_EVERY_S
                     else:
                         timeout = self.config.idle_sleep_max_s
@@ -401,7 +399,6 @@ class CycleLoop:
         payload = self._outbox_payload()
         said = self._exchange(payload, blocked, detailed)
         self._sleep_said = said.kind in (QUIET_SLEEP, QUIET_WAIT)
-        self._wait_said = said.kind == QUIET_WAIT
         if said.kind != WORK:
             self._spent("negotiate", cpu0)
             busy = said.kind in (QUIET_BUSY, QUIET_WAIT)
