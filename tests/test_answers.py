@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -201,11 +202,25 @@ def injected_ms(sc: Scenario, run: Outcome, s: Stragglers) -> float:
     return float(np.mean(run.slept_ms[first : sc.steps]))
 
 
-def assert_cost_within(cost: float, delta: float, s: Stragglers, d: float) -> None:
-    lo, hi = 0.75 * min(delta, d), 1.25 * max(delta, d)
+def own_excess_ms(sc: Scenario, run: Outcome) -> float:
+    """How much longer the slow ranks' own work took than the others', by their loops'
+    clocks: the delay as the job felt it. On a busy machine the others' own work grows
+    too (the cores the slow rank left idle while it slept went to the spin loops), so
+    this can be less than the delay slept (2.7 ms of a 3.3 ms sleep, one loaded run)."""
+    rest = [o for r, o in enumerate(run.own_ms) if r not in sc.slow]
+    return max(run.own_ms[r] for r in sc.slow) - float(np.median(rest))
+
+
+def assert_cost_within(
+    cost: float, delta: float, s: Stragglers, d: float, excess: float | None = None
+) -> None:
+    """Within a quarter of the truths: the step-time change and the delay slept, and
+    (when given) the slow ranks' own-work excess, which the verdict's cost is capped by."""
+    low = min(delta, d) if excess is None else min(delta, d, excess)
+    lo, hi = 0.75 * low, 1.25 * max(delta, d)
     assert lo <= cost <= hi, (
-        f"cost {cost:.1f} ms outside [{lo:.1f}, {hi:.1f}] (delta {delta:.1f}, d {d:.1f}): "
-        f"{s.verdict}; per step: {s.per_step}"
+        f"cost {cost:.1f} ms outside [{lo:.1f}, {hi:.1f}] (delta {delta:.1f}, d {d:.1f}, "
+        f"own-work excess {excess}): {s.verdict}; per step: {s.per_step}"
     )
 
 
@@ -232,7 +247,7 @@ def test_slow_ranks_named_with_their_phase_and_cost(scenario, name: str) -> None
     every = sc.fraction >= 1
     delta = mean_step(slow.step_ms, every=every) - mean_step(balanced.step_ms, every=every)
     d = injected_ms(sc, slow, s)
-    assert_cost_within(s.cost_ms, delta, s, d)
+    assert_cost_within(s.cost_ms, delta, s, d, own_excess_ms(sc, slow))
     if sc.fraction < 1:
         # held the job in about the share of the steps slowed, by about the delay each time
         top = next(r for r in s.ranks if r.rank == sc.slow[0])
@@ -241,6 +256,15 @@ def test_slow_ranks_named_with_their_phase_and_cost(scenario, name: str) -> None
         assert 0.5 * sc.delay_ms <= top.held_ms <= 1.5 * sc.delay_ms, s.verdict
     # diff names a slow rank's own compute as the cause, the others' waiting as effects
     diff = diff_runs(load_run(balanced.timeline, cache=False), load_run(slow.timeline, cache=False))
+    if diff.cause is None and delta < 0.5 * d:
+        # a busy machine ran the balanced twin as slowly (its median step went 3.8-7.8 ms
+        # over four loaded runs): B is not slower, and diff still points at the slow rank
+        slowest = "|".join(f"rank {r}: compute" for r in sc.slow)
+        assert diff.verdict is not None and re.search(
+            rf"B is not slower, so no cause is named \(own work grew most in ({slowest}):",
+            diff.verdict,
+        ), diff.verdict
+        return
     assert diff.cause is not None, diff.verdict
     assert diff.cause.key in {f"rank {r}: compute" for r in sc.slow}, diff.verdict
     assert all(r.key.removeprefix("rank ") not in map(str, sc.slow) for r in diff.effects), (
