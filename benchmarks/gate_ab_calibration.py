@@ -283,6 +283,7 @@ def gate_record(
         provenance=provenance,
         run_wall_s=_median_of(data, "median_wall_s"),
         startup_s=_median_of(data, "median_startup_s"),
+        set_aside=len(data.get("set_aside_blocks") or []),
     )  # fmt: skip
 
 

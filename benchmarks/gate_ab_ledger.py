@@ -148,6 +148,9 @@ class GateRecord:
     #: median over both sides: what a gate's time is made of (None in older records)
     run_wall_s: float | None = None
     startup_s: float | None = None
+    #: blocks set aside because the machine's other load changed between their two runs
+    #: (None in records older than load-matched blocks)
+    set_aside: int | None = None
     kind: str = "gate"
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 

@@ -6,7 +6,9 @@ an interval that covers it, one wild block cannot flip the answer); pooling runs
 ``hvdprof ab`` on real 2-rank jobs of the demo (a candidate with rank 1's backward slowed
 fails and names rank 1's compute; an identical candidate that starts 3 s later passes
 and the start is said, not counted) and its bad input (a command that fails, one that
-records nothing, a candidate that crashes in block 3: one line, exit 5, runs kept).
+records nothing, a candidate that crashes in block 3: one line, exit 5, runs kept); a
+block whose two runs saw the machine's other load change (a neighbour's spin loop in one
+of them) is set aside and replaced.
 """
 
 from __future__ import annotations
@@ -250,6 +252,82 @@ def test_a_candidate_that_crashes_in_block_3(tmp_path: Path) -> None:
             assert (tmp_path / "runs" / f"block-{block:02d}-{side}" / "summary.json").is_file()
 
 
+SPIN = f"{PY} -c 'while True: pass'"
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/proc/stat"), reason="the machine's load is read from /proc/stat (Linux)"
+)
+def test_other_load_counts_a_neighbour_not_the_run() -> None:
+    from hvdprof.analysis.machine_load import other_load_cores, snapshot
+
+    def load_over(seconds: float, during: str) -> float:
+        """Other load over ``seconds``: nothing started, a child spinning that is reaped
+        before the second snapshot (the run's own), or one still spinning (a neighbour)."""
+        before = snapshot()
+        if during == "own":
+            subprocess.run(
+                [
+                    PY,
+                    "-c",
+                    f"import time\nt = time.time()\nwhile time.time() - t < {seconds}: pass",
+                ],
+                check=True,
+            )
+        spin = [PY, "-c", "while True: pass"]
+        neighbour = subprocess.Popen(spin) if during == "neighbour" else None
+        if during != "own":
+            time.sleep(seconds)
+        after = snapshot()
+        if neighbour is not None:
+            neighbour.kill()
+            neighbour.wait()
+        load = other_load_cores(before, after)
+        assert load is not None
+        return load
+
+    idle = load_over(1.0, "nothing")
+    assert load_over(1.0, "own") - idle < 0.3  # the run's own CPU is not counted
+    assert load_over(1.0, "neighbour") - idle > 0.6  # a neighbour's is: about a core
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/proc/stat"), reason="the machine's load is read from /proc/stat (Linux)"
+)
+def test_a_block_whose_load_changed_is_set_aside(tmp_path: Path) -> None:
+    """In its second run the candidate starts a neighbour: a spin loop it kills but does
+    not reap (as another job's process, it is not the run's own). That block is set
+    aside, kept and said, and another runs in its place."""
+    counter = tmp_path / "count"
+    candidate = (
+        f"n=$(( $(cat {counter} 2>/dev/null || echo 0) + 1 )); echo $n > {counter}; "
+        f'S=; if [ "$n" -eq 2 ]; then {SPIN} & S=$!; fi; '
+        f'{demo(steps=20)}; rc=$?; if [ -n "$S" ]; then kill $S; fi; exit $rc'
+    )
+    done, data = ab(
+        tmp_path,
+        "--baseline", demo(steps=20),
+        "--candidate", candidate,
+        "--min-blocks", "3", "--max-blocks", "3", "--warmup", "0", "--fail-on", "50%",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = done.stdout.strip()
+    assert len(line.splitlines()) == 1 and line.startswith("pass: "), line
+    # block 2 at least (a VM's steal time can move another block's load too)
+    aside = data["set_aside_blocks"]
+    assert 2 in aside and data["load_tolerance_cores"] == 0.25, line
+    blocks = f"{len(aside)} block{'s' if len(aside) > 1 else ''} set aside"
+    assert f"{blocks} ({', '.join(map(str, aside))}): the machine's other load changed" in line
+    assert "block 2 set aside: the machine's other load (cores)" in done.stderr
+    assert len(data["log_ratios"]) == 3 and data["judgement"]["blocks"] == 3
+    runs = {(r["block"], r["side"]): r for r in data["runs"]}
+    physical = range(1, 4 + len(aside))
+    assert sorted(runs) == [(b, s) for b in physical for s in ("baseline", "candidate")]
+    assert all(r["set_aside"] == (r["block"] in aside) for r in runs.values())
+    assert runs[2, "candidate"]["other_load_cores"] > runs[2, "baseline"]["other_load_cores"] + 0.25
+    assert (tmp_path / "runs" / "block-02-candidate" / "summary.json").is_file()  # kept
+
+
 @pytest.mark.parametrize(
     ("baseline", "expected"),
     [
@@ -283,6 +361,7 @@ def test_a_baseline_that_cannot_be_measured_is_one_line_and_exit_5(
         (["--command", "true", "--budget", "-3"], "expected seconds"),
         (["--command", "true", "--min-blocks", "9", "--max-blocks", "4"], "more than --max-blocks"),
         (["--command", "true", "--baseline-dir", "/nonexistent"], "not a directory"),
+        (["--command", "true", "--load-tolerance", "-1"], "expected cores (e.g. 0.25) or 'off'"),
     ],
 )
 def test_usage_errors_are_one_line_and_exit_2(

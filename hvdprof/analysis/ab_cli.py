@@ -45,6 +45,18 @@ def _env_pair(text: str) -> tuple[str, str]:
     return name, value
 
 
+def _load_tolerance(text: str) -> float | None:
+    if text.strip().lower() == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected cores (e.g. 0.25) or 'off', got {text!r}")
+    return value
+
+
 def _at_least(low: int) -> Any:
     def parse(text: str) -> int:
         try:
@@ -115,6 +127,14 @@ def add_ab_parser(commands: Any) -> None:
         "--warmup", type=_at_least(0), default=1, metavar="N", help="unjudged blocks first (1)"
     )
     p.add_argument("--seed", type=int, default=50, help="the blocks' order (default 50)")
+    p.add_argument(
+        "--load-tolerance",
+        type=_load_tolerance,
+        default=0.25,
+        metavar="CORES",
+        help="set a block aside (and run another) when the machine's other load differed "
+        "by more than CORES between its two runs; 'off' never does (default 0.25)",
+    )
     p.add_argument(
         "--out", default="hvdprof-ab", metavar="DIR", help="where every run is kept (hvdprof-ab)"
     )
@@ -198,7 +218,7 @@ def _plan(args: argparse.Namespace) -> Any:
         _usage(f"ab: --min-blocks {args.min_blocks} is more than --max-blocks {args.max_blocks}")
     gate = SequentialGate(rule.margin, args.confidence, args.min_blocks, args.max_blocks)
     timeout = args.run_timeout if args.run_timeout is not None else args.budget
-    return GatePlan(gate, args.budget, timeout, args.warmup, args.seed)
+    return GatePlan(gate, args.budget, timeout, args.warmup, args.seed, args.load_tolerance)
 
 
 def _prepare_out(path: str) -> str:
@@ -267,7 +287,12 @@ def _with_progress(err: Any, plan: Any, sides: Any, out_dir: str, run_gate: Any)
         task = bar.add_task("warm-up", total=total)
 
         def show(outcome: GateOutcome, record: RunRecord | None) -> None:
-            bar.console.print(_run_line(record) if record else _look_line(outcome))
+            if record is not None:
+                bar.console.print(_run_line(record))
+            elif outcome.last_event == "set_aside":
+                bar.console.print(_set_aside_line(outcome))
+            else:
+                bar.console.print(_look_line(outcome))
             done = sum(1 for r in outcome.runs if r.problem is None) // 2
             bar.update(task, completed=done, description=_estimate(outcome))
 
@@ -279,6 +304,17 @@ def _run_line(r: RunRecord) -> str:
     if r.problem is not None:
         return f"  {block}: {r.side} {r.problem}"
     return f"  {block}: {r.side} {r.step_ms:.3f} ms/step ({r.steps} steps, {r.wall_s:.1f} s)"
+
+
+def _set_aside_line(outcome: GateOutcome) -> str:
+    runs = [r for r in outcome.runs if r.block == outcome.set_aside[-1]]
+    loads = ", ".join(
+        f"{r.side} {r.other_load_cores:.2f}" for r in runs if r.other_load_cores is not None
+    )
+    return (
+        f"  block {outcome.set_aside[-1]} set aside: the machine's other load (cores) "
+        f"{loads}; another block runs in its place"
+    )
 
 
 def _look_line(outcome: GateOutcome) -> str:

@@ -8,6 +8,11 @@ steps, warm-up left out), taken from its summary, so start-up (imports, rendezvo
 slower-starting side) is not counted. Every run is kept: its timeline, its summary and
 its output, under ``OUT/block-NN-SIDE/``.
 
+Each run also notes the machine's other load while it ran (:mod:`machine_load`): a block
+whose two runs saw other loads more than ``GatePlan.load_tolerance_cores`` apart (a
+neighbour's job started or stopped between them) is set aside, kept and listed, and
+another block is run in its place; the looks count judged blocks only.
+
 The statistics are in :mod:`hvdprof.analysis.ab`; the cause is named by
 :func:`hvdprof.analysis.diff.diff_summaries` on the pooled runs of each side
 (:mod:`hvdprof.analysis.pooling`).
@@ -28,6 +33,7 @@ from typing import Any
 
 from hvdprof.analysis.ab import PairedJudgement, SequentialGate, block_orders
 from hvdprof.analysis.diff import DiffRow, RunDiff, diff_summaries
+from hvdprof.analysis.machine_load import other_load_cores, snapshot
 from hvdprof.analysis.pooling import pool_summaries
 from hvdprof.analysis.result import Result
 from hvdprof.analysis.summary import RunSummary
@@ -61,6 +67,8 @@ class RunRecord:
     steps: int = 0
     problem: str | None = None  # why it cannot be judged (it crashed, wrote no steps ...)
     summary: RunSummary | None = None
+    other_load_cores: float | None = None  # the machine's load not its own (None: unknown)
+    set_aside: bool = False  # its block's two runs saw other loads too far apart
 
 
 class RunEntry(Result):
@@ -76,12 +84,16 @@ class RunEntry(Result):
     step_ms: float | None
     steps: int
     problem: str | None
+    #: cores' worth of CPU the machine spent on other work while it ran (None: unknown)
+    other_load_cores: float | None
+    set_aside: bool  # its block was not judged: its two runs' other loads were too far apart
 
     @classmethod
     def of(cls, r: RunRecord) -> RunEntry:
         startup = None if r.startup_s is None else round(r.startup_s, 3)
+        load = None if r.other_load_cores is None else round(r.other_load_cores, 3)
         return cls(r.side, r.block, r.directory, r.exit_code, round(r.wall_s, 3), startup,
-                   r.step_ms, r.steps, r.problem)  # fmt: skip
+                   r.step_ms, r.steps, r.problem, load, r.set_aside)  # fmt: skip
 
 
 @dataclass
@@ -93,6 +105,8 @@ class GatePlan:
     run_timeout_s: float = 270.0
     warmup_blocks: int = 1
     seed: int = 50
+    #: a block whose two runs' other loads differ by more is set aside (None: never)
+    load_tolerance_cores: float | None = 0.25
 
 
 @dataclass
@@ -109,6 +123,8 @@ class GateOutcome:
     failed_run: RunRecord | None = None
     diff: RunDiff | None = None
     wall_s: float = 0.0
+    set_aside: list[int] = field(default_factory=list)  # blocks not judged (load changed)
+    last_event: str = ""  # what ``progress`` was last told of: "run" | "look" | "set_aside"
 
     def median_wall_s(self, side: str) -> float | None:
         walls = [r.wall_s for r in self.runs if r.side == side and r.problem is None]
@@ -180,6 +196,7 @@ def record_run(side: Side, block: int, out_dir: str, timeout_s: float) -> RunRec
     os.makedirs(timeline, exist_ok=True)
     env = {**os.environ, **side.env, name_of("timeline_dir"): os.path.abspath(timeline)}
     record = RunRecord(side.name, block, directory, None, 0.0, time.time())
+    before = snapshot()
     started = time.monotonic()
     with open(os.path.join(directory, "output.log"), "wb") as log:
         proc = subprocess.Popen(
@@ -201,6 +218,7 @@ def record_run(side: Side, block: int, out_dir: str, timeout_s: float) -> RunRec
             _kill_group(proc)
             raise
     record.wall_s = time.monotonic() - started
+    record.other_load_cores = other_load_cores(before, snapshot())
     if record.problem is None and record.exit_code != 0:
         record.problem = f"failed ({_how_it_ended(record.exit_code or 0)})"
     if record.problem is None:
@@ -234,14 +252,25 @@ def run_gate(
     progress: Progress | None = None,
 ) -> GateOutcome:
     """Warm-up, then blocks until the answer is clear, the blocks run out or the budget
-    would be passed; a run that fails stops the gate (what ran is kept and judged)."""
+    would be passed; a run that fails stops the gate (what ran is kept and judged). A
+    block whose two runs saw different other loads is set aside and replaced (up to
+    ``max_blocks`` of them: a machine whose load never holds still ends the gate)."""
     started = time.monotonic()
     outcome = GateOutcome(plan, out_dir)
     gate = plan.gate
-    orders = block_orders(plan.warmup_blocks + gate.max_blocks, plan.seed)
+    orders = block_orders(plan.warmup_blocks + 2 * gate.max_blocks, plan.seed)
     block_s: list[float] = []
+
+    def tell(record: RunRecord | None, event: str) -> None:
+        outcome.last_event = event
+        if progress is not None:
+            progress(outcome, record)
+
     for index, order in enumerate(orders):
         block = index - plan.warmup_blocks + 1  # <= 0: warm-up
+        if len(outcome.log_ratios) >= gate.max_blocks:
+            outcome.stopped = "max_blocks"
+            break
         elapsed = time.monotonic() - started
         if block > 1 and block_s and elapsed + max(block_s) > plan.budget_s:
             outcome.stopped = "budget"
@@ -251,8 +280,7 @@ def run_gate(
         for name in order:
             record = record_run(sides[name], max(block, 0), out_dir, plan.run_timeout_s)
             outcome.runs.append(record)
-            if progress is not None:
-                progress(outcome, record)
+            tell(record, "run")
             if record.problem is not None:
                 outcome.failed_run = record
                 break
@@ -263,14 +291,19 @@ def run_gate(
         block_s.append(time.monotonic() - t0)
         if block <= 0:
             continue
+        if loads_apart(pair, plan.load_tolerance_cores):
+            for record in pair.values():
+                record.set_aside = True
+            outcome.set_aside.append(block)
+            tell(None, "set_aside")
+            continue
         b, c = pair["baseline"].step_ms, pair["candidate"].step_ms
         assert b is not None and c is not None  # measured, or a problem stopped the gate
         outcome.log_ratios.append(math.log(c / b))
-        if gate.is_look(block):
+        if gate.is_look(len(outcome.log_ratios)):
             look = gate.judge(outcome.log_ratios)
             outcome.looks.append(look)
-            if progress is not None:
-                progress(outcome, None)  # a look
+            tell(None, "look")
             if look.clear:
                 outcome.stopped = "clear"
                 break
@@ -281,6 +314,17 @@ def run_gate(
     return outcome
 
 
+def loads_apart(pair: dict[str, RunRecord], tolerance: float | None) -> bool:
+    """The block's two runs saw the machine's other load differ by more than
+    ``tolerance`` cores (unknown loads are never apart)."""
+    loads = [r.other_load_cores for r in pair.values()]
+    if tolerance is None or any(x is None for x in loads):
+        return False
+    a, b = loads
+    assert a is not None and b is not None
+    return abs(a - b) > tolerance
+
+
 def _conclude(outcome: GateOutcome) -> None:
     """The last judgement (the last look, or one more on the blocks run since) and the
     cause, from the pooled runs of each side."""
@@ -289,7 +333,7 @@ def _conclude(outcome: GateOutcome) -> None:
     if n and (last is None or last.blocks != n):
         last = outcome.plan.gate.judge(outcome.log_ratios)
     outcome.judgement = last
-    judged = [r for r in outcome.runs if r.block > 0 and r.summary is not None]
+    judged = [r for r in outcome.runs if r.block > 0 and r.summary is not None and not r.set_aside]
     pools = {
         side: [r.summary for r in judged if r.side == side and r.summary is not None]
         for side in SIDES
@@ -326,6 +370,19 @@ def _start_note(outcome: GateOutcome) -> str:
     )
 
 
+def _set_aside_note(outcome: GateOutcome) -> str:
+    """Blocks set aside are said: the gate ran more blocks than it judged, and why."""
+    n = len(outcome.set_aside)
+    if not n:
+        return ""
+    tol = outcome.plan.load_tolerance_cores
+    blocks = ", ".join(str(b) for b in outcome.set_aside)
+    return (
+        f" {n} block{'s' if n > 1 else ''} set aside ({blocks}): the machine's other load "
+        f"changed by more than {tol:g} cores between {'their' if n > 1 else 'its'} two runs."
+    )
+
+
 def verdict_line(outcome: GateOutcome) -> str:
     """The one line a CI log shows."""
     j, margin = outcome.judgement, outcome.plan.gate.margin
@@ -339,7 +396,8 @@ def verdict_line(outcome: GateOutcome) -> str:
             f"before it, every run kept in {outcome.out_dir})."
         )
     if j is None:
-        return "ERROR: no block was judged (the budget ended first); no verdict."
+        why = "the budget ended first" if not outcome.set_aside else "every block was set aside"
+        return f"ERROR: no block was judged ({why}); no verdict." + _set_aside_note(outcome)
     level = 1.0 - 2.0 * j.alpha
     interval = (
         f"{level:.0%} interval {_pct(j.low)} to {_pct(j.high)}"
@@ -356,6 +414,7 @@ def verdict_line(outcome: GateOutcome) -> str:
             f"FAIL: {body}: slower by more than {margin:.0%} with {conf} confidence."
             + _cause_text(outcome)
             + _start_note(outcome)
+            + _set_aside_note(outcome)
         )
     if j.passed:
         line = f"pass: {body}: not slower by more than {margin:.0%}, with {conf} confidence."
@@ -367,7 +426,7 @@ def verdict_line(outcome: GateOutcome) -> str:
             f"pass: {body}: no evidence at {conf} confidence of slower by more than "
             f"{margin:.0%} ({why} before the answer was clear)."
         )
-    return line + _start_note(outcome)
+    return line + _start_note(outcome) + _set_aside_note(outcome)
 
 
 class AbResult(Result):
@@ -385,6 +444,9 @@ class AbResult(Result):
     looks_planned: list[int]
     budget_s: float
     seed: int
+    #: a block whose two runs' other loads differed by more was set aside (None: never)
+    load_tolerance_cores: float | None
+    set_aside_blocks: list[int]
     wall_s: float
     out_dir: str
     judgement: PairedJudgement | None
@@ -417,6 +479,8 @@ def outcome_result(outcome: GateOutcome, exit_code: int) -> AbResult:
         looks_planned=g.looks,
         budget_s=outcome.plan.budget_s,
         seed=outcome.plan.seed,
+        load_tolerance_cores=outcome.plan.load_tolerance_cores,
+        set_aside_blocks=list(outcome.set_aside),
         wall_s=round(outcome.wall_s, 3),
         out_dir=outcome.out_dir,
         judgement=j,
