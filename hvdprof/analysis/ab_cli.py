@@ -289,7 +289,7 @@ def _with_progress(err: Any, plan: Any, sides: Any, out_dir: str, run_gate: Any)
         def show(outcome: GateOutcome, record: RunRecord | None) -> None:
             if record is not None:
                 bar.console.print(_run_line(record))
-            elif outcome.last_event == "set_aside":
+            elif outcome.runs[-1].set_aside:  # the block just run was set aside
                 bar.console.print(_set_aside_line(outcome))
             else:
                 bar.console.print(_look_line(outcome))

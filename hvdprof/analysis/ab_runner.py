@@ -124,7 +124,6 @@ class GateOutcome:
     diff: RunDiff | None = None
     wall_s: float = 0.0
     set_aside: list[int] = field(default_factory=list)  # blocks not judged (load changed)
-    last_event: str = ""  # what ``progress`` was last told of: "run" | "look" | "set_aside"
 
     def median_wall_s(self, side: str) -> float | None:
         walls = [r.wall_s for r in self.runs if r.side == side and r.problem is None]
@@ -261,8 +260,8 @@ def run_gate(
     orders = block_orders(plan.warmup_blocks + 2 * gate.max_blocks, plan.seed)
     block_s: list[float] = []
 
-    def tell(record: RunRecord | None, event: str) -> None:
-        outcome.last_event = event
+    def tell(record: RunRecord | None) -> None:
+        # None: a look, or a block set aside (its runs, the last ones, are flagged)
         if progress is not None:
             progress(outcome, record)
 
@@ -280,7 +279,7 @@ def run_gate(
         for name in order:
             record = record_run(sides[name], max(block, 0), out_dir, plan.run_timeout_s)
             outcome.runs.append(record)
-            tell(record, "run")
+            tell(record)
             if record.problem is not None:
                 outcome.failed_run = record
                 break
@@ -295,7 +294,7 @@ def run_gate(
             for record in pair.values():
                 record.set_aside = True
             outcome.set_aside.append(block)
-            tell(None, "set_aside")
+            tell(None)
             continue
         b, c = pair["baseline"].step_ms, pair["candidate"].step_ms
         assert b is not None and c is not None  # measured, or a problem stopped the gate
@@ -303,7 +302,7 @@ def run_gate(
         if gate.is_look(len(outcome.log_ratios)):
             look = gate.judge(outcome.log_ratios)
             outcome.looks.append(look)
-            tell(None, "look")
+            tell(None)
             if look.clear:
                 outcome.stopped = "clear"
                 break

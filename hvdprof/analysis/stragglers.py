@@ -1045,14 +1045,11 @@ def _noise_floor(
             t = s.t[s.bounds[k] : s.bounds[k + 1]]
             pack = np.median(t[:, rest], axis=1)[:, None]
             spread[i] = max(_blocked_us(t[:, r], pack) for r in rest) / 1000.0
-    if persistent:
-        # a persistent fault spared no step: the ones a busy machine masked (under the
-        # cut) are its own low tail, which a fix saves too, and their mean is the fault's,
-        # not noise (a 3.3 ms fault in every step, held in 32% of 499 loaded steps, its
-        # own work 2.6 ms over the other's: 1.1 ms per step counted as intermittent)
-        saved = np.clip(cost - spread, 0.0, None)
-        return float(cost.mean() - saved.mean())
-    held = cost >= held_ms
+    # a persistent fault spared no step: the ones a busy machine masked (under the cut)
+    # are its own low tail, which a fix saves too, and their mean is the fault's, not
+    # noise (a 3.3 ms fault in every step, held in 32% of 499 loaded steps, its own work
+    # 2.6 ms over the other's: 1.1 ms per step counted as intermittent)
+    held = np.ones(n, dtype=bool) if persistent else cost >= held_ms
     own = float(cost[~held].mean()) if (~held).sum() >= MIN_STEPS else 0.0
     saved = np.where(held, np.clip(cost - spread - own, 0.0, None), 0.0)
     return float(cost.mean() - saved.mean())
