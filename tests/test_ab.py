@@ -294,15 +294,55 @@ def test_other_load_counts_a_neighbour_not_the_run() -> None:
 @pytest.mark.skipif(
     not os.path.exists("/proc/stat"), reason="the machine's load is read from /proc/stat (Linux)"
 )
+def test_load_over_a_window_leaves_out_the_runs_tree_and_other_times() -> None:
+    """A run (its own session) spins in a child for its first second and sleeps for the
+    next; a neighbour spins only in the second. Over the first second the other load is
+    about nothing (the run's child is its own, reaped or not), over the second about a
+    core; a window the samples do not enclose has no figure."""
+    from hvdprof.analysis.machine_load import LoadSampler
+
+    run = subprocess.Popen(
+        f"{PY} -c 'import time\nt = time.time()\nwhile time.time() - t < 1.0: pass' & "
+        "sleep 2.2; wait",
+        shell=True,
+        start_new_session=True,
+    )
+    sampler = LoadSampler(interval_s=0.1)
+    t0 = time.time()
+    sampler.start(run.pid)
+    time.sleep(1.1)
+    neighbour = subprocess.Popen([PY, "-c", "while True: pass"], start_new_session=True)
+    time.sleep(1.0)
+    neighbour.kill()
+    neighbour.wait()
+    run.wait()
+    sampler.stop()
+    first = sampler.other_load_cores(t0 + 0.15, t0 + 0.85, min_span_s=0.0)
+    second = sampler.other_load_cores(t0 + 1.3, t0 + 1.9, min_span_s=0.0)
+    assert first is not None and second is not None
+    # a core spun in each: the neighbour's counts, the run's own (counted, the two would
+    # read alike) does not
+    assert second - first > 0.6, (first, second)
+    assert sampler.other_load_cores(t0 - 5.0, t0 + 0.5) is None  # before the first sample
+    assert sampler.other_load_cores(t0 + 1.0, time.time() + 5.0) is None  # after the last
+    # a short window is widened to min_span_s within the samples: here, all of them
+    whole = sampler.other_load_cores(t0 + 1.3, t0 + 1.4, min_span_s=60.0)
+    spanned = sampler.other_load_cores(sampler.samples[0].unix_s, sampler.samples[-1].unix_s)
+    assert whole is not None and whole == spanned
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/proc/stat"), reason="the machine's load is read from /proc/stat (Linux)"
+)
 def test_a_block_whose_load_changed_is_set_aside(tmp_path: Path) -> None:
-    """In its second run the candidate starts a neighbour: a spin loop it kills but does
-    not reap (as another job's process, it is not the run's own). That block is set
-    aside, kept and said, and another runs in its place."""
-    counter = tmp_path / "count"
+    """In its second run the candidate starts a neighbour: a spin loop orphaned at once
+    (as another job's process: not of the run's tree), running while the steps do. That
+    block is set aside, kept and said, and another runs in its place."""
+    counter, spinner = tmp_path / "count", tmp_path / "spinner.pid"
     candidate = (
         f"n=$(( $(cat {counter} 2>/dev/null || echo 0) + 1 )); echo $n > {counter}; "
-        f'S=; if [ "$n" -eq 2 ]; then {SPIN} & S=$!; fi; '
-        f'{demo(steps=20)}; rc=$?; if [ -n "$S" ]; then kill $S; fi; exit $rc'
+        f'if [ "$n" -eq 2 ]; then ( {SPIN} & echo $! > {spinner} ); fi; '
+        f'{demo(steps=20)}; rc=$?; if [ "$n" -eq 2 ]; then kill $(cat {spinner}); fi; exit $rc'
     )
     done, data = ab(
         tmp_path,
@@ -318,13 +358,17 @@ def test_a_block_whose_load_changed_is_set_aside(tmp_path: Path) -> None:
     assert 2 in aside and data["load_tolerance_cores"] == 0.25, line
     blocks = f"{len(aside)} block{'s' if len(aside) > 1 else ''} set aside"
     assert f"{blocks} ({', '.join(map(str, aside))}): the machine's other load changed" in line
-    assert "block 2 set aside: the machine's other load (cores)" in done.stderr
+    assert "block 2 set aside: the machine's other load (cores, while the steps ran)" in (
+        done.stderr
+    )
     assert len(data["log_ratios"]) == 3 and data["judgement"]["blocks"] == 3
     runs = {(r["block"], r["side"]): r for r in data["runs"]}
     physical = range(1, 4 + len(aside))
     assert sorted(runs) == [(b, s) for b in physical for s in ("baseline", "candidate")]
     assert all(r["set_aside"] == (r["block"] in aside) for r in runs.values())
     assert runs[2, "candidate"]["other_load_cores"] > runs[2, "baseline"]["other_load_cores"] + 0.25
+    # measured over the steps (placed on the wall clock by the manifests), not the run
+    assert all(0 < r["load_window_s"] < r["wall_s"] for r in runs.values()), runs
     assert (tmp_path / "runs" / "block-02-candidate" / "summary.json").is_file()  # kept
 
 

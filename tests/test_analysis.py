@@ -171,6 +171,14 @@ def test_an_onset_needs_quiet_steps_before_it() -> None:
     hit = np.isin(np.arange(1, 200), truth["slow_steps"])
     ordinary = np.where(np.arange(1, 200) < 134, 1.0, 4.0) + np.abs(rng.normal(0.0, 0.5, 199))
     assert _onset(np.where(hit, 40.0 + rng.normal(0.0, 1.0, 199), ordinary)) == 0
+    # the third (a local loaded run, the same seed): before step 113 the other rank was
+    # the slower in ordinary steps (the culprit's ordinary hold ~0, its fault 36 ms in
+    # 20% of the steps); after, the other sped up (ordinary ~16 ms, the fault 48 ms). The
+    # fault ran from the start: nine in ten steps before are not quiet
+    step = np.arange(1, 200)
+    ordinary = np.where(step < 113, 0.0, 16.0) + np.abs(rng.normal(0.0, 0.5, 199))
+    faulted = np.where(step < 113, 36.0, 48.0) + rng.normal(0.0, 1.0, 199)
+    assert _onset(np.where(hit, faulted, ordinary)) == 0
 
 
 def test_no_straggler_when_ranks_are_even(tmp_path: Path) -> None:

@@ -4,11 +4,15 @@ Each scenario trains a small MLP (``workers/answers_worker.py``) at 2 to 8 ranks
 timeline on; one rank (or several: a slow host) spends a known delay more per step in data
 loading, in forward or in backward (a hook on a gradient), in every step or in a seeded
 share of them, from the start or from a known step on. Rank 0 writes its measured step
-times and the steps it slowed, every rank its own data + forward + backward + optimizer step times. The
-ground truth of a fault's cost is ``d``, the injected delay per step as slept (averaged over the
-steps judged, for an intermittent fault), and ``delta``, the step-time change it caused
-(against the balanced twin at the same size, model and backend, or before the onset in the
-same run); the verdict's cost must lie within ``[0.75 min(delta, d), 1.25 max(delta, d)]``.
+times and the steps it slowed, every rank its own data + forward + backward + optimizer
+step times. The ground truth of a fault's cost is ``d``, the injected delay per step as
+slept (averaged over the steps judged, for an intermittent fault), ``delta``, the
+step-time change it caused (against the balanced twin at the same size, model and
+backend, or before the onset in the same run), and, for a fault from the start, the slow
+ranks' own-work excess by the worker's clocks (:func:`own_excess_ms`); the verdict's cost
+must lie within a quarter of the lowest and the highest of them. A small fault that a
+busy machine hid (its excess below half as much again as the verdict's materiality
+rule) may be answered "No straggler", pointing at the slow rank.
 
 Every scenario runs twice: on a quiet machine and beside busy processes (one Python spin
 loop per core at normal priority, as a test suite or another job on a shared box), and the
@@ -35,7 +39,7 @@ from conftest import JobResult, run_job
 from launch_support import run_mpi
 
 from hvdprof.analysis import diff_runs, find_stragglers, load_run
-from hvdprof.analysis.stragglers import MIN_COST_MS, Stragglers
+from hvdprof.analysis.stragglers import MIN_COST_MS, MIN_STEP_SHARE, Stragglers
 from hvdprof.common import activities as act
 
 pytestmark = pytest.mark.timeout(900)
@@ -109,6 +113,7 @@ class Outcome:
     step_ms: list[float]  # rank 0's measured step times (ground truth)
     slow_steps: list[int]  # the steps the fault slowed
     own_ms: list[float]  # per rank, mean of its data + forward + backward + optimizer step
+    own_steps_ms: np.ndarray  # the same per rank and step (ranks x steps, the warm-up left out)
     slept_ms: list[float]  # per step, the most any slow rank slept (the delay injected)
 
 
@@ -167,9 +172,17 @@ def scenario(tmp_path_factory: pytest.TempPathFactory, load: str):
         own, slept = [], np.zeros(sc.steps)
         for r in range(sc.ranks):
             mine = json.loads(Path(f"{out}.rank{r}").read_text())
-            own.append(float(np.mean([sum(x[:4]) for x in mine["phases_ms"][1:]])))
+            own.append([sum(x[:4]) for x in mine["phases_ms"][1:]])
             slept = np.maximum(slept, mine["slept_ms"])
-        done[name] = Outcome(tl, truth["step_ms"], truth["slow_steps"], own, slept.tolist())
+        steps = np.array(own, dtype=float)
+        done[name] = Outcome(
+            tl,
+            truth["step_ms"],
+            truth["slow_steps"],
+            steps.mean(axis=1).tolist(),
+            steps,
+            slept.tolist(),
+        )
         return done[name]
 
     return get
@@ -202,22 +215,35 @@ def injected_ms(sc: Scenario, run: Outcome, s: Stragglers) -> float:
     return float(np.mean(run.slept_ms[first : sc.steps]))
 
 
-def own_excess_ms(sc: Scenario, run: Outcome) -> float:
-    """How much longer the slow ranks' own work took than the others', by their loops'
-    clocks: the delay as the job felt it. On a busy machine the others' own work grows
-    too (the cores the slow rank left idle while it slept went to the spin loops), so
-    this can be less than the delay slept (2.7 ms of a 3.3 ms sleep, one loaded run)."""
-    rest = [o for r, o in enumerate(run.own_ms) if r not in sc.slow]
-    return max(run.own_ms[r] for r in sc.slow) - float(np.median(rest))
+def own_excess_ms(sc: Scenario, run: Outcome, *, per_step: bool = True) -> float:
+    """How much later the slow ranks' own work ended than the others', by their loops'
+    clocks: the delay as the job felt it, and what a fix could save.
+
+    ``per_step``: in each step, the slowest slow rank's own work against the slowest of
+    the others' (a fix leaves the job waiting for that one: beside spin loops rank 0's
+    coordinator thread makes it the slowest of the rest, by 9 ms a step at 4 ranks on one
+    loaded CI run), none where it was not slower; else the mean against the others'
+    median, as the verdict's "own work ... more than the others' on average" counts. On
+    a busy machine the others' own work grows too (the cores the slow rank left idle
+    while it slept went to the spin loops), so either can be less than the delay slept
+    (2.7 ms of a 3.3 ms sleep, one loaded run)."""
+    slow = [r for r in range(sc.ranks) if r in sc.slow]
+    rest = [r for r in range(sc.ranks) if r not in sc.slow]
+    own = run.own_steps_ms
+    if not per_step:
+        return max(run.own_ms[r] for r in slow) - float(np.median([run.own_ms[r] for r in rest]))
+    return float(np.clip(own[slow].max(axis=0) - own[rest].max(axis=0), 0.0, None).mean())
 
 
 def assert_cost_within(
     cost: float, delta: float, s: Stragglers, d: float, excess: float | None = None
 ) -> None:
     """Within a quarter of the truths: the step-time change and the delay slept, and
-    (when given) the slow ranks' own-work excess, which the verdict's cost is capped by."""
-    low = min(delta, d) if excess is None else min(delta, d, excess)
-    lo, hi = 0.75 * low, 1.25 * max(delta, d)
+    (when given) the slow ranks' own-work excess, which the verdict's cost is capped by
+    (on a busy machine a rank that slept also waits for a core when it wakes: 5.3 ms of
+    own-work excess for a 3.5 ms sleep, one loaded run)."""
+    truths = [delta, d] if excess is None else [delta, d, excess]
+    lo, hi = 0.75 * min(truths), 1.25 * max(truths)
     assert lo <= cost <= hi, (
         f"cost {cost:.1f} ms outside [{lo:.1f}, {hi:.1f}] (delta {delta:.1f}, d {d:.1f}, "
         f"own-work excess {excess}): {s.verdict}; per step: {s.per_step}"
@@ -235,6 +261,20 @@ def test_slow_ranks_named_with_their_phase_and_cost(scenario, name: str) -> None
     balanced = scenario(baseline_of(sc))
     s = find_stragglers(load_run(slow.timeline, cache=False))
     assert s.source == "source", s.verdict  # each rank's own submission stamps
+    felt = own_excess_ms(sc, slow, per_step=False)
+    material = max(MIN_COST_MS, MIN_STEP_SHARE * mean_step(slow.step_ms))
+    if not s.culprits and felt < 1.5 * material:
+        # A busy machine can hide a small fault: the cores a sleeping rank leaves go to
+        # the others, whose own work then ends later too (a 3 ms sleep in a 4 ms step,
+        # 1.2 ms by the timeline beside a 13.9 ms loaded step, one CI run). Below half as
+        # much again as the verdict's own materiality rule, by the worker's own clocks,
+        # "no straggler" is a true answer, if it still points at the slow rank.
+        assert s.verdict.startswith("No straggler"), s.verdict
+        # and its "the most, rank N" is a slow rank (an intermittent fault's rank is not
+        # the one most often last: 40 ms in a quarter of 29.5 ms loaded steps, one run)
+        most = max(s.ranks, key=lambda r: r.own_excess_ms)
+        assert most.rank in sc.slow and f"(the most, rank {most.rank}," in s.verdict, s.verdict
+        return
     # every culprit named, no bystander
     assert sorted(s.culprits) == list(sc.slow), s.verdict
     assert s.straggler in sc.slow, s.verdict

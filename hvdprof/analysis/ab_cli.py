@@ -312,7 +312,8 @@ def _set_aside_line(outcome: GateOutcome) -> str:
         f"{r.side} {r.other_load_cores:.2f}" for r in runs if r.other_load_cores is not None
     )
     return (
-        f"  block {outcome.set_aside[-1]} set aside: the machine's other load (cores) "
+        f"  block {outcome.set_aside[-1]} set aside: the machine's other load (cores, "
+        "while the steps ran) "
         f"{loads}; another block runs in its place"
     )
 

@@ -8,7 +8,8 @@ steps, warm-up left out), taken from its summary, so start-up (imports, rendezvo
 slower-starting side) is not counted. Every run is kept: its timeline, its summary and
 its output, under ``OUT/block-NN-SIDE/``.
 
-Each run also notes the machine's other load while it ran (:mod:`machine_load`): a block
+Each run also notes the machine's other load while its steps ran (:mod:`machine_load`,
+over the whole run where the steps' window cannot be placed on the wall clock): a block
 whose two runs saw other loads more than ``GatePlan.load_tolerance_cores`` apart (a
 neighbour's job started or stopped between them) is set aside, kept and listed, and
 another block is run in its place; the looks count judged blocks only.
@@ -29,15 +30,20 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hvdprof.analysis.ab import PairedJudgement, SequentialGate, block_orders
 from hvdprof.analysis.diff import DiffRow, RunDiff, diff_summaries
-from hvdprof.analysis.machine_load import other_load_cores, snapshot
+from hvdprof.analysis.machine_load import LoadSampler, other_load_cores, snapshot
 from hvdprof.analysis.pooling import pool_summaries
 from hvdprof.analysis.result import Result
+from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, step_starts
 from hvdprof.analysis.summary import RunSummary
 from hvdprof.config import name_of
+from hvdprof.trace.manifest import timeline_to_unix_s
+
+if TYPE_CHECKING:
+    from hvdprof.trace.model import Run
 
 SIDES = ("baseline", "candidate")
 
@@ -68,6 +74,7 @@ class RunRecord:
     problem: str | None = None  # why it cannot be judged (it crashed, wrote no steps ...)
     summary: RunSummary | None = None
     other_load_cores: float | None = None  # the machine's load not its own (None: unknown)
+    load_window_s: float | None = None  # what it was measured over: the steps' (None: the run)
     set_aside: bool = False  # its block's two runs saw other loads too far apart
 
 
@@ -84,16 +91,19 @@ class RunEntry(Result):
     step_ms: float | None
     steps: int
     problem: str | None
-    #: cores' worth of CPU the machine spent on other work while it ran (None: unknown)
+    #: cores' worth of CPU the machine spent on other work while its steps ran (None: unknown)
     other_load_cores: float | None
+    #: the wall seconds that load was measured over, around the steps (None: the whole run)
+    load_window_s: float | None
     set_aside: bool  # its block was not judged: its two runs' other loads were too far apart
 
     @classmethod
     def of(cls, r: RunRecord) -> RunEntry:
         startup = None if r.startup_s is None else round(r.startup_s, 3)
         load = None if r.other_load_cores is None else round(r.other_load_cores, 3)
+        window = None if r.load_window_s is None else round(r.load_window_s, 3)
         return cls(r.side, r.block, r.directory, r.exit_code, round(r.wall_s, 3), startup,
-                   r.step_ms, r.steps, r.problem, load, r.set_aside)  # fmt: skip
+                   r.step_ms, r.steps, r.problem, load, window, r.set_aside)  # fmt: skip
 
 
 @dataclass
@@ -162,8 +172,26 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def _measure(record: RunRecord, timeline: str) -> None:
-    """Fill in the run's step time from its timeline (or say why there is none)."""
+def _steps_window_unix_s(run: Run) -> tuple[float, float] | None:
+    """The judged steps' span on the wall clock (the warm-up step left out), from each
+    rank's step starts and its manifest's pairing of its clock with the wall clock."""
+    spans = []
+    for rank, starts in step_starts(run).items():
+        m = run.manifests.get(rank)
+        first = 1 if len(starts) >= MIN_STEPS_TO_SKIP_WARMUP else 0
+        if m is None or len(starts) - first < 2:
+            continue
+        to_unix = timeline_to_unix_s(m)
+        if to_unix is not None:
+            spans.append((to_unix(float(starts[first])), to_unix(float(starts[-1]))))
+    if not spans:
+        return None
+    return min(a for a, _ in spans), max(b for _, b in spans)
+
+
+def _measure(record: RunRecord, timeline: str, sampler: LoadSampler) -> None:
+    """Fill in the run's step time from its timeline (or say why there is none), and the
+    other load over its steps' window where the samples enclose it."""
     from hvdprof.analysis.summary import summarize, write_summary
     from hvdprof.trace.loader import LoadError, load_run
 
@@ -186,6 +214,10 @@ def _measure(record: RunRecord, timeline: str) -> None:
     record.summary = summary
     record.step_ms = summary.step_ms
     record.steps = len(summary.series.step)
+    window = _steps_window_unix_s(run)
+    if window is not None and (load := sampler.other_load_cores(*window)) is not None:
+        record.other_load_cores = load
+        record.load_window_s = window[1] - window[0]
 
 
 def record_run(side: Side, block: int, out_dir: str, timeout_s: float) -> RunRecord:
@@ -196,6 +228,7 @@ def record_run(side: Side, block: int, out_dir: str, timeout_s: float) -> RunRec
     env = {**os.environ, **side.env, name_of("timeline_dir"): os.path.abspath(timeline)}
     record = RunRecord(side.name, block, directory, None, 0.0, time.time())
     before = snapshot()
+    sampler = LoadSampler()
     started = time.monotonic()
     with open(os.path.join(directory, "output.log"), "wb") as log:
         proc = subprocess.Popen(
@@ -208,6 +241,7 @@ def record_run(side: Side, block: int, out_dir: str, timeout_s: float) -> RunRec
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its whole process tree is killed with it
         )
+        sampler.start(proc.pid)  # the run's whole process tree, under its shell
         try:
             record.exit_code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -216,12 +250,14 @@ def record_run(side: Side, block: int, out_dir: str, timeout_s: float) -> RunRec
         except BaseException:  # Ctrl+C: no run is left behind
             _kill_group(proc)
             raise
+        finally:
+            sampler.stop()
     record.wall_s = time.monotonic() - started
     record.other_load_cores = other_load_cores(before, snapshot())
     if record.problem is None and record.exit_code != 0:
         record.problem = f"failed ({_how_it_ended(record.exit_code or 0)})"
     if record.problem is None:
-        _measure(record, timeline)
+        _measure(record, timeline, sampler)
     return record
 
 

@@ -16,7 +16,7 @@ and the field, and fields added later by a newer writer are ignored.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -166,6 +166,16 @@ def timeline_shift_ns(manifest: Manifest | Mapping[str, Any]) -> int:
     """What to add to the rank's local clock (ns) to get timeline ns, per the manifest."""
     clock = as_manifest(manifest).clock
     return clock.offset_ns - clock.origin_ns
+
+
+def timeline_to_unix_s(manifest: Manifest | Mapping[str, Any]) -> Callable[[float], float] | None:
+    """A function from timeline microseconds to Unix seconds, by the manifest's pairing
+    of the rank's clock with the wall clock (None when it has no start instant)."""
+    m = as_manifest(manifest)
+    if m.start_local_ns is None or m.start_unix_ns is None:
+        return None
+    base_ns = m.start_unix_ns - m.start_local_ns - timeline_shift_ns(m)
+    return lambda t_us: (t_us * 1000.0 + base_ns) / 1e9
 
 
 def kineto_shift_us(base_ns: int, manifest: Manifest | Mapping[str, Any]) -> float:
