@@ -424,6 +424,41 @@ def test_a_used_output_directory_is_refused(tmp_path: Path) -> None:
     assert done.returncode == 2 and "already exists and is not empty" in done.stderr
 
 
+def test_a_cancel_while_the_load_sampler_starts_still_ends_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SIGTERM can land in the sampler's first /proc scan, right after the run
+    starts (a loaded CI runner did): the run is still killed, not left behind."""
+    from hvdprof.analysis import ab_runner
+    from hvdprof.analysis.machine_load import LoadSampler
+
+    pid_file = tmp_path / "pid"
+    started = LoadSampler.start
+
+    def start_then_cancel(self: LoadSampler, root: int) -> None:
+        started(self, root)
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        raise KeyboardInterrupt  # what the SIGTERM handler raises
+
+    monkeypatch.setattr(LoadSampler, "start", start_then_cancel)
+    side = ab_runner.Side("baseline", f"echo $$ > {pid_file}; exec sleep 300")
+    with pytest.raises(KeyboardInterrupt):
+        ab_runner.record_run(side, 1, str(tmp_path / "runs"), timeout_s=60)
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
 def test_a_cancelled_gate_stops_the_run_under_way(tmp_path: Path) -> None:
     """A CI runner cancels with SIGTERM: ``ab`` ends (130) and leaves no run behind."""
     pid_file = tmp_path / "pid"

@@ -241,8 +241,9 @@ def record_run(side: Side, block: int, out_dir: str, timeout_s: float) -> RunRec
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its whole process tree is killed with it
         )
-        sampler.start(proc.pid)  # the run's whole process tree, under its shell
         try:
+            # inside the try: a SIGTERM during its first /proc scan still ends the run
+            sampler.start(proc.pid)  # the run's whole process tree, under its shell
             record.exit_code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
