@@ -322,13 +322,18 @@ def test_load_over_a_window_leaves_out_the_runs_tree_and_other_times() -> None:
     assert first is not None and second is not None
     # a core spun in each: the neighbour's counts, the run's own (counted, the two would
     # read alike) does not
-    assert second - first > 0.6, (first, second)
+    assert second.cores - first.cores > 0.6, (first, second)
+    # the span is the samples' around the window, at least the window and within a sample
+    # interval (and scheduling slack) of it each side
+    assert 0.6 <= second.span_s <= 0.6 + 2 * 0.1 + 0.2, second
     assert sampler.other_load_cores(t0 - 5.0, t0 + 0.5) is None  # before the first sample
     assert sampler.other_load_cores(t0 + 1.0, time.time() + 5.0) is None  # after the last
     # a short window is widened to min_span_s within the samples: here, all of them
     whole = sampler.other_load_cores(t0 + 1.3, t0 + 1.4, min_span_s=60.0)
     spanned = sampler.other_load_cores(sampler.samples[0].unix_s, sampler.samples[-1].unix_s)
     assert whole is not None and whole == spanned
+    # the span says what the figure covers: all the samples, not the 0.1 s asked for
+    assert whole.span_s == pytest.approx(sampler.samples[-1].unix_s - sampler.samples[0].unix_s)
 
 
 @pytest.mark.skipif(

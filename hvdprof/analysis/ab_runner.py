@@ -37,7 +37,7 @@ from hvdprof.analysis.diff import DiffRow, RunDiff, diff_summaries
 from hvdprof.analysis.machine_load import LoadSampler, other_load_cores, snapshot
 from hvdprof.analysis.pooling import pool_summaries
 from hvdprof.analysis.result import Result
-from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, step_starts
+from hvdprof.analysis.steps import step_starts, warmup_steps
 from hvdprof.analysis.summary import RunSummary
 from hvdprof.config import name_of
 from hvdprof.trace.manifest import timeline_to_unix_s
@@ -74,7 +74,8 @@ class RunRecord:
     problem: str | None = None  # why it cannot be judged (it crashed, wrote no steps ...)
     summary: RunSummary | None = None
     other_load_cores: float | None = None  # the machine's load not its own (None: unknown)
-    load_window_s: float | None = None  # what it was measured over: the steps' (None: the run)
+    #: the seconds of samples that load was read over, around the steps (None: the run)
+    load_window_s: float | None = None
     set_aside: bool = False  # its block's two runs saw other loads too far apart
 
 
@@ -93,7 +94,8 @@ class RunEntry(Result):
     problem: str | None
     #: cores' worth of CPU the machine spent on other work while its steps ran (None: unknown)
     other_load_cores: float | None
-    #: the wall seconds that load was measured over, around the steps (None: the whole run)
+    #: the wall seconds that load was read over: the samples around the judged steps, at
+    #: least 2 s of them (None: the whole run)
     load_window_s: float | None
     set_aside: bool  # its block was not judged: its two runs' other loads were too far apart
 
@@ -178,7 +180,7 @@ def _steps_window_unix_s(run: Run) -> tuple[float, float] | None:
     spans = []
     for rank, starts in step_starts(run).items():
         m = run.manifests.get(rank)
-        first = 1 if len(starts) >= MIN_STEPS_TO_SKIP_WARMUP else 0
+        first = warmup_steps(len(starts))
         if m is None or len(starts) - first < 2:
             continue
         to_unix = timeline_to_unix_s(m)
@@ -216,8 +218,7 @@ def _measure(record: RunRecord, timeline: str, sampler: LoadSampler) -> None:
     record.steps = len(summary.series.step)
     window = _steps_window_unix_s(run)
     if window is not None and (load := sampler.other_load_cores(*window)) is not None:
-        record.other_load_cores = load
-        record.load_window_s = window[1] - window[0]
+        record.other_load_cores, record.load_window_s = load
 
 
 def record_run(side: Side, block: int, out_dir: str, timeout_s: float) -> RunRecord:
@@ -227,6 +228,9 @@ def record_run(side: Side, block: int, out_dir: str, timeout_s: float) -> RunRec
     os.makedirs(timeline, exist_ok=True)
     env = {**os.environ, **side.env, name_of("timeline_dir"): os.path.abspath(timeline)}
     record = RunRecord(side.name, block, directory, None, 0.0, time.time())
+    # the whole run's figure, where its steps cannot be placed: it counts the run's CPU as
+    # reaped (RUSAGE_CHILDREN), which also covers its last moments, after the sampler's
+    # last look and once its tree has left /proc
     before = snapshot()
     sampler = LoadSampler()
     started = time.monotonic()

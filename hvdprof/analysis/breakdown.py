@@ -19,7 +19,7 @@ import numpy as np
 from hvdprof.analysis.phases import CATEGORIES, LABELS, PRIORITY, SHORT_LABELS, rank_segments
 from hvdprof.analysis.registry import Analysis
 from hvdprof.analysis.result import Result
-from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, step_of, step_starts
+from hvdprof.analysis.steps import step_of, step_starts, warmup_steps
 from hvdprof.analysis.user_phases import UserPhases, user_phases, user_phases_table
 from hvdprof.trace.model import Run
 
@@ -46,8 +46,7 @@ class RankBreakdown(Result):
         """Mean per step, the warm-up step (start-up broadcasts, first allocations) left out
         as in the run's step time, so the two add up."""
         values = self.per_step_ms.get(category) or []
-        if len(values) >= MIN_STEPS_TO_SKIP_WARMUP:
-            values = values[1:]
+        values = values[warmup_steps(len(values)) :]
         return float(np.mean(values)) if values else 0.0
 
 
@@ -147,7 +146,7 @@ def breakdown_table(console: Any, number: int, b: Breakdown, run: dict[str, Any]
         # the table then fits 80 columns with whole headers)
         per_rank = len(steps) > 1
         shown = "" if per_rank else f", {steps[0]} steps"
-        if all(rb.steps >= MIN_STEPS_TO_SKIP_WARMUP for rb in b.ranks):
+        if all(warmup_steps(rb.steps) for rb in b.ranks):
             shown += ", the first left out"
         table = Table(
             title=f"{number}. Where the time goes, per rank (mean ms per step{shown}, "

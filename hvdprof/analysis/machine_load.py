@@ -28,6 +28,7 @@ import resource
 import threading
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 #: Fields of /proc/stat's ``cpu`` line that are busy time: user, nice, system, irq,
 #: softirq, steal (guest time is already inside user and nice; idle and iowait are not).
@@ -118,6 +119,13 @@ def _tree_cpu_s(root: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+class LoadReading(NamedTuple):
+    """The other load over a stretch of a run, and how long that stretch was."""
+
+    cores: float
+    span_s: float
+
+
 @dataclass(frozen=True)
 class _Sample:
     unix_s: float
@@ -171,10 +179,12 @@ class LoadSampler:
 
     def other_load_cores(
         self, start_unix_s: float, end_unix_s: float, min_span_s: float = MIN_SPAN_S
-    ) -> float | None:
+    ) -> LoadReading | None:
         """Cores' worth of CPU that neither the run nor the gate used between the last
-        sample at or before ``start_unix_s`` and the first at or after ``end_unix_s``
-        (None when the samples do not enclose the window). A window shorter than
+        sample at or before ``start_unix_s`` and the first at or after ``end_unix_s``, with
+        the seconds between those two samples (None when the samples do not enclose the
+        window): the span is what the figure covers, wider than the window asked for. A
+        window shorter than
         ``min_span_s`` is widened about its middle, within the samples: the counters
         tick 100 times a second per core, and a few ticks over a quarter second read as
         a quarter of a core (a quiet gate set a block aside so)."""
@@ -189,4 +199,5 @@ class LoadSampler:
             return None
         a, b = self.samples[i], self.samples[j]
         other = (b.busy_s - a.busy_s) - (b.tree_s - a.tree_s) - (b.self_s - a.self_s)
-        return max(0.0, other / (b.unix_s - a.unix_s))
+        span = b.unix_s - a.unix_s
+        return LoadReading(max(0.0, other / span), span)

@@ -59,6 +59,13 @@ def count_steps(run: Run) -> int:
 MIN_STEPS_TO_SKIP_WARMUP = 5
 
 
+def warmup_steps(count: int) -> int:
+    """How many leading steps of ``count`` are warm-up and left out (0 or 1): the one rule
+    every step-time figure follows, so that a gate's load window, a summary's series and
+    the typical step all cover the same steps."""
+    return 1 if count >= MIN_STEPS_TO_SKIP_WARMUP else 0
+
+
 def typical_step_ms(run: Run, first: int | None = None) -> float:
     """The run's step time (ms): the median over ranks and steps of the time from one
     step's start to the next's, from step ``first`` on (default: the warm-up step left out
@@ -66,8 +73,7 @@ def typical_step_ms(run: Run, first: int | None = None) -> float:
     ``analyze``, ``diff`` and the page all quote this. 0 with fewer than two steps."""
     spans: list[np.ndarray] = []
     for starts in step_starts(run).values():
-        warmup = 1 if len(starts) >= MIN_STEPS_TO_SKIP_WARMUP else 0
-        lo = warmup if first is None else first
+        lo = warmup_steps(len(starts)) if first is None else first
         d = np.diff(starts[lo:])
         spans.append(d[np.isfinite(d)])
     values = np.concatenate(spans) if spans else np.zeros(0)

@@ -105,7 +105,7 @@ from hvdprof.analysis.bootstrap import block_bootstrap_means
 from hvdprof.analysis.intervals import merge
 from hvdprof.analysis.registry import Analysis
 from hvdprof.analysis.result import Result
-from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP, count_steps, typical_step_ms
+from hvdprof.analysis.steps import count_steps, typical_step_ms, warmup_steps
 from hvdprof.common import activities as act
 from hvdprof.trace.gpu import kernel_arrivals
 from hvdprof.trace.model import OPS, PHASE_OP, Run
@@ -765,7 +765,7 @@ def _step_table(run: Run, arr: Arrivals, out: Stragglers) -> _StepTable:
     tied = (finish == finish.max(axis=1)[:, None]).sum(axis=1) > 1
     last_of_step = np.where(tied, -1, np.argmax(finish, axis=1))
     step_us = np.append(np.diff(begin), np.nan)
-    first = 1 if n_steps >= MIN_STEPS_TO_SKIP_WARMUP else 0
+    first = warmup_steps(n_steps)
     s = _StepTable(
         t, op_code, last_rank, steps, bounds, hold, at_first, at_end, finish, work, excess,
         release_late, last_of_step, step_us, first,
@@ -1339,7 +1339,7 @@ def own_work_series(run: Run) -> OwnWorkSeries | None:
             starts = mine[np.searchsorted(mine, ends, side="right") - 1]
             s0, s1 = merge(starts, ends)
             wait[k, r] = float((s1 - s0).sum())
-    first = 1 if n_steps >= MIN_STEPS_TO_SKIP_WARMUP else 0
+    first = warmup_steps(n_steps)
     if n_steps - first < 2:
         return None
     spans = np.diff(begin[first:], axis=0)  # step k: from its start to step k+1's

@@ -23,11 +23,11 @@ import numpy as np
 from hvdprof.analysis.breakdown import Breakdown, time_breakdown
 from hvdprof.analysis.phases import CATEGORIES
 from hvdprof.analysis.steps import (
-    MIN_STEPS_TO_SKIP_WARMUP,
     count_steps,
     one_time_tensors,
     step_starts,
     typical_step_ms,
+    warmup_steps,
 )
 from hvdprof.analysis.stragglers import OwnWorkSeries, find_stragglers, own_work_series
 from hvdprof.errors import HvdprofError
@@ -142,8 +142,7 @@ def _series(run: Run, b: Breakdown, own: OwnWorkSeries | None) -> Series:
     out = Series()
     spans = []
     for starts in step_starts(run).values():
-        first = 1 if len(starts) >= MIN_STEPS_TO_SKIP_WARMUP else 0
-        spans.append(np.diff(starts[first:]) / 1000.0)
+        spans.append(np.diff(starts[warmup_steps(len(starts)) :]) / 1000.0)
     n = min((len(x) for x in spans), default=0)
     if n:
         out.step = [_rounded(row) for row in np.stack([x[:n] for x in spans], axis=1)]
@@ -152,7 +151,7 @@ def _series(run: Run, b: Breakdown, own: OwnWorkSeries | None) -> Series:
         rows = []
         for r in per_rank:
             values = r.per_step_ms.get(c) or []
-            rows.append(values[1:] if len(values) >= MIN_STEPS_TO_SKIP_WARMUP else values)
+            rows.append(values[warmup_steps(len(values)) :])
         m = min((len(x) for x in rows), default=0)
         if m:
             out.phase[c] = _rounded(np.mean([x[:m] for x in rows], axis=0))

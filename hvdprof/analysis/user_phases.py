@@ -22,7 +22,7 @@ import msgspec
 import numpy as np
 
 from hvdprof.analysis.result import Result
-from hvdprof.analysis.steps import MIN_STEPS_TO_SKIP_WARMUP
+from hvdprof.analysis.steps import warmup_steps
 from hvdprof.trace.model import Run
 
 #: The row for the part of a step outside every range.
@@ -67,12 +67,11 @@ class RankPhases(Result, dict=True):
 
     def mean_ms(self, name: str) -> float:
         values = self.per_step_ms.get(name) or []
-        if len(values) >= MIN_STEPS_TO_SKIP_WARMUP:
-            values = values[1:]
+        values = values[warmup_steps(len(values)) :]
         return float(np.mean(values)) if values else 0.0
 
     def mean_step_ms(self) -> float:
-        values = self.step_ms[1:] if len(self.step_ms) >= MIN_STEPS_TO_SKIP_WARMUP else self.step_ms
+        values = self.step_ms[warmup_steps(len(self.step_ms)) :]
         return float(np.mean(values)) if values else 0.0
 
 
