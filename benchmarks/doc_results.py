@@ -162,6 +162,12 @@ def _gate(d: dict[str, Any]) -> Iterator[Row]:
         yield str(row[0]), "; ".join(shown), "", None
 
 
+def _measures(d: dict[str, Any]) -> Iterator[Row]:
+    """A two-column table (measure, value) with no goals: context for other results."""
+    for what, value in d.get("table") or []:
+        yield str(what), str(value), "", None
+
+
 def _ab_calibration(d: dict[str, Any]) -> Iterator[Row]:
     """gate_ab_calibration: collected over sessions, so what the ledger holds comes
     first, then each goal (met, not met, or blank while rounds missing can change it)."""
@@ -243,6 +249,7 @@ EXTRACTORS: dict[str, Callable[[dict[str, Any]], Iterator[Row]]] = {
     "dashboard_load": _load,
     "gate_calibration": _gate,
     "gate_ab_calibration": _ab_calibration,
+    "machine_steadiness": _measures,
     "allreduce_mpi": _mpi,
     "scale_bench": _scale,
     "kineto_bench": _kineto,

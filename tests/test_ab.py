@@ -29,6 +29,7 @@ from schema_support import assert_valid_output
 from hvdprof.analysis.ab import (
     SequentialGate,
     block_orders,
+    blocks_to_decide,
     hodges_lehmann,
     judge_pairs,
     look_schedule,
@@ -102,6 +103,34 @@ def test_one_wild_block_does_not_flip_the_answer() -> None:
     slow = [v + math.log(1.25) for v in x]
     assert judge_pairs(slow, 0.05, 0.01).failed
     assert not judge_pairs([*slow[:-1], -3.0], 0.05, 0.01).passed
+
+
+def test_an_undecided_gate_says_about_how_many_blocks_would_decide_it() -> None:
+    """The spread of 16 blocks as a noisy runner gives them (sd 0.13) around a 12%
+    slowdown leaves a 5% margin undecided; the same blocks repeated to the number it
+    names decide it, and to a third of that do not."""
+    rng = np.random.default_rng(5)
+    x = list(math.log(1.12) + 0.13 * rng.standard_normal(16))
+    j = judge_pairs(x, 0.05, 0.01)
+    assert not j.clear
+    needed = blocks_to_decide(j)
+    assert needed is not None and needed > 16
+    repeat = math.ceil(1.2 * needed / len(x))
+    assert judge_pairs(x * repeat, 0.05, 0.01).failed, (needed, repeat)
+    fewer = max(1, needed // (3 * len(x)))
+    assert not judge_pairs(x * fewer, 0.05, 0.01).clear, (needed, fewer)
+    # the other side: a small change whose interval still reaches past the margin
+    z = 0.13 * rng.standard_normal(16)
+    y = list(z - z.mean() + math.log(1.01))
+    jy = judge_pairs(y, 0.05, 0.01)
+    assert not jy.clear and (m := blocks_to_decide(jy)) is not None
+    assert judge_pairs(y * math.ceil(1.2 * m / 16), 0.05, 0.01).passed
+    # nothing to say when it is clear, or when the estimate sits on the margin
+    assert blocks_to_decide(judge_pairs([v + 0.5 for v in x], 0.05, 0.01)) is None
+    spread = [0.02, 0.05, 0.08, 0.13, 0.2, 0.3]  # symmetric: its centre is the margin
+    on = [math.log(1.05) + sign * v for v in spread for sign in (1, -1)]
+    j_on = judge_pairs(on, 0.05, 0.01)
+    assert abs(j_on.estimate - 0.05) < 1e-9 and blocks_to_decide(j_on) is None
 
 
 def test_orders_are_balanced_and_looks_few() -> None:
@@ -204,6 +233,51 @@ def test_a_slower_rank_fails_the_gate_and_is_named(tmp_path: Path) -> None:
     assert kept[0] == "block-01-baseline" and len(kept) == 8
     assert (tmp_path / "runs" / "block-04-candidate" / "summary.json").is_file()
     assert list((tmp_path / "runs" / "block-04-candidate" / "timeline").glob("rank.1.json*"))
+
+
+def test_a_concurrent_gate_runs_both_sides_at_once_and_names_the_slower_rank(
+    tmp_path: Path,
+) -> None:
+    """``--concurrent``: each block's two runs share the machine at the same time (the
+    gate takes about as long as one side's runs, not both), and the slower rank is still
+    caught and named."""
+    done, data = ab(
+        tmp_path,
+        # steps long enough to overlap, about as long on both sides (the baseline's steps
+        # are a third of the candidate's): the runs' start-up differs by a second or more
+        "--baseline", demo(steps=900),
+        "--candidate", demo(slow_ms=15.0, slow_rank=1, steps=300),
+        "--concurrent",
+        "--min-blocks", "4", "--max-blocks", "4", "--warmup", "0", "--confidence", "0.9",
+    )  # fmt: skip
+    assert done.returncode == 3, done.stdout + done.stderr
+    line = done.stdout.strip()
+    assert line.startswith("FAIL: ") and "Cause: rank 1: compute" in line, line
+    assert data["concurrent"] is True and data["judgement"]["blocks"] == 4
+    runs, aside = data["runs"], data["set_aside_blocks"]
+    # a block whose runs' steps hardly overlapped (one slower to start) is replaced
+    assert len(runs) == 2 * (4 + len(aside)) and all(r["problem"] is None for r in runs)
+    assert all(r["set_aside"] == (r["block"] in aside) for r in runs)
+    assert not aside or "hardly overlapped" in done.stderr or "one started much later" in line
+    # run one after the other, the gate would take at least the sum of its runs
+    assert data["wall_s"] < 0.75 * sum(r["wall_s"] for r in runs), data["wall_s"]
+
+
+def test_concurrent_runs_count_when_their_steps_overlap() -> None:
+    from hvdprof.analysis.ab_runner import RunRecord, steps_overlap
+
+    def run(side: str, span: tuple[float, float] | None) -> RunRecord:
+        return RunRecord(side, 1, "", 0, 10.0, steps_unix_s=span)
+
+    def pair(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool:
+        return steps_overlap({"baseline": run("baseline", a), "candidate": run("candidate", b)})
+
+    assert pair((100.0, 104.0), (100.5, 104.5))
+    assert pair((100.0, 104.0), (101.0, 103.0))  # inside the other's
+    assert pair((100.0, 104.0), (102.0, 106.0))  # half of the shorter
+    assert not pair((100.0, 104.0), (103.0, 107.0))  # a quarter
+    assert not pair((100.0, 104.0), (105.0, 109.0))  # one after the other
+    assert pair((100.0, 104.0), None)  # not placed: nothing says they did not
 
 
 def test_an_identical_candidate_that_starts_later_passes(tmp_path: Path) -> None:
@@ -389,11 +463,15 @@ def test_a_block_whose_load_changed_is_set_aside(tmp_path: Path) -> None:
         ("sleep 30", "the baseline ran past the run timeout (2 s) and was killed"),
     ],
 )
+@pytest.mark.parametrize("together", [False, True], ids=["one-by-one", "concurrent"])
 def test_a_baseline_that_cannot_be_measured_is_one_line_and_exit_5(
-    tmp_path: Path, baseline: str, expected: str
+    tmp_path: Path, baseline: str, expected: str, together: bool
 ) -> None:
+    """Run one after the other, the candidate never starts; run together (it fails too:
+    it writes no timeline), the baseline, launched first, is the one reported."""
     done, data = ab(tmp_path, "--baseline", baseline, "--candidate", "true", "--seed", "1",
-                    "--run-timeout", "2", timeout=60)  # fmt: skip
+                    "--run-timeout", "2", *(["--concurrent"] if together else []),
+                    timeout=60)  # fmt: skip
     assert done.returncode == 5, done.stdout + done.stderr
     assert expected in done.stdout and len(done.stdout.strip().splitlines()) == 1
     assert data["exit_code"] == 5 and data["failed_run"]["side"] == "baseline"
@@ -483,3 +561,25 @@ def test_a_cancelled_gate_stops_the_run_under_way(tmp_path: Path) -> None:
     pid = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_a_cancelled_concurrent_gate_stops_both_runs(tmp_path: Path) -> None:
+    """Both sides are under way when the SIGTERM comes: neither is left behind."""
+    pids = [tmp_path / "pid-a", tmp_path / "pid-b"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HVDPROF_")}
+    with subprocess.Popen(
+        [PY, "-m", "hvdprof", "ab", "--out", str(tmp_path / "runs"), "--concurrent",
+         "--baseline", f"echo $$ > {pids[0]}; exec sleep 300",
+         "--candidate", f"echo $$ > {pids[1]}; exec sleep 300"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+    ) as proc:  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not all(p.exists() and p.read_text().strip() for p in pids):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    for p in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(p.read_text()), 0)

@@ -148,6 +148,24 @@ def judge_pairs(log_ratios: Sequence[float], margin: float, alpha: float) -> Pai
     )
 
 
+def blocks_to_decide(j: PairedJudgement) -> int | None:
+    """About how many blocks would have made an undecided judgement clear, had they
+    spread as these did: the interval narrows as one over the square root of the blocks,
+    and the bound that faces the margin must pass it (None: the estimate sits on the
+    margin, or the interval is open). A budget-ended gate says so, so that its user
+    knows whether a longer budget or a steadier runner is what is missing."""
+    if j.high is None or j.low <= -1.0 or j.clear:
+        return None
+    centre, bar = math.log1p(j.estimate), math.log1p(j.margin)
+    if centre > bar:  # the low bound must rise past the margin
+        half, gap = centre - math.log1p(j.low), centre - bar
+    else:  # the high bound must fall to it
+        half, gap = math.log1p(j.high) - centre, bar - centre
+    if gap < 1e-3 or half <= 0.0:  # within 0.1% of the margin: no budget decides it
+        return None
+    return max(j.blocks + 1, math.ceil(j.blocks * (half / gap) ** 2))
+
+
 @dataclass
 class SequentialGate:
     """When to look and at what level: ``confidence`` holds over all the looks that can

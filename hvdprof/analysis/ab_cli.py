@@ -136,6 +136,12 @@ def add_ab_parser(commands: Any) -> None:
         "by more than CORES between its two runs; 'off' never does (default 0.25)",
     )
     p.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="run each block's two sides at the same time, so that the machine's changes of "
+        "speed reach both (CPU jobs on a noisy runner; each side gets half the machine)",
+    )
+    p.add_argument(
         "--out", default="hvdprof-ab", metavar="DIR", help="where every run is kept (hvdprof-ab)"
     )
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE")
@@ -218,7 +224,9 @@ def _plan(args: argparse.Namespace) -> Any:
         _usage(f"ab: --min-blocks {args.min_blocks} is more than --max-blocks {args.max_blocks}")
     gate = SequentialGate(rule.margin, args.confidence, args.min_blocks, args.max_blocks)
     timeout = args.run_timeout if args.run_timeout is not None else args.budget
-    return GatePlan(gate, args.budget, timeout, args.warmup, args.seed, args.load_tolerance)
+    return GatePlan(
+        gate, args.budget, timeout, args.warmup, args.seed, args.load_tolerance, args.concurrent
+    )
 
 
 def _prepare_out(path: str) -> str:
@@ -308,6 +316,17 @@ def _run_line(r: RunRecord) -> str:
 
 def _set_aside_line(outcome: GateOutcome) -> str:
     runs = [r for r in outcome.runs if r.block == outcome.set_aside[-1]]
+    if outcome.plan.concurrent:
+        spans = ", ".join(
+            f"{r.side} {r.steps_unix_s[0] - runs[0].started_unix_s:.1f}-"
+            f"{r.steps_unix_s[1] - runs[0].started_unix_s:.1f} s"
+            for r in runs
+            if r.steps_unix_s is not None
+        )
+        return (
+            f"  block {outcome.set_aside[-1]} set aside: its runs' steps hardly overlapped "
+            f"(from launch: {spans}); another block runs in its place"
+        )
     loads = ", ".join(
         f"{r.side} {r.other_load_cores:.2f}" for r in runs if r.other_load_cores is not None
     )

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hvdprof.analysis.ab import PairedJudgement, SequentialGate, block_orders
+from hvdprof.analysis.ab import PairedJudgement, SequentialGate, block_orders, blocks_to_decide
 from hvdprof.analysis.diff import DiffRow, RunDiff, diff_summaries
 from hvdprof.analysis.machine_load import LoadSampler, other_load_cores, snapshot
 from hvdprof.analysis.pooling import pool_summaries
@@ -76,7 +76,9 @@ class RunRecord:
     other_load_cores: float | None = None  # the machine's load not its own (None: unknown)
     #: the seconds of samples that load was read over, around the steps (None: the run)
     load_window_s: float | None = None
-    set_aside: bool = False  # its block's two runs saw other loads too far apart
+    #: its judged steps' span on the wall clock (None: they could not be placed)
+    steps_unix_s: tuple[float, float] | None = None
+    set_aside: bool = False  # its block's two runs could not be compared fairly
 
 
 class RunEntry(Result):
@@ -119,6 +121,8 @@ class GatePlan:
     seed: int = 50
     #: a block whose two runs' other loads differ by more is set aside (None: never)
     load_tolerance_cores: float | None = 0.25
+    #: run each block's two sides at the same time (``--concurrent``)
+    concurrent: bool = False
 
 
 @dataclass
@@ -216,13 +220,27 @@ def _measure(record: RunRecord, timeline: str, sampler: LoadSampler) -> None:
     record.summary = summary
     record.step_ms = summary.step_ms
     record.steps = len(summary.series.step)
-    window = _steps_window_unix_s(run)
+    window = record.steps_unix_s = _steps_window_unix_s(run)
     if window is not None and (load := sampler.other_load_cores(*window)) is not None:
         record.other_load_cores, record.load_window_s = load
 
 
-def record_run(side: Side, block: int, out_dir: str, timeout_s: float) -> RunRecord:
-    """Run ``side`` once with its own timeline; its output goes to ``output.log``."""
+@dataclass
+class _Launched:
+    """A run under way: its process (a shell, in a session of its own), where it writes,
+    and the sampler reading its tree's CPU."""
+
+    record: RunRecord
+    proc: subprocess.Popen[bytes]
+    log: Any  # its open output.log
+    timeline: str
+    sampler: LoadSampler
+    before: Any  # the machine's counters at launch (the whole run's load figure)
+    started: float  # monotonic
+
+
+def _launch(side: Side, block: int, out_dir: str) -> _Launched:
+    """Start ``side`` once with its own timeline; its output goes to ``output.log``."""
     directory = os.path.join(out_dir, f"block-{block:02d}-{side.name}")
     timeline = os.path.join(directory, "timeline")
     os.makedirs(timeline, exist_ok=True)
@@ -232,9 +250,8 @@ def record_run(side: Side, block: int, out_dir: str, timeout_s: float) -> RunRec
     # reaped (RUSAGE_CHILDREN), which also covers its last moments, after the sampler's
     # last look and once its tree has left /proc
     before = snapshot()
-    sampler = LoadSampler()
-    started = time.monotonic()
-    with open(os.path.join(directory, "output.log"), "wb") as log:
+    log = open(os.path.join(directory, "output.log"), "wb")  # noqa: SIM115 (closed by _finish)
+    try:
         proc = subprocess.Popen(
             side.command,
             shell=True,
@@ -245,25 +262,94 @@ def record_run(side: Side, block: int, out_dir: str, timeout_s: float) -> RunRec
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its whole process tree is killed with it
         )
-        try:
-            # inside the try: a SIGTERM during its first /proc scan still ends the run
-            sampler.start(proc.pid)  # the run's whole process tree, under its shell
-            record.exit_code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            record.problem = f"ran past the run timeout ({timeout_s:g} s) and was killed"
-        except BaseException:  # Ctrl+C: no run is left behind
-            _kill_group(proc)
-            raise
-        finally:
-            sampler.stop()
-    record.wall_s = time.monotonic() - started
-    record.other_load_cores = other_load_cores(before, snapshot())
+    except BaseException:
+        log.close()
+        raise
+    launched = _Launched(record, proc, log, timeline, LoadSampler(), before, time.monotonic())
+    try:
+        # a SIGTERM during the sampler's first /proc scan still ends the run
+        launched.sampler.start(proc.pid)  # the run's whole process tree, under its shell
+    except BaseException:
+        _abandon(launched)
+        raise
+    return launched
+
+
+def _abandon(run: _Launched) -> None:
+    """Ctrl+C or SIGTERM while it ran: no run is left behind."""
+    _kill_group(run.proc)
+    run.sampler.stop()
+    run.log.close()
+
+
+def _finish(run: _Launched, deadline: float, timeout_s: float) -> RunRecord:
+    """Wait for the run until ``deadline`` (monotonic), then measure it."""
+    _wait(run, deadline, timeout_s)
+    return _measured(run)
+
+
+def _wait(run: _Launched, deadline: float, timeout_s: float) -> None:
+    """Wait for the run until ``deadline`` (monotonic): killed past it."""
+    record = run.record
+    try:
+        record.exit_code = run.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        _kill_group(run.proc)
+        record.problem = f"ran past the run timeout ({timeout_s:g} s) and was killed"
+    finally:
+        run.sampler.stop()
+        run.log.close()
+    record.wall_s = time.monotonic() - run.started
+    record.other_load_cores = other_load_cores(run.before, snapshot())
+
+
+def _measured(run: _Launched) -> RunRecord:
+    """The ended run's record, its step time read from its timeline (a second of CPU or
+    so: never while another run of the gate is still in its steps)."""
+    record = run.record
     if record.problem is None and record.exit_code != 0:
         record.problem = f"failed ({_how_it_ended(record.exit_code or 0)})"
     if record.problem is None:
-        _measure(record, timeline, sampler)
+        _measure(record, run.timeline, run.sampler)
     return record
+
+
+def record_run(side: Side, block: int, out_dir: str, timeout_s: float) -> RunRecord:
+    """Run ``side`` once with its own timeline; its output goes to ``output.log``."""
+    run = _launch(side, block, out_dir)
+    try:
+        return _finish(run, run.started + timeout_s, timeout_s)
+    except BaseException:
+        _abandon(run)
+        raise
+
+
+def record_together(
+    sides: list[Side], block: int, out_dir: str, timeout_s: float
+) -> list[RunRecord]:
+    """Run the sides at the same time (``--concurrent``), launched in the order given:
+    a change in the machine's speed then reaches both, as it cannot reach two runs one
+    after the other."""
+    runs: list[_Launched] = []
+    try:
+        for side in sides:
+            runs.append(_launch(side, block, out_dir))
+        deadline = min(r.started for r in runs) + timeout_s
+        pending = list(runs)
+        while pending:  # each as it ends, so that its wall time is its own
+            ended = [r for r in pending if r.proc.poll() is not None]
+            if not ended and time.monotonic() >= deadline:
+                ended = list(pending)  # killed, past the run timeout
+            for r in ended:
+                _wait(r, deadline, timeout_s)
+                pending.remove(r)
+            if pending:
+                time.sleep(0.05)
+        return [_measured(r) for r in runs]  # reading one would slow the other's steps
+    except BaseException:
+        for r in runs:
+            _abandon(r)
+        raise
 
 
 def _how_it_ended(code: int) -> str:
@@ -317,21 +403,34 @@ def run_gate(
             break
         t0 = time.monotonic()
         pair: dict[str, RunRecord] = {}
-        for name in order:
-            record = record_run(sides[name], max(block, 0), out_dir, plan.run_timeout_s)
+        if plan.concurrent:
+            records = record_together(
+                [sides[name] for name in order], max(block, 0), out_dir, plan.run_timeout_s
+            )
+        else:
+            records = (
+                record_run(sides[name], max(block, 0), out_dir, plan.run_timeout_s)
+                for name in order
+            )
+        for record in records:
             outcome.runs.append(record)
             tell(record)
             if record.problem is not None:
-                outcome.failed_run = record
-                break
-            pair[name] = record
+                outcome.failed_run = outcome.failed_run or record
+                if not plan.concurrent:
+                    break  # the other side's run is not started
+            pair[record.side] = record
         if outcome.failed_run is not None:
             outcome.stopped = "run_failed"
             break
         block_s.append(time.monotonic() - t0)
         if block <= 0:
             continue
-        if loads_apart(pair, plan.load_tolerance_cores):
+        apart = (
+            not steps_overlap(pair) if plan.concurrent
+            else loads_apart(pair, plan.load_tolerance_cores)
+        )  # fmt: skip
+        if apart:
             for record in pair.values():
                 record.set_aside = True
             outcome.set_aside.append(block)
@@ -352,6 +451,24 @@ def run_gate(
     _conclude(outcome)
     outcome.wall_s = time.monotonic() - started
     return outcome
+
+
+#: --concurrent: a block counts when its two runs were in their steps together for at
+#: least this share of the shorter one's steps
+MIN_OVERLAP = 0.5
+
+
+def steps_overlap(pair: dict[str, RunRecord]) -> bool:
+    """The two runs of a concurrent block were in their judged steps at the same time for
+    at least :data:`MIN_OVERLAP` of the shorter's: one that started much later ran its
+    steps beside the other's exit, on a machine the other no longer shared. Runs whose
+    steps cannot be placed count (nothing says they did not overlap)."""
+    spans = [r.steps_unix_s for r in pair.values()]
+    if any(s is None for s in spans):
+        return True
+    (a0, a1), (b0, b1) = spans  # type: ignore[misc]
+    shorter = min(a1 - a0, b1 - b0)
+    return shorter <= 0 or min(a1, b1) - max(a0, b0) >= MIN_OVERLAP * shorter
 
 
 def loads_apart(pair: dict[str, RunRecord], tolerance: float | None) -> bool:
@@ -417,9 +534,15 @@ def _set_aside_note(outcome: GateOutcome) -> str:
         return ""
     tol = outcome.plan.load_tolerance_cores
     blocks = ", ".join(str(b) for b in outcome.set_aside)
-    return (
-        f" {n} block{'s' if n > 1 else ''} set aside ({blocks}): the machine's other load "
-        f"changed by more than {tol:g} cores between {'their' if n > 1 else 'its'} two runs."
+    head = f" {n} block{'s' if n > 1 else ''} set aside ({blocks}): "
+    their = "their" if n > 1 else "its"
+    if outcome.plan.concurrent:
+        return head + (
+            f"{their} two runs were in their steps together for less than "
+            f"{MIN_OVERLAP:.0%} of the shorter's (one started much later)."
+        )
+    return head + (
+        f"the machine's other load changed by more than {tol:g} cores between {their} two runs."
     )
 
 
@@ -464,9 +587,23 @@ def verdict_line(outcome: GateOutcome) -> str:
         )
         line = (
             f"pass: {body}: no evidence at {conf} confidence of slower by more than "
-            f"{margin:.0%} ({why} before the answer was clear)."
+            f"{margin:.0%} ({why} before the answer was clear{_more_blocks_note(outcome)})."
         )
     return line + _start_note(outcome) + _set_aside_note(outcome)
+
+
+def _more_blocks_note(outcome: GateOutcome) -> str:
+    """What deciding would have taken, at the spread and pace this gate saw."""
+    j = outcome.judgement
+    needed = None if j is None else blocks_to_decide(j)
+    if j is None or needed is None:
+        return ""
+    ran = len({r.block for r in outcome.runs})  # the warm-up and set-aside blocks too
+    pace_s = outcome.wall_s / ran if ran else 0.0
+    minutes = needed * pace_s / 60.0
+    return f"; at the spread its blocks showed, about {needed} would decide it" + (
+        f", {minutes:.0f} min at this pace: see --budget" if minutes >= 1.0 else ""
+    )
 
 
 class AbResult(Result):
@@ -486,10 +623,15 @@ class AbResult(Result):
     seed: int
     #: a block whose two runs' other loads differed by more was set aside (None: never)
     load_tolerance_cores: float | None
+    #: each block ran its two sides at the same time (--concurrent)
+    concurrent: bool
     set_aside_blocks: list[int]
     wall_s: float
     out_dir: str
     judgement: PairedJudgement | None
+    #: about how many blocks, spread as these were, would have made an undecided
+    #: judgement clear (None: it is clear, or its estimate sits on the margin)
+    blocks_to_decide: int | None
     looks: list[PairedJudgement]
     log_ratios: list[float]
     runs: list[RunEntry]
@@ -520,10 +662,12 @@ def outcome_result(outcome: GateOutcome, exit_code: int) -> AbResult:
         budget_s=outcome.plan.budget_s,
         seed=outcome.plan.seed,
         load_tolerance_cores=outcome.plan.load_tolerance_cores,
+        concurrent=outcome.plan.concurrent,
         set_aside_blocks=list(outcome.set_aside),
         wall_s=round(outcome.wall_s, 3),
         out_dir=outcome.out_dir,
         judgement=j,
+        blocks_to_decide=blocks_to_decide(j) if j is not None else None,
         looks=list(outcome.looks),
         log_ratios=outcome.log_ratios,
         runs=[RunEntry.of(r) for r in outcome.runs],
