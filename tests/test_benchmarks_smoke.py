@@ -5,14 +5,11 @@ No timing is asserted: the numbers come from the full runs, reported in the issu
 
 from __future__ import annotations
 
-import json
 import pathlib
-import subprocess
-import sys
 
 import pytest
+from benchmark_support import run_quick
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 BENCHMARKS = [
     "allreduce_resnet50.py",
     "small_tensors.py",
@@ -32,16 +29,7 @@ BENCHMARKS = [
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("script", BENCHMARKS)
 def test_benchmark_quick_run_writes_results(script: str, tmp_path: pathlib.Path) -> None:
-    out = tmp_path / "result.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--output", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = run_quick(script, tmp_path)
     assert result.get("variants") or result.get("ratios"), sorted(result)
 
 
@@ -49,14 +37,7 @@ def test_benchmark_quick_run_writes_results(script: str, tmp_path: pathlib.Path)
 def test_machine_steadiness_reports_the_spread_it_measured(tmp_path: pathlib.Path) -> None:
     """The windows' medians bracket the run's median, and the sequential pairs a gate
     would need follow from the pair sd it reports."""
-    out = tmp_path / "result.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "machine_steadiness.py"), "--quick",
-         "--output", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=100,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = run_quick("machine_steadiness.py", tmp_path, timeout=100)
     assert result["pieces"] > 100, result["pieces"]
     for key in ("wall_0.5s", "cpu_0.5s"):
         f = result["figures"][key]
