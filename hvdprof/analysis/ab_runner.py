@@ -598,7 +598,8 @@ def _more_blocks_note(outcome: GateOutcome) -> str:
     needed = None if j is None else blocks_to_decide(j)
     if j is None or needed is None:
         return ""
-    ran = len({r.block for r in outcome.runs})  # the warm-up and set-aside blocks too
+    # every warm-up run is numbered block 0, so count blocks from the plan, not the runs
+    ran = outcome.plan.warmup_blocks + len(outcome.log_ratios) + len(outcome.set_aside)
     pace_s = outcome.wall_s / ran if ran else 0.0
     minutes = needed * pace_s / 60.0
     return f"; at the spread its blocks showed, about {needed} would decide it" + (
