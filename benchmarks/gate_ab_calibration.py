@@ -332,8 +332,10 @@ class Collection:
 
     def step_ms(self, job: str) -> float:
         """The step a slowdown is sized from: the last gate's baseline runs (the machine as
-        it runs now, from 20-40 warm runs), else a recent probe, else probe runs now."""
-        recent = self.last_baseline(job)
+        it runs now, from 20-40 warm runs), else a recent probe, else probe runs now. A
+        ``--concurrent`` gate's baselines ran beside their candidates (each at about twice
+        its own step), so its slowdowns are sized from probes only, which run alone."""
+        recent = None if "--concurrent" in self.args.ab_args else self.last_baseline(job)
         if recent is not None:
             _harness.log(
                 f"{job}: step {recent[0]:.3f} ms (the baseline of the gate of {recent[1]})"
@@ -379,7 +381,8 @@ class Collection:
                 return "every cell has its rounds"
             job, variant = cell
             need = self.expected_gate_s(job)
-            if variant != "same" and job not in self.probes and not self.last_baseline(job):
+            sized_by_probe = "--concurrent" in self.args.ab_args or not self.last_baseline(job)
+            if variant != "same" and job not in self.probes and sized_by_probe:
                 need += PROBE_ALLOWANCE_S
             elapsed = time.monotonic() - self.started
             if limit is not None and elapsed + need > limit:

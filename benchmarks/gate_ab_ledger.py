@@ -159,12 +159,19 @@ class GateRecord:
         return INJECTED.get(self.variant, 0.0)
 
     @property
+    def concurrent(self) -> bool:
+        return "--concurrent" in (self.settings.get("ab_args") or [])
+
+    @property
     def injected_measured(self) -> float | None:
         """The slowdown injected, as a share of the step this gate's baseline ran at (the
-        machine's speed can differ from the probe's)."""
-        if not self.slow_ms or not self.baseline_step_ms:
+        machine's speed can differ from the probe's). A ``--concurrent`` gate's baseline
+        ran beside its candidate, at about twice its own step, so its share is of the
+        probe's step, run alone: the slowdown a user of the job would see."""
+        step = self.probe_step_ms if self.concurrent else self.baseline_step_ms
+        if not self.slow_ms or not step:
             return None
-        return self.slow_ms / self.baseline_step_ms
+        return self.slow_ms / step
 
     def off_size(self, tolerance: float = SIZE_TOLERANCE) -> bool:
         """A slowdown more than ``tolerance`` (a share) off its variant's size."""

@@ -11,10 +11,17 @@ grew by more than the wait (a 0.17-0.28 ms wait on rank 1 grew its compute by 0.
 ms, and gates measured +16% for a nominal 10%). A torch op releases the GIL as a real
 layer's kernels do.
 
-The products run until a deadline on the wall clock, not a count calibrated at start: a
-product timed in a tight loop before training (warm caches, the other rank idle) ran
-about twice as fast as one inside the backward pass, so a counted loop added about twice
-its nominal time (gates measured +14% to +25% for a nominal 10%, quiet and loaded).
+The products run until the training thread's CPU time (``time.thread_time``) has grown by
+the set amount: slower code is more work, so on a busy machine it costs more wall time,
+as the real thing would. Two earlier designs were each wrong somewhere: a count of
+products calibrated before training ran about twice its nominal time (a product timed in
+a tight loop, caches warm and the other rank idle, was twice as fast as one inside the
+backward pass; gates measured +14% to +25% for a nominal 10%), and a deadline on the wall
+clock is half its nominal work when the core is shared (``hvdprof ab --concurrent`` runs
+both sides at once, so each rank has half a core): the step doubles, the injected wall
+time does not, and the slowdown shrinks to half its share. Torch's intra-op pool is one
+thread per rank at the launcher's default (cores // ranks), so the products run on the
+calling thread and its CPU time counts them.
 """
 
 from __future__ import annotations
@@ -33,13 +40,13 @@ _B = torch.randn(128, 128)
 
 
 def spin(ms: float) -> None:
-    """Compute for ``ms`` of wall time (a sleep would give the core away, as slower code
-    does not; a Python loop would hold the GIL, as a torch kernel does not). The deadline
-    overshoots by at most one product (tens of microseconds)."""
-    deadline = time.perf_counter() + ms / 1000.0
+    """Compute until this thread has spent ``ms`` more of CPU time (a sleep would give the
+    core away, as slower code does not; a Python loop would hold the GIL, as a torch
+    kernel does not). It overshoots by at most one product (tens of microseconds)."""
+    deadline = time.thread_time() + ms / 1000.0
     while True:
         torch.mm(_A, _B)
-        if time.perf_counter() >= deadline:
+        if time.thread_time() >= deadline:
             return
 
 
