@@ -280,36 +280,6 @@ def test_concurrent_runs_count_when_their_steps_overlap() -> None:
     assert pair((100.0, 104.0), None)  # not placed: nothing says they did not
 
 
-def test_a_concurrent_block_compares_the_steps_both_sides_ran_together() -> None:
-    """The baseline started 0.6 s sooner and stepped alone at 2 ms until the candidate's
-    steps began; from then on both stepped at 4 ms. Their whole runs' medians differ
-    twofold; the steps they ran together do not differ at all. One by one, and
-    where the window holds too few steps, the whole runs' are compared."""
-    from hvdprof.analysis.ab_runner import RunRecord, judged_steps_ms
-
-    def run(side: str, lengths_s: list[float], at: float) -> RunRecord:
-        starts = at + np.concatenate([[0.0], np.cumsum(lengths_s)[:-1]])
-        lengths = np.array(lengths_s)
-        ms = float(np.median(lengths)) * 1000.0
-        return RunRecord(side, 1, "", 0, 10.0, step_ms=ms, steps=len(lengths),
-                         steps_unix_s=(float(starts[0]), float(starts[-1] + lengths[-1])),
-                         step_spans_unix=(starts, lengths))  # fmt: skip
-
-    base = run("baseline", [0.002] * 300 + [0.004] * 200, 1000.0)
-    cand = run("candidate", [0.004] * 400, 1000.6)
-    pair = {"baseline": base, "candidate": cand}
-    assert base.step_ms is not None and cand.step_ms / base.step_ms > 1.5
-    assert judged_steps_ms(pair, concurrent=True) == pytest.approx((4.0, 4.0))
-    assert judged_steps_ms(pair, concurrent=False) == (base.step_ms, cand.step_ms)
-    # the candidate's steps began as the baseline's ended: too few together to judge on
-    late = run("candidate", [0.004] * 400, 1001.4 - 0.02)
-    both = {"baseline": base, "candidate": late}
-    assert judged_steps_ms(both, concurrent=True) == (base.step_ms, late.step_ms)
-    # steps that could not be placed on the wall clock: the whole runs'
-    unplaced = {"baseline": base, "candidate": RunRecord("candidate", 1, "", 0, 1.0, step_ms=4.0)}
-    assert judged_steps_ms(unplaced, concurrent=True) == (base.step_ms, 4.0)
-
-
 def test_an_identical_candidate_that_starts_later_passes(tmp_path: Path) -> None:
     """The same job, the candidate 6 s slower to start: the step time is compared, so
     it passes, and the verdict says the start-up differed."""

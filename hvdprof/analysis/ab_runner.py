@@ -32,8 +32,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from hvdprof.analysis.ab import PairedJudgement, SequentialGate, block_orders, blocks_to_decide
 from hvdprof.analysis.diff import DiffRow, RunDiff, diff_summaries
 from hvdprof.analysis.machine_load import LoadSampler, other_load_cores, snapshot
@@ -81,12 +79,6 @@ class RunRecord:
     #: its judged steps' span on the wall clock (None: they could not be placed)
     steps_unix_s: tuple[float, float] | None = None
     set_aside: bool = False  # its block's two runs could not be compared fairly
-    #: every rank's judged steps on the wall clock: (start, seconds) pairs, pooled
-    #: (None: they could not be placed); what a --concurrent block is judged on
-    step_spans_unix: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
-    #: the step time its block's ratio used: its whole run's, or under --concurrent its
-    #: steps' while the other side was in its steps too (None: not judged)
-    judged_step_ms: float | None = None
 
 
 class RunEntry(Result):
@@ -108,19 +100,14 @@ class RunEntry(Result):
     #: least 2 s of them (None: the whole run)
     load_window_s: float | None
     set_aside: bool  # its block was not judged: its two runs' other loads were too far apart
-    #: the step time its block's ratio used: ``step_ms``, or under ``--concurrent`` the
-    #: median of its steps while the other side was in its steps too (None: not judged)
-    judged_step_ms: float | None = None
 
     @classmethod
     def of(cls, r: RunRecord) -> RunEntry:
         startup = None if r.startup_s is None else round(r.startup_s, 3)
         load = None if r.other_load_cores is None else round(r.other_load_cores, 3)
         window = None if r.load_window_s is None else round(r.load_window_s, 3)
-        judged = None if r.judged_step_ms is None else round(r.judged_step_ms, 4)
         return cls(r.side, r.block, r.directory, r.exit_code, round(r.wall_s, 3), startup,
-                   r.step_ms, r.steps, r.problem, load, window, r.set_aside,
-                   judged)  # fmt: skip
+                   r.step_ms, r.steps, r.problem, load, window, r.set_aside)  # fmt: skip
 
 
 @dataclass
@@ -191,34 +178,21 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def _step_spans_unix(run: Run) -> tuple[np.ndarray, np.ndarray] | None:
-    """Every rank's judged steps (the warm-up step left out) on the wall clock, pooled:
-    their starts and lengths in seconds, from each rank's step starts and its manifest's
-    pairing of its clock with the wall clock (None: no rank's steps could be placed)."""
-    starts_s: list[np.ndarray] = []
-    lengths_s: list[np.ndarray] = []
+def _steps_window_unix_s(run: Run) -> tuple[float, float] | None:
+    """The judged steps' span on the wall clock (the warm-up step left out), from each
+    rank's step starts and its manifest's pairing of its clock with the wall clock."""
+    spans = []
     for rank, starts in step_starts(run).items():
         m = run.manifests.get(rank)
         first = warmup_steps(len(starts))
         if m is None or len(starts) - first < 2:
             continue
         to_unix = timeline_to_unix_s(m)
-        if to_unix is None:
-            continue
-        at = np.array([to_unix(float(t)) for t in starts[first:]])
-        starts_s.append(at[:-1])
-        lengths_s.append(np.diff(at))
-    if not starts_s:
+        if to_unix is not None:
+            spans.append((to_unix(float(starts[first])), to_unix(float(starts[-1]))))
+    if not spans:
         return None
-    return np.concatenate(starts_s), np.concatenate(lengths_s)
-
-
-def _steps_window_unix_s(spans: tuple[np.ndarray, np.ndarray] | None) -> tuple[float, float] | None:
-    """The judged steps' span on the wall clock: the first one's start to the last's end."""
-    if spans is None:
-        return None
-    starts, lengths = spans
-    return float(starts.min()), float((starts + lengths).max())
+    return min(a for a, _ in spans), max(b for _, b in spans)
 
 
 def _measure(record: RunRecord, timeline: str, sampler: LoadSampler) -> None:
@@ -246,8 +220,7 @@ def _measure(record: RunRecord, timeline: str, sampler: LoadSampler) -> None:
     record.summary = summary
     record.step_ms = summary.step_ms
     record.steps = len(summary.series.step)
-    record.step_spans_unix = _step_spans_unix(run)
-    window = record.steps_unix_s = _steps_window_unix_s(record.step_spans_unix)
+    window = record.steps_unix_s = _steps_window_unix_s(run)
     if window is not None and (load := sampler.other_load_cores(*window)) is not None:
         record.other_load_cores, record.load_window_s = load
 
@@ -463,8 +436,8 @@ def run_gate(
             outcome.set_aside.append(block)
             tell(None)
             continue
-        b, c = judged_steps_ms(pair, plan.concurrent)
-        pair["baseline"].judged_step_ms, pair["candidate"].judged_step_ms = b, c
+        b, c = pair["baseline"].step_ms, pair["candidate"].step_ms
+        assert b is not None and c is not None  # measured, or a problem stopped the gate
         outcome.log_ratios.append(math.log(c / b))
         if gate.is_look(len(outcome.log_ratios)):
             look = gate.judge(outcome.log_ratios)
@@ -496,39 +469,6 @@ def steps_overlap(pair: dict[str, RunRecord]) -> bool:
     (a0, a1), (b0, b1) = spans  # type: ignore[misc]
     shorter = min(a1 - a0, b1 - b0)
     return shorter <= 0 or min(a1, b1) - max(a0, b0) >= MIN_OVERLAP * shorter
-
-
-#: --concurrent: the fewest steps (all ranks pooled) a side must have run inside the two
-#: runs' common window for the window's median to stand for it
-MIN_WINDOW_STEPS = 20
-
-
-def judged_steps_ms(pair: dict[str, RunRecord], concurrent: bool) -> tuple[float, float]:
-    """The baseline's and the candidate's step time for their block's ratio. One by one:
-    each whole run's. Under ``--concurrent``: the median of each side's steps that started
-    while both were in their steps, because a run alone on the machine steps faster than
-    beside the other: the one that started first ran its first steps alone, and that
-    head start (a few hundred ms of start-up jitter, a fifth of a short run's steps)
-    moved the block's ratio by more than the slowdown sought (on the demo job, windowing
-    took the blocks' log-ratio spread from 0.36 to 0.12). Falls back to the whole runs'
-    when the steps cannot be placed or the window holds too few."""
-    base, cand = pair["baseline"], pair["candidate"]
-    whole = (base.step_ms, cand.step_ms)
-    assert whole[0] is not None and whole[1] is not None  # measured, or the gate stopped
-    if not concurrent or base.steps_unix_s is None or cand.steps_unix_s is None:
-        return whole[0], whole[1]
-    lo = max(base.steps_unix_s[0], cand.steps_unix_s[0])
-    hi = min(base.steps_unix_s[1], cand.steps_unix_s[1])
-    medians = []
-    for spans in (base.step_spans_unix, cand.step_spans_unix):
-        if spans is None:
-            return whole[0], whole[1]
-        starts, lengths = spans
-        inside = lengths[(starts >= lo) & (starts + lengths <= hi)]
-        if len(inside) < MIN_WINDOW_STEPS:
-            return whole[0], whole[1]
-        medians.append(float(np.median(inside)) * 1000.0)
-    return medians[0], medians[1]
 
 
 def loads_apart(pair: dict[str, RunRecord], tolerance: float | None) -> bool:
