@@ -249,6 +249,7 @@ EXTRACTORS: dict[str, Callable[[dict[str, Any]], Iterator[Row]]] = {
     "dashboard_load": _load,
     "gate_calibration": _gate,
     "gate_ab_calibration": _ab_calibration,
+    "gate_ab_concurrent": _ab_calibration,  # the same protocol, --ab-args "--concurrent"
     "machine_steadiness": _measures,
     "allreduce_mpi": _mpi,
     "scale_bench": _scale,

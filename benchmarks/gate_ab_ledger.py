@@ -496,7 +496,10 @@ def job_rows(
         if (xs := [x for g in by[v] if (x := g.injected_measured) is not None])
     ]
     if measured:
-        rows.append(GoalRow(job, "slowdown injected, of the gate's own baseline step (median)",
+        # a --concurrent gate's baseline ran beside its candidate: its share is of the probe's
+        of = "the probe's step, run alone" if any(g.concurrent for g in gates) else (
+            "the gate's own baseline step")  # fmt: skip
+        rows.append(GoalRow(job, f"slowdown injected, of {of} (median)",
                             ", ".join(measured), "", None))  # fmt: skip
     # what the injection did to the step, as the gates of each cell estimated it (a busy
     # wait in Python can cost the step more than its own time)

@@ -303,3 +303,13 @@ def test_max_minutes_expects_a_gate_from_the_slowest_block_seen(tmp_path: Path) 
     rows = ledger.job_rows(ledger.read_ledger(path).gates, "demo", 20)
     assert [r.result for r in rows if r.measure.startswith("one run")] == ["2.4 s, start-up 1.1 s"]
     assert c.expected_gate_s("demo") == 300
+
+
+def test_a_concurrent_gate_sizes_its_slowdown_against_the_step_run_alone() -> None:
+    """A --concurrent gate's baselines ran beside their candidates, at about twice their
+    own step: its share is of the probe's step (run alone), not of that baseline's."""
+    alone = dataclasses.replace(gate("all10"), baseline_step_ms=10.0)
+    assert not alone.concurrent and alone.off_size()  # 0.5 ms of a 10 ms step: 5%
+    together = dataclasses.replace(alone, settings={**SETTINGS, "ab_args": ["--concurrent"]})
+    assert together.concurrent and not together.off_size()
+    assert together.injected_measured == pytest.approx(0.10)
