@@ -19,9 +19,11 @@ a tight loop, caches warm and the other rank idle, was twice as fast as one insi
 backward pass; gates measured +14% to +25% for a nominal 10%), and a deadline on the wall
 clock is half its nominal work when the core is shared (``hvdprof ab --concurrent`` runs
 both sides at once, so each rank has half a core): the step doubles, the injected wall
-time does not, and the slowdown shrinks to half its share. Torch's intra-op pool is one
-thread per rank at the launcher's default (cores // ranks), so the products run on the
-calling thread and its CPU time counts them.
+time does not, and the slowdown shrinks to half its share. The launcher gives each rank
+cores // ranks intra-op threads: one per rank on the 2-core machine this was calibrated
+on, so the products run on the calling thread and its CPU time counts them all. With
+more threads a product may be split across them and the calling thread's CPU time
+counts only its part, so the injected work would be larger than set.
 """
 
 from __future__ import annotations
