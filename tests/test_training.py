@@ -32,6 +32,12 @@ SECTIONS = {
     "sgd_predivide": "gradient_predivide_factor=2.0 gives the same average",
     "sgd_fp16_compression": "compression=hvd.Compression.fp16, looser tolerance",
     "adam_fp16_compression": "fp16 compression with Adam",
+    "sgd_keep_grads": "zero_grad(set_to_none=False): gradients kept and zeroed in place "
+    "step after step",
+    "adam_keep_grads_backward_passes_2": "the same with two micro-batches, Adam, conv net",
+    "sgd_channels_last": "a channels_last conv net: its weights and gradients are not "
+    "contiguous (broadcast_parameters and one allreduce per gradient once raised "
+    "'requires a contiguous tensor')",
     "groups": "Horovod's groups=: bad values are a ValueError, num_groups is deprecated "
     "but still groups, an integer and lists of parameters train like one process",
     "unused_parameter": "a parameter that never gets a gradient: its bucket is completed "

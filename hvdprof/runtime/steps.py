@@ -36,7 +36,17 @@ class StepCounter:
             if not self._named:
                 self._named = any(_UNNAMED not in name for name in names)
             return
-        for name in names:  # ``completed``, inlined: a step's worth of names at a time
+        if len(set(names)) == len(names) and _UNNAMED not in "\n".join(names):
+            # Every name named, none twice in the batch (a step's worth of gradients, the
+            # common case): only the first already seen ends a step; from there on, the
+            # batch's names are the new step's first. Per-name calls cost ~0.5 us each.
+            first = next(i for i, name in enumerate(names) if name in seen)
+            self.step += 1
+            seen.clear()
+            seen.update(names[first:] if first else names)
+            self._named = True
+            return
+        for name in names:  # ``completed`` for each: repeats within the batch, or unnamed
             self.completed(name)
 
     def completed(self, name: str) -> None:

@@ -36,12 +36,16 @@ def broadcast_parameters(
     else:
         raise ValueError(f"invalid params of type: {type(params).__name__}")
     handles = []
+    copied = []  # (parameter, its contiguous copy): written back once the copy has arrived
     for name, p in items:
         if p is None:
             continue
         tensor = p.data if isinstance(p, torch.nn.Parameter) else p
         if not isinstance(tensor, torch.Tensor):
             continue
+        if not tensor.is_contiguous():  # channels_last weights: an in-place op needs contiguous
+            copied.append((tensor, tensor.contiguous()))
+            tensor = copied[-1][1]
         handles.append(
             broadcast_async_(
                 tensor, root_rank, name=f"broadcast.param.{name}", process_set=process_set
@@ -49,6 +53,8 @@ def broadcast_parameters(
         )
     for h in handles:
         synchronize(h)
+    for original, received in copied:
+        original.copy_(received)
 
 
 def broadcast_object(

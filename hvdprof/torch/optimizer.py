@@ -185,6 +185,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 )
                 return handle, None
             tensor = tensor.to_dense()  # reduced densely; synchronize() replaces p.grad
+        elif not tensor.is_contiguous():
+            # a channels_last conv weight's gradient: reduced in a contiguous copy, and
+            # synchronize() copies the result back (an in-place allreduce needs contiguous)
+            tensor = tensor.contiguous()
         prescale, postscale = self._scales()
         compressed, ctx = self._compression.compress(tensor)
         handle = allreduce_async_(

@@ -68,10 +68,14 @@ def train_case(
     compression=hvd.Compression.none,
     tol: float = 1e-5,
     groups_of=None,
+    set_to_none: bool = True,
+    channels_last: bool = False,
     **dist_kwargs,
 ) -> None:
     torch.manual_seed(1000 + R)  # a different model on every rank
     model = mlp() if model_kind == "mlp" else convnet()
+    if channels_last:  # conv weights (and their gradients) no longer contiguous
+        model = model.to(memory_format=torch.channels_last)
     if groups_of is not None:
         dist_kwargs["groups"] = groups_of(model)
     opt = make_opt(model.parameters())
@@ -103,7 +107,7 @@ def train_case(
 
     _optimizer_module.allreduce_async_ = counting_submit
     for step in range(steps):
-        dopt.zero_grad()
+        dopt.zero_grad(set_to_none=set_to_none)
         micro = BATCH // bpps
         for m in range(bpps):
             part = slice(R * BATCH + m * micro, R * BATCH + (m + 1) * micro)
@@ -481,6 +485,11 @@ SECTIONS = {
     "adam_fp16_compression": lambda: train_case(
         "adam_fp16", "conv", adam, compression=hvd.Compression.fp16, tol=1e-3
     ),
+    "sgd_keep_grads": lambda: train_case("sgd_keep_grads", "mlp", sgd, set_to_none=False),
+    "adam_keep_grads_backward_passes_2": lambda: train_case(
+        "adam_keep_grads_bpps2", "conv", adam, bpps=2, set_to_none=False
+    ),
+    "sgd_channels_last": lambda: train_case("sgd_channels_last", "conv", sgd, channels_last=True),
     "optimizer_safety": check_safety,
     "groups": check_groups,
     "unused_parameter": check_unused_parameter,
