@@ -12,6 +12,15 @@ import random
 from hvdprof.runtime.steps import StepCounter
 
 
+class _Op:
+    """What the cycle completes: an object with a name (a response cache entry)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
 def _replay(batches: list[list[str]]) -> list[tuple[int, bool, frozenset[str]]]:
     batched, single = StepCounter(), StepCounter()
     seen = []
@@ -51,3 +60,37 @@ def test_random_batches_agree_with_name_by_name_counting() -> None:
             for _ in range(rng.randint(1, 8))
         ]
         _replay(batches)
+
+
+def test_the_same_ops_again_count_as_name_by_name() -> None:
+    """``completed_ops`` skips the names when the batch is the very same op objects as the
+    last: every sequence of batches, repeated or not, counts as one name at a time."""
+    rng = random.Random(4747)
+    pool = [_Op(f"t{i}") for i in range(10)] + [_Op(f"allreduce.noname.{i}") for i in range(2)]
+    for _ in range(300):
+        by_ops, single = StepCounter(), StepCounter()
+        batch: list[_Op] = []
+        for _ in range(rng.randint(1, 12)):
+            roll = rng.random()
+            if roll < 0.5 and batch:
+                pass  # the same list object again: a cached step
+            elif roll < 0.8:
+                batch = rng.sample(pool[:10], rng.randint(1, 10))  # distinct, named
+            else:
+                batch = [rng.choice(pool) for _ in range(rng.randint(0, 6))]
+            by_ops.completed_ops(batch)
+            for op in batch:
+                single.completed(op.name)
+            assert (by_ops.step, by_ops._named, by_ops._seen) == (
+                single.step,
+                single._named,
+                single._seen,
+            ), [op.name for op in batch]
+
+
+def test_a_cached_step_of_2000_ops_counts_one_step_each_time() -> None:
+    ops = [_Op(f"allreduce.grad.{i}") for i in range(2000)]
+    counter = StepCounter()
+    for _ in range(6):
+        counter.completed_ops(ops)
+    assert counter.step == 5

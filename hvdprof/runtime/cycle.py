@@ -731,10 +731,22 @@ class CycleLoop:
         bit_of = self.cache.bit_of
         entries = self.cache.entries()
         waiting = self._cached_waiting
+        # ResponseCache.lookup, inlined and by list: a burst is thousands of ops, and one
+        # comprehension per stage costs about half of one loop doing every stage per op.
+        # (Exactly the ops queued now: the user's thread may append more meanwhile.)
+        popleft = queue.popleft
+        reqs = [popleft() for _ in range(len(queue))]
+        bits = [bit_of.get(req.name) for req in reqs]
+        if None not in bits and [entries[bit].signature for bit in bits] == [
+            req.signature for req in reqs
+        ]:  # every op cached, with its signature unchanged: a step's burst (the lists
+            # compare in C, each pair by identity first: the front end shares Signatures)
+            waiting.update(zip(bits, reqs, strict=True))
+            if bits:
+                self._bits[bits] = 1
+            return
         new_bits: list[int] = []
-        while queue:  # per op: ResponseCache.lookup, inlined
-            req = queue.popleft()
-            bit = bit_of.get(req.name)
+        for req, bit in zip(reqs, bits, strict=True):
             if bit is not None:
                 cached = entries[bit].signature
                 # the front end shares one Signature per (dtype, shape, ...): usually `is`
@@ -982,7 +994,7 @@ class CycleLoop:
         t_end: int,
     ) -> OpBatch | None:
         self.counters["ops_completed"] += len(ready_ops)
-        self.steps.completed_many([op.name for op in ready_ops])
+        self.steps.completed_ops(ready_ops)
         if not detailed or not ready_ops:
             return None
         return self._op_batch(ready_ops, ready_reqs, n_cached, reply, t_negotiated, t_end)

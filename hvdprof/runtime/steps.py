@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 #: the mark of a name the runtime gave an unnamed op (``runtime.NameAllocator``)
 _UNNAMED = ".noname."
 
@@ -21,21 +23,46 @@ class StepCounter:
     else).
     """
 
-    __slots__ = ("_named", "_seen", "step")
+    __slots__ = ("_last_ops", "_named", "_repeats", "_seen", "step")
 
     def __init__(self) -> None:
         self.step = 0
         self._seen: set[str] = set()
         self._named = False  # a named op has completed: unnamed ones mark no steps
+        #: the last batch :meth:`completed_ops` took, and whether it ended a step in a way
+        #: that the same batch again ends one more and leaves everything as it is
+        self._last_ops: list[Any] = []
+        self._repeats = False
+
+    def completed_ops(self, ops: list[Any]) -> None:
+        """``completed_many`` of the ops' names (objects with a ``name``).
+
+        A cached step completes the very same op objects as the step before (the response
+        cache's entries), thousands of them: a batch identical to the last, which ended a
+        step at its first repeat, ends one more and changes nothing else. That costs one
+        comparison of two lists by identity instead of a pass over every name.
+        """
+        if self._repeats and ops == self._last_ops:
+            self.step += 1
+            return
+        self._repeats = self._completed_many([op.name for op in ops])
+        self._last_ops = ops
 
     def completed_many(self, names: list[str]) -> None:
         """The same as ``completed`` for each name, at C speed when no step ends."""
+        self._completed_many(names)
+        self._repeats = False  # (a batch by name: completed_ops compares no names)
+
+    def _completed_many(self, names: list[str]) -> bool:
+        """``completed_many``; True when the batch ended a step at its first repeat with
+        every name named and none twice: the same batch again would end exactly one more
+        and leave the names seen as they are."""
         seen = self._seen
         if seen.isdisjoint(names) and len(set(names)) == len(names):
             seen.update(names)
             if not self._named:
                 self._named = any(_UNNAMED not in name for name in names)
-            return
+            return False
         if len(set(names)) == len(names) and _UNNAMED not in "\n".join(names):
             # Every name named, none twice in the batch (a step's worth of gradients, the
             # common case): only the first already seen ends a step; from there on, the
@@ -45,11 +72,13 @@ class StepCounter:
             seen.clear()
             seen.update(names[first:] if first else names)
             self._named = True
-            return
+            return True
         for name in names:  # ``completed`` for each: repeats within the batch, or unnamed
             self.completed(name)
+        return False
 
     def completed(self, name: str) -> None:
+        self._repeats = False
         unnamed = _UNNAMED in name
         if name in self._seen and not (unnamed and self._named):
             self.step += 1
