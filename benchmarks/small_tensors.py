@@ -12,6 +12,10 @@ rank 0's CPU per op on the training thread (submit and wait) and on the cycle th
 stage (negotiate, perform, account), read from thread CPU clocks.
 
     python benchmarks/small_tensors.py [--np 2] [--steps 40] [--per-tensor-steps 5] [--quick]
+        [--load]
+
+``--load`` runs one Python spin loop per core beside the job (results in
+``small_tensors.loaded.json``).
 """
 
 from __future__ import annotations
@@ -111,6 +115,11 @@ def main() -> None:
         default=5,
         help="timed rounds in which per_tensor_async runs (spread over --steps; default 5)",
     )
+    p.add_argument(
+        "--load",
+        action="store_true",
+        help="one spin loop per core beside the job (results in small_tensors.loaded.json)",
+    )
     args = p.parse_args()
     if args.worker:
         worker(args)
@@ -124,7 +133,8 @@ def main() -> None:
         "--threads", str(args.threads), "--tensors", str(args.tensors), "--numel", str(args.numel),
         "--per-tensor-steps", str(args.per_tensor_steps),
     ]  # fmt: skip
-    data = h.run_job(__file__, argv, args.np, timeout=timeout)
+    with h.spin_loops(args.load):
+        data = h.run_job(__file__, argv, args.np, timeout=timeout)
     samples = data["samples"]
     summary = h.summarise(samples)
 
@@ -157,10 +167,11 @@ def main() -> None:
     )
 
     path = h.write_results(
-        NAME,
+        f"{NAME}.loaded" if args.load else NAME,
         {
             "settings": {
                 "np": args.np,
+                "load": "one spin loop per core" if args.load else "quiet",
                 "steps": args.steps,
                 "warmup": args.warmup,
                 "per_tensor_steps": args.per_tensor_steps,
