@@ -58,12 +58,13 @@ class StepCounter:
         every name named and none twice: the same batch again would end exactly one more
         and leave the names seen as they are."""
         seen = self._seen
-        if seen.isdisjoint(names) and len(set(names)) == len(names):
+        distinct = len(set(names)) == len(names)
+        if distinct and seen.isdisjoint(names):
             seen.update(names)
             if not self._named:
                 self._named = any(_UNNAMED not in name for name in names)
             return False
-        if len(set(names)) == len(names) and _UNNAMED not in "\n".join(names):
+        if distinct and _UNNAMED not in "\n".join(names):
             # Every name named, none twice in the batch (a step's worth of gradients, the
             # common case): only the first already seen ends a step; from there on, the
             # batch's names are the new step's first. Per-name calls cost ~0.5 us each.

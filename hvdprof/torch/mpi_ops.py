@@ -468,9 +468,7 @@ def allreduce_async_(
     set_id, members = 0, None
     if process_set is not global_process_set:
         set_id, members = set_of(process_set, "allreduce_async_")
-    reduce_op = _OPS_BY_VALUE.get(op) if average is None else None  # (per op: no call)
-    if reduce_op is None:
-        reduce_op = _resolve_op(op, average)
+    reduce_op = _resolve_op(op, average)
     h = _allreduce_async(
         tensor,
         True,
