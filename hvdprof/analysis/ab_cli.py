@@ -239,7 +239,12 @@ def _prepare_out(path: str) -> str:
 def cmd_ab(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from hvdprof.analysis.ab_runner import outcome_to_dict, run_gate, verdict_line
+    from hvdprof.analysis.ab_runner import (
+        outcome_to_dict,
+        run_gate,
+        stop_on_signals,
+        verdict_line,
+    )
 
     sides, plan = _sides(args), _plan(args)
     if args.json is not None:  # refused before the runs, not after them
@@ -248,7 +253,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
         if (problem := refusal(args.json, "ab --json")) is not None:
             _usage(problem)
     out_dir = _prepare_out(args.out)
-    _stop_on_sigterm()
+    stop_on_signals()
     err = Console(stderr=True, markup=False, highlight=False)
     err.print(
         f"hvdprof ab: up to {plan.gate.max_blocks} blocks (looks after {plan.gate.looks}), "
@@ -266,17 +271,6 @@ def cmd_ab(args: argparse.Namespace) -> int:
     style = "bold green" if code == EXIT_PASS else "bold red"
     Console(markup=False, highlight=False, soft_wrap=True).print(line, style=style)
     return code
-
-
-def _stop_on_sigterm() -> None:
-    """A CI runner cancels a job with SIGTERM: end as Ctrl+C does, so the run under way is
-    stopped with its ranks (see ``ab_runner._kill_group``) rather than left running."""
-    import signal
-
-    def stop(signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
 
 
 def _with_progress(err: Any, plan: Any, sides: Any, out_dir: str, run_gate: Any) -> GateOutcome:

@@ -28,7 +28,7 @@ import signal
 import statistics
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -239,8 +239,47 @@ class _Launched:
     started: float  # monotonic
 
 
-def _launch(side: Side, block: int, out_dir: str) -> _Launched:
-    """Start ``side`` once with its own timeline; its output goes to ``output.log``."""
+class _HeldStop:
+    """A stop (SIGTERM, Ctrl+C) that comes while a run is being started waits until the
+    run is on its caller's list of runs to stop: raised between ``Popen``'s fork and the
+    list's append, it would leave the new run's process tree behind, running (a CI
+    runner's cancel did)."""
+
+    depth = 0
+    pending = False
+
+
+@contextlib.contextmanager
+def _holding_stops() -> Iterator[None]:
+    _HeldStop.depth += 1
+    try:
+        yield
+    finally:
+        _HeldStop.depth -= 1
+    if _HeldStop.depth == 0 and _HeldStop.pending:
+        _HeldStop.pending = False
+        raise KeyboardInterrupt
+
+
+def stop_on_signals() -> None:
+    """SIGTERM (a CI runner's cancel) and Ctrl+C end the gate as KeyboardInterrupt, so the
+    runs under way are stopped with their ranks (:func:`_kill_group`) rather than left
+    running; one that comes while a run is being started is raised once it is listed."""
+
+    def stop(_signum: int, _frame: Any) -> None:
+        if _HeldStop.depth:
+            _HeldStop.pending = True
+            return
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
+def _launch(side: Side, block: int, out_dir: str, into: list[_Launched]) -> _Launched:
+    """Start ``side`` once with its own timeline; its output goes to ``output.log``. The
+    run is appended to ``into`` before a stop can be raised: the caller stops what that
+    list holds, whatever ends it."""
     directory = os.path.join(out_dir, f"block-{block:02d}-{side.name}")
     timeline = os.path.join(directory, "timeline")
     os.makedirs(timeline, exist_ok=True)
@@ -250,28 +289,25 @@ def _launch(side: Side, block: int, out_dir: str) -> _Launched:
     # reaped (RUSAGE_CHILDREN), which also covers its last moments, after the sampler's
     # last look and once its tree has left /proc
     before = snapshot()
-    log = open(os.path.join(directory, "output.log"), "wb")  # noqa: SIM115 (closed by _finish)
-    try:
-        proc = subprocess.Popen(
-            side.command,
-            shell=True,
-            cwd=side.cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its whole process tree is killed with it
-        )
-    except BaseException:
-        log.close()
-        raise
-    launched = _Launched(record, proc, log, timeline, LoadSampler(), before, time.monotonic())
-    try:
-        # a SIGTERM during the sampler's first /proc scan still ends the run
-        launched.sampler.start(proc.pid)  # the run's whole process tree, under its shell
-    except BaseException:
-        _abandon(launched)
-        raise
+    with _holding_stops():
+        log = open(os.path.join(directory, "output.log"), "wb")  # noqa: SIM115 (closed by _finish)
+        try:
+            proc = subprocess.Popen(
+                side.command,
+                shell=True,
+                cwd=side.cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its whole process tree is killed with it
+            )
+        except BaseException:
+            log.close()
+            raise
+        launched = _Launched(record, proc, log, timeline, LoadSampler(), before, time.monotonic())
+        into.append(launched)
+    launched.sampler.start(proc.pid)  # the run's whole process tree, under its shell
     return launched
 
 
@@ -316,11 +352,13 @@ def _measured(run: _Launched) -> RunRecord:
 
 def record_run(side: Side, block: int, out_dir: str, timeout_s: float) -> RunRecord:
     """Run ``side`` once with its own timeline; its output goes to ``output.log``."""
-    run = _launch(side, block, out_dir)
+    started: list[_Launched] = []
     try:
+        run = _launch(side, block, out_dir, started)
         return _finish(run, run.started + timeout_s, timeout_s)
     except BaseException:
-        _abandon(run)
+        for run in started:
+            _abandon(run)
         raise
 
 
@@ -333,7 +371,7 @@ def record_together(
     runs: list[_Launched] = []
     try:
         for side in sides:
-            runs.append(_launch(side, block, out_dir))
+            _launch(side, block, out_dir, runs)
         deadline = min(r.started for r in runs) + timeout_s
         pending = list(runs)
         while pending:  # each as it ends, so that its wall time is its own
