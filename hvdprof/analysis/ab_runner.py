@@ -256,9 +256,9 @@ def _holding_stops() -> Iterator[None]:
         yield
     finally:
         _HeldStop.depth -= 1
-    if _HeldStop.depth == 0 and _HeldStop.pending:
-        _HeldStop.pending = False
-        raise KeyboardInterrupt
+        if _HeldStop.depth == 0 and _HeldStop.pending:
+            _HeldStop.pending = False
+            raise KeyboardInterrupt  # the stop wins over an error raised while held
 
 
 def stop_on_signals() -> None:
