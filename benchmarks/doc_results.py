@@ -229,6 +229,24 @@ def _autotune(d: dict[str, Any]) -> Iterator[Row]:
             yield f"[{job}] tuner run {i} said", said, "", None
 
 
+def _timeline(d: dict[str, Any]) -> Iterator[Row]:
+    """The harness's ratios, then each workload's per-round estimate with its 90% interval
+    (met, not met, or undecided: the goal inside the interval)."""
+    yield from _generic(d)
+    for which, j in (d.get("per_round") or {}).items():
+        low, high = j["interval_90"]
+        span = f"{_num(low)} - {'open' if high is None else _num(high)}"
+        met = {"met": True, "not met": False}.get(j.get("verdict"))
+        verdict = "" if j.get("verdict") in (None, "met", "not met") else f", {j['verdict']}"
+        goal = "" if j.get("goal") is None else f"<= {j['goal']}"
+        yield (
+            f"{which}: on / off per round ({j['rounds']} rounds; 90% interval)",
+            f"{_num(j['estimate'])} ({span}{verdict})",
+            goal,
+            met,
+        )
+
+
 def _generic(d: dict[str, Any]) -> Iterator[Row]:
     ratios = d.get("ratios")
     if isinstance(ratios, dict):
@@ -254,6 +272,7 @@ EXTRACTORS: dict[str, Callable[[dict[str, Any]], Iterator[Row]]] = {
     "allreduce_mpi": _mpi,
     "scale_bench": _scale,
     "kineto_bench": _kineto,
+    "timeline_overhead": _timeline,
 }
 #: docs/autotune.md also shows what each tuning run said
 AUTOTUNE_EXTRACTORS = {**EXTRACTORS, "autotune_bench": _autotune}
