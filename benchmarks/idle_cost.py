@@ -3,17 +3,21 @@ the whole rank while every rank is between steps (an evaluation, a data stall, a
 forward pass), and how many cycles it runs.
 
 Idle for 20 ms, the ranks sleep on their control sockets until one has work (see "the
-cycle" in docs/how-it-works.md). Two variants, each its own launch (the setting is read
+cycle" in docs/how-it-works.md). Three variants, each its own launch (the setting is read
 at start-up), taking turns over ``--steps`` rounds:
 
 * ``sleep``: the defaults a user gets;
 * ``tick_10ms``: ``HVDPROF_IDLE_SLEEP_MAX_SECONDS=0.01``, every sleep cut short after
   10 ms: the cadence of the old idle back-off, which cycled every 10 ms (each wake-up
-  here also costs a round of tokens, so it is a little dearer than that back-off was).
+  here also costs a round of tokens, so it is a little dearer than that back-off was);
+* ``timeline``: the defaults with ``HVDPROF_TIMELINE`` set (a fresh directory per run):
+  what recording costs a rank that has nothing to record (its flusher thread sleeps
+  untimed once no record comes; it woke twenty times a second before).
 
 Each rank does one allreduce, settles for a second, then measures ``--seconds`` of idle:
 its cycle thread's CPU (``/proc/self/task/<tid>/schedstat``), its process's CPU, and
-its cycles. Reported per rank, medians over rounds; the ratio is sleep / tick.
+its cycles. Reported per rank, medians over rounds; the ratios are sleep / tick and
+timeline / sleep.
 
     python benchmarks/idle_cost.py [--np 2] [--steps 3] [--seconds 5] [--load] [--quick]
 """
@@ -21,8 +25,10 @@ its cycles. Reported per rank, medians over rounds; the ratio is sleep / tick.
 from __future__ import annotations
 
 import random
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +36,11 @@ from typing import Any
 import _harness as h
 
 NAME = "idle_cost"
-VARIANTS = {"sleep": {}, "tick_10ms": {"HVDPROF_IDLE_SLEEP_MAX_SECONDS": "0.01"}}
+VARIANTS = {
+    "sleep": {},
+    "tick_10ms": {"HVDPROF_IDLE_SLEEP_MAX_SECONDS": "0.01"},
+    "timeline": {"HVDPROF_TIMELINE": "(a fresh directory per run)"},
+}
 
 
 def thread_cpu_s(native_id: int) -> float:
@@ -78,9 +88,16 @@ def run_rounds(args: Any) -> dict[str, list[list[dict[str, float]]]]:
         rng.shuffle(order)
         for variant in order:
             print(f"round {rnd + 1}/{args.steps}: {variant}", flush=True)
-            data = h.run_job(
-                __file__, argv, args.np, env=VARIANTS[variant], timeout=args.seconds + 120
-            )
+            env = dict(VARIANTS[variant])
+            scratch = None
+            if "HVDPROF_TIMELINE" in env:
+                scratch = tempfile.mkdtemp(prefix="hvdprof-idle-cost-")
+                env["HVDPROF_TIMELINE"] = scratch
+            try:
+                data = h.run_job(__file__, argv, args.np, env=env, timeout=args.seconds + 120)
+            finally:
+                if scratch is not None:
+                    shutil.rmtree(scratch, ignore_errors=True)
             out[variant].append(data["ranks"])
     return out
 
@@ -131,9 +148,18 @@ def main() -> None:
             "sleep": sleep,
             "tick_10ms": tick,
         }
+    key = "process_ms_per_s"
+    on = max(s[key] for s in summary["timeline"])
+    off = max(s[key] for s in summary["sleep"])
+    ratios["idle process ms per s: timeline / sleep (busiest rank)"] = {
+        "of_medians": round(on / off, 4) if off else None,
+        "timeline": on,
+        "sleep": off,
+    }
     print()
     for name, r in ratios.items():
-        print(f"{name}: {r['of_medians']} ({r['sleep']:.2f} vs {r['tick_10ms']:.2f})")
+        a, b = (v for k, v in r.items() if k != "of_medians")
+        print(f"{name}: {r['of_medians']} ({a:.2f} vs {b:.2f})")
     name = f"{NAME}.loaded" if args.load else NAME
     path = h.write_results(
         name,
