@@ -528,8 +528,7 @@ class RenderProcess:
             self._batch.append(entry)
             self._pending_events += weight
             self._pending_items += 1
-            if self._parked:
-                self._wake_flusher_locked()
+            self._wake_flusher_locked()
             if len(self._batch) >= BATCH_MESSAGES:
                 self._seal_batch_locked()
             if len(self._pending) >= FLUSH_BYTES:
@@ -551,8 +550,7 @@ class RenderProcess:
             self._batch.extend([(MSG_ITEM, item, 1) for item in items])
             self._pending_events += len(items)
             self._pending_items += len(items)
-            if self._parked:
-                self._wake_flusher_locked()
+            self._wake_flusher_locked()
             if len(self._batch) >= BATCH_MESSAGES:
                 self._seal_batch_locked()
             return len(items)
