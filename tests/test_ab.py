@@ -343,9 +343,17 @@ SPIN = f"{PY} -c 'while True: pass'"
 def test_other_load_counts_a_neighbour_not_the_run() -> None:
     from hvdprof.analysis.machine_load import other_load_cores, snapshot
 
+    def cpu_s(pid: int) -> float:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    neighbour_cores = 0.0
+
     def load_over(seconds: float, during: str) -> float:
         """Other load over ``seconds``: nothing started, a child spinning that is reaped
         before the second snapshot (the run's own), or one still spinning (a neighbour)."""
+        nonlocal neighbour_cores
         before = snapshot()
         if during == "own":
             subprocess.run(
@@ -362,6 +370,7 @@ def test_other_load_counts_a_neighbour_not_the_run() -> None:
             time.sleep(seconds)
         after = snapshot()
         if neighbour is not None:
+            neighbour_cores = cpu_s(neighbour.pid) / (after.wall_s - before.wall_s)
             neighbour.kill()
             neighbour.wait()
         load = other_load_cores(before, after)
@@ -370,7 +379,15 @@ def test_other_load_counts_a_neighbour_not_the_run() -> None:
 
     idle = load_over(1.0, "nothing")
     assert load_over(1.0, "own") - idle < 0.3  # the run's own CPU is not counted
-    assert load_over(1.0, "neighbour") - idle > 0.6  # a neighbour's is: about a core
+    with_neighbour = load_over(1.0, "neighbour")
+    # a neighbour's is: all the CPU it got (what it took from other processes, on a busy
+    # machine, no longer counts for them) ...
+    assert with_neighbour > neighbour_cores - 0.15, (with_neighbour, neighbour_cores)
+    # ... which adds about a core to the reading where the machine had one spare (on a
+    # saturated one, a CI neighbour or a loaded run of this suite, it takes a share of
+    # the same cores and the reading stays: nothing to add)
+    if os.cpu_count() - idle > 1.2:
+        assert with_neighbour - idle > 0.6, (with_neighbour, idle)
 
 
 @pytest.mark.skipif(
