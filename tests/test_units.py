@@ -13,7 +13,7 @@ import pytest
 
 from hvdprof.config import ENV_VARS, Config
 from hvdprof.errors import ConfigError, HvdprofError
-from hvdprof.runtime.collective_core import reducescatter_rows
+from hvdprof.runtime.collective_core import FusionBufferPool, UnpackViews, reducescatter_rows
 from hvdprof.runtime.fusion import FusionKey, fusion_key, plan_fusion, signature_nbytes
 from hvdprof.runtime.negotiation import (
     Coordinator,
@@ -124,6 +124,57 @@ def test_single_key_fast_plan_matches_the_general_loop(seed: int) -> None:
     assert [(g.indices, g.nbytes, g.key) for g in fast] == [
         (g.indices, g.nbytes, g.key) for g in general[:-1]
     ]
+
+
+class _Member:
+    """A cached op as the executor sees it: the unpacking reads only its size."""
+
+    def __init__(self, numel: int) -> None:
+        self.numel = numel
+
+
+def test_unpack_views_are_made_once_per_group_and_follow_the_buffer() -> None:
+    import torch
+
+    pool = FusionBufferPool()
+    unpack = UnpackViews(pool)
+    cpu = torch.device("cpu")
+    ops = [_Member(n) for n in (3, 1, 4, 2)]
+    outs = [torch.zeros(op.numel) for op in ops]
+    for step in range(3):  # the same group each step, new values each step
+        flat = pool.get(cpu, torch.float32, 0, 10, 64)
+        flat.copy_(torch.arange(10, dtype=torch.float32) + 100 * step)
+        unpack.copy_out(flat, list(ops), outs)  # a new list each cycle, as the executor's
+        got = torch.cat(outs)
+        assert torch.equal(got, torch.arange(10, dtype=torch.float32) + 100 * step)
+        assert len(unpack) == 1  # made at the first step, reused after
+    kept_views = next(iter(unpack._kept.values()))[1]
+
+    # another group in the same buffer (other members, or the same in another order)
+    other = [ops[1], ops[0], ops[3], ops[2]]
+    other_outs = [torch.zeros(op.numel) for op in other]
+    flat = pool.get(cpu, torch.float32, 0, 10, 64)
+    flat.copy_(-torch.arange(10, dtype=torch.float32))
+    unpack.copy_out(flat, other, other_outs)
+    assert [t.tolist() for t in other_outs] == [
+        [-0.0],
+        [-1.0, -2.0, -3.0],
+        [-4.0, -5.0],
+        [-6, -7, -8, -9],
+    ]
+    assert len(unpack) == 2
+    unpack.copy_out(flat, list(ops), outs)  # the first group's views are still the same
+    assert next(iter(unpack._kept.values()))[1] is kept_views
+
+    # the pool replaces the buffer (a larger group, then a smaller one): the old is let go
+    old_address = flat.data_ptr()
+    pool.get(cpu, torch.float32, 0, 40, 64)
+    flat = pool.get(cpu, torch.float32, 0, 10, 64)
+    assert flat.data_ptr() != old_address
+    flat.copy_(torch.full((10,), 7.0))
+    unpack.copy_out(flat, list(ops), outs)
+    assert torch.equal(torch.cat(outs), torch.full((10,), 7.0))
+    assert [k[0] for k in unpack._kept] == [flat.data_ptr()]
 
 
 def test_fusion_key_and_nbytes() -> None:

@@ -53,6 +53,10 @@ class FusionBufferPool:
     def clear(self) -> None:
         self._buffers.clear()
 
+    def addresses(self) -> set[int]:
+        """Where the buffers now held start (a replaced buffer's address is not here)."""
+        return {buf.data_ptr() for buf in self._buffers.values()}
+
 
 def flat_view(tensor: torch.Tensor) -> torch.Tensor:
     """A 1-D view (``view()`` costs about a microsecond: skipped when already 1-D)."""
@@ -83,6 +87,50 @@ def single_buffer(
     if out is not request.tensor:
         out.copy_(request.tensor)
     return out
+
+
+class UnpackViews:
+    """The fusion buffers' slices, one per member, kept while the same groups repeat.
+
+    ``torch.split_with_sizes_copy`` makes a view per member on every call (about a third
+    of a microsecond each, before its copy): 2,000 small gradients paid 1.1 ms a step
+    to unpack, of which the copies were 0.75 (measured on a 2-core VM, 256 floats each).
+    A training step submits the same tensors in the same order, so the same cached ops
+    form the same groups in the same buffers: the views are made once and reused, and
+    one ``torch._foreach_copy_`` writes them back. The kept list holds its ops, so their
+    ids cannot be reused while kept; a buffer the pool has replaced is let go at the next
+    miss (a view keeps its storage alive: an autotuned threshold must not pin old ones).
+    """
+
+    #: groups kept at most (a job's distinct groups per step); all are dropped beyond it
+    LIMIT = 256
+
+    def __init__(self, pool: FusionBufferPool) -> None:
+        self._pool = pool
+        self._kept: dict[tuple[int, int, int], tuple[list[Any], tuple[torch.Tensor, ...]]] = {}
+
+    def copy_out(self, flat: torch.Tensor, ops: list[Any], outs: list[torch.Tensor]) -> None:
+        """Copy each member's slice of ``flat`` (1-D, a pool buffer's head, packed in
+        ``ops`` order) to ``outs``."""
+        key = (flat.data_ptr(), len(ops), id(ops[0]))
+        kept = self._kept.get(key)
+        # (a list compares its items by identity first: the cache's entries are the
+        # same objects from one step to the next, so this costs a few ns per op)
+        if kept is None or kept[0] != ops:
+            self._let_go_of_old_buffers()
+            kept = self._kept[key] = (list(ops), flat.split_with_sizes([op.numel for op in ops]))
+        torch._foreach_copy_(outs, kept[1])
+
+    def _let_go_of_old_buffers(self) -> None:
+        if len(self._kept) >= self.LIMIT:
+            self._kept.clear()
+            return
+        live = self._pool.addresses()
+        for key in [k for k in self._kept if k[0] not in live]:
+            del self._kept[key]
+
+    def __len__(self) -> int:
+        return len(self._kept)
 
 
 def unpack_targets(

@@ -22,6 +22,7 @@ from hvdprof.runtime.backends.base import DONE, CollectiveBackend
 from hvdprof.runtime.backends.shm import SharedMemoryAllreduce
 from hvdprof.runtime.collective_core import (
     FusionBufferPool,
+    UnpackViews,
     allgather_padded,
     alltoall,
     broadcast,
@@ -55,6 +56,7 @@ class Executor:
         self.rank = rank
         self.size = size
         self.pool = FusionBufferPool()
+        self.unpack = UnpackViews(self.pool)
         self.next_group_id = 0
         self.nvtx: Any = None  # PhaseRanges (no-ops when NVTX is off)
         #: frees completed names for reuse, one call per group (set by the runtime)
@@ -396,7 +398,7 @@ class Executor:
             outs = unpack_targets(run.ops, run.requests, run.inputs, flat.dtype)
             if nvtx is not None:
                 nvtx.push(NVTX_MEMCPY_OUT)
-            torch.split_with_sizes_copy(flat, [op.numel for op in run.ops], out=outs)
+            self.unpack.copy_out(flat, run.ops, outs)
             if nvtx is not None:
                 nvtx.pop()
             if record is not None:
