@@ -38,6 +38,7 @@ OPS_BEFORE_INIT = {
     "allreduce": lambda: hvd.allreduce(torch.ones(2)),
     "allreduce_": lambda: hvd.allreduce_(torch.ones(2)),
     "allreduce_async": lambda: hvd.allreduce_async(torch.ones(2)),
+    "allreduce_async_": lambda: hvd.allreduce_async_(torch.ones(2), op=hvd.Sum),
     "grouped_allreduce": lambda: hvd.grouped_allreduce([torch.ones(2)]),
     "allgather": lambda: hvd.allgather(torch.ones(2)),
     "broadcast": lambda: hvd.broadcast(torch.ones(2), 0),
@@ -53,6 +54,14 @@ OPS_BEFORE_INIT = {
     "runtime_stats": hvd.runtime_stats,
     "broadcast_object": lambda: hvd.broadcast_object({"a": 1}),
 }
+
+
+def test_an_unknown_reduction_op_is_named_before_anything_is_submitted(
+    uninitialized: None,
+) -> None:
+    for call in (hvd.allreduce_async_, hvd.allreduce_async):
+        with pytest.raises(ValueError, match=r"unknown reduction op 99"):
+            call(torch.ones(2), op=99)
 
 
 @pytest.mark.parametrize("op", list(OPS_BEFORE_INIT))
