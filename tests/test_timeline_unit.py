@@ -1098,6 +1098,30 @@ def test_an_idle_ranks_flusher_sleeps_until_the_next_record(tmp_path: Path) -> N
     assert len([e for e in load_trace(sink.path).events if e["name"] == "ALLREDUCE"]) == 6
 
 
+def test_a_large_cycle_is_encoded_as_it_is_handed_over_and_a_small_one_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cycle of many ops is encoded on the thread that hands it over, while its columns
+    are in that core's caches (with what waited before it, in order); small ones wait for
+    the flusher's batch. The file has every op, in cycle order."""
+    monkeypatch.setattr(transport, "FLUSH_INTERVAL_S", 60.0)  # the flusher keeps out of it
+    sink = TimelineSink(config_for(tmp_path), 0, SIZE, "h")
+    writer = sink.writer
+    try:
+        sink.on_cycle(many_ops_cycle(0, 3))
+        assert len(writer._batch) == 1  # type: ignore[union-attr]
+        sink.on_cycle(many_ops_cycle(1, transport.ENCODE_NOW_OPS))
+        assert writer._batch == []  # type: ignore[union-attr]
+        assert len(writer._pending) > transport.ENCODE_NOW_OPS  # type: ignore[union-attr]
+    finally:
+        sink.close()
+    events = load_trace(sink.path).events
+    ops = [e for e in events if e.get("ph") == "X" and e["name"] == "ALLREDUCE"]
+    assert len(ops) == 3 + transport.ENCODE_NOW_OPS
+    # in the order they were handed over: the small cycle (10 ms earlier) first
+    assert max(e["ts"] for e in ops[:3]) < min(e["ts"] for e in ops[3:])
+
+
 def test_the_renderer_waits_for_the_end_unless_a_reader_watches_live(tmp_path: Path) -> None:
     # Rendering beside the training cost it (the renderer's caches and memory bandwidth on
     # cores the ranks share): unwatched, the recording stays in the spool until the close.
