@@ -411,17 +411,33 @@ def test_load_over_a_window_leaves_out_the_runs_tree_and_other_times() -> None:
     sampler.start(run.pid)
     time.sleep(1.1)
     neighbour = subprocess.Popen([PY, "-c", "while True: pass"], start_new_session=True)
+    started = time.time()
     time.sleep(1.0)
+    with open(f"/proc/{neighbour.pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    neighbour_cores = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    neighbour_cores /= time.time() - started
     neighbour.kill()
     neighbour.wait()
-    run.wait()
+    reaped = os.times()
+    run.wait()  # the run's tree (its spinning child, reaped by the shell) comes to us
+    after = os.times()
+    run_cores = (after.children_user + after.children_system) - (
+        reaped.children_user + reaped.children_system
+    )  # over the child's 1 s of spinning
     sampler.stop()
     first = sampler.other_load_cores(t0 + 0.15, t0 + 0.85, min_span_s=0.0)
     second = sampler.other_load_cores(t0 + 1.3, t0 + 1.9, min_span_s=0.0)
     assert first is not None and second is not None
     # a core spun in each: the neighbour's counts, the run's own (counted, the two would
-    # read alike) does not
-    assert second.cores - first.cores > 0.6, (first, second)
+    # read alike) does not. On a machine already busy (a CI neighbour, this suite's loaded
+    # runs) each takes only a share of the same cores, so each is checked against what
+    # it got: the neighbour's all in the second window, the run's left out of the first.
+    cores = os.cpu_count() or 1
+    assert second.cores > neighbour_cores - 0.15, (second, neighbour_cores)
+    assert first.cores < cores - run_cores + 0.15, (first, run_cores)
+    if run_cores > 0.8:  # the run had a core to itself: the machine had one spare
+        assert second.cores - first.cores > 0.6, (first, second)
     # the span is the samples' around the window, at least the window and within a sample
     # interval (and scheduling slack) of it each side
     assert 0.6 <= second.span_s <= 0.6 + 2 * 0.1 + 0.2, second
@@ -442,6 +458,15 @@ def test_a_block_whose_load_changed_is_set_aside(tmp_path: Path) -> None:
     """In its second run the candidate starts a neighbour: a spin loop orphaned at once
     (as another job's process: not of the run's tree), running while the steps do. That
     block is set aside, kept and said, and another runs in its place."""
+    from hvdprof.analysis.machine_load import other_load_cores, snapshot
+
+    before = snapshot()
+    time.sleep(1.0)
+    busy = other_load_cores(before, snapshot())
+    if busy is not None and (os.cpu_count() or 1) - busy < 1.0:
+        # the neighbour could only take a share of cores already busy, mostly from the
+        # others: the run's other load would barely move, and rightly nothing is set aside
+        pytest.skip(f"needs a spare core for the neighbour: {busy:.1f} cores already busy")
     counter, spinner = tmp_path / "count", tmp_path / "spinner.pid"
     candidate = (
         f"n=$(( $(cat {counter} 2>/dev/null || echo 0) + 1 )); echo $n > {counter}; "
