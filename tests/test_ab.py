@@ -341,12 +341,7 @@ SPIN = f"{PY} -c 'while True: pass'"
     not os.path.exists("/proc/stat"), reason="the machine's load is read from /proc/stat (Linux)"
 )
 def test_other_load_counts_a_neighbour_not_the_run() -> None:
-    from hvdprof.analysis.machine_load import other_load_cores, snapshot
-
-    def cpu_s(pid: int) -> float:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    from hvdprof.analysis.machine_load import _tree_cpu_s, other_load_cores, snapshot
 
     neighbour_cores = 0.0
 
@@ -370,7 +365,7 @@ def test_other_load_counts_a_neighbour_not_the_run() -> None:
             time.sleep(seconds)
         after = snapshot()
         if neighbour is not None:
-            neighbour_cores = cpu_s(neighbour.pid) / (after.wall_s - before.wall_s)
+            neighbour_cores = _tree_cpu_s(neighbour.pid) / (after.wall_s - before.wall_s)
             neighbour.kill()
             neighbour.wait()
         load = other_load_cores(before, after)
@@ -398,7 +393,7 @@ def test_load_over_a_window_leaves_out_the_runs_tree_and_other_times() -> None:
     next; a neighbour spins only in the second. Over the first second the other load is
     about nothing (the run's child is its own, reaped or not), over the second about a
     core; a window the samples do not enclose has no figure."""
-    from hvdprof.analysis.machine_load import LoadSampler
+    from hvdprof.analysis.machine_load import LoadSampler, _tree_cpu_s
 
     run = subprocess.Popen(
         f"{PY} -c 'import time\nt = time.time()\nwhile time.time() - t < 1.0: pass' & "
@@ -413,10 +408,7 @@ def test_load_over_a_window_leaves_out_the_runs_tree_and_other_times() -> None:
     neighbour = subprocess.Popen([PY, "-c", "while True: pass"], start_new_session=True)
     started = time.time()
     time.sleep(1.0)
-    with open(f"/proc/{neighbour.pid}/stat", "rb") as f:
-        fields = f.read().rsplit(b")", 1)[1].split()
-    neighbour_cores = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    neighbour_cores /= time.time() - started
+    neighbour_cores = _tree_cpu_s(neighbour.pid) / (time.time() - started)
     neighbour.kill()
     neighbour.wait()
     reaped = os.times()
