@@ -17,6 +17,7 @@ import io
 import math
 import os
 import statistics
+from collections.abc import Callable
 
 from test_autotune_unit import (
     BUDGET,
@@ -199,8 +200,16 @@ def test_candidates_the_structure_says_cannot_help_are_never_run() -> None:
     assert all(p.fusion_threshold_bytes < 40 * 1024 for p in seeds if p.cycle_time_ms == 1.0
                and p.fusion_threshold_bytes != DEFAULT.fusion_threshold_bytes)  # fmt: skip
     assert not same_as_threshold(256 * 1024, 4 * MiB, [3 * MiB])
-    # the cache is still flipped once: nothing in the structure bounds what it costs
+    # the cache is still flipped once: nothing in the structure says whether ops missed it
     assert TunableParams(DEFAULT.fusion_threshold_bytes, 1.0, False) in seeds
+    # ...but not where every op of a steady window went through it; turning it on is
+    # always tried
+    steady = JobStructure(0.02, 40 * 1024, tuple([4096] * 10), 0.01, 1.0, cache_hit_fraction=1.0)
+    assert all(p.cache_enabled for p in seed_candidates(space, DEFAULT, steady))
+    missed = JobStructure(0.02, 40 * 1024, tuple([4096] * 10), 0.01, 1.0, cache_hit_fraction=0.9)
+    assert not all(p.cache_enabled for p in seed_candidates(space, DEFAULT, missed))
+    off = TunableParams(DEFAULT.fusion_threshold_bytes, 1.0, False)
+    assert any(p.cache_enabled for p in seed_candidates(space, off, steady))
     # a job with waits and several reducing cycles a step keeps every cycle time
     waits = JobStructure(0.03, 40 * MiB, tuple([3 * MiB] * 12), 0.3, cycles_per_step=6.0)
     cycles = {p.cycle_time_ms for p in seed_candidates(space, DEFAULT, waits)}
@@ -221,6 +230,66 @@ def test_a_clearly_worse_candidate_costs_one_window() -> None:
         t.tell(p, base * (0.5 if p == awful else 1.0))
     assert asked[:3] == [DEFAULT, awful, DEFAULT]
     assert asked.count(awful) == 1 and t.dropped_early >= 1
+
+
+def _drive(t: PairedTuner, score: Callable[[TunableParams, int], float], windows: int) -> list:
+    """Ask and tell up to ``windows`` windows (until the round decides); the asked."""
+    asked: list[TunableParams] = []
+    while not t.converged and len(asked) < windows:
+        p = t.ask()
+        asked.append(p)
+        t.tell(p, score(p, len(asked)) * (1.0 + 0.02 * (len(asked) % 3)))  # small jitter
+    return asked
+
+
+def test_a_clearly_better_candidate_is_looked_at_again_and_confirmed_at_once() -> None:
+    """The 3 MiB threshold is 30% faster (the fusion-bound job's kind of gain): its first
+    window puts it clearly ahead, so the next candidate window measures it again instead of
+    the rung's next candidate; two comparisons promote it, and the promotion goes straight
+    to the sequential test against the default (once the noise is measured), which ends
+    the round long before the budget. Thresholds are reached early: cycle times and
+    thresholds are listed in turn."""
+    better = TunableParams(3 * MiB, DEFAULT.cycle_time_ms, True)
+    t = PairedTuner(SearchSpace(), 56, DEFAULT, noise=0.3, structure=STRUCTURE)
+    asked = _drive(t, lambda p, _: 1.3e9 if p == better else 1e9, 56)
+    first = asked.index(better)
+    assert first <= 3, asked  # the second candidate: a threshold right after a cycle time
+    assert asked[first + 2] == better, asked  # looked at again at once
+    assert t.promotions == 1 and t.confirming and t.decision().reason == "confirmed"
+    assert t.best is not None and t.best.params == better
+    assert len(asked) <= 24, len(asked)  # decided in under half the budget
+    # promoted after its second look: every incumbent window from then on runs it
+    assert all(p == better for p in asked[first + 4 :: 2]), asked
+    # the test's windows: the winner and the default in turn, to the end of the round
+    tail = asked[-2 * tuner.MIN_CONFIRM - 1 :]
+    assert tail[::2] == [better] * (tuner.MIN_CONFIRM + 1) and set(tail[1::2]) == {DEFAULT}
+
+
+def test_a_lucky_promotion_that_the_test_rejects_resumes_the_race() -> None:
+    """A candidate that scored 30% better twice by luck, then no better: the sequential
+    test rejects it, the default is the incumbent again, screening goes on, and the truly
+    better threshold is still found and confirmed (the test's error rate now shared by
+    the two it may test)."""
+    # the fifth and sixth candidates (cycle times and thresholds in turn): by the time the
+    # lucky one is promoted the noise is measured, so its test starts at once
+    lucky = TunableParams(DEFAULT.fusion_threshold_bytes, 0.2, True)
+    better = TunableParams(256 * 1024, DEFAULT.cycle_time_ms, True)
+    seen: dict[TunableParams, int] = {}
+
+    def score(p: TunableParams, _: int) -> float:
+        seen[p] = seen.get(p, 0) + 1
+        if p == lucky:
+            return 1.3e9 if seen[p] <= 2 else 1e9
+        return 1.25e9 if p == better else (0.97e9 if p != DEFAULT else 1e9)
+
+    t = PairedTuner(SearchSpace(), 56, DEFAULT, noise=0.3, structure=STRUCTURE)
+    asked = _drive(t, score, 56)
+    assert lucky in t._rejected and t.promotions == 2, asked
+    rejected_at = max(i for i, p in enumerate(asked) if p == lucky)
+    assert asked[rejected_at + 1] == DEFAULT  # the default is the incumbent again
+    assert better in asked[rejected_at + 1 :]  # ...and the race went on
+    assert t.decision().reason == "confirmed" and t.best is not None
+    assert t.best.params == better, (t.best, asked)
 
 
 def test_throughput_while_tuning_is_reported_live(tmp_path: os.PathLike[str]) -> None:

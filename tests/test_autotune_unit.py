@@ -77,7 +77,7 @@ from hvdprof.autotune.space import (
     FUSION_THRESHOLD_MIN_BYTES,
     round_cycle_time,
 )
-from hvdprof.common.records import CycleRecord, TunableParams
+from hvdprof.common.records import CycleRecord, OpRecord, TunableParams
 from hvdprof.config import Config
 
 MiB = 1024 * 1024
@@ -681,8 +681,11 @@ class FakeRuntime:
         bytes_per_step: int = 100 * MiB,
         apply_delay: int = 2,
         step_noise: float = 0.1,
+        ops_of: Callable[[int], list[OpRecord]] | None = None,
     ) -> None:
         self.ctl = controller
+        #: the ops each step's first cycle completed (None: records carry no ops)
+        self.ops_of = ops_of
         self.params = params
         self.rng = np.random.default_rng(seed)
         self.cycles_per_step = cycles_per_step
@@ -712,7 +715,7 @@ class FakeRuntime:
                 self.bytes_per_step / thr * 1e9 * math.exp(self.rng.normal(0, self.step_noise))
             )
             per_cycle_ns = int(step_ns / self.cycles_per_step)
-            for _ in range(self.cycles_per_step):
+            for i in range(self.cycles_per_step):
                 changed = False
                 if self.pending and self.pending[0][0] <= self.cycle:
                     _, new = self.pending.pop(0)
@@ -729,6 +732,8 @@ class FakeRuntime:
                     bytes_reduced=self.bytes_per_step // self.cycles_per_step,
                     params_changed=changed,
                 )
+                if self.ops_of is not None and i == 0:
+                    record.ops = self.ops_of(self.step)
                 self.ctl.on_cycle(record)
                 # synchronous worker, so the test is deterministic
                 assert self.ctl.wait_idle(timeout=30)
@@ -843,6 +848,39 @@ def test_controller_tunes_converges_prints_and_reopens_on_drift(
     assert len(read_autotune_log(config.autotune_log)) == n_rows
     assert ctl.poll_proposal() is None
     ctl.close()  # idempotent
+
+
+def _ops(step: int, misses: int, count: int = 8) -> list[OpRecord]:
+    """``count`` allreduces of a step, the first ``misses`` negotiated without the cache."""
+    return [
+        OpRecord(f"grad.{i}", "ALLREDUCE", "float32", (1024,), 4096, 0, 0, {}, i >= misses, 0)
+        for i in range(count)
+    ]
+
+
+def test_the_cache_is_tried_off_only_where_a_steady_window_missed_it(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """A steady job's ops all go through the response cache (after its first steps, which
+    miss it by nature): turning it off can only add negotiation, so that candidate is never
+    run. A job whose steady steps miss it (a quarter of the ops here) gets the candidate."""
+    tried = {}
+    for misses in (0, 2):
+        config = _controller_config(
+            tmp_path, autotune_log=os.path.join(tmp_path, f"log{misses}.csv"),
+            autotune_max_samples=56,
+        )  # fmt: skip
+        ctl = AutotuneController(config, DEFAULT, rank=0, out=io.StringIO())
+        rt = FakeRuntime(
+            ctl, DEFAULT, ops_of=lambda step, m=misses: _ops(step, 8 if step < 2 else m)
+        )
+        rt.run_until(lambda c=ctl: c.structure is not None, max_steps=100)
+        assert ctl.structure is not None
+        assert ctl.structure.cache_hit_fraction == 1.0 - misses / 8, ctl.structure
+        rt.run_until(lambda c=ctl: c.phase == PHASE_WATCH, max_steps=3000)
+        tried[misses] = {r.params.cache_enabled for r in read_autotune_log(config.autotune_log)}
+    assert tried[0] == {True}, tried  # never run with the cache off
+    assert tried[2] == {True, False}, tried
 
 
 def test_drift_band_widens_with_the_measured_noise(tmp_path: os.PathLike[str]) -> None:

@@ -220,6 +220,8 @@ class AutotuneController:
         self._tensors: dict[str, int] | None = None
         self._cycles_seen = 0  # while learning the structure: cycles per step
         self._steps_seen = 0
+        #: while learning the structure: per step, [ops, ops through the response cache]
+        self._cache_by_step: dict[int, list[int]] = {}
         self._last_step_seen: int | None = None
 
         # --- shared: the proposal slot and the work queue ---
@@ -311,6 +313,17 @@ class AutotuneController:
 
     def _learn_tensors(self, record: CycleRecord) -> None:
         ops = record.ops
+        if ops:
+            counts = self._cache_by_step.get(record.step)
+            if counts is None:
+                if len(self._cache_by_step) >= _MAX_TENSORS:
+                    self._cache_by_step.clear()
+                counts = self._cache_by_step[record.step] = [0, 0]
+            counts[0] += len(ops)
+            if isinstance(ops, OpBatch):
+                counts[1] += len(ops) if ops.bits is not None else sum(ops.cached)
+            else:
+                counts[1] += sum(1 for op in ops if op.cached)
         tensors = self._tensors
         if tensors is None or len(tensors) >= _MAX_TENSORS:
             return
@@ -484,7 +497,9 @@ class AutotuneController:
             tensor_bytes=tensors,
             wait_fraction=min(1.0, sample.wait_ns / window_ns) if window_ns > 0 else 0.0,
             cycles_per_step=self._cycles_seen / self._steps_seen if self._steps_seen else 0.0,
+            cache_hit_fraction=self._cache_hits(steps),
         )
+        self._cache_by_step = {}
         if step_ns > 0:
             wanted = math.ceil(MIN_WINDOW_S * 1e9 / step_ns)
             limit = self.config.autotune_steps_per_sample * MAX_WINDOW_GROWTH
@@ -492,6 +507,18 @@ class AutotuneController:
             if grown != self.steps_per_sample:
                 self.resizes.append((0, grown, "short steps"))
             self.steps_per_sample = grown
+
+    def _cache_hits(self, steps: Sequence[StepTotals]) -> float | None:
+        """The share of the window's ops negotiated through the response cache (None when
+        none was seen): the first steps of a job miss it by nature, a window after the
+        warmup shows whether the steady job does."""
+        ops = hits = 0
+        for s in steps:
+            counts = self._cache_by_step.get(s.step)
+            if counts is not None:
+                ops += counts[0]
+                hits += counts[1]
+        return hits / ops if ops else None
 
     def _overhead_seen(self, tuner: PairedTuner) -> int:
         """What a window has really cost beyond its measured steps: the switch's partial
