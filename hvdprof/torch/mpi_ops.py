@@ -440,6 +440,16 @@ def allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start an allreduce; the input is not modified. Returns a handle."""
+    if process_set is global_process_set and average is None:
+        # the per-op path, as allreduce_async_'s
+        reduce_op = _AVERAGE if op is None else _OPS_BY_VALUE.get(op)
+        if reduce_op is not None:
+            h = _allreduce_async(
+                tensor, False, name, reduce_op, prescale_factor, postscale_factor, "allreduce"
+            )
+            key = next(_handles_counter)
+            _handles_items[key] = h
+            return key
     set_id, members = 0, None
     if process_set is not global_process_set:
         set_id, members = set_of(process_set, "allreduce_async")
