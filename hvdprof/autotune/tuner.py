@@ -505,11 +505,10 @@ class PairedTuner:
         ]
         # by lower bound: one lucky window must not outrank a steady gain
         candidates.sort(key=lambda pe: -pe[1].lower_bound(Z_DROP))
-        promoted = [p for p, _ in candidates if p == self.incumbent]
-        if self._confirm_now and promoted:
+        if self._confirm_now and any(p == self.incumbent for p, _ in candidates):
             # a promotion ended screening: the promoted candidate alone is tested (one
             # lucky window of another is no rival), and a rejection resumes screening
-            self._finalists = promoted
+            self._finalists = [self.incumbent]
         else:
             self._confirm_now = False
             self._finalists = [p for p, _ in candidates[: FINALISTS - self._tested]]
