@@ -193,6 +193,8 @@ class CycleLoop:
         self._table_version = 0
         self._table: CacheTable | None = None
         self._t_cycle = 0  # this cycle's start (timebase.now_ns())
+        #: asleep with nothing pending anywhere: a new CPU op may wait (``Runtime.submit``)
+        self.asleep_idle = False
         self._last_matrix = np.zeros((size, 0), dtype=np.uint8)
         self._last_ran_nothing = False
         self._sleep_said = False  # this cycle's reply: every rank sleeps until one has work
@@ -263,13 +265,19 @@ class CycleLoop:
                     # still seen and reported. Such a rank once slept for 0 s, and a job
                     # waiting on a name no peer had submitted yet spun on every rank.
                     self._sleep_said = False
+                    # (set before the last look at the queue, cleared after the sleep: a
+                    # submission is either seen here or sees the flag and wakes no one)
+                    self.asleep_idle = not busy and not self.config.wake_on_submit
                     if self._news_here():
                         timeout = 0.0
                     elif busy:
                         timeout = _PARTIAL_WATCH_EVERY_S
                     else:
                         timeout = self.config.idle_sleep_max_s
-                    self.control.sleep(self.wake, timeout)
+                    try:
+                        self.control.sleep(self.wake, timeout)
+                    finally:
+                        self.asleep_idle = False
                 elif busy:
                     idle_since = 0.0
                     elapsed = time.monotonic() - t0

@@ -186,7 +186,7 @@ class Runtime:
         timebase.set_skew_us(config.clock_skew_us)
         self.timeline: Any = None
         self._setup_observers()
-        handles.on_block = self.cycle.urgent.set
+        handles.on_block = self.nudge
         self.cycle.start()
 
     def _setup_observers(self) -> None:
@@ -463,11 +463,22 @@ class Runtime:
         if device is not None and tensor is not None and device.routes(signature.device):
             req.stream_event = device.ready_event(tensor)
         cycle.queue.append(req)
-        if not cycle.wake.is_set():
+        # (after the append: a cycle thread about to sleep sees the op or we see its flag)
+        if not cycle.wake.is_set() and not (cycle.asleep_idle and signature.device == "cpu"):
             cycle.wake.set()
         if cycle.failure is not None:  # lost the race with a failing cycle: fail it here
             req.fail(cycle.failure)
         return req
+
+    def nudge(self) -> None:
+        """A thread of this rank waits on an op (or polls one not done): run the cycle now.
+
+        Ops submitted while every rank slept may still be queued (``HVDPROF_WAKE_ON_SUBMIT``
+        off): this wakes the job for them, and a cycle that paces ends its pause."""
+        cycle = self.cycle
+        cycle.urgent.set()
+        if cycle.asleep_idle and not cycle.wake.is_set():
+            cycle.wake.set()
 
     def timeline_switched(self, on: bool) -> None:
         """While a timeline records, waits note when the training thread got control back
@@ -534,7 +545,7 @@ class Runtime:
             cycle.urgent.set()  # ends a busy cycle's sleep too (a 30 s HVDPROF_CYCLE_TIME)
             cycle.thread.join(timeout=self.config.collective_timeout_s + 5)
         cycle.shutdown_requested = True
-        if handles.on_block == cycle.urgent.set:
+        if handles.on_block == self.nudge:
             handles.on_block = None
         for executor in self.executor.subsets.values():
             with contextlib.suppress(Exception):

@@ -199,7 +199,12 @@ _handles_counter, _handles_items = _handles._counter, _handles._items
 
 def poll(handle: int) -> bool:
     """True when the op is done and ``synchronize`` will not block."""
-    return all(h.done_flag for h in _handles.handles(handle))
+    if all(h.done_flag for h in _handles.handles(handle)):
+        return True
+    runtime = _rt.current()
+    if runtime is not None:  # a polling loop must see the op progress without waiting on it
+        runtime.nudge()
+    return False
 
 
 def synchronize(handle: int) -> Any:
