@@ -90,3 +90,59 @@ def test_flatten_and_back_round_trips() -> None:
     out = [torch.empty(2, 3), torch.empty(2, 2).t()]
     buckets.unflatten_into(flat, out)
     assert torch.equal(out[0], grads[0] * 2) and torch.equal(out[1], grads[1] * 2)
+
+
+def _bucket_with_grads(*sizes: int) -> tuple[buckets.Bucket, list[torch.Tensor]]:
+    params = _params(*sizes)
+    for i, p in enumerate(params):
+        p.grad = torch.full_like(p, float(i + 1))
+    return buckets.Bucket(0, tuple(params), "allreduce.bucket0.x+1"), params
+
+
+def _copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many tensors each ``torch._foreach_copy_`` call copied, call by call."""
+    calls: list[int] = []
+    real = torch._foreach_copy_
+
+    def counted(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+        calls.append(len(dst))
+        real(dst, src)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", counted)
+    return calls
+
+
+def test_gradients_become_views_of_the_buckets_own_buffer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bucket, params = _bucket_with_grads(3, 5, 2)
+    copies = _copies(monkeypatch)
+    flat = buckets.into_buffer(bucket, params)
+    assert flat is not None and flat.numel() == 10
+    assert flat.tolist() == [1.0] * 3 + [2.0] * 5 + [3.0] * 2  # backward's order kept
+    assert copies == [3]
+    for p, view in zip(params, bucket.views, strict=True):
+        assert p.grad is view and p.grad.shape == p.shape
+        assert p.grad.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+    flat.mul_(10)  # the reduction, in place: every gradient sees it, nothing copied back
+    assert params[1].grad.tolist() == [20.0] * 5
+
+    # accumulated in place (zero_grad(set_to_none=False)): nothing to copy the next time
+    assert buckets.into_buffer(bucket, params) is flat and copies == [3]
+    # one gradient replaced (set to None, then made anew by autograd): only it is copied
+    params[2].grad = torch.full((2,), 7.0)
+    assert buckets.into_buffer(bucket, params) is flat and copies == [3, 1]
+    assert params[2].grad is bucket.views[2] and flat[8:].tolist() == [7.0, 7.0]
+
+
+def test_a_bucket_that_cannot_hold_views_says_so_once() -> None:
+    f32 = torch.zeros(4, requires_grad=True)
+    f64 = torch.zeros(4, dtype=torch.float64, requires_grad=True)
+    f32.grad, f64.grad = torch.ones(4), torch.ones(4, dtype=torch.float64)
+    bucket = buckets.Bucket(0, (f32, f64), "allreduce.bucket0.g+1")  # Horovod groups mix
+    assert buckets.into_buffer(bucket, [f32, f64]) is None and not bucket.viewable
+    assert f32.grad.untyped_storage().data_ptr() != f64.grad.untyped_storage().data_ptr()
+    wide = torch.zeros(4, 6, requires_grad=True)
+    tall = torch.zeros(6, 4).t().requires_grad_()  # a transposed parameter: strided
+    wide.grad, tall.grad = torch.ones(4, 6), torch.ones(4, 6)
+    assert buckets.into_buffer(buckets.Bucket(1, (wide, tall), "b"), [wide, tall]) is None

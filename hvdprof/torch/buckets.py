@@ -24,6 +24,16 @@ order, sizes and dtypes:
   that many contiguous groups of near-equal count; a list of lists gives the groups.
 
 A bucket of one parameter is reduced as that parameter alone (its own name, in place).
+
+**The bucket's own buffer** (:func:`into_buffer`, PyTorch DDP's ``gradient_as_bucket_view``):
+a bucket of dense, contiguous parameters of one dtype keeps one flat tensor for good, and
+from its first submission on each ``p.grad`` is a view of it. The reduction is then in
+place, so nothing is copied back after the wait: on the 198-tensor transformer that copy
+was 0.9-2.6 ms of every ``step()``. Where the gradients already are those views
+(``zero_grad(set_to_none=False)``, or accumulation over several backward passes) nothing
+is copied in either; after ``zero_grad()`` (``set_to_none``) autograd hands over new
+tensors, which are copied in once, as the flattening did. The one visible difference: a
+reference to ``p.grad`` kept across steps sees the next step's gradients.
 """
 
 from __future__ import annotations
@@ -45,8 +55,14 @@ class Bucket:
     name: str
     ready: int = 0
     #: (handle, compression context, the parameters whose gradients the flat tensor holds)
-    in_flight: tuple[Any, Any, tuple[torch.Tensor, ...]] | None = None
+    in_flight: tuple[Any, Any, tuple[torch.Tensor, ...], torch.Tensor | None] | None = None
     submitted: bool = False
+    #: the bucket's own flat buffer and each parameter's view of it (see
+    #: :func:`into_buffer`); ``views`` stays empty where the bucket cannot have them
+    flat: torch.Tensor | None = None
+    views: tuple[torch.Tensor, ...] = ()
+    #: False once found unable (mixed dtypes or devices, a parameter not contiguous)
+    viewable: bool = True
 
     def reset(self) -> None:
         self.ready = 0
@@ -187,3 +203,38 @@ def unflatten_into(flat: torch.Tensor, grads: Sequence[torch.Tensor]) -> None:
     1.6 of its 2.7 ms on the 198-tensor transformer, all of it in ``step()``'s wait."""
     grads = list(grads)
     torch._foreach_copy_(grads, _unflatten_dense_tensors(flat, grads))
+
+
+def into_buffer(bucket: Bucket, params: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The bucket's own flat buffer, holding the gradients of ``params`` (all of the
+    bucket's, dense), each ``p.grad`` now its view there; None where the bucket cannot
+    keep one (its gradients then go through :func:`flatten` and :func:`unflatten_into`).
+
+    Gradients that are the views already (accumulated in place) are not copied; the
+    others are copied in with one ``_foreach_copy_`` and their parameters pointed at the
+    views. The buffer is made at the first call (again should the gradients' dtype or
+    device change)."""
+    if not bucket.viewable:
+        return None
+    grads = [p.grad for p in params]
+    views = bucket.views
+    first = grads[0]
+    if not views or views[0].dtype != first.dtype or views[0].device != first.device:
+        if any(
+            g.dtype != first.dtype or g.device != first.device or not p.is_contiguous()
+            for p, g in zip(params, grads, strict=True)
+        ):
+            bucket.viewable = False
+            return None
+        sizes = [p.numel() for p in params]
+        flat = torch.empty(sum(sizes), dtype=first.dtype, device=first.device)
+        views = tuple(piece.view_as(p) for piece, p in zip(flat.split(sizes), params, strict=True))
+        bucket.flat, bucket.views = flat, views
+    stale = [i for i, (g, v) in enumerate(zip(grads, views, strict=True)) if g is not v]
+    if len(stale) == len(views):
+        torch._foreach_copy_(list(views), grads)
+    elif stale:
+        torch._foreach_copy_([views[i] for i in stale], [grads[i] for i in stale])
+    for i in stale:
+        params[i].grad = views[i]
+    return bucket.flat

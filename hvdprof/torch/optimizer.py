@@ -231,7 +231,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if len(dense) < 2:
             return
         prescale, postscale = self._scales()
-        compressed, ctx = self._compression.compress(_buckets.flatten([p.grad for p in dense]))
+        own = _buckets.into_buffer(bucket, dense) if len(dense) == len(bucket.params) else None
+        flat = own if own is not None else _buckets.flatten([p.grad for p in dense])
+        compressed, ctx = self._compression.compress(flat)
         handle = allreduce_async_(
             compressed,
             name=bucket.name,
@@ -240,7 +242,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             postscale_factor=postscale,
             process_set=self._process_set,
         )
-        bucket.in_flight = (handle, ctx, tuple(dense))
+        bucket.in_flight = (handle, ctx, tuple(dense), own)
 
     def synchronize(self) -> None:
         """Wait for every gradient allreduce; gradients are averaged when this returns."""
@@ -268,9 +270,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._submit_bucket(bucket)
         for bucket in self._buckets.buckets:
             if bucket.in_flight is not None:
-                handle, ctx, dense = bucket.in_flight
+                handle, ctx, dense, own = bucket.in_flight
                 reduced = self._compression.decompress(synchronize(handle), ctx)
-                _buckets.unflatten_into(reduced, [p.grad for p in dense])
+                if own is None:
+                    _buckets.unflatten_into(reduced, [p.grad for p in dense])
+                elif reduced is not own:  # (compressed: reduced in another tensor)
+                    own.copy_(reduced)
             for p in bucket.params:
                 self._allreduce_delay[p] = self.backward_passes_per_step
             bucket.reset()
