@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -126,6 +127,38 @@ def test_ranks_waiting_on_a_late_rank_sleep_instead_of_cycling(env: dict[str, st
         assert (result.section(rank, "wait") or "").startswith("OK"), result.describe()
         counts = [int(x.split()[1]) for x in result.lines(rank) if x.startswith("WAIT_CYCLES")]
         assert counts and counts[0] <= 20, f"rank {rank}: {counts} cycles while waiting"
+
+
+def _numbers(result: Any, rank: int, key: str) -> list[float]:
+    return [float(x.split()[1]) for x in result.lines(rank) if x.startswith(key)]
+
+
+@pytest.mark.parametrize("eager", [False, True], ids=["default", "wake_on_submit"])
+def test_a_cpu_op_submitted_while_every_rank_sleeps_waits_for_a_wait_or_a_poll(
+    eager: bool,
+) -> None:
+    """By default a CPU op submitted while every rank sleeps wakes no one (0 cycles in the
+    half second before its rank waits on it: no rank's cores are taken mid-backward);
+    ``HVDPROF_WAKE_ON_SUBMIT=1`` runs it at once. Either way a polling loop completes its
+    op at once, and a rank already waiting is woken by the late rank's submission, not by
+    that rank's own wait two seconds later. Nothing but these wake-ups can end a sleep
+    here (``HVDPROF_IDLE_SLEEP_MAX_SECONDS`` is an hour)."""
+    env = {**NEVER, "HVDPROF_WAKE_ON_SUBMIT": "1" if eager else "0"}
+    result = run_job("idle_sleep_worker.py", 3, "submit", ".", env=env, timeout=90)
+    assert result.returncode == 0, result.describe()
+    for rank in range(3):
+        assert (result.section(rank, "submit") or "").startswith("OK"), result.describe()
+        cycles = _numbers(result, rank, "SUBMIT_CYCLES")
+        assert cycles, result.describe()
+        if eager:
+            assert cycles[0] >= 1, f"rank {rank}: the op did not run at its submission"
+        else:
+            assert cycles[0] == 0, f"rank {rank}: {cycles[0]} cycles woken by a submission"
+        polled = _numbers(result, rank, "POLL_SECONDS")
+        assert polled and polled[0] < 5, f"rank {rank}: polled for {polled} s"
+    for rank in range(2):
+        waited = _numbers(result, rank, "LATE_WAIT_SECONDS")
+        assert waited and waited[0] < 2.0, f"rank {rank}: waited {waited} s for rank 2"
 
 
 @pytest.mark.parametrize("env", [{}, CHAIN], ids=["star", "chain"])

@@ -15,6 +15,12 @@ Usage: idle_sleep_worker.py MODE FLAG_DIR. Modes:
   late one, sleep on their links instead of cycling every cycle time.
 * ``kill``: after a second of idle, the last rank kills itself (SIGKILL); the others
   then submit and print the error they get (``ERROR <message>``).
+* ``submit``: while every rank sleeps, each submits an op and computes for half a second
+  before it waits: prints the cycles that took (``SUBMIT_CYCLES <n>``: none unless
+  ``HVDPROF_WAKE_ON_SUBMIT=1``); then an op waited on only by polling
+  (``POLL_SECONDS <s>``), and one that rank 0 waits on while the last rank submits it
+  late and computes on (``LATE_WAIT_SECONDS <s>`` on rank 0: the submission must wake
+  it, not the last rank's own wait two seconds later).
 """
 
 from __future__ import annotations
@@ -73,6 +79,42 @@ def in_a_set(ck: _common.Checks, rank: int, flags: Path) -> None:
     hvd.allreduce(torch.ones(1), name="end")
 
 
+def submitted(ck: _common.Checks, rank: int, size: int) -> None:
+    hvd.allreduce(torch.ones(2), name="warm")
+    time.sleep(0.5)  # every rank asleep, nothing pending
+    t = torch.full((3,), float(rank))
+    before = cycles()
+    handle = hvd.allreduce_async_(t, op=hvd.Sum, name="lazy")
+    time.sleep(0.5)  # its backward pass, say
+    print(f"SUBMIT_CYCLES {cycles() - before}", flush=True)
+    hvd.synchronize(handle)
+    ck.eq(t.tolist(), [float(sum(range(size)))] * 3, "the sum, once waited on")
+
+    time.sleep(0.5)
+    polled = torch.ones(4)
+    handle = hvd.allreduce_async_(polled, op=hvd.Sum, name="polled")
+    start = time.monotonic()
+    while not hvd.poll(handle) and time.monotonic() - start < 30:
+        time.sleep(0.01)
+    print(f"POLL_SECONDS {time.monotonic() - start:.3f}", flush=True)
+    ck.true(hvd.poll(handle), "an op only ever polled completes")
+    hvd.synchronize(handle)
+    ck.eq(polled.tolist(), [float(size)] * 4, "the polled sum")
+
+    time.sleep(0.5)
+    late = torch.ones(2)
+    start = time.monotonic()
+    if rank == size - 1:
+        time.sleep(0.5)
+        handle = hvd.allreduce_async_(late, op=hvd.Sum, name="late-submit")
+        time.sleep(2.0)  # computes on: the others must not wait for this
+        hvd.synchronize(handle)
+    else:
+        hvd.allreduce_(late, op=hvd.Sum, name="late-submit")
+        print(f"LATE_WAIT_SECONDS {time.monotonic() - start:.3f}", flush=True)
+    ck.eq(late.tolist(), [float(size)] * 2, "the late submission's sum")
+
+
 def killed(rank: int, size: int) -> None:
     hvd.allreduce(torch.ones(1), name="warm")
     time.sleep(1.0)
@@ -102,6 +144,8 @@ def main() -> None:
             idle(ck, rank, size)
         elif mode == "wait":
             late_rank(ck, rank, size)
+        elif mode == "submit":
+            submitted(ck, rank, size)
         else:
             in_a_set(ck, rank, flags)
     hvd.shutdown()
