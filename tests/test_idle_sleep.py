@@ -134,22 +134,25 @@ def _numbers(result: Any, rank: int, key: str) -> list[float]:
 
 
 @pytest.mark.parametrize("eager", [False, True], ids=["default", "wake_on_submit"])
-def test_a_cpu_op_submitted_while_every_rank_sleeps_waits_for_a_wait_or_a_poll(
+def test_a_small_cpu_op_submitted_while_every_rank_sleeps_waits_for_a_wait_or_a_poll(
     eager: bool,
 ) -> None:
-    """By default a CPU op submitted while every rank sleeps wakes no one (0 cycles in the
-    half second before its rank waits on it: no rank's cores are taken mid-backward);
-    ``HVDPROF_WAKE_ON_SUBMIT=1`` runs it at once. Either way a polling loop completes its
-    op at once, and a rank already waiting is woken by the late rank's submission, not by
-    that rank's own wait two seconds later. Nothing but these wake-ups can end a sleep
-    here (``HVDPROF_IDLE_SLEEP_MAX_SECONDS`` is an hour)."""
-    env = {**NEVER, "HVDPROF_WAKE_ON_SUBMIT": "1" if eager else "0"}
+    """By default a small CPU op submitted while every rank sleeps wakes no one (0 cycles
+    in the half second before its rank waits on it: no rank's cores are taken
+    mid-backward), and a 400 KB one runs at once; ``HVDPROF_WAKE_ON_SUBMIT_BYTES=0`` runs
+    both at once. Either way a polling loop completes its op at once, and a rank already
+    waiting is woken by the late rank's submission, not by that rank's own wait two
+    seconds later. Nothing but these wake-ups can end a sleep here
+    (``HVDPROF_IDLE_SLEEP_MAX_SECONDS`` is an hour)."""
+    env = {**NEVER, "HVDPROF_WAKE_ON_SUBMIT_BYTES": "0" if eager else "262144"}
     result = run_job("idle_sleep_worker.py", 3, "submit", ".", env=env, timeout=90)
     assert result.returncode == 0, result.describe()
     for rank in range(3):
         assert (result.section(rank, "submit") or "").startswith("OK"), result.describe()
         cycles = _numbers(result, rank, "SUBMIT_CYCLES")
-        assert cycles, result.describe()
+        large = _numbers(result, rank, "LARGE_SUBMIT_CYCLES")
+        assert cycles and large, result.describe()
+        assert large[0] >= 1, f"rank {rank}: the 400 KB op did not run at its submission"
         if eager:
             assert cycles[0] >= 1, f"rank {rank}: the op did not run at its submission"
         else:

@@ -267,7 +267,7 @@ class CycleLoop:
                     self._sleep_said = False
                     # (set before the last look at the queue, cleared after the sleep: a
                     # submission is either seen here or sees the flag and wakes no one)
-                    self.asleep_idle = not busy and not self.config.wake_on_submit
+                    self.asleep_idle = not busy
                     if self._news_here():
                         timeout = 0.0
                     elif busy:

@@ -464,17 +464,27 @@ class Runtime:
             req.stream_event = device.ready_event(tensor)
         cycle.queue.append(req)
         # (after the append: a cycle thread about to sleep sees the op or we see its flag)
-        if not cycle.wake.is_set() and not (cycle.asleep_idle and signature.device == "cpu"):
+        if not cycle.wake.is_set() and not (cycle.asleep_idle and self._may_wait(req)):
             cycle.wake.set()
         if cycle.failure is not None:  # lost the race with a failing cycle: fail it here
             req.fail(cycle.failure)
         return req
 
+    def _may_wait(self, req: Request) -> bool:
+        """Whether an op submitted while every rank sleeps may stay queued until a thread
+        of this rank waits (``HVDPROF_WAKE_ON_SUBMIT_BYTES``): small, and on the CPU."""
+        limit = self.config.wake_on_submit_bytes
+        if not limit or req.signature.device != "cpu":
+            return False
+        t = req.tensor
+        return t is None or t.numel() * t.element_size() <= limit
+
     def nudge(self) -> None:
         """A thread of this rank waits on an op (or polls one not done): run the cycle now.
 
-        Ops submitted while every rank slept may still be queued (``HVDPROF_WAKE_ON_SUBMIT``
-        off): this wakes the job for them, and a cycle that paces ends its pause."""
+        Ops submitted while every rank slept may still be queued
+        (``HVDPROF_WAKE_ON_SUBMIT_BYTES``): this wakes the job for them, and a cycle that
+        paces ends its pause."""
         cycle = self.cycle
         cycle.urgent.set()
         if cycle.asleep_idle and not cycle.wake.is_set():

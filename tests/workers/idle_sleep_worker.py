@@ -15,9 +15,10 @@ Usage: idle_sleep_worker.py MODE FLAG_DIR. Modes:
   late one, sleep on their links instead of cycling every cycle time.
 * ``kill``: after a second of idle, the last rank kills itself (SIGKILL); the others
   then submit and print the error they get (``ERROR <message>``).
-* ``submit``: while every rank sleeps, each submits an op and computes for half a second
-  before it waits: prints the cycles that took (``SUBMIT_CYCLES <n>``: none unless
-  ``HVDPROF_WAKE_ON_SUBMIT=1``); then an op waited on only by polling
+* ``submit``: while every rank sleeps, each submits a small op and computes for half a
+  second before it waits: prints the cycles that took (``SUBMIT_CYCLES <n>``: none unless
+  ``HVDPROF_WAKE_ON_SUBMIT_BYTES=0``); the same with an op of 400 KB
+  (``LARGE_SUBMIT_CYCLES <n>``: it runs at once); then an op waited on only by polling
   (``POLL_SECONDS <s>``), and one that rank 0 waits on while the last rank submits it
   late and computes on (``LATE_WAIT_SECONDS <s>`` on rank 0: the submission must wake
   it, not the last rank's own wait two seconds later).
@@ -89,6 +90,15 @@ def submitted(ck: _common.Checks, rank: int, size: int) -> None:
     print(f"SUBMIT_CYCLES {cycles() - before}", flush=True)
     hvd.synchronize(handle)
     ck.eq(t.tolist(), [float(sum(range(size)))] * 3, "the sum, once waited on")
+
+    time.sleep(0.5)
+    large = torch.ones(100_000)
+    before = cycles()
+    handle = hvd.allreduce_async_(large, op=hvd.Sum, name="large")
+    time.sleep(0.5)
+    print(f"LARGE_SUBMIT_CYCLES {cycles() - before}", flush=True)
+    hvd.synchronize(handle)
+    ck.eq(float(large[0]), float(size), "the large op's sum")
 
     time.sleep(0.5)
     polled = torch.ones(4)
