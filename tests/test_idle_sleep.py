@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from conftest import WORKERS, run_job, start_ranks
 from test_control_tree import on_every_rank
 
@@ -134,13 +135,13 @@ def _numbers(result: Any, rank: int, key: str) -> list[float]:
 
 
 @pytest.mark.parametrize("eager", [False, True], ids=["default", "wake_on_submit"])
-def test_a_small_cpu_op_submitted_while_every_rank_sleeps_waits_for_a_wait_or_a_poll(
+def test_a_small_cpu_op_submitted_while_every_rank_sleeps_waits_for_a_wait_or_poll(
     eager: bool,
 ) -> None:
     """By default a small CPU op submitted while every rank sleeps wakes no one (0 cycles
     in the half second before its rank waits on it: no rank's cores are taken
-    mid-backward), and a 400 KB one runs at once; ``HVDPROF_WAKE_ON_SUBMIT_BYTES=0`` runs
-    both at once. Either way a polling loop completes its op at once, and a rank already
+    mid-backward), and one above ``HVDPROF_WAKE_ON_SUBMIT_BYTES`` (set to 256 KiB, what
+    hosts with spare cores get) runs at once; 0 runs both at once. Either way a polling loop completes its op at once, and a rank already
     waiting is woken by the late rank's submission, not by that rank's own wait two
     seconds later. Nothing but these wake-ups can end a sleep here
     (``HVDPROF_IDLE_SLEEP_MAX_SECONDS`` is an hour)."""
@@ -205,3 +206,15 @@ def test_a_rank_killed_while_every_rank_sleeps_is_named_by_the_survivors(
     # the rank linked to it names it (the others lose that rank's link in turn)
     linked = 1 if env else 0
     assert "rank 2" in errors[linked], errors
+
+
+def test_every_cpu_op_waits_where_the_training_fills_the_cores() -> None:
+    """-1 (auto): ranks whose torch threads fill the host's cores let every CPU op wait
+    (overlap would only take CPU from the training), spare cores only ops to 256 KiB."""
+    from hvdprof.runtime.runtime import WAKE_ON_SUBMIT_SPARE_CORES, wake_limit
+
+    threads = torch.get_num_threads()
+    assert wake_limit(-1, local_size=2, cores=2 * threads) > 1 << 40
+    assert wake_limit(-1, local_size=1, cores=2 * threads) == WAKE_ON_SUBMIT_SPARE_CORES
+    assert wake_limit(0, local_size=2, cores=1) == 0  # set: as given
+    assert wake_limit(4096, local_size=1, cores=64) == 4096

@@ -40,7 +40,7 @@ from hvdprof.runtime.executor import Executor
 from hvdprof.runtime.handles import Handle
 from hvdprof.runtime.process_sets import ProcessSetTable
 from hvdprof.runtime.requests import OpType, ReduceOp, Request, Signature
-from hvdprof.runtime.threads import per_rank_threads
+from hvdprof.runtime.threads import cores_filled, per_rank_threads
 
 log = logging.getLogger("hvdprof")
 
@@ -186,6 +186,7 @@ class Runtime:
         timebase.set_skew_us(config.clock_skew_us)
         self.timeline: Any = None
         self._setup_observers()
+        self.wake_limit = wake_limit(config.wake_on_submit_bytes, t.local_size)
         handles.on_block = self.nudge
         self.cycle.start()
 
@@ -473,7 +474,7 @@ class Runtime:
     def _may_wait(self, req: Request) -> bool:
         """Whether an op submitted while every rank sleeps may stay queued until a thread
         of this rank waits (``HVDPROF_WAKE_ON_SUBMIT_BYTES``): small, and on the CPU."""
-        limit = self.config.wake_on_submit_bytes
+        limit = self.wake_limit
         if not limit or req.signature.device != "cpu":
             return False
         t = req.tensor
@@ -726,6 +727,23 @@ def init(config: Config | None = None) -> Runtime:
             # path from ~47 to ~6 us of CPU per op. Refcounting still frees them.
             gc.freeze()
         return _runtime
+
+
+#: ``HVDPROF_WAKE_ON_SUBMIT_BYTES`` where the training's threads leave cores to spare
+WAKE_ON_SUBMIT_SPARE_CORES = 256 * 1024
+
+
+def wake_limit(setting: int, local_size: int, cores: int | None = None) -> int:
+    """The largest op that may wait for its rank's wait (see ``Runtime.submit``): the
+    setting, or for -1 every op where the ranks' torch threads fill the host's cores
+    (overlap would only take CPU from them) and ops up to 256 KiB where cores are spare."""
+    if setting >= 0:
+        return setting
+    import torch
+
+    if cores_filled(local_size, torch.get_num_threads(), cores):
+        return 1 << 62
+    return WAKE_ON_SUBMIT_SPARE_CORES
 
 
 def get() -> Runtime:

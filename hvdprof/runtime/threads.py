@@ -43,6 +43,14 @@ def per_rank_threads(local_size: int, cores: int | None = None) -> int:
     return max(1, (usable_cores() if cores is None else cores) // max(1, local_size))
 
 
+def cores_filled(local_size: int, training_threads: int, cores: int | None = None) -> bool:
+    """Whether this host's ranks' training threads (torch's intra-op threads each) fill its
+    cores: a reduction started while they compute then only takes CPU from them."""
+    return max(1, local_size) * max(1, training_threads) >= (
+        usable_cores() if cores is None else cores
+    )
+
+
 def user_thread_setting(environ: Mapping[str, str]) -> str | None:
     """The first of ``THREAD_VARS`` that ``environ`` sets (non-empty), else None."""
     return next((name for name in THREAD_VARS if environ.get(name, "").strip()), None)
