@@ -54,7 +54,8 @@ class Bucket:
     params: tuple[torch.Tensor, ...]
     name: str
     ready: int = 0
-    #: (handle, compression context, the parameters whose gradients the flat tensor holds)
+    #: (handle, compression context, the parameters whose gradients the flat tensor holds,
+    #: the bucket's own buffer when their gradients are its views, else None)
     in_flight: tuple[Any, Any, tuple[torch.Tensor, ...], torch.Tensor | None] | None = None
     submitted: bool = False
     #: the bucket's own flat buffer and each parameter's view of it (see
