@@ -134,14 +134,14 @@ def _numbers(result: Any, rank: int, key: str) -> list[float]:
     return [float(x.split()[1]) for x in result.lines(rank) if x.startswith(key)]
 
 
-@pytest.mark.parametrize("eager", [False, True], ids=["default", "wake_on_submit"])
+@pytest.mark.parametrize("eager", [False, True], ids=["small_ops_wait", "default"])
 def test_a_small_cpu_op_submitted_while_every_rank_sleeps_waits_for_a_wait_or_poll(
     eager: bool,
 ) -> None:
-    """By default a small CPU op submitted while every rank sleeps wakes no one (0 cycles
-    in the half second before its rank waits on it: no rank's cores are taken
-    mid-backward), and one above ``HVDPROF_WAKE_ON_SUBMIT_BYTES`` (set to 256 KiB, what
-    hosts with spare cores get) runs at once; 0 runs both at once. Either way a polling loop completes its op at once, and a rank already
+    """With ``HVDPROF_WAKE_ON_SUBMIT_BYTES`` at 256 KiB (what -1 gives hosts with spare
+    cores) a small CPU op submitted while every rank sleeps wakes no one (0 cycles in the
+    half second before its rank waits on it: no rank's cores are taken mid-backward), and
+    a 400 KB one runs at once; 0 (the default) runs both at once. Either way a polling loop completes its op at once, and a rank already
     waiting is woken by the late rank's submission, not by that rank's own wait two
     seconds later. Nothing but these wake-ups can end a sleep here
     (``HVDPROF_IDLE_SLEEP_MAX_SECONDS`` is an hour)."""
