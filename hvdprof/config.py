@@ -375,7 +375,7 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "HVDPROF_WAKE_ON_SUBMIT_BYTES",
         "wake_on_submit_bytes",
         _int(-1, _BYTES_MAX),
-        0,
+        -1,
         "While every rank sleeps (nothing pending anywhere), a new op on CPU tensors of at "
         "most this many bytes waits in its rank's queue until a thread of that rank waits "
         "on an op or polls one (or another rank wakes the job): it then runs with the "
@@ -383,11 +383,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "which on cores the training uses cost more than the overlap saved (4 ms a step on "
         "a 198-tensor transformer, 2 ranks on 2 cores). A larger op wakes the job at once; "
         "so does any op on a GPU, and any op while a rank waits on a peer. -1 (auto): every "
-        "CPU op waits where the ranks' torch threads fill the host's cores (ranks on the "
-        "host x `torch.get_num_threads()` >= usable cores), else ops up to 256 KiB. 0: every "
-        "op wakes the job at once. Off by default for now: a timeline then shows a waiting "
-        "op's time in the queue as negotiation wait (see docs/how-it-works.md).",
-        "0",
+        "CPU op waits where the job is on one host whose cores the ranks' torch threads "
+        "fill (ranks x `torch.get_num_threads()` >= usable cores), else ops up to 256 KiB. 0: every "
+        "op wakes the job at once. A waiting op's NEGOTIATE slice on the timeline begins "
+        "when the cycle takes it (its readiness mark stays at its submission); see "
+        "docs/how-it-works.md.",
+        "-1",
     ),
     EnvVar(
         "HVDPROF_STALL_SHUTDOWN_TIME_SECONDS",
@@ -806,7 +807,7 @@ class Config:
     stall_check_time_s: float = 60.0
     stall_shutdown_time_s: float = 0.0
     idle_sleep_max_s: float = 1.0
-    wake_on_submit_bytes: int = 0
+    wake_on_submit_bytes: int = -1
     dynamic_process_sets: bool = False
     gc_freeze: bool = True
     threads_default: bool = True

@@ -141,7 +141,7 @@ def test_a_small_cpu_op_submitted_while_every_rank_sleeps_waits_for_a_wait_or_po
     """With ``HVDPROF_WAKE_ON_SUBMIT_BYTES`` at 256 KiB (what -1 gives hosts with spare
     cores) a small CPU op submitted while every rank sleeps wakes no one (0 cycles in the
     half second before its rank waits on it: no rank's cores are taken mid-backward), and
-    a 400 KB one runs at once; 0 (the default) runs both at once. Either way a polling loop completes its op at once, and a rank already
+    a 400 KB one runs at once; 0 runs both at once. Either way a polling loop completes its op at once, and a rank already
     waiting is woken by the late rank's submission, not by that rank's own wait two
     seconds later. Nothing but these wake-ups can end a sleep here
     (``HVDPROF_IDLE_SLEEP_MAX_SECONDS`` is an hour)."""
@@ -163,6 +163,47 @@ def test_a_small_cpu_op_submitted_while_every_rank_sleeps_waits_for_a_wait_or_po
     for rank in range(2):
         waited = _numbers(result, rank, "LATE_WAIT_SECONDS")
         assert waited and waited[0] < 2.0, f"rank {rank}: waited {waited} s for rank 2"
+
+
+@pytest.mark.parametrize("held", [True, False], ids=["small_ops_wait", "default"])
+def test_an_op_held_for_its_ranks_wait_negotiates_from_when_the_cycle_took_it(
+    held: bool, tmp_path: Path
+) -> None:
+    """A held op's time in the queue is its rank computing, not waiting for its peers: its
+    ``NEGOTIATE`` slice begins when the cycle took it, its readiness mark stays at its
+    submission, and the breakdown of a balanced job still finds little negotiation wait.
+    (Drawn from the submission, the slices covered each 0.1 s backward pass: half the
+    wall time read as ranks waiting for each other.)"""
+    from hvdprof.analysis import load_run, time_breakdown
+    from hvdprof.trace.model import PHASE_NEGOTIATE
+
+    env = {**NEVER, "HVDPROF_WAKE_ON_SUBMIT_BYTES": "262144" if held else "0"}
+    timeline = tmp_path / "timeline"
+    result = run_job(
+        "idle_sleep_worker.py",
+        2,
+        "steps",
+        ".",
+        env=env,
+        timeout=90,
+        launcher_args=("--timeline", str(timeline)),
+    )
+    assert result.returncode == 0, result.describe()
+    run = load_run(str(timeline), cache=False)
+    s, marks = run.slices, run.marks
+    grad = run.tensors.index("grad")
+    for rank in range(2):
+        negs = np.flatnonzero((s.rank == rank) & (s.tensor == grad) & (s.phase == PHASE_NEGOTIATE))
+        assert len(negs) == 8, f"rank {rank}: {len(negs)} negotiations of 'grad'"
+        own = (marks.observer == rank) & (marks.ready_rank == rank) & np.isin(marks.slice, negs)
+        late_ms = (s.start_us[marks.slice[own]] - marks.ts_us[own]) / 1000.0
+        assert len(late_ms) == 8, f"rank {rank}: {len(late_ms)} own readiness marks"
+        if held:  # taken at the rank's wait, about 0.1 s after the submission
+            assert (late_ms > 50).all(), f"rank {rank}: began {late_ms} ms after submission"
+        else:
+            assert (np.abs(late_ms) < 1).all(), f"rank {rank}: {late_ms} ms after submission"
+    for r in time_breakdown(run).ranks:
+        assert r.share("negotiate") < 0.2, f"rank {r.rank}: {r.shares}"
 
 
 @pytest.mark.parametrize("env", [{}, CHAIN], ids=["star", "chain"])
@@ -209,12 +250,16 @@ def test_a_rank_killed_while_every_rank_sleeps_is_named_by_the_survivors(
 
 
 def test_every_cpu_op_waits_where_the_training_fills_the_cores() -> None:
-    """-1 (auto): ranks whose torch threads fill the host's cores let every CPU op wait
-    (overlap would only take CPU from the training), spare cores only ops to 256 KiB."""
+    """-1 (auto, the default): a one-host job whose torch threads fill its cores lets
+    every CPU op wait (overlap would only take CPU from the training); spare cores or
+    several hosts only ops to 256 KiB."""
     from hvdprof.runtime.runtime import WAKE_ON_SUBMIT_SPARE_CORES, wake_limit
 
     threads = torch.get_num_threads()
     assert wake_limit(-1, local_size=2, cores=2 * threads) > 1 << 40
     assert wake_limit(-1, local_size=1, cores=2 * threads) == WAKE_ON_SUBMIT_SPARE_CORES
+    # across hosts the network's transfers overlap the compute: only small ops wait
+    spare = WAKE_ON_SUBMIT_SPARE_CORES
+    assert wake_limit(-1, local_size=2, cores=2 * threads, hosts=2) == spare
     assert wake_limit(0, local_size=2, cores=1) == 0  # set: as given
     assert wake_limit(4096, local_size=1, cores=64) == 4096

@@ -404,8 +404,12 @@ def test_readiness_marks_and_the_straggler(main_traces: dict[int, list[dict[str,
             assert args["last_ready_us"] >= args["ready_us"][str(rank)], what
             marks = {e["name"] for e in unit["ready"]}
             assert marks == {act.ready_name(rank)}, f"{what}: {marks}"
+            # at its submission, which begins the slice; an op held for its rank's wait
+            # (HVDPROF_WAKE_ON_SUBMIT_BYTES) begins negotiating later, when the cycle took it
             n_start, n_end = span(neg)
-            assert all(n_start <= ns(e["ts"]) <= n_end for e in unit["ready"]), what
+            own = ns(args["ready_us"][str(rank)])
+            assert all(ns(e["ts"]) == own for e in unit["ready"]), what
+            assert own <= n_start <= n_end, what
             seen[args["cached"]] += 1
         assert seen[True] and seen[False], f"rank {rank}: paths seen {seen}"
 
@@ -577,8 +581,8 @@ def test_merge_with_torch_profiler(main_job: tuple[JobResult, Path], tmp_path: P
         assert any(n.startswith(act.profiler_process_name(rank)) for p, n in names.items() if lo_pid <= p), names  # fmt: skip
         prof_x = [e for e in prof if e["ph"] == "X"]
         assert len(prof_x) > 100, len(prof_x)
-        submits = sorted(
-            (ns(e["ts"]), e["args"]["tensor"])
+        submits = sorted(  # (an op held for its rank's wait negotiates later: its mark)
+            (ns(e["args"]["ready_us"][str(rank)]), e["args"]["tensor"])
             for e in events
             if e["pid"] == rank
             and e["name"] == "NEGOTIATE_ALLREDUCE"

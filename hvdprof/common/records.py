@@ -56,7 +56,7 @@ class OpRecord:
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
-    t_submit: int  # when the user enqueued it on this rank
+    t_submit: int  # where its negotiation began on this rank (see OpBatch.t_submit)
     t_negotiated: int  # when this rank learned every rank was ready
     #: rank -> local time at which this rank learned that rank was ready (cycle granularity;
     #: exact for this rank itself). Present on the cached and the uncached path.
@@ -98,6 +98,9 @@ class OpBatch:
     #: the process set's id as a fifth item for an op of a set other than the global one;
     #: None with ``bits``
     kinds: list[tuple[Any, ...]] | None
+    #: where each op's negotiation began on this rank: its submission, or for an op held
+    #: for its rank's wait (``HVDPROF_WAKE_ON_SUBMIT_BYTES``) when the cycle took it (its
+    #: submission is then only in ``ready``'s own column)
     t_submit: list[int]
     t_negotiated: list[int]
     #: (ops, ranks) int64: when this rank learned each rank was ready; NO_TIME if unknown.

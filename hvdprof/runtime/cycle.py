@@ -172,29 +172,15 @@ class CycleLoop:
         self._outbox: list[Request] = []
         self._sent: dict[str, Request] = {}
         self._bits = np.zeros(0, dtype=np.uint8)
-        #: (ranks, cache bits): the start of the cycle in which each rank's bit first
-        #: showed, on this rank's clock (NO_TIME: not seen since the op last ran). Times,
-        #: not cycle indices: the op's record then takes them as they are.
-        self._first_ready = np.full((size, 0), NO_TIME, dtype=np.int64)
-        #: some entry of _first_ready holds a time (only cycles whose reply carried the
-        #: matrix set any: see cycle_header.reduce); while none does, a ready bit's ranks
-        #: all showed it in the cycle that runs it, and nothing need be gathered
-        self._any_tracked = False
-        self._ready_bits = np.zeros(0, dtype=np.int64)  # this cycle's fast-path bits
-        #: (ranks, len(_ready_bits)): their first-ready times, when a sink records them
-        #: and some were seen before this cycle; else None
-        self._ready_first: np.ndarray | None = None
-        #: this cycle's start when a sink records readiness: the first-ready time of every
-        #: rank for the ready bits _ready_first does not cover
-        self._ready_at: int | None = None
-        self._ready_bits_bytes = b""  # _ready_bits as bytes, when a sink records them
-        #: bumped whenever the response cache may have changed (a reply, a clear), and
-        #: the cache's names as of a version, built when a record first needs them
+        self._init_readiness(size)
         self._table_version = 0
         self._table: CacheTable | None = None
         self._t_cycle = 0  # this cycle's start (timebase.now_ns())
-        #: asleep with nothing pending anywhere: a new CPU op may wait (``Runtime.submit``)
-        self.asleep_idle = False
+        #: asleep with nothing pending anywhere, where ``holds_ops`` (the runtime's
+        #: ``HVDPROF_WAKE_ON_SUBMIT_BYTES``): a new CPU op may wait (``Runtime.submit``),
+        #: which sets ``held``; the next drain stamps the ops it takes (``t_offered``)
+        self.asleep_idle = self.holds_ops = self.held = False
+        self._offered_open = 0  # ops stamped and not yet recorded in an OpBatch
         self._last_matrix = np.zeros((size, 0), dtype=np.uint8)
         self._last_ran_nothing = False
         self._sleep_said = False  # this cycle's reply: every rank sleeps until one has work
@@ -233,6 +219,27 @@ class CycleLoop:
         self.intra_op_threads = 0
         self.thread = threading.Thread(target=self._run, name="hvdprof-cycle", daemon=True)
 
+    def _init_readiness(self, size: int) -> None:
+        """What the timeline's readiness records start from (see :meth:`_op_batch`)."""
+        #: (ranks, cache bits): the start of the cycle in which each rank's bit first
+        #: showed, on this rank's clock (NO_TIME: not seen since the op last ran). Times,
+        #: not cycle indices: the op's record then takes them as they are.
+        self._first_ready = np.full((size, 0), NO_TIME, dtype=np.int64)
+        #: some entry of _first_ready holds a time (only cycles whose reply carried the
+        #: matrix set any: see cycle_header.reduce); while none does, a ready bit's ranks
+        #: all showed it in the cycle that runs it, and nothing need be gathered
+        self._any_tracked = False
+        self._ready_bits = np.zeros(0, dtype=np.int64)  # this cycle's fast-path bits
+        #: (ranks, len(_ready_bits)): their first-ready times, when a sink records them
+        #: and some were seen before this cycle; else None
+        self._ready_first: np.ndarray | None = None
+        #: this cycle's start when a sink records readiness: the first-ready time of every
+        #: rank for the ready bits _ready_first does not cover
+        self._ready_at: int | None = None
+        self._ready_bits_bytes = b""  # _ready_bits as bytes, when a sink records them
+        #: bumped whenever the response cache may have changed (a reply, a clear), and
+        #: the cache's names as of a version, built when a record first needs them
+
     # ---------------------------------------------------------------- thread control
     def start(self) -> None:
         self.thread.start()
@@ -267,7 +274,7 @@ class CycleLoop:
                     self._sleep_said = False
                     # (set before the last look at the queue, cleared after the sleep: a
                     # submission is either seen here or sees the flag and wakes no one)
-                    self.asleep_idle = not busy
+                    self.asleep_idle = self.holds_ops and not busy
                     if self._news_here():
                         timeout = 0.0
                     elif busy:
@@ -398,12 +405,13 @@ class CycleLoop:
         # Before draining: a thread submits, then waits, so what a blocked thread waits on
         # is always in this cycle's messages (rank 0 never sees the flag before the name).
         blocked = user_thread_blocked()
-        self._drain_queue()
         detailed = any(o.detailed for o in self.observers)
         if detailed and not self._was_detailed:
             self._first_ready.fill(NO_TIME)  # forget readiness seen while nobody recorded it
             self._any_tracked = False
+            self._offered_open = 0
         self._was_detailed = detailed
+        self._drain_queue(detailed)
         payload = self._outbox_payload()
         said = self._exchange(payload, blocked, detailed)
         self._sleep_said = said.kind in (QUIET_SLEEP, QUIET_WAIT)
@@ -729,12 +737,17 @@ class CycleLoop:
         return self.failure is None
 
     # ---------------------------------------------------------------- pieces
-    def _drain_queue(self) -> None:
+    def _drain_queue(self, detailed: bool) -> None:
         queue = self.queue
         outbox = self._outbox
+        popleft = queue.popleft
         if not (self.params.cache_enabled and self.cache.capacity > 0):
+            if self.held:
+                drained = [popleft() for _ in range(len(queue))]
+                self._stamp_offered(drained, detailed)
+                outbox += drained
             while queue:
-                outbox.append(queue.popleft())
+                outbox.append(popleft())
             return
         bit_of = self.cache.bit_of
         entries = self.cache.entries()
@@ -742,8 +755,9 @@ class CycleLoop:
         # ResponseCache.lookup, inlined and by list: a burst is thousands of ops, and one
         # comprehension per stage costs about half of one loop doing every stage per op.
         # (Exactly the ops queued now: the user's thread may append more meanwhile.)
-        popleft = queue.popleft
         reqs = [popleft() for _ in range(len(queue))]
+        if self.held:
+            self._stamp_offered(reqs, detailed)
         bits = [bit_of.get(req.name) for req in reqs]
         if None not in bits and [entries[bit].signature for bit in bits] == [
             req.signature for req in reqs
@@ -765,6 +779,34 @@ class CycleLoop:
             outbox.append(req)
         if new_bits:
             self._bits[new_bits] = 1
+
+    def _stamp_offered(self, reqs: list[Request], detailed: bool) -> None:
+        """Ops held for their rank's wait begin negotiating now, not at their submission:
+        the time between was the rank computing, not waiting for its peers, and a
+        timeline that drew it as ``NEGOTIATE`` called a backward pass negotiation wait.
+        (Stamped only while a sink records them.)"""
+        self.held = False
+        if not detailed:
+            return
+        t = self._t_cycle
+        for req in reqs:
+            if not req.t_offered:
+                req.t_offered = t
+                self._offered_open += 1
+
+    def _negotiation_starts(
+        self, reqs: list[Request] | list[Request | None], t_submit: list[int]
+    ) -> list[int] | None:
+        """Where each op's ``NEGOTIATE`` slice begins when some were held
+        (:meth:`_stamp_offered`), else None (their submissions)."""
+        if not self._offered_open:
+            return None
+        offered = [0 if req is None else req.t_offered for req in reqs]
+        held = len(offered) - offered.count(0)
+        if not held:
+            return None
+        self._offered_open = max(0, self._offered_open - held)
+        return [max(o, s) for o, s in zip(offered, t_submit, strict=True)]
 
     def _coordinate(
         self, payload: bytes, lengths: list[int], joined: frozenset[int], cycle: int
@@ -1033,16 +1075,21 @@ class CycleLoop:
         ready_at = self._ready_at if n_cached else None
         if ready_at is not None and n_cached == n and reply is None and None not in ready_reqs:
             t_submit = [req.t_submit for req in ready_reqs]
+            starts = self._negotiation_starts(ready_reqs, t_submit)
             ready_fill = None
-            if first is None:  # every rank showed them this cycle: the renderer fills it
-                ready, ready_fill = None, (ready_at, self.rank, self.size)
+            if first is None and starts is None:  # every rank showed them this cycle:
+                ready, ready_fill = None, (ready_at, self.rank, self.size)  # reader fills
             else:
-                ready = first.T
+                ready = (
+                    first.T
+                    if first is not None
+                    else np.full((n, self.size), ready_at, dtype=np.int64)
+                )
                 ready[:, self.rank] = t_submit
             return OpBatch(
                 names=None,  # the cache's bits name them: no list per op
                 kinds=None,
-                t_submit=t_submit,
+                t_submit=starts or t_submit,
                 t_negotiated=[t_negotiated] * n,
                 ready=ready,
                 cached=b"\x01" * n,
@@ -1077,7 +1124,7 @@ class CycleLoop:
         return OpBatch(
             names=[op.name for op in ready_ops],
             kinds=[op.description for op in ready_ops],
-            t_submit=t_submit,
+            t_submit=self._negotiation_starts(ready_reqs, t_submit) or t_submit,
             t_negotiated=[t_negotiated] * len(ready_ops),
             ready=ready,
             cached=cached,

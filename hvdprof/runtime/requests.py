@@ -93,7 +93,15 @@ class Request(Handle):
     until the op completes costs construction time and garbage-collector work.
     """
 
-    __slots__ = ("output", "signature", "splits", "stream_event", "t_submit", "tensor")
+    __slots__ = (
+        "output",
+        "signature",
+        "splits",
+        "stream_event",
+        "t_offered",
+        "t_submit",
+        "tensor",
+    )
 
     def __init__(
         self,
@@ -116,6 +124,9 @@ class Request(Handle):
         self.tensor = tensor
         self.output = output
         self.t_submit = t_submit
+        #: when the cycle took an op that was held for its rank's wait off the queue
+        #: (``HVDPROF_WAKE_ON_SUBMIT_BYTES``): where its negotiation began; 0 otherwise
+        self.t_offered = 0
         self.splits = splits
         #: device path (issue 28): the event after which the data is ready: recorded on
         #: the user's stream at submit, replaced by the op's done event at completion

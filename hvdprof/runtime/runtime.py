@@ -186,7 +186,8 @@ class Runtime:
         timebase.set_skew_us(config.clock_skew_us)
         self.timeline: Any = None
         self._setup_observers()
-        self.wake_limit = wake_limit(config.wake_on_submit_bytes, t.local_size)
+        self.wake_limit = wake_limit(config.wake_on_submit_bytes, t.local_size, hosts=t.cross_size)
+        self.cycle.holds_ops = self.wake_limit != 0
         handles.on_block = self.nudge
         self.cycle.start()
 
@@ -465,10 +466,11 @@ class Runtime:
             req.stream_event = device.ready_event(tensor)
         cycle.queue.append(req)
         # (after the append: a cycle thread about to sleep sees the op or we see its flag)
-        if not cycle.wake.is_set() and not (
-            cycle.asleep_idle and len(cycle.queue) <= WAIT_AT_MOST_OPS and self._may_wait(req)
-        ):
-            cycle.wake.set()
+        if not cycle.wake.is_set():
+            if cycle.asleep_idle and len(cycle.queue) <= WAIT_AT_MOST_OPS and self._may_wait(req):
+                cycle.held = True  # its negotiation begins when the cycle takes it
+            else:
+                cycle.wake.set()
         if cycle.failure is not None:  # lost the race with a failing cycle: fail it here
             req.fail(cycle.failure)
         return req
@@ -741,15 +743,17 @@ WAIT_AT_MOST_OPS = 64
 WAKE_ON_SUBMIT_SPARE_CORES = 256 * 1024
 
 
-def wake_limit(setting: int, local_size: int, cores: int | None = None) -> int:
+def wake_limit(setting: int, local_size: int, cores: int | None = None, hosts: int = 1) -> int:
     """The largest op that may wait for its rank's wait (see ``Runtime.submit``): the
-    setting, or for -1 every op where the ranks' torch threads fill the host's cores
-    (overlap would only take CPU from them) and ops up to 256 KiB where cores are spare."""
+    setting, or for -1 every op where the job is on one host whose cores the ranks' torch
+    threads fill (a reduction there is copying on those same cores: overlap would only
+    take CPU from the training), else ops up to 256 KiB (spare cores, or a network
+    between the hosts whose transfers overlap the compute after them)."""
     if setting >= 0:
         return setting
     import torch
 
-    if cores_filled(local_size, torch.get_num_threads(), cores):
+    if hosts <= 1 and cores_filled(local_size, torch.get_num_threads(), cores):
         return 1 << 62
     return WAKE_ON_SUBMIT_SPARE_CORES
 

@@ -4,9 +4,10 @@ Layout of one rank (one Chrome process, ``pid = rank``):
 
 * fixed lanes ``runtime`` (instants), ``cycles`` (``CYCLE <n>`` slices) and ``autotune``;
 * one lane per tensor name (``thread_name`` = the name). An op draws
-  ``NEGOTIATE_<OP>`` from submission to negotiation, with this rank's ``READY rank <r>``
-  instant and the last rank to be ready in its args (so an op's events do not grow with
-  the ranks), then ``<OP>`` until done, containing ``QUEUE``,
+  ``NEGOTIATE_<OP>`` from submission to negotiation (an op held for its rank's wait:
+  from when the cycle took it), with this rank's ``READY rank <r>`` instant at the
+  submission and the last rank to be ready in its args (so an op's events do not grow
+  with the ranks), then ``<OP>`` until done, containing ``QUEUE``,
   ``MEMCPY_IN_FUSION_BUFFER``, ``<BACKEND>_<OP>`` and ``MEMCPY_OUT_FUSION_BUFFER``;
 * counters (fusion threshold, cycle time, cycle duration, bytes reduced) on the process.
 
@@ -581,9 +582,9 @@ class CycleRenderer:
         if own_t != NO_TIME:
             t_text = start_text if own_t == start else fmt[own_t]
             ready_args = f',"ready_us":{{{own[1]}{t_text}}}'
-            if own_t < start:
-                t_text = start_text
-            elif own_t > neg_end:
+            # (a mark before the slice stays where it is: an op held for its rank's wait
+            # begins negotiating when the cycle takes it, after its submission)
+            if own_t > neg_end:
                 t_text = neg_text
             marks = f"{own[0]}{t_text},{tail},\n"
         ready_args += f',"last_ready_rank":{last_rank},"last_ready_us":{fmt[last_t]}'

@@ -22,6 +22,8 @@ Usage: idle_sleep_worker.py MODE FLAG_DIR. Modes:
   (``POLL_SECONDS <s>``), and one that rank 0 waits on while the last rank submits it
   late and computes on (``LATE_WAIT_SECONDS <s>`` on rank 0: the submission must wake
   it, not the last rank's own wait two seconds later).
+* ``steps``: eight steps of a small op submitted at the start of a 0.1 s "backward pass"
+  (a sleep) and waited on at its end, for a timeline to be read.
 """
 
 from __future__ import annotations
@@ -125,6 +127,17 @@ def submitted(ck: _common.Checks, rank: int, size: int) -> None:
     ck.eq(late.tolist(), [float(size)] * 2, "the late submission's sum")
 
 
+def steps(ck: _common.Checks, rank: int, size: int) -> None:
+    hvd.allreduce(torch.ones(2), name="warm")
+    for _ in range(8):
+        time.sleep(0.05)  # forward: every rank goes back to sleep
+        grad = torch.full((3,), float(rank))
+        handle = hvd.allreduce_async_(grad, op=hvd.Sum, name="grad")
+        time.sleep(0.1)  # the rest of backward
+        hvd.synchronize(handle)
+        ck.eq(grad.tolist(), [float(sum(range(size)))] * 3, "each step's sum")
+
+
 def killed(rank: int, size: int) -> None:
     hvd.allreduce(torch.ones(1), name="warm")
     time.sleep(1.0)
@@ -156,6 +169,8 @@ def main() -> None:
             late_rank(ck, rank, size)
         elif mode == "submit":
             submitted(ck, rank, size)
+        elif mode == "steps":
+            steps(ck, rank, size)
         else:
             in_a_set(ck, rank, flags)
     hvd.shutdown()
