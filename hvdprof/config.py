@@ -384,9 +384,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
         "a 198-tensor transformer, 2 ranks on 2 cores). A larger op wakes the job at once; "
         "so does any op on a GPU, and any op while a rank waits on a peer. -1 (auto): every "
         "CPU op waits where the job is on one host whose cores the ranks' torch threads "
-        "fill (ranks x `torch.get_num_threads()` >= usable cores), else ops up to 256 KiB. 0: every "
-        "op wakes the job at once. A waiting op's NEGOTIATE slice on the timeline begins "
-        "when the cycle takes it (its readiness mark stays at its submission); see "
+        "fill (ranks x `torch.get_num_threads()` >= usable cores), else ops up to 256 KiB. "
+        "0: every op wakes the job at once. A waiting op's NEGOTIATE slice on the timeline "
+        "begins when the cycle takes it (its readiness mark stays at its submission); see "
         "docs/how-it-works.md.",
         "-1",
     ),

@@ -173,6 +173,8 @@ class CycleLoop:
         self._sent: dict[str, Request] = {}
         self._bits = np.zeros(0, dtype=np.uint8)
         self._init_readiness(size)
+        #: bumped whenever the response cache may have changed (a reply, a clear), and
+        #: the cache's names as of a version, built when a record first needs them
         self._table_version = 0
         self._table: CacheTable | None = None
         self._t_cycle = 0  # this cycle's start (timebase.now_ns())
@@ -237,8 +239,6 @@ class CycleLoop:
         #: rank for the ready bits _ready_first does not cover
         self._ready_at: int | None = None
         self._ready_bits_bytes = b""  # _ready_bits as bytes, when a sink records them
-        #: bumped whenever the response cache may have changed (a reply, a clear), and
-        #: the cache's names as of a version, built when a record first needs them
 
     # ---------------------------------------------------------------- thread control
     def start(self) -> None:
