@@ -739,25 +739,21 @@ class CycleLoop:
     # ---------------------------------------------------------------- pieces
     def _drain_queue(self, detailed: bool) -> None:
         queue = self.queue
-        outbox = self._outbox
+        # (Exactly the ops queued now: the user's thread may append more meanwhile, and
+        # wakes the cycle for them.)
         popleft = queue.popleft
+        reqs = [popleft() for _ in range(len(queue))]
+        if self.held:
+            self._stamp_offered(reqs, detailed)
         if not (self.params.cache_enabled and self.cache.capacity > 0):
-            if self.held:
-                drained = [popleft() for _ in range(len(queue))]
-                self._stamp_offered(drained, detailed)
-                outbox += drained
-            while queue:
-                outbox.append(popleft())
+            self._outbox += reqs
             return
+        outbox = self._outbox
         bit_of = self.cache.bit_of
         entries = self.cache.entries()
         waiting = self._cached_waiting
         # ResponseCache.lookup, inlined and by list: a burst is thousands of ops, and one
         # comprehension per stage costs about half of one loop doing every stage per op.
-        # (Exactly the ops queued now: the user's thread may append more meanwhile.)
-        reqs = [popleft() for _ in range(len(queue))]
-        if self.held:
-            self._stamp_offered(reqs, detailed)
         bits = [bit_of.get(req.name) for req in reqs]
         if None not in bits and [entries[bit].signature for bit in bits] == [
             req.signature for req in reqs
