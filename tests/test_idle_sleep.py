@@ -206,6 +206,19 @@ def test_an_op_held_for_its_ranks_wait_negotiates_from_when_the_cycle_took_it(
         assert r.share("negotiate") < 0.2, f"rank {r.rank}: {r.shares}"
 
 
+def test_ranks_sleep_as_soon_as_a_step_s_reductions_leave_nothing_pending() -> None:
+    """Eight steps of one held op each take one cycle each: the cycle that reduced it
+    left nothing pending on any rank, so every rank slept right after it. (They took two:
+    a quiet cycle followed each step's a cycle time later, only to learn that, in the
+    next step's compute; on a 2-core VM it cost a 12 ms step 1 ms.)"""
+    env = {**NEVER, "HVDPROF_WAKE_ON_SUBMIT_BYTES": "262144"}
+    result = run_job("idle_sleep_worker.py", 2, "steps", ".", env=env, timeout=90)
+    assert result.returncode == 0, result.describe()
+    for rank in range(2):
+        counts = _numbers(result, rank, "STEP_CYCLES")
+        assert counts and 8 <= counts[0] <= 11, f"rank {rank}: {counts} cycles for 8 steps"
+
+
 @pytest.mark.parametrize("env", [{}, CHAIN], ids=["star", "chain"])
 def test_a_process_set_wakes_rank_0_that_submits_nothing(
     env: dict[str, str], tmp_path: Path

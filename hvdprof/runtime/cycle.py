@@ -186,6 +186,7 @@ class CycleLoop:
         self._last_matrix = np.zeros((size, 0), dtype=np.uint8)
         self._last_ran_nothing = False
         self._sleep_said = False  # this cycle's reply: every rank sleeps until one has work
+        self._paced_sleep = False  # ... and it was a WORK cycle: keep the pace for news
         self._partial_since: dict[int, float] = {}
         self._was_detailed = False
         self._last_partial_watch = 0.0
@@ -272,10 +273,15 @@ class CycleLoop:
                     # still seen and reported. Such a rank once slept for 0 s, and a job
                     # waiting on a name no peer had submitted yet spun on every rank.
                     self._sleep_said = False
+                    paced, self._paced_sleep = self._paced_sleep, False
                     # (set before the last look at the queue, cleared after the sleep: a
                     # submission is either seen here or sees the flag and wakes no one)
                     self.asleep_idle = self.holds_ops and not busy
                     if self._news_here():
+                        if paced:
+                            # ops came while the work ran: keep the cycle's pace for them
+                            # (so a burst fuses), then wake the others, who slept meanwhile
+                            self._pace(cycle_s, t0)
                         timeout = 0.0
                     elif busy:
                         timeout = _PARTIAL_WATCH_EVERY_S
@@ -287,21 +293,7 @@ class CycleLoop:
                         self.asleep_idle = False
                 elif busy:
                     idle_since = 0.0
-                    elapsed = time.monotonic() - t0
-                    delay = cycle_s - elapsed
-                    if delay > 0 and user_thread_blocked():
-                        # This rank's training thread waits on an op another rank has not
-                        # submitted yet: nothing more will come from here, and what it
-                        # waits for is that rank's next cycle. Go and wait for it in the
-                        # exchange (which blocks until that rank arrives, on no CPU):
-                        # pacing here made the last rank's cycle, started the moment its
-                        # own thread blocked, wait for this rank's sleep (a cycle time a
-                        # step, now and then: windows of a 25 ms cycle at a third of the
-                        # speed). A cycle that found every rank there already waited for
-                        # no one (a stall: all blocked, none able to help) keeps a pace.
-                        delay = min(delay, _BLOCKED_PACE_S - elapsed)
-                    if delay > 0 and not self.urgent.is_set():
-                        self.urgent.wait(delay)
+                    self._pace(cycle_s, t0)
                 else:
                     # Idle on every rank (the allgather showed nothing pending anywhere).
                     # Keep the cycle's pace for a moment, then slow down: nothing can
@@ -331,6 +323,24 @@ class CycleLoop:
             self.wake.close()  # (a later set() from the user's thread finds it closed: no-op)
             if self._exit_code is not None:
                 os._exit(self._exit_code)
+
+    def _pace(self, cycle_s: float, t0: float) -> None:
+        """Wait out the rest of the cycle time begun at ``t0``, or less (``urgent``)."""
+        elapsed = time.monotonic() - t0
+        delay = cycle_s - elapsed
+        if delay > 0 and user_thread_blocked():
+            # This rank's training thread waits on an op another rank has not
+            # submitted yet: nothing more will come from here, and what it
+            # waits for is that rank's next cycle. Go and wait for it in the
+            # exchange (which blocks until that rank arrives, on no CPU):
+            # pacing here made the last rank's cycle, started the moment its
+            # own thread blocked, wait for this rank's sleep (a cycle time a
+            # step, now and then: windows of a 25 ms cycle at a third of the
+            # speed). A cycle that found every rank there already waited for
+            # no one (a stall: all blocked, none able to help) keeps a pace.
+            delay = min(delay, _BLOCKED_PACE_S - elapsed)
+        if delay > 0 and not self.urgent.is_set():
+            self.urgent.wait(delay)
 
     def _let_burst_finish(self, cycle_s: float) -> None:
         """While the user's thread is still submitting a burst of ops, wait for it.
@@ -435,6 +445,12 @@ class CycleLoop:
         cpu2 = self._spent("perform", cpu1)
         busy = self._account(said, agreed, cycle, t_start, t_negotiated, t_end, reduced, groups)
         self._spent("account", cpu2)
+        if said.sleep_after and busy is not None:
+            # Nothing is left anywhere that every rank saw (WORK_THEN_SLEEP): sleep now.
+            # Busy only with what this rank alone holds (names the coordinator keeps for
+            # a peer's submission): its sleep then still ends at the stall watch's pace.
+            self._sleep_said = self._paced_sleep = True
+            busy = bool(self._sent or self._cached_waiting or self._outbox or self.commands)
         return busy
 
     def _news_here(self) -> bool:
@@ -485,7 +501,7 @@ class CycleLoop:
         quiet = self._quiet_kind(matrix)
         if quiet is None:
             self._last_matrix = matrix.copy()
-            return reduce(matrix, WORK)
+            return reduce(matrix, WORK, self.control.can_sleep and not self._prev_joined)
         if quiet:
             # some rank waits for another's submission and nothing changed: where ranks
             # can sleep on their links, they do until that submission (or other news)

@@ -23,7 +23,8 @@ Usage: idle_sleep_worker.py MODE FLAG_DIR. Modes:
   late and computes on (``LATE_WAIT_SECONDS <s>`` on rank 0: the submission must wake
   it, not the last rank's own wait two seconds later).
 * ``steps``: eight steps of a small op submitted at the start of a 0.1 s "backward pass"
-  (a sleep) and waited on at its end, for a timeline to be read.
+  (a sleep) and waited on at its end, for a timeline to be read; prints the cycles the
+  eight steps took (``STEP_CYCLES <n>``).
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ def submitted(ck: _common.Checks, rank: int, size: int) -> None:
 
 def steps(ck: _common.Checks, rank: int, size: int) -> None:
     hvd.allreduce(torch.ones(2), name="warm")
+    before = cycles()
     for _ in range(8):
         time.sleep(0.05)  # forward: every rank goes back to sleep
         grad = torch.full((3,), float(rank))
@@ -136,6 +138,7 @@ def steps(ck: _common.Checks, rank: int, size: int) -> None:
         time.sleep(0.1)  # the rest of backward
         hvd.synchronize(handle)
         ck.eq(grad.tolist(), [float(sum(range(size)))] * 3, "each step's sum")
+    print(f"STEP_CYCLES {cycles() - before}", flush=True)
 
 
 def killed(rank: int, size: int) -> None:
