@@ -335,17 +335,22 @@ def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"result": result, "polls": polls, "log": log, "timeline": timeline}
 
 
-@pytest.fixture(scope="module")
-def three_rank_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("autotune3")
-    log = out / "autotune.csv"
-    env = {
+def _three_rank_env(log: Path) -> dict[str, str]:
+    """The three-rank jobs' settings: a short cycle, Gloo (whose threshold is searched)."""
+    return {
         **FAST_TUNING,
         "HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "40",  # far more than it gets
         "HVDPROF_AUTOTUNE_LOG": str(log),
         "HVDPROF_CYCLE_TIME": "2",
         "HVDPROF_BACKEND": "gloo",  # the threshold is searched
     }
+
+
+@pytest.fixture(scope="module")
+def three_rank_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("autotune3")
+    log = out / "autotune.csv"
+    env = _three_rank_env(log)
     result, polls = run_tuned_job(3, out, "--stop", "samples", "--samples", "5", env=env, log=log)
     result.assert_done(3)
     return {"result": result, "polls": polls, "log": log}
@@ -359,13 +364,7 @@ def stopped_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     window is 3 steps, so at most one more window is scored before it stops."""
     out = tmp_path_factory.mktemp("autotune3stopped")
     log = out / "autotune.csv"
-    env = {
-        **FAST_TUNING,
-        "HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "40",
-        "HVDPROF_AUTOTUNE_LOG": str(log),
-        "HVDPROF_CYCLE_TIME": "2",
-        "HVDPROF_BACKEND": "gloo",
-    }
+    env = _three_rank_env(log)
     result, _ = run_tuned_job(3, out, "--stop", "samples", "--samples", "1", env=env, log=log)
     result.assert_done(3)
     return {"result": result, "log": log}

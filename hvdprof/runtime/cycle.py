@@ -96,6 +96,8 @@ _BURST_WAIT_MAX_S = 0.02  # longest wait for a burst of submissions to finish
 #: ``_run``): at once when the last cycle waited for a peer, paced when it did not
 _BLOCKED_PACE_S = 0.001
 _PARTIAL_WATCH_EVERY_S = 0.25  # stalls are reported after many seconds; sample the bits
+_SLEEP = "sleep"  # the reply said: every rank sleeps until one has work
+_SLEEP_PACED = "sleep after work"  # ... after a WORK cycle (WORK_THEN_SLEEP)
 
 
 @dataclass(slots=True)
@@ -185,8 +187,10 @@ class CycleLoop:
         self._offered_open = 0  # ops stamped and not yet recorded in an OpBatch
         self._last_matrix = np.zeros((size, 0), dtype=np.uint8)
         self._last_ran_nothing = False
-        self._sleep_said = False  # this cycle's reply: every rank sleeps until one has work
-        self._paced_sleep = False  # ... and it was a WORK cycle: keep the pace for news
+        #: this cycle's reply said every rank sleeps until one has work: None (it did
+        #: not), _SLEEP (a quiet cycle) or _SLEEP_PACED (after a WORK cycle: ops that
+        #: came in while the work ran keep the cycle's pace, so a burst fuses)
+        self._sleep_said: str | None = None
         self._partial_since: dict[int, float] = {}
         self._was_detailed = False
         self._last_partial_watch = 0.0
@@ -263,7 +267,7 @@ class CycleLoop:
                 if busy is None:
                     break
                 cycle_s = self.params.cycle_time_ms / 1000.0
-                if self._sleep_said:
+                if self._sleep_said is not None:
                     # Every rank sleeps on its sockets and its own submissions; the first
                     # rank with news wakes the others (a rank with news already only
                     # takes part in the wake-up). Nothing ticks on the training's cores.
@@ -272,8 +276,8 @@ class CycleLoop:
                     # the sleep ends at least every stall watch interval, so a stall is
                     # still seen and reported. Such a rank once slept for 0 s, and a job
                     # waiting on a name no peer had submitted yet spun on every rank.
-                    self._sleep_said = False
-                    paced, self._paced_sleep = self._paced_sleep, False
+                    paced = self._sleep_said == _SLEEP_PACED
+                    self._sleep_said = None
                     # (set before the last look at the queue, cleared after the sleep: a
                     # submission is either seen here or sees the flag and wakes no one)
                     self.asleep_idle = self.holds_ops and not busy
@@ -424,7 +428,7 @@ class CycleLoop:
         self._drain_queue(detailed)
         payload = self._outbox_payload()
         said = self._exchange(payload, blocked, detailed)
-        self._sleep_said = said.kind in (QUIET_SLEEP, QUIET_WAIT)
+        self._sleep_said = _SLEEP if said.kind in (QUIET_SLEEP, QUIET_WAIT) else None
         if said.kind != WORK:
             self._spent("negotiate", cpu0)
             busy = said.kind in (QUIET_BUSY, QUIET_WAIT)
@@ -449,9 +453,14 @@ class CycleLoop:
             # Nothing is left anywhere that every rank saw (WORK_THEN_SLEEP): sleep now.
             # Busy only with what this rank alone holds (names the coordinator keeps for
             # a peer's submission): its sleep then still ends at the stall watch's pace.
-            self._sleep_said = self._paced_sleep = True
-            busy = bool(self._sent or self._cached_waiting or self._outbox or self.commands)
+            self._sleep_said = _SLEEP_PACED
+            busy = self._pending_here()
         return busy
+
+    def _pending_here(self) -> bool:
+        """Whether this rank holds work the last exchange did not finish: ops sent and
+        not yet agreed, cached names waiting on a peer, names not yet sent, commands."""
+        return bool(self._sent or self._cached_waiting or self._outbox or self.commands)
 
     def _news_here(self) -> bool:
         """Whether this rank has something to say that the last exchange did not carry
@@ -686,16 +695,7 @@ class CycleLoop:
         ):
             return None
         self._last_ran_nothing = not ops and reply is None
-        return bool(
-            self._cached_waiting
-            or self._outbox
-            or self._sent
-            or said.news.size
-            or said.any_bit
-            or joined
-            or self.commands
-            or self.queue
-        )
+        return bool(self._pending_here() or said.news.size or said.any_bit or joined or self.queue)
 
     def _quiet_cycle(
         self, cycle: int, t_start: int, busy: bool, matrix: np.ndarray | None = None
@@ -728,9 +728,7 @@ class CycleLoop:
             params_changed=params_changed,
         ):
             return None
-        return busy or bool(
-            self._sent or self._outbox or self._cached_waiting or self.commands or self.queue
-        )
+        return busy or self._pending_here() or bool(self.queue)
 
     def _advance(self, **record: Any) -> bool:
         """End a cycle: its record to the observers, rank 0's stall check, the next index.

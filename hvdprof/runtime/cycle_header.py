@@ -84,7 +84,11 @@ def reply_size(size: int, width: int) -> int:
 
 def reduce(matrix: np.ndarray, kind: int, can_sleep: bool = False) -> np.ndarray:
     """Rank 0's reply to the gathered ``matrix`` in a cycle of this ``kind``; a WORK
-    cycle that leaves nothing pending anywhere is WORK_THEN_SLEEP where ranks can sleep."""
+    cycle that leaves nothing pending anywhere is WORK_THEN_SLEEP where ranks can sleep.
+
+    "Nothing pending" is as of the gather: a rank that submitted while the work ran
+    finds its wake flag set and ends its sleep at once, waking the others.
+    """
     size, width = matrix.shape
     k, m = width - HEADER, (size + 7) // 8
     out = np.zeros(reply_size(size, width), dtype=np.uint8)
