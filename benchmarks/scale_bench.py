@@ -74,6 +74,7 @@ class NegotiateClock:
     """
 
     detailed = False
+    per_cycle = True
 
     def __init__(self, loop: Any) -> None:
         self.loop = loop

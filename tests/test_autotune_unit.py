@@ -252,6 +252,22 @@ def test_sample_window_discards_settling_steps_and_completes_on_the_next_step() 
     assert window.steps[0] == StepTotals(7, 30, 50, 5)
     assert window.add(11, 80, 90, 1)  # later cycles are ignored
 
+    # fed step boundaries only (a watching tuner: ``on_step``), the same steps come out
+    by_step = SampleWindow(discard_steps=2, measure_steps=3)
+    total, boundaries, seen = 0, [], None
+    for step, t_start, _, nbytes in [*cycles, (10, 70, 80, 100)]:
+        if step != seen:
+            boundaries.append((step, t_start, total))
+            seen = step
+        total += nbytes
+    last = None
+    done = []
+    for step, t_start, before in boundaries:
+        done.append(by_step.add_step(step, t_start, 0 if last is None else before - last))
+        last = before
+    assert done == [False] * 5 + [True]
+    assert by_step.steps == window.steps
+
 
 # --- paired comparisons ------------------------------------------------------------
 
@@ -696,6 +712,7 @@ class FakeRuntime:
         self.t = 0
         self.cycle = 0
         self.step = 0
+        self.bytes_total = 0  # reduced so far (the cycle's counters["bytes_reduced"])
         self.pending: list[tuple[int, TunableParams]] = []
         self.proposals: list[TunableParams] = []
         self.applied_at_step: list[tuple[int, TunableParams]] = []
@@ -734,7 +751,12 @@ class FakeRuntime:
                 )
                 if self.ops_of is not None and i == 0:
                     record.ops = self.ops_of(self.step)
-                self.ctl.on_cycle(record)
+                # as the cycle feeds its observers (``Cycle._advance``)
+                if self.ctl.per_cycle:
+                    self.ctl.on_cycle(record)
+                elif i == 0:
+                    self.ctl.on_step(self.step, self.t, self.bytes_total, self.params)
+                self.bytes_total += record.bytes_reduced
                 # synchronous worker, so the test is deterministic
                 assert self.ctl.wait_idle(timeout=30)
                 proposal = self.ctl.poll_proposal()
@@ -772,6 +794,7 @@ def test_controller_tunes_converges_prints_and_reopens_on_drift(
     # warmup (1 window), then 10 windows of about 7 steps (partial + settle + 4 + 1)
     rt.run_until(lambda: ctl.phase == PHASE_WATCH, max_steps=100)
     assert ctl.converged and ctl.detailed is False
+    assert ctl.per_cycle is False  # watching: fed step boundaries, no record per cycle
     structure = ctl.structure
     assert structure is not None  # bytes: 100 MiB per step, less the // 3 per cycle
     assert abs(structure.bytes_per_step - 100 * MiB) < 3
@@ -827,7 +850,7 @@ def test_controller_tunes_converges_prints_and_reopens_on_drift(
     rt.slowdown = 2.0
     took = rt.run_until(lambda: ctl.reopened == 1, max_steps=4 * 5)
     assert took <= 4 * 4 + 1
-    assert ctl.phase == PHASE_TUNE
+    assert ctl.phase == PHASE_TUNE and ctl.per_cycle is True
     # the new round's reference is the configuration in force: it is measured first
     assert len(rt.proposals) == 11 and rt.proposals[-1] == best.params
     rt.run_until(lambda: len(rt.proposals) == 12, max_steps=20)

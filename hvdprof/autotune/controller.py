@@ -209,6 +209,10 @@ class AutotuneController:
         #: per-op records wanted (the cycle reads this every cycle): only while learning
         #: the job's structure
         self.detailed = False
+        #: every cycle's record wanted (the cycle reads this every cycle): while tuning.
+        #: Watching needs only step boundaries (``on_step``): scored every
+        #: ``WATCH_WINDOW_S``, it is no reason to build and fold a record every cycle.
+        self.per_cycle = True
 
         # --- cycle-thread state (touched only by on_cycle / poll_proposal) ---
         self._target: TunableParams = initial
@@ -223,6 +227,7 @@ class AutotuneController:
         #: while learning the structure: per step, [ops, ops through the response cache]
         self._cache_by_step: dict[int, list[int]] = {}
         self._last_step_seen: int | None = None
+        self._bytes_at_step: int | None = None  # (on_step) bytes reduced before the step
 
         # --- shared: the proposal slot and the work queue ---
         self._lock = threading.Lock()
@@ -250,6 +255,7 @@ class AutotuneController:
                 "were all set explicitly: nothing to tune"
             )
             self._phase = PHASE_IDLE
+            self.per_cycle = False
             self._thread: threading.Thread | None = None
             return
 
@@ -298,18 +304,36 @@ class AutotuneController:
         self._last_end = record.t_end
         if not window.add(record.step, record.t_start, record.t_end, record.bytes_reduced):
             return
+        self._hand_over(window)
+        self._window = None  # wait for the worker's next proposal
+
+    def on_step(self, step: int, t_start: int, bytes_before: int, params: TunableParams) -> None:
+        """Fold one step boundary into the watch window (``per_cycle`` is False while
+        watching). O(1) per step; never blocks."""
+        since = 0 if self._bytes_at_step is None else bytes_before - self._bytes_at_step
+        self._bytes_at_step = bytes_before
+        window = self._window
+        if window is None:
+            return
+        if params is not self._target and params != self._target:
+            self.ignored_cycles += 1  # the switch to the watched parameters is under way
+            if window.started:
+                self._new_window(self.settle_steps)
+            return
+        if not window.add_step(step, t_start, since):
+            return
+        self._hand_over(window)
+        # nothing changes between watch samples: this step opens the next one
+        self._new_window(0).add_step(step, t_start, 0)
+
+    def _hand_over(self, window: SampleWindow) -> None:
+        """The complete window to the worker thread."""
         with self._lock:
             self._submitted += 1
         tensors, self._tensors = self._tensors, None
         self.detailed = False
         self._queue.put(_Sample(self._target, self._phase, window.steps, self._wait_ns, tensors))
         self._wait_ns = 0
-        if self._phase == PHASE_WATCH:
-            # nothing changes between watch samples: this record opens the next one
-            window = self._new_window(0)
-            window.add(record.step, record.t_start, record.t_end, record.bytes_reduced)
-        else:
-            self._window = None  # wait for the worker's next proposal
 
     def _learn_tensors(self, record: CycleRecord) -> None:
         ops = record.ops
@@ -348,8 +372,13 @@ class AutotuneController:
         params, phase = proposal
         self._target = params
         self._phase = phase
+        self.per_cycle = phase == PHASE_TUNE
         if phase == PHASE_DONE:
             self._window = None
+        elif phase == PHASE_WATCH:
+            # step boundaries: the step in which the change lands is never seen as this
+            # configuration's (its first cycle ran the old one), so only the settle steps
+            self._new_window(self.settle_steps)
         else:
             self._new_window(self.settle_steps + 1)
         return params

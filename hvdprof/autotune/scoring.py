@@ -145,6 +145,15 @@ class SampleWindow:
         self._cur_bytes += bytes_reduced
         return False
 
+    def add_step(self, step: int, t_start_ns: int, bytes_since: int) -> bool:
+        """The step-level feed (``CycleObserver.on_step``): ``step`` began at
+        ``t_start_ns``, and the step before it reduced ``bytes_since`` in all (ignored for
+        the first step added, whose predecessor the window did not see begin). True once
+        the window is complete."""
+        if self._cur_step is not None and not self.complete:
+            self._cur_bytes += bytes_since
+        return self.add(step, t_start_ns, t_start_ns, 0)
+
     def _close_step(self, next_start_ns: int) -> None:
         if self._cur_step is None:
             return

@@ -193,6 +193,7 @@ class CycleLoop:
         self._sleep_said: str | None = None
         self._partial_since: dict[int, float] = {}
         self._was_detailed = False
+        self._step_fed = 0  # the step of the last cycle (``_advance``)
         self._last_partial_watch = 0.0
         self._params_just_changed = False
         self._join_cycle: dict[int, int] = {}
@@ -736,10 +737,22 @@ class CycleLoop:
         False when the cycle thread must stop (something failed).
         """
         self.counters["cycles"] += 1
+        step = self.steps.step
         if self.observers:
-            cycle_record = CycleRecord(step=self.steps.step, **record)
+            cycle_record = None
             for observer in self.observers:
-                observer.on_cycle(cycle_record)
+                if observer.per_cycle:
+                    if cycle_record is None:
+                        cycle_record = CycleRecord(step=step, **record)
+                    observer.on_cycle(cycle_record)
+                elif step != self._step_fed:  # this cycle is the step's first
+                    observer.on_step(
+                        step,
+                        record["t_start"],
+                        self.counters["bytes_reduced"] - record["bytes_reduced"],
+                        record["params"],
+                    )
+        self._step_fed = step
         if stacks.pending_instants:  # stack dumps the signal handler took
             while stacks.pending_instants:
                 name, args = stacks.pending_instants.popleft()

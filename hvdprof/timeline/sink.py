@@ -113,6 +113,7 @@ class TimelineSink:
     """
 
     detailed = True
+    per_cycle = True
 
     def __init__(
         self,
