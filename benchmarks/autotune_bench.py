@@ -39,7 +39,9 @@ Per job, all at ``--np`` ranks:
    check: ``--check-pairs`` pairs of blocks of ``--check-steps`` steps (at least two of
    the tuner's windows and 0.1 s) in ABBA order, the tuned job (the tuner attached, running what it
    runs) against the untuned one (the tuner detached from the cycle, the default in
-   force), switched in-process as the truth phase switches. Both goal figures come from
+   force), switched in-process as the truth phase switches; then more pairs, two at a
+   time (an ABBA quad), until the median's 95% interval is within ``--check-width`` of it (or
+   ``--check-pairs-max`` pairs). Both goal figures come from
    this one launch (``autotune_inlaunch``, which says why and how):
 
    * throughput while tuning: the tuning period's steps, every one counted, against the
@@ -84,7 +86,8 @@ through ``synthetic_autotune.py``: tuned / untuned >= 1.0, the median of the rou
 
     python benchmarks/autotune_bench.py [--jobs cycle,fusion,default,tiny] [--np 2]
         [--budget 300] [--tune-runs 5] [--random-seeds 5] [--check-pairs 24]
-        [--check-steps 10] [--pre-steps 60] [--load] [--quick]
+        [--check-width 0.02] [--check-pairs-max 160] [--check-steps 10] [--pre-steps 60]
+        [--load] [--quick]
     python benchmarks/autotune_bench.py --synthetic [--rounds 3] [--load] [--quick]
 
 ``--quick``: one job (``cycle`` unless ``--jobs``), budget 100, one run of each (unless
@@ -482,7 +485,8 @@ def check_after_budget(
         rt.cycle.observers = observers if on else [o for o in observers if o is not tuner]
 
     try:
-        for pair in range(args.check_pairs):
+        pair = 0
+        while pair == 0 or _more_pairs(args, blocks, pair, rank):
             order = ("untuned", "tuned") if pair % 2 == 0 else ("tuned", "untuned")
             for side in order:
                 if side == "tuned":
@@ -519,12 +523,33 @@ def check_after_budget(
                 )  # fmt: skip
                 if side == "tuned" and rank == 0:
                     tuned = list(from_tunable(rt.cycle.params))
+            pair += 1
     finally:
         if rank == 0:
             rt.cycle.observers = observers
             rt.cycle.proposer = tuner
     h.barrier()
     return blocks
+
+
+def _more_pairs(args: Any, blocks: list[dict[str, Any]], pairs: int, rank: int) -> bool:
+    """Whether the check runs another pair (every rank calls it; rank 0 decides): always
+    up to ``--check-pairs``, then, after whole ABBA quads, until the 95% interval of the
+    median is within ``--check-width`` of it, or ``--check-pairs-max``. A noisy job's 24
+    pairs left an interval of +-10% (the tiny job's pair ratios spread 0.63-1.65), wider
+    than the 2% the goal tells apart; the stop looks at the interval's width, never at
+    which side of the goal the median lies."""
+    if pairs < args.check_pairs:
+        return True
+    if pairs >= args.check_pairs_max:
+        return False
+    if pairs % 2:  # end on a whole quad
+        return True
+    more = None
+    if rank == 0:
+        found = inlaunch.after_budget(blocks)
+        more = found is None or inlaunch.interval_half_width(found) > args.check_width
+    return bool(broadcast(more))
 
 
 def decision_dict(decision: Any) -> dict[str, Any] | None:
@@ -738,8 +763,19 @@ def options() -> Any:
         "--check-pairs",
         type=int,
         default=24,
-        help="after the budget: pairs of blocks, tuned job / untuned job, in the tuned launch "
-        "(the block is the unit of noise: 16 pairs left the median +-5%% in an A/A)",
+        help="after the budget: at least this many pairs of blocks, tuned job / untuned job, "
+        "in the tuned launch (the block is the unit of noise: 16 pairs left the median +-5%% "
+        "in an A/A)",
+    )
+    p.add_argument(
+        "--check-width",
+        type=float,
+        default=0.02,
+        help="... then more pairs until the median's 95%% interval is within this fraction "
+        "of it (default 0.02)",
+    )
+    p.add_argument(
+        "--check-pairs-max", type=int, default=160, help="... or this many pairs (default 160)"
     )
     p.add_argument(
         "--pre-steps",
@@ -829,6 +865,8 @@ def run_tuner(args: Any, job: str, timeout: float) -> dict[str, Any]:
             env["HVDPROF_AUTOTUNE_BAYES_OPT_MAX_SAMPLES"] = "20"
         argv = [*job_argv(args, job), "--mode", "tune", "--budget", str(args.budget)]
         argv += ["--margin", str(args.margin), "--check-pairs", str(args.check_pairs)]
+        argv += ["--check-width", str(args.check_width)]
+        argv += ["--check-pairs-max", str(args.check_pairs_max)]
         argv += ["--check-steps", str(args.check_steps), "--pre-steps", str(args.pre_steps)]
         tune = split_pre(h.run_job(__file__, argv, args.np, env=env, timeout=timeout))
         rows = read_autotune_log(log_path)
@@ -1287,6 +1325,7 @@ def main() -> None:
         args.random_seeds, args.grid_rounds, args.eval_rounds = 1, 1, 3
         args.grid_steps, args.eval_steps, args.top, args.rounds = 4, 4, 2, 1
         args.grid_block_s, args.eval_block_s = 0.0, 0.05
+        args.check_pairs, args.check_pairs_max = 4, 8  # (past the minimum: the sequential stop)
     args.tune_runs = args.tune_runs or 5
     timeout = args.timeout or (150 if args.quick else 1200)
     started = time.monotonic()
@@ -1324,7 +1363,9 @@ def main() -> None:
                 "eval_steps": f"{args.eval_steps}, or enough for {args.eval_block_s} s",
                 "settle_steps_after_switch": SETTLE_STEPS,
                 "untuned_steps_before_the_tuner": args.pre_steps,
-                "check_pairs": args.check_pairs,
+                "check_pairs": f"{args.check_pairs}, then more until the median's 95% "
+                f"interval is within +-{args.check_width:g} of it, at most "
+                f"{args.check_pairs_max}",
                 "check_steps_per_block": f"{args.check_steps}, or two of the tuner's windows",
                 "in_launch": "throughput while tuning and tuned / untuned after the budget "
                 "are measured inside the tuned launch (autotune_inlaunch.py); the two-launch "

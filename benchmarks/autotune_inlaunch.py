@@ -175,6 +175,13 @@ def after_budget(blocks: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
+def interval_half_width(found: dict[str, Any]) -> float:
+    """The wider side of ``after_budget``'s 95% interval, as a fraction of its median."""
+    lo, hi = found["interval95"]
+    median = found["vs_untuned"]
+    return max(hi - median, median - lo) / median if median > 0 else math.inf
+
+
 def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
     """A distribution-free interval for the median: the order statistics the binomial
     (sign test) puts at ``level`` or more (all of them when there are too few values)."""
