@@ -69,7 +69,7 @@ from hvdprof.autotune.log import (
     make_row,
 )
 from hvdprof.autotune.paired import Comparison, estimate_relative, flanked_log_ratio
-from hvdprof.autotune.scoring import split_evenly
+from hvdprof.autotune.scoring import StepMarks, score_spans, split_evenly
 from hvdprof.autotune.space import (
     CYCLE_AXIS,
     FUSION_AXIS,
@@ -252,21 +252,22 @@ def test_sample_window_discards_settling_steps_and_completes_on_the_next_step() 
     assert window.steps[0] == StepTotals(7, 30, 50, 5)
     assert window.add(11, 80, 90, 1)  # later cycles are ignored
 
-    # fed step boundaries only (a watching tuner: ``on_step``), the same steps come out
-    by_step = SampleWindow(discard_steps=2, measure_steps=3)
-    total, boundaries, seen = 0, [], None
-    for step, t_start, _, nbytes in [*cycles, (10, 70, 80, 100)]:
-        if step != seen:
-            boundaries.append((step, t_start, total))
-            seen = step
-        total += nbytes
-    last = None
-    done = []
-    for step, t_start, before in boundaries:
-        done.append(by_step.add_step(step, t_start, 0 if last is None else before - last))
-        last = before
-    assert done == [False] * 5 + [True]
-    assert by_step.steps == window.steps
+
+def test_step_marks_sum_sub_windows_from_a_few_boundaries() -> None:
+    """A watching tuner marks a boundary every few steps: the spans and their score are
+    those of the same steps summed, and the steps between marks are never looked at."""
+    marks = StepMarks(every=3, parts=2, settle=1)
+    # boundaries (step, t_start, bytes before): one settle step, then sub-windows of 3
+    assert not marks.add(10, 0, 0) and marks.next == 11
+    assert not marks.add(11, 100, 50) and marks.next == 14
+    assert not marks.add(14, 400, 350) and marks.next == 17
+    assert marks.add(17, 1000, 950)  # the boundary that closes the second sub-window
+    assert marks.spans() == [StepTotals(11, 100, 400, 300), StepTotals(14, 400, 1000, 600)]
+    score = score_spans(marks.spans(), last_step=16)
+    assert (score.first_step, score.last_step) == (11, 16)
+    assert score.bytes_per_s == pytest.approx(statistics.median([1e9, 1e9]))
+    with pytest.raises(ValueError):
+        StepMarks(every=0, parts=2)
 
 
 # --- paired comparisons ------------------------------------------------------------

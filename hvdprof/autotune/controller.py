@@ -86,7 +86,9 @@ from hvdprof.autotune.scoring import (
     DEFAULT_SUBWINDOWS,
     SampleScore,
     SampleWindow,
+    StepMarks,
     StepTotals,
+    score_spans,
     score_steps,
 )
 from hvdprof.autotune.seeds import JobStructure
@@ -145,6 +147,8 @@ class _Sample:
     steps: list[StepTotals]
     wait_ns: int = 0  # time between cycles in the window (the cycle thread's waits)
     tensors: dict[str, int] | None = None  # allreduced tensor sizes (structure only)
+    #: a watch window's: ``steps`` are its sub-windows (``StepMarks.spans``), ending here
+    last_step: int | None = None
 
 
 _STOP = object()
@@ -227,7 +231,9 @@ class AutotuneController:
         #: while learning the structure: per step, [ops, ops through the response cache]
         self._cache_by_step: dict[int, list[int]] = {}
         self._last_step_seen: int | None = None
-        self._bytes_at_step: int | None = None  # (on_step) bytes reduced before the step
+        #: while watching: the window's step boundaries, and the first step wanted next
+        self._marks: StepMarks | None = None
+        self._next_mark = sys.maxsize
 
         # --- shared: the proposal slot and the work queue ---
         self._lock = threading.Lock()
@@ -304,36 +310,42 @@ class AutotuneController:
         self._last_end = record.t_end
         if not window.add(record.step, record.t_start, record.t_end, record.bytes_reduced):
             return
-        self._hand_over(window)
-        self._window = None  # wait for the worker's next proposal
-
-    def on_step(self, step: int, t_start: int, bytes_before: int, params: TunableParams) -> None:
-        """Fold one step boundary into the watch window (``per_cycle`` is False while
-        watching). O(1) per step; never blocks."""
-        since = 0 if self._bytes_at_step is None else bytes_before - self._bytes_at_step
-        self._bytes_at_step = bytes_before
-        window = self._window
-        if window is None:
-            return
-        if params is not self._target and params != self._target:
-            self.ignored_cycles += 1  # the switch to the watched parameters is under way
-            if window.started:
-                self._new_window(self.settle_steps)
-            return
-        if not window.add_step(step, t_start, since):
-            return
-        self._hand_over(window)
-        # nothing changes between watch samples: this step opens the next one
-        self._new_window(0).add_step(step, t_start, 0)
-
-    def _hand_over(self, window: SampleWindow) -> None:
-        """The complete window to the worker thread."""
         with self._lock:
             self._submitted += 1
         tensors, self._tensors = self._tensors, None
         self.detailed = False
         self._queue.put(_Sample(self._target, self._phase, window.steps, self._wait_ns, tensors))
         self._wait_ns = 0
+        self._window = None  # wait for the worker's next proposal
+
+    def on_step(self, step: int, t_start: int, bytes_before: int, params: TunableParams) -> None:
+        """A step boundary, while watching (``per_cycle`` is False): one comparison, and
+        a mark of the window every few steps. Never blocks."""
+        if step < self._next_mark:
+            return
+        marks = self._marks
+        if marks is None:  # done: nothing to watch
+            self._next_mark = sys.maxsize
+            return
+        if params is not self._target and params != self._target:
+            self.ignored_cycles += 1  # the switch to the watched parameters is under way
+            marks = self._marks = self._new_marks()
+        elif marks.add(step, t_start, bytes_before):
+            with self._lock:
+                self._submitted += 1
+            self._queue.put(_Sample(self._target, self._phase, marks.spans(), last_step=step - 1))
+            # nothing changes between watch samples: this boundary opens the next one
+            marks = self._marks = self._new_marks(settle=0)
+            marks.add(step, t_start, bytes_before)
+        self._next_mark = marks.next
+
+    def _new_marks(self, settle: int | None = None) -> StepMarks:
+        parts = max(1, self.subwindows)
+        return StepMarks(
+            max(1, self.watch_steps // parts),
+            parts,
+            self.settle_steps if settle is None else settle,
+        )
 
     def _learn_tensors(self, record: CycleRecord) -> None:
         ops = record.ops
@@ -373,19 +385,20 @@ class AutotuneController:
         self._target = params
         self._phase = phase
         self.per_cycle = phase == PHASE_TUNE
+        self._marks, self._next_mark = None, 0
         if phase == PHASE_DONE:
             self._window = None
         elif phase == PHASE_WATCH:
             # step boundaries: the step in which the change lands is never seen as this
             # configuration's (its first cycle ran the old one), so only the settle steps
-            self._new_window(self.settle_steps)
+            self._window = None
+            self._marks = self._new_marks()
         else:
             self._new_window(self.settle_steps + 1)
         return params
 
     def _new_window(self, discard_steps: int) -> SampleWindow:
-        size = self.watch_steps if self._phase == PHASE_WATCH else self.steps_per_sample
-        self._window = SampleWindow(discard_steps, size)
+        self._window = SampleWindow(discard_steps, self.steps_per_sample)
         self._wait_ns = 0
         self._last_end = None
         return self._window
@@ -430,6 +443,7 @@ class AutotuneController:
             return
         self._closed = True
         self._window = None
+        self._marks, self._next_mark = None, sys.maxsize
         if self._thread is not None:
             self._queue.put(_STOP)
             self._thread.join(_CLOSE_TIMEOUT_S)
@@ -607,7 +621,10 @@ class AutotuneController:
                     _log.exception("autotune disabled: the tuner could not start")
                 return
         tuner = self._tuner
-        score = score_steps(sample.steps, self.subwindows)
+        if sample.last_step is not None:
+            score = score_spans(sample.steps, sample.last_step)
+        else:
+            score = score_steps(sample.steps, self.subwindows)
         self.samples_scored += 1
         if sample.phase == PHASE_WATCH:
             self._write_row(sample.params, score, PHASE_WATCH, ROLE_WATCH)

@@ -22,6 +22,7 @@ landed is partial, and the next one still drains work queued under the old setti
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -145,15 +146,6 @@ class SampleWindow:
         self._cur_bytes += bytes_reduced
         return False
 
-    def add_step(self, step: int, t_start_ns: int, bytes_since: int) -> bool:
-        """The step-level feed (``CycleObserver.on_step``): ``step`` began at
-        ``t_start_ns``, and the step before it reduced ``bytes_since`` in all (ignored for
-        the first step added, whose predecessor the window did not see begin). True once
-        the window is complete."""
-        if self._cur_step is not None and not self.complete:
-            self._cur_bytes += bytes_since
-        return self.add(step, t_start_ns, t_start_ns, 0)
-
     def _close_step(self, next_start_ns: int) -> None:
         if self._cur_step is None:
             return
@@ -165,3 +157,58 @@ class SampleWindow:
         )
         if len(self.steps) >= self._measure_steps:
             self.complete = True
+
+
+class StepMarks:
+    """A watch window from a few step boundaries, not every step.
+
+    A watching tuner needs a throughput per sub-window, not per step: it marks the
+    boundary that opens each of ``parts`` sub-windows of ``every`` steps, and the one that
+    closes the last. Between marks, a step costs the cycle thread one comparison
+    (``next``): folding every step (a ``StepTotals`` each) cost the tiny job's rank 0 about
+    10 us a step, on steps of 2 ms.
+    """
+
+    __slots__ = ("_settle", "every", "marks", "next", "parts")
+
+    def __init__(self, every: int, parts: int, settle: int = 0) -> None:
+        if every < 1 or parts < 1:
+            raise ValueError("every and parts must be >= 1")
+        self.every = every
+        self.parts = parts
+        self._settle = max(0, settle)
+        #: (step, t_start_ns, bytes reduced before the step) at each mark
+        self.marks: list[tuple[int, int, int]] = []
+        #: the first step at which the next mark is wanted
+        self.next = 0
+
+    def add(self, step: int, t_start_ns: int, bytes_before: int) -> bool:
+        """A step boundary at or after ``next``; True once the window is complete. The
+        first call only starts the settling, when there is any."""
+        if self._settle:
+            self.next = step + self._settle
+            self._settle = 0
+            return False
+        self.marks.append((step, t_start_ns, bytes_before))
+        self.next = step + self.every
+        return len(self.marks) > self.parts
+
+    def spans(self) -> list[StepTotals]:
+        """One ``StepTotals`` per sub-window (``step``: its first step)."""
+        return [
+            StepTotals(a[0], a[1], b[1], b[2] - a[2]) for a, b in itertools.pairwise(self.marks)
+        ]
+
+
+def score_spans(spans: Sequence[StepTotals], last_step: int) -> SampleScore:
+    """``score_steps`` of sub-windows already summed (``StepMarks.spans``): the median of
+    their throughputs."""
+    if not spans:
+        raise ValueError("cannot score an empty window")
+    scores = [throughput([span]) for span in spans]
+    return SampleScore(
+        bytes_per_s=float(statistics.median(scores)),
+        first_step=spans[0].step,
+        last_step=last_step,
+        subwindow_bytes_per_s=tuple(scores),
+    )
