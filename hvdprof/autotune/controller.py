@@ -161,6 +161,10 @@ class AutotuneController:
     ``subwindows`` are exposed for tests and experiments.
     """
 
+    #: while watching (cycle thread): the window's step boundaries, the first step wanted
+    _marks: StepMarks | None
+    _next_mark: int
+
     def __init__(
         self,
         config: Config,
@@ -213,9 +217,8 @@ class AutotuneController:
         #: per-op records wanted (the cycle reads this every cycle): only while learning
         #: the job's structure
         self.detailed = False
-        #: every cycle's record wanted (the cycle reads this every cycle): while tuning.
-        #: Watching needs only step boundaries (``on_step``): scored every
-        #: ``WATCH_WINDOW_S``, it is no reason to build and fold a record every cycle.
+        #: every cycle's record wanted (read every cycle): while tuning; watching needs
+        #: only a few step boundaries (``on_step``)
         self.per_cycle = True
 
         # --- cycle-thread state (touched only by on_cycle / poll_proposal) ---
@@ -231,9 +234,7 @@ class AutotuneController:
         #: while learning the structure: per step, [ops, ops through the response cache]
         self._cache_by_step: dict[int, list[int]] = {}
         self._last_step_seen: int | None = None
-        #: while watching: the window's step boundaries, and the first step wanted next
-        self._marks: StepMarks | None = None
-        self._next_mark = sys.maxsize
+        self._marks, self._next_mark = None, sys.maxsize  # (see the class attributes)
 
         # --- shared: the proposal slot and the work queue ---
         self._lock = threading.Lock()
