@@ -486,7 +486,7 @@ def check_after_budget(
 
     try:
         pair = 0
-        while pair == 0 or _more_pairs(args, blocks, pair, rank):
+        while _more_pairs(args, blocks, pair, rank):
             order = ("untuned", "tuned") if pair % 2 == 0 else ("tuned", "untuned")
             for side in order:
                 if side == "tuned":

@@ -325,8 +325,7 @@ class AutotuneController:
         if step < self._next_mark:
             return
         marks = self._marks
-        if marks is None:  # done: nothing to watch
-            self._next_mark = sys.maxsize
+        if marks is None:  # (not watching: _next_mark is sys.maxsize)
             return
         if params is not self._target and params != self._target:
             self.ignored_cycles += 1  # the switch to the watched parameters is under way
@@ -386,16 +385,14 @@ class AutotuneController:
         self._target = params
         self._phase = phase
         self.per_cycle = phase == PHASE_TUNE
-        self._marks, self._next_mark = None, 0
-        if phase == PHASE_DONE:
-            self._window = None
-        elif phase == PHASE_WATCH:
-            # step boundaries: the step in which the change lands is never seen as this
-            # configuration's (its first cycle ran the old one), so only the settle steps
-            self._window = None
-            self._marks = self._new_marks()
-        else:
+        # step boundaries: the step in which the change lands is never seen as this
+        # configuration's (its first cycle ran the old one), so only the settle steps
+        self._marks = self._new_marks() if phase == PHASE_WATCH else None
+        self._next_mark = 0 if phase == PHASE_WATCH else sys.maxsize
+        if phase == PHASE_TUNE:
             self._new_window(self.settle_steps + 1)
+        else:
+            self._window = None
         return params
 
     def _new_window(self, discard_steps: int) -> SampleWindow:

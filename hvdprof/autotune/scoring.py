@@ -22,6 +22,7 @@ landed is partial, and the next one still drains work queued under the old setti
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import statistics
 from collections.abc import Sequence
@@ -201,14 +202,6 @@ class StepMarks:
 
 
 def score_spans(spans: Sequence[StepTotals], last_step: int) -> SampleScore:
-    """``score_steps`` of sub-windows already summed (``StepMarks.spans``): the median of
-    their throughputs."""
-    if not spans:
-        raise ValueError("cannot score an empty window")
-    scores = [throughput([span]) for span in spans]
-    return SampleScore(
-        bytes_per_s=float(statistics.median(scores)),
-        first_step=spans[0].step,
-        last_step=last_step,
-        subwindow_bytes_per_s=tuple(scores),
-    )
+    """``score_steps`` of sub-windows already summed (``StepMarks.spans``), each its own
+    sub-window; ``last_step`` is the window's (a span's ``step`` is its first)."""
+    return dataclasses.replace(score_steps(spans, len(spans)), last_step=last_step)
