@@ -68,6 +68,10 @@ Per job, all at ``--np`` ranks:
       are checked). The grid's best, the reference of every "/ grid best" row, is picked
       on half the rounds and measured on the other half (``held_out_best``), so a lucky
       pick among near-equal points does not make every other configuration look worse.
+      Then more rounds of only the configurations the goals compare (the default, the
+      grid's top, every run's final choice) until each one's ratio to the best of them
+      is within ``--eval-width`` (0.03), at most ``--eval-rounds-max`` (64) rounds
+      (``decisive_rounds``).
 
    Blocks are sized in time at the default's step time (``--grid-block-s`` 0.15 s,
    ``--eval-block-s`` 0.4 s, never fewer than ``--grid-steps`` / ``--eval-steps``): a
@@ -90,7 +94,7 @@ through ``synthetic_autotune.py``: tuned / untuned >= 1.0, the median of the rou
     python benchmarks/autotune_bench.py [--jobs cycle,fusion,default,tiny] [--np 2]
         [--budget 300] [--tune-runs 5] [--random-seeds 5] [--check-pairs 24]
         [--check-width 0.02] [--check-pairs-max 160] [--check-steps 10] [--pre-steps 60]
-        [--load] [--quick]
+        [--eval-rounds 16] [--eval-width 0.03] [--eval-rounds-max 64] [--load] [--quick]
     python benchmarks/autotune_bench.py --synthetic [--rounds 3] [--load] [--quick]
 
 ``--quick``: one job (``cycle`` unless ``--jobs``), budget 100, one run of each (unless
@@ -636,6 +640,10 @@ def worker_truth(args: Any, work: Workload, rank: int, size: int) -> dict[str, A
         for p in candidates[shift:] + candidates[:shift]:
             evals[key(p)].append(truth.measure(p, eval_steps))
         h.log(f"evaluation round {rnd + 1}/{args.eval_rounds} ({time.monotonic() - started:.0f} s)")
+    finals = [tuple(p) for p in json.loads(args.final_configs)]
+    finals += [best_so_far_configs(trials)[-1] for trials in searches if trials]
+    focus = [p for p in dict.fromkeys([DEFAULT, *top, *map(as_params, finals)]) if p in candidates]
+    out["eval_rounds_decisive"] = decisive_rounds(args, truth, evals, focus, eval_steps, bps)
     work.check(rank, size)  # the sums are still right after every switch
     out["eval"] = {
         "configs": [list(p) for p in candidates],
@@ -643,6 +651,50 @@ def worker_truth(args: Any, work: Workload, rank: int, size: int) -> dict[str, A
         "step_times": evals,  # per configuration: one list of step times per round
     }
     return out
+
+
+def decisive_rounds(
+    args: Any,
+    truth: Truth,
+    evals: dict[str, list[list[float]]],
+    focus: list[Params],
+    eval_steps: int,
+    bytes_per_step: int,
+) -> int:
+    """More evaluation rounds of the configurations the goals compare (the default, the
+    grid's top points, every run's final choice), until each one's ratio to the best of
+    them is known within ``--eval-width`` (the 95% interval of the per-round ratios'
+    median), or ``--eval-rounds-max`` rounds in all. Returns the rounds in all.
+
+    Why: 8 rounds of 0.4 s blocks left each configuration's ratio to the grid's best at
+    +-5-10% (a bootstrap over rounds), and the goals draw lines at 0.95: two settings
+    the tuner cannot tell apart, 0.491 and 0.5 ms, read 1.12 and 0.91. Only these few
+    configurations decide a goal, so only they get the extra rounds. The stop looks at
+    the intervals' widths, never at which side of a goal a ratio lies."""
+    rounds = len(evals[key(focus[0])]) if focus else 0
+    while focus and rounds < args.eval_rounds_max:
+        wide = None
+        if truth.rank == 0:
+            per_round = {
+                key(p): [throughput_of(r, bytes_per_step) for r in evals[key(p)]] for p in focus
+            }
+            best = max(per_round, key=lambda k: statistics.median(per_round[k]))
+            wide = any(
+                inlaunch.relative_half_width(
+                    [a / b for a, b in zip(v, per_round[best], strict=True)]
+                )
+                > args.eval_width
+                for k, v in per_round.items()
+                if k != best
+            )
+        if not broadcast(wide):
+            break
+        shift = rounds % len(focus)
+        for p in focus[shift:] + focus[:shift]:
+            evals[key(p)].append(truth.measure(p, eval_steps))
+        rounds += 1
+    h.log(f"evaluation: {rounds} rounds of the {len(focus)} configurations the goals compare")
+    return rounds
 
 
 def block_steps(seconds: float, step_s: float, at_least: int) -> int:
@@ -802,6 +854,14 @@ def options() -> Any:
         help="a grid point's block lasts at least this long (at the default's step time)",
     )
     p.add_argument("--eval-rounds", type=int, default=16)
+    p.add_argument(
+        "--eval-width", type=float, default=0.03,
+        help="then more rounds of the default, the grid's top and the final choices until "
+        "each one's ratio to the best of them is within this fraction (default 0.03) ...",
+    )  # fmt: skip
+    p.add_argument(
+        "--eval-rounds-max", type=int, default=64, help="... or this many rounds (default 64)"
+    )
     p.add_argument("--eval-steps", type=int, default=6, help="fewest timed steps per block")
     p.add_argument(
         "--eval-block-s", type=float, default=0.4,
@@ -820,6 +880,7 @@ def options() -> Any:
     p.add_argument("--load", action="store_true", help="one spin loop per core while the jobs run")
     p.add_argument("--grid", default="[]", help=argparse_hidden())
     p.add_argument("--eval-configs", default="[]", help=argparse_hidden())
+    p.add_argument("--final-configs", default="[]", help=argparse_hidden())
     p.add_argument("--steps-per-sample", type=int, default=0, help=argparse_hidden())
     p.add_argument("--warmup-steps", type=int, default=0, help=argparse_hidden())
     return p.parse_args()
@@ -977,6 +1038,7 @@ def bench_job(args: Any, job: str, timeout: float) -> dict[str, Any]:
         },
         "eval_bytes_per_s": ev.gt,
         "eval_ratio_to_grid_best": {k: round(v, 4) for k, v in ev.ratio_of.items()},
+        "eval_rounds": {k: len(v) for k, v in ev.evals.items()},
         "eval_ratio_per_round_quartiles": {
             k: [round(x, 4) for x in quartiles(v)] for k, v in ev.paired.items()
         },
@@ -1018,10 +1080,13 @@ def _ground_truth(
     """The truth job: the grid, random search and the evaluation of every recommendation."""
     spec = JOBS[job]
     tuner_configs = list(dict.fromkeys(q for t in tunes for _, q in t["recs"] if q is not None))
+    finals = [t["recs"][min(args.budget, len(t["recs"])) - 1][1] or DEFAULT for t in tunes]
     window_steps = tunes[0].get("window_steps") or _CONFIG.autotune_steps_per_sample
     argv = [
         *job_argv(args, job), "--mode", "truth", "--grid", json.dumps(grid),
         "--eval-configs", json.dumps(tuner_configs), "--budget", str(args.budget),
+        "--final-configs", json.dumps([list(q) for q in finals]),
+        "--eval-width", str(args.eval_width), "--eval-rounds-max", str(args.eval_rounds_max),
         "--steps-per-sample", str(window_steps),
         "--warmup-steps", str(_CONFIG.autotune_warmup_samples * window_steps),
         "--random-seeds", str(args.random_seeds), "--grid-rounds", str(args.grid_rounds),
@@ -1057,8 +1122,10 @@ class _Evaluation:
         self.grid_best = max(contenders, key=lambda q: self.gt[key(q)])
         self.best_tp = held_out_best({key(q): evals[key(q)] for q in contenders}, bps)
         reference = self.per_round[key(self.grid_best)]
+        # per round where both ran (the decisive rounds ran only some configurations)
         self.paired = {
-            k: [a / b for a, b in zip(v, reference, strict=True)] for k, v in self.per_round.items()
+            k: [a / b for a, b in zip(v, reference, strict=False)]
+            for k, v in self.per_round.items()
         }
         self.ratio_of = {k: v / self.best_tp for k, v in self.gt.items()}
         self.default_rounds = self.per_round[key(DEFAULT)]
@@ -1069,7 +1136,7 @@ class _Evaluation:
     def vs_default(self, q: Params) -> float:
         """The choice against the default, the median of per-round ratios (the re-run)."""
         return statistics.median(
-            a / b for a, b in zip(self.per_round[key(q)], self.default_rounds, strict=True)
+            a / b for a, b in zip(self.per_round[key(q)], self.default_rounds, strict=False)
         )
 
 
@@ -1083,7 +1150,7 @@ def held_out_best(step_times: dict[str, list[list[float]]], bytes_per_step: int)
     >>> held_out_best({"a": [[1.0], [1.0]], "b": [[2.0], [2.0]]}, 1)
     1.0
     """
-    rounds = len(next(iter(step_times.values())))
+    rounds = min(len(v) for v in step_times.values())
     if rounds < 2:
         return max(throughput_of(v[0], bytes_per_step) for v in step_times.values())
 
@@ -1356,6 +1423,7 @@ def main() -> None:
         args.budget, args.margin = min(args.budget, 100), 5
         args.tune_runs = args.tune_runs or 1
         args.random_seeds, args.grid_rounds, args.eval_rounds = 1, 1, 3
+        args.eval_width, args.eval_rounds_max = 0.0, 5  # (the decisive rounds run)
         args.grid_steps, args.eval_steps, args.top, args.rounds = 4, 4, 2, 1
         args.grid_block_s, args.eval_block_s = 0.0, 0.05
         args.check_pairs, args.check_pairs_max = 4, 8  # (past the minimum: the sequential stop)
@@ -1392,7 +1460,9 @@ def main() -> None:
                 "random_seeds": args.random_seeds,
                 "grid_rounds": args.grid_rounds,
                 "grid_steps_per_point": f"{args.grid_steps}, or enough for {args.grid_block_s} s",
-                "eval_rounds": args.eval_rounds,
+                "eval_rounds": f"{args.eval_rounds}, then the default, the grid's top and "
+                "the final choices until each one's ratio to the best of them is within "
+                f"+-{args.eval_width:g} (95%), at most {args.eval_rounds_max}",
                 "eval_steps": f"{args.eval_steps}, or enough for {args.eval_block_s} s",
                 "settle_steps_after_switch": SETTLE_STEPS,
                 "untuned_steps_before_the_tuner": args.pre_steps,

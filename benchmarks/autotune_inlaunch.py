@@ -182,6 +182,17 @@ def interval_half_width(found: dict[str, Any]) -> float:
     return max(hi - median, median - lo) / median if median > 0 else math.inf
 
 
+def relative_half_width(values: Sequence[float]) -> float:
+    """The wider side of the 95% interval of ``values``' median, as a fraction of it.
+
+    >>> relative_half_width([1.0] * 12)
+    0.0
+    """
+    lo, hi = median_interval(values)
+    median = statistics.median(values)
+    return max(hi - median, median - lo) / median if median > 0 else math.inf
+
+
 def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float]:
     """A distribution-free interval for the median: the order statistics the binomial
     (sign test) puts at ``level`` or more (all of them when there are too few values)."""

@@ -510,6 +510,39 @@ def test_exploring_costs_little_and_big_gains_end_the_round_early() -> None:
     assert statistics.median(windows) < BUDGET, windows
 
 
+def test_after_a_promotion_the_candidates_race_around_the_new_incumbent() -> None:
+    """On the threshold-bound job a promoted threshold moves the candidates still racing
+    to it: no candidate window after the promotion runs the default's 4 MiB threshold
+    (each such window ran the job 16% slower), except the default's own confirmation
+    windows. Back on the default, the candidates are the default's variations again."""
+    rebased = 0
+    for seed in TRIALS:
+        t, asked = tune(
+            seed, lambda p: 1e9 * math.exp(threshold_bound(p)), conditions=IN_RUN,
+            structure=STRUCTURE,
+        )  # fmt: skip
+        incumbent = DEFAULT
+        for params, role in asked:
+            if role == ROLE_INCUMBENT:
+                incumbent = params
+            elif incumbent != DEFAULT and params != DEFAULT:
+                moved = incumbent.fusion_threshold_bytes != DEFAULT.fusion_threshold_bytes
+                assert not moved or params.fusion_threshold_bytes != 4 * MiB, (seed, params)
+                rebased += params.cycle_time_ms != DEFAULT.cycle_time_ms and moved
+    assert rebased > 0  # the trials did race cycle times around a promoted threshold
+    # the pool follows the incumbent there and back
+    t = PairedTuner(SearchSpace(), BUDGET, DEFAULT, structure=STRUCTURE)
+    seeds = list(t._pool)
+    t.incumbent = TunableParams(3 * MiB, 1.0, True)
+    t._rebase()
+    assert TunableParams(3 * MiB, 0.5, True) in t._pool
+    assert TunableParams(3 * MiB, 1.0, False) in t._pool  # the cache off, at 3 MiB
+    assert all(p.fusion_threshold_bytes != 4 * MiB for p in t._pool)
+    t.incumbent = DEFAULT
+    t._rebase()
+    assert t._pool == [p for p in seeds if p != TunableParams(3 * MiB, 1.0, True)]
+
+
 def test_decision_line_says_what_it_did_once_and_truly() -> None:
     _, _, t = run_trial(threshold_bound, 1)
     d = t.decision()
