@@ -309,6 +309,10 @@ class Truth:
         target = to_tunable(p)
         if self.rank == 0 and self.rt.cycle.params != target:
             self.switcher.request(target)
+            # no rank submits while it waits here, so the ranks sleep (up to
+            # HVDPROF_IDLE_SLEEP_MAX_SECONDS, 1 s) and the proposal would wait for the timeout:
+            # a second per switch, most of the truth stage's wall time
+            self.rt.cycle.wake.set()
         deadline = time.monotonic() + 30
         while self.rt.cycle.params != target:
             if time.monotonic() > deadline:
