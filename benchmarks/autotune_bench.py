@@ -647,7 +647,7 @@ def worker_truth(args: Any, work: Workload, rank: int, size: int) -> dict[str, A
     finals = [tuple(p) for p in json.loads(args.final_configs)]
     finals += [best_so_far_configs(trials)[-1] for trials in searches if trials]
     focus = [p for p in dict.fromkeys([DEFAULT, *top, *map(as_params, finals)]) if p in candidates]
-    out["eval_rounds_decisive"] = decisive_rounds(args, truth, evals, focus, eval_steps, bps)
+    decisive_rounds(args, truth, evals, focus, eval_steps, bps)  # (each one's count: eval_rounds)
     work.check(rank, size)  # the sums are still right after every switch
     out["eval"] = {
         "configs": [list(p) for p in candidates],
@@ -664,11 +664,11 @@ def decisive_rounds(
     focus: list[Params],
     eval_steps: int,
     bytes_per_step: int,
-) -> int:
+) -> None:
     """More evaluation rounds of the configurations the goals compare (the default, the
     grid's top points, every run's final choice), until each one's ratio to the best of
     them is known within ``--eval-width`` (the 95% interval of the per-round ratios'
-    median), or ``--eval-rounds-max`` rounds in all. Returns the rounds in all.
+    median), or ``--eval-rounds-max`` rounds in all; it says how many it ran.
 
     Why: 8 rounds of 0.4 s blocks left each configuration's ratio to the grid's best at
     +-5-10% (a bootstrap over rounds), and the goals draw lines at 0.95: two settings
@@ -698,7 +698,6 @@ def decisive_rounds(
             evals[key(p)].append(truth.measure(p, eval_steps))
         rounds += 1
     h.log(f"evaluation: {rounds} rounds of the {len(focus)} configurations the goals compare")
-    return rounds
 
 
 def block_steps(seconds: float, step_s: float, at_least: int) -> int:

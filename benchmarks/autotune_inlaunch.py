@@ -177,9 +177,7 @@ def after_budget(blocks: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 def interval_half_width(found: dict[str, Any]) -> float:
     """The wider side of ``after_budget``'s 95% interval, as a fraction of its median."""
-    lo, hi = found["interval95"]
-    median = found["vs_untuned"]
-    return max(hi - median, median - lo) / median if median > 0 else math.inf
+    return _wider_side(*found["interval95"], found["vs_untuned"])
 
 
 def relative_half_width(values: Sequence[float]) -> float:
@@ -188,8 +186,10 @@ def relative_half_width(values: Sequence[float]) -> float:
     >>> relative_half_width([1.0] * 12)
     0.0
     """
-    lo, hi = median_interval(values)
-    median = statistics.median(values)
+    return _wider_side(*median_interval(values), statistics.median(values))
+
+
+def _wider_side(lo: float, hi: float, median: float) -> float:
     return max(hi - median, median - lo) / median if median > 0 else math.inf
 
 
