@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -476,8 +477,19 @@ def write_results(
             "may mix two versions (see hvdprof_sources_sha256*)",
             file=sys.stderr,
         )
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    path.write_text(compact_number_lists(json.dumps(doc, indent=2)) + "\n")
     return path
+
+
+# A JSON array holding only numbers (no strings, objects or arrays inside it).
+_NUMBER_ARRAY = re.compile(r"\[\s*(-?[0-9][-+.eE0-9]*(?:,\s*-?[0-9][-+.eE0-9]*)*)\s*\]")
+
+
+def compact_number_lists(text: str) -> str:
+    """Puts each array of plain numbers on one line: indented results stay readable where
+    they nest, while raw step times (thousands of floats) stop costing a line each, which
+    made autotune_bench.json 4.6 MB of mostly indentation."""
+    return _NUMBER_ARRAY.sub(lambda m: "[" + ", ".join(re.split(r",\s*", m.group(1))) + "]", text)
 
 
 @contextlib.contextmanager
